@@ -1,0 +1,35 @@
+# One-command set-up: every target creates .venv when it is missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+DATA ?= ../shared/data/multi30k
+
+.PHONY: install serve test lint bench-decode gpu clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch first (it lies on disk here), so nothing pulls a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(VENV)/bin/beamserve serve
+
+test: install
+	$(VENV)/bin/ruff check model service tests loadtests
+	$(VENV)/bin/mypy model service
+	$(PY) -m pytest -q -ra
+
+lint: install
+	$(VENV)/bin/ruff check model service tests loadtests
+	$(VENV)/bin/mypy model service
+
+bench-decode: install
+	$(PY) loadtests/bench_decode.py --out loadtests/DECODE_BENCH.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,6 @@
+"""beamserve's model: an encoder-decoder Transformer, search, tokenization, checkpoints, training."""
+
+from model.config import ModelConfig
+from model.translator import DecodeOptions, InputTooLongError, TranslationResult, Translator
+
+__all__ = ["DecodeOptions", "InputTooLongError", "ModelConfig", "TranslationResult", "Translator"]

@@ -1,0 +1,179 @@
+"""Checkpoints: beamserve's own format, and import/export of Hugging Face MarianMT directories.
+
+Own format (a directory): beamserve.json (ModelConfig), model.safetensors (our parameter names),
+source.spm, target.spm, vocab.json. The tokenizer files are Marian's, so export only renames
+tensors and writes Marian's config.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.config import ModelConfig
+from model.transformer import Seq2Seq
+
+OWN_CONFIG = "beamserve.json"
+TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+
+# (our name pattern, Hugging Face Marian name template); applied to layer parameters.
+_LAYER_NAMES = [
+    (r"encoder_layers\.(\d+)\.self_attn\.", r"model.encoder.layers.\1.self_attn."),
+    (r"encoder_layers\.(\d+)\.norm1\.", r"model.encoder.layers.\1.self_attn_layer_norm."),
+    (r"encoder_layers\.(\d+)\.ffn\.(fc\d)\.", r"model.encoder.layers.\1.\2."),
+    (r"encoder_layers\.(\d+)\.norm2\.", r"model.encoder.layers.\1.final_layer_norm."),
+    (r"decoder_layers\.(\d+)\.self_attn\.", r"model.decoder.layers.\1.self_attn."),
+    (r"decoder_layers\.(\d+)\.norm1\.", r"model.decoder.layers.\1.self_attn_layer_norm."),
+    (r"decoder_layers\.(\d+)\.cross_attn\.", r"model.decoder.layers.\1.encoder_attn."),
+    (r"decoder_layers\.(\d+)\.norm2\.", r"model.decoder.layers.\1.encoder_attn_layer_norm."),
+    (r"decoder_layers\.(\d+)\.ffn\.(fc\d)\.", r"model.decoder.layers.\1.\2."),
+    (r"decoder_layers\.(\d+)\.norm3\.", r"model.decoder.layers.\1.final_layer_norm."),
+]
+
+
+def is_own_checkpoint(path: Path) -> bool:
+    return (path / OWN_CONFIG).is_file()
+
+
+def is_hf_marian(path: Path) -> bool:
+    config = path / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == "marian"
+
+
+def save(model: Seq2Seq, out: Path, tokenizer_dir: Path | None, dtype: torch.dtype = torch.float32) -> None:
+    """Write the own format; tokenizer files are copied from tokenizer_dir when given."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.cfg.save(out / OWN_CONFIG)
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer_dir is not None and tokenizer_dir.resolve() != out.resolve():
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(tokenizer_dir / name, out / name)
+
+
+def load(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Read a checkpoint directory in either format -> (config, our state dict in float32)."""
+    if is_own_checkpoint(path):
+        cfg = ModelConfig.load(path / OWN_CONFIG)
+        return cfg, {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+    if is_hf_marian(path):
+        return _import_hf(path)
+    missing = [n for n in ("beamserve.json", "config.json") if not (path / n).exists()]
+    raise FileNotFoundError(f"{path} is neither a beamserve checkpoint nor a Marian directory (missing {missing})")
+
+
+def build(path: Path) -> Seq2Seq:
+    """Load a checkpoint directory into a Seq2Seq in eval mode."""
+    cfg, state = load(path)
+    model = Seq2Seq(cfg)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def _config_from_hf(hf: dict[str, Any], vocab: dict[str, int]) -> ModelConfig:
+    vocab_size = hf["vocab_size"]
+    if hf.get("decoder_vocab_size") not in (None, vocab_size) or not hf.get("share_encoder_decoder_embeddings", True):
+        raise NotImplementedError("Marian models with separate source and target vocabularies are not supported")
+    activation = {"silu": "swish"}.get(hf.get("activation_function", "swish"), hf.get("activation_function", "swish"))
+    return ModelConfig(
+        vocab_size=vocab_size, d_model=hf["d_model"],
+        encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
+        encoder_attention_heads=hf["encoder_attention_heads"], decoder_attention_heads=hf["decoder_attention_heads"],
+        encoder_ffn_dim=hf["encoder_ffn_dim"], decoder_ffn_dim=hf["decoder_ffn_dim"], activation=activation,
+        normalize_before=False, scale_embedding=hf.get("scale_embedding", True),
+        tie_embeddings=hf.get("tie_word_embeddings", True), final_logits_bias=True,
+        max_position_embeddings=hf.get("max_position_embeddings", 512), pad_token_id=hf["pad_token_id"],
+        eos_token_id=hf["eos_token_id"], unk_token_id=vocab.get("<unk>", 1),
+        decoder_start_token_id=hf.get("decoder_start_token_id", hf["pad_token_id"]),
+        forced_eos_token_id=hf.get("forced_eos_token_id", hf["eos_token_id"]),
+        dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
+        activation_dropout=hf.get("activation_dropout", 0.0),
+    )
+
+
+def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    if (path / "model.safetensors").exists():
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").exists():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+
+
+def _import_hf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    hf_config = json.loads((path / "config.json").read_text())
+    vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+    cfg = _config_from_hf(hf_config, vocab)
+    hf = _read_hf_weights(path)
+    shared = next((hf[k] for k in ("model.shared.weight", "model.encoder.embed_tokens.weight") if k in hf), None)
+    if shared is None:
+        raise KeyError(f"{path}: no shared embedding (model.shared.weight) in the weights")
+    bias = hf.get("final_logits_bias", torch.zeros(1, cfg.vocab_size))
+    state = {"embed.weight": shared.float(), "final_logits_bias": bias.float().view(-1)}
+    if not cfg.tie_embeddings:
+        state["lm_head.weight"] = hf["lm_head.weight"].float()
+    for ours in Seq2Seq(cfg).state_dict():
+        if ours not in state:
+            state[ours] = hf[to_hf_name(ours)].float()
+    return cfg, state
+
+
+def to_hf_name(name: str) -> str:
+    for pattern, template in _LAYER_NAMES:
+        if re.match(pattern, name):
+            return re.sub(pattern, template, name)
+    raise KeyError(f"no Marian name for parameter {name!r}")
+
+
+def export_hf(src: Path, out: Path) -> None:
+    """Write a Hugging Face MarianMT directory (loadable by transformers and CTranslate2's converter)."""
+    cfg, state = load(src)
+    if cfg.normalize_before:
+        raise ValueError("Marian (Hugging Face) has no pre-norm variant; this model uses normalize_before=True")
+    out.mkdir(parents=True, exist_ok=True)
+    hf: dict[str, torch.Tensor] = {"model.shared.weight": state["embed.weight"]}
+    if cfg.final_logits_bias:
+        hf["final_logits_bias"] = state["final_logits_bias"].view(1, -1)
+    if not cfg.tie_embeddings:
+        hf["lm_head.weight"] = state["lm_head.weight"]
+    for name, tensor in state.items():
+        if name.startswith(("encoder_layers.", "decoder_layers.")):
+            hf[to_hf_name(name)] = tensor
+    save_file({k: v.contiguous() for k, v in hf.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(_hf_config(cfg), indent=2) + "\n")
+    generation = {
+        "bad_words_ids": [[cfg.pad_token_id]], "decoder_start_token_id": cfg.decoder_start_token_id,
+        "eos_token_id": cfg.eos_token_id, "forced_eos_token_id": cfg.forced_eos_token_id,
+        "pad_token_id": cfg.pad_token_id, "max_length": cfg.max_position_embeddings, "num_beams": 4,
+    }
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "MarianTokenizer", "model_max_length": cfg.max_position_embeddings,
+        "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+    }, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        if src.resolve() != out.resolve():
+            shutil.copyfile(src / name, out / name)
+
+
+def _hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    return {
+        "architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": cfg.vocab_size,
+        "decoder_vocab_size": cfg.vocab_size, "d_model": cfg.d_model,
+        "encoder_layers": cfg.encoder_layers, "decoder_layers": cfg.decoder_layers,
+        "encoder_attention_heads": cfg.encoder_attention_heads,
+        "decoder_attention_heads": cfg.decoder_attention_heads,
+        "encoder_ffn_dim": cfg.encoder_ffn_dim, "decoder_ffn_dim": cfg.decoder_ffn_dim,
+        "activation_function": cfg.activation, "scale_embedding": cfg.scale_embedding,
+        "max_position_embeddings": cfg.max_position_embeddings, "pad_token_id": cfg.pad_token_id,
+        "eos_token_id": cfg.eos_token_id, "decoder_start_token_id": cfg.decoder_start_token_id,
+        "forced_eos_token_id": cfg.forced_eos_token_id, "bos_token_id": None,
+        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": cfg.tie_embeddings,
+        "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout,
+        "activation_dropout": cfg.activation_dropout, "is_encoder_decoder": True, "torch_dtype": "float32",
+    }

@@ -1,0 +1,110 @@
+"""The paper's building blocks: attention, multi-head attention, feed-forward, positions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+    *, causal: bool = False, dropout: float = 0.0,
+) -> torch.Tensor:
+    """Scaled dot-product attention softmax(QK^T / sqrt(D)) V; mask is True where attending is allowed.
+
+    q: (B, H, T, D), k and v: (B, H, S, D), mask broadcastable to (B, H, T, S) -> (B, H, T, D)
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+
+
+def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
+    """(T, T) boolean mask: position i may attend to positions <= i."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with separate q/k/v/out projections (Marian's parameter layout)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = d_model // heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, T, D = x.shape
+        return self.out_proj(x.transpose(1, 2).reshape(B, T, H * D))  # (B, T, C)
+
+    def project_q(self, x: torch.Tensor) -> torch.Tensor:
+        return self.split_heads(self.q_proj(x))  # (B, H, T, D)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))  # 2 x (B, H, S, D)
+
+    def forward(
+        self, x: torch.Tensor, source: torch.Tensor, mask: torch.Tensor | None = None, *, causal: bool = False,
+    ) -> torch.Tensor:
+        """Full (non-incremental) attention of x (B, T, C) over source (B, S, C) -> (B, T, C)."""
+        k, v = self.project_kv(source)
+        p = self.dropout if self.training else 0.0
+        return self.merge_heads(attention(self.project_q(x), k, v, mask, causal=causal, dropout=p))
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward: fc2(act(fc1(x)))."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.act = _ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:
+    """(P, C) sinusoids of the paper; Marian stores all sines first, then all cosines (not interleaved)."""
+    pos = torch.arange(positions, dtype=torch.float64)[:, None]
+    freq = torch.pow(10000.0, torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (C/2,)
+    angles = pos / freq
+    half = (dim + 1) // 2
+    table = torch.empty(positions, dim, dtype=torch.float64)
+    table[:, :half] = torch.sin(angles)
+    table[:, half:] = torch.cos(angles[:, : dim // 2])
+    return table.float()
+
+
+class PositionalEncoding(nn.Module):
+    """Fixed sinusoidal position signals, looked up by position index."""
+
+    table: torch.Tensor  # (P, C)
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        # Not persistent: it is a function of the config, so checkpoints need not carry it.
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+        self.max_positions = max_positions
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.table[positions]  # (..., C)
+
+
+def embedding_scale(d_model: int, enabled: bool) -> float:
+    return math.sqrt(d_model) if enabled else 1.0

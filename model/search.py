@@ -1,0 +1,223 @@
+"""Greedy and beam search over log-probabilities, independent of the network that produces them.
+
+The loops talk to a `Stepper` (the model plus its caches) through two calls: `step` returns logits
+for every live hypothesis row, `reorder` keeps the chosen rows. Sentences leave the batch the step
+they finish, so no compute is spent on them afterwards.
+
+Beam search reproduces Hugging Face `generate(num_beams=K)` exactly (its vectorised beam search):
+2K candidates per sentence so finished hypotheses never starve the beam, only the top K of them may
+finish, scores normalised as sum(log p) / length ** length_penalty where length counts the generated
+tokens including </s>, and HF's `early_stopping=False` stopping heuristic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+NEG = -1.0e9  # "impossible" without the NaNs that -inf arithmetic can produce
+
+
+class Stepper(Protocol):
+    def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        """tokens (N,) at position pos -> logits (N, V) for position pos + 1."""
+        ...
+
+    def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
+        """Keep hypothesis rows `rows` (N',) and, when given, only the sentences `sentences` (B',)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    beam_size: int = 4
+    num_hypotheses: int = 1
+    length_penalty: float = 1.0
+    min_decoding_length: int = 0
+    early_stopping: bool = False  # stop a sentence once it has beam_size finished hypotheses
+    eos_token_id: int = 0
+    start_token_id: int = 0
+    suppressed_token_ids: tuple[int, ...] = ()  # never generated (the padding token)
+    forced_eos_token_id: int | None = None  # forced as the last token a sentence may have
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]  # generated ids, </s> excluded
+    score: float  # sum of log-probabilities / length ** length_penalty
+
+
+def constrain(log_probs: torch.Tensor, pos: int, max_lengths: torch.Tensor, opts: SearchOptions) -> torch.Tensor:
+    """Apply the decoding constraints to log_probs (N, V) of generating token number pos + 1.
+
+    max_lengths (N,) is each row's limit on generated tokens (</s> included).
+    """
+    if opts.suppressed_token_ids:
+        log_probs[:, list(opts.suppressed_token_ids)] = float("-inf")
+    if pos < opts.min_decoding_length:
+        log_probs[:, opts.eos_token_id] = float("-inf")
+    if opts.forced_eos_token_id is not None:
+        last = max_lengths == pos + 1  # rows whose next token is their last
+        if bool(last.any()):
+            log_probs[last] = float("-inf")
+            log_probs[last, opts.forced_eos_token_id] = 0.0
+    return log_probs
+
+
+def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions) -> list[list[Hypothesis]]:
+    """Arg-max decoding of B sentences; max_lengths (B,) caps each one's generated tokens."""
+    B = max_lengths.numel()
+    device = max_lengths.device
+    alive = torch.arange(B, device=device)  # original index of each live row
+    tokens = torch.full((B,), opts.start_token_id, dtype=torch.long, device=device)
+    history = torch.empty(B, 0, dtype=torch.long, device=device)  # (b, n)
+    scores = torch.zeros(B, device=device)
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for n in range(int(max_lengths.max())):
+        log_probs = torch.log_softmax(stepper.step(tokens, n).float(), dim=-1)  # (b, V)
+        log_probs = constrain(log_probs, n, max_lengths[alive], opts)
+        tokens = log_probs.argmax(-1)  # (b,)
+        scores = scores + log_probs.gather(1, tokens[:, None])[:, 0]
+        history = torch.cat([history, tokens[:, None]], dim=1)
+        done = (tokens == opts.eos_token_id) | (max_lengths[alive] <= n + 1)
+        if bool(done.any()):
+            final = scores / ((n + 1) ** opts.length_penalty)
+            for i in done.nonzero()[:, 0].tolist():
+                results[int(alive[i])] = [Hypothesis(_strip(history[i].tolist(), opts), float(final[i]))]
+            keep = (~done).nonzero()[:, 0]
+            if keep.numel() == 0:
+                break
+            stepper.reorder(keep, keep)
+            alive, tokens, history, scores = alive[keep], tokens[keep], history[keep], scores[keep]
+    return results
+
+
+@dataclass
+class BeamState:
+    """Per live sentence: K running beams and up to K finished hypotheses."""
+
+    run_scores: torch.Tensor  # (b, K) accumulated log-probs
+    run_tokens: torch.Tensor  # (b, K, n) generated so far
+    fin_scores: torch.Tensor  # (b, K) normalised scores, best first
+    fin_tokens: torch.Tensor  # (b, K, T_max) padded with -1
+    fin_flags: torch.Tensor  # (b, K) True where the slot holds a real hypothesis
+    improvable: torch.Tensor  # (b,) False once no running beam can beat the finished ones
+
+    @classmethod
+    def start(cls, B: int, K: int, t_max: int, device: torch.device) -> BeamState:
+        run_scores = torch.zeros(B, K, device=device)
+        run_scores[:, 1:] = NEG  # all beams start identical: expand only the first
+        return cls(
+            run_scores, torch.empty(B, K, 0, dtype=torch.long, device=device),
+            torch.full((B, K), NEG, device=device), torch.full((B, K, t_max), -1, dtype=torch.long, device=device),
+            torch.zeros(B, K, dtype=torch.bool, device=device), torch.ones(B, dtype=torch.bool, device=device),
+        )
+
+    def select(self, keep: torch.Tensor) -> None:
+        for name in ("run_scores", "run_tokens", "fin_scores", "fin_tokens", "fin_flags", "improvable"):
+            setattr(self, name, getattr(self, name)[keep])
+
+
+def beam_step(
+    log_probs: torch.Tensor, state: BeamState, pos: int, max_lengths: torch.Tensor, opts: SearchOptions,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Advance every live sentence's beam by one token.
+
+    Args:
+        log_probs: (b, K, V) constrained log-probabilities of token number pos + 1 for each beam.
+        state: the b sentences' beams, updated in place.
+        pos: tokens generated so far.
+        max_lengths: (b,) generated-token limit of each sentence.
+    Returns:
+        source beam (b, K) and token (b, K) of each new running beam, and done (b,) per sentence.
+    """
+    b, K, V = log_probs.shape
+    length = pos + 1
+    candidates = (log_probs + state.run_scores[:, :, None]).view(b, K * V)
+    top_scores, top_index = candidates.topk(2 * K, dim=1)  # (b, 2K)
+    top_beam, top_token = top_index // V, top_index % V
+    at_limit = max_lengths <= length  # (b,)
+    hits = (top_token == opts.eos_token_id) | at_limit[:, None]  # (b, 2K) candidates that end here
+
+    # The K best candidates that did not end keep running.
+    running = top_scores + hits.float() * NEG
+    keep = running.topk(K, dim=1).indices  # (b, K)
+    src_beam, token = top_beam.gather(1, keep), top_token.gather(1, keep)
+    prefix = state.run_tokens.gather(1, src_beam[:, :, None].expand(b, K, pos))
+
+    # Candidates ranked among the top K that ended may enter the finished set.
+    qualifies = hits & (torch.arange(2 * K, device=hits.device) < K) & state.improvable[:, None]
+    if opts.early_stopping:
+        qualifies &= ~state.fin_flags.all(1, keepdim=True)
+    if bool(qualifies.any()):
+        _merge_finished(state, top_scores / (length**opts.length_penalty), qualifies, top_beam, top_token, pos)
+
+    state.run_scores = running.gather(1, keep)
+    state.run_tokens = torch.cat([prefix, token[:, :, None]], dim=2)
+    best_possible = state.run_scores[:, 0] / (length**opts.length_penalty)
+    all_finished = state.fin_flags.all(1)
+    state.improvable &= ~all_finished | (best_possible > state.fin_scores.min(1).values)
+    done = ~state.improvable | at_limit
+    if opts.early_stopping:
+        done |= all_finished
+    return src_beam, token, done
+
+
+def _merge_finished(
+    state: BeamState, scores: torch.Tensor, qualifies: torch.Tensor, beam: torch.Tensor, token: torch.Tensor,
+    pos: int,
+) -> None:
+    """Merge qualifying candidates (b, 2K) into the K best finished hypotheses of each sentence."""
+    b, K = state.fin_scores.shape
+    t_max = state.fin_tokens.shape[2]
+    seqs = torch.full((b, 2 * K, t_max), -1, dtype=torch.long, device=scores.device)
+    seqs[:, :, :pos] = state.run_tokens.gather(1, beam[:, :, None].expand(b, 2 * K, pos))
+    seqs[:, :, pos] = token
+    merged_scores = torch.cat([state.fin_scores, scores + (~qualifies).float() * NEG], dim=1)  # (b, 3K)
+    best = merged_scores.topk(K, dim=1).indices
+    state.fin_scores = merged_scores.gather(1, best)
+    state.fin_tokens = torch.cat([state.fin_tokens, seqs], dim=1).gather(1, best[:, :, None].expand(b, K, t_max))
+    state.fin_flags = torch.cat([state.fin_flags, qualifies], dim=1).gather(1, best)
+
+
+def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions) -> list[list[Hypothesis]]:
+    """Beam search of B sentences; returns each one's num_hypotheses best, best first."""
+    B, K = max_lengths.numel(), opts.beam_size
+    device = max_lengths.device
+    state = BeamState.start(B, K, int(max_lengths.max()), device)
+    alive = torch.arange(B, device=device)
+    tokens = torch.full((B * K,), opts.start_token_id, dtype=torch.long, device=device)
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for n in range(int(max_lengths.max())):
+        b = alive.numel()
+        log_probs = torch.log_softmax(stepper.step(tokens, n).float(), dim=-1)  # (b*K, V)
+        log_probs = constrain(log_probs, n, max_lengths[alive].repeat_interleave(K), opts)
+        src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, n, max_lengths[alive], opts)
+        for i in done.nonzero()[:, 0].tolist():
+            results[int(alive[i])] = _finished(state, i, opts)
+        keep = (~done).nonzero()[:, 0]
+        if keep.numel() == 0:
+            break
+        rows = (keep[:, None] * K + src_beam[keep]).view(-1)  # beam reorder and finished-row removal at once
+        stepper.reorder(rows, keep if keep.numel() < b else None)
+        if keep.numel() < b:
+            state.select(keep)
+            alive = alive[keep]
+        tokens = token[keep].view(-1)
+    return results
+
+
+def _finished(state: BeamState, i: int, opts: SearchOptions) -> list[Hypothesis]:
+    out = []
+    for k in range(opts.num_hypotheses):
+        if bool(state.fin_flags[i, k]):
+            out.append(Hypothesis(_strip(state.fin_tokens[i, k].tolist(), opts), float(state.fin_scores[i, k])))
+    return out
+
+
+def _strip(tokens: list[int], opts: SearchOptions) -> list[int]:
+    """Drop padding (-1) and the final </s>."""
+    out = [t for t in tokens if t >= 0]
+    return out[:-1] if out and out[-1] == opts.eos_token_id else out

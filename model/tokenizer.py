@@ -1,0 +1,66 @@
+"""SentencePiece tokenization with Marian's file layout: source.spm, target.spm and a joint vocab.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import sentencepiece as spm
+
+SPECIAL = ("</s>", "<unk>", "<pad>")
+
+
+class Tokenizer:
+    """Text <-> ids exactly as Hugging Face's MarianTokenizer does it (so outputs match HF)."""
+
+    def __init__(self, source_spm: Path, target_spm: Path, vocab: dict[str, int]) -> None:
+        self.source = spm.SentencePieceProcessor(model_file=str(source_spm))
+        self.target = spm.SentencePieceProcessor(model_file=str(target_spm))
+        self.vocab = vocab
+        self.pieces = {i: p for p, i in vocab.items()}
+        self.eos_id = vocab["</s>"]
+        self.unk_id = vocab["<unk>"]
+        self.pad_id = vocab["<pad>"]
+        self.special_ids = {vocab[s] for s in SPECIAL if s in vocab}
+
+    @classmethod
+    def load(cls, directory: Path) -> Tokenizer:
+        vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+        return cls(directory / "source.spm", directory / "target.spm", vocab)
+
+    def __len__(self) -> int:
+        return max(self.vocab.values()) + 1
+
+    def encode(self, text: str) -> list[int]:
+        """Source text -> ids ending in </s>; a leading >>xx<< language code stays one token."""
+        code: list[str] = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1:
+            code, text = [text[: end + 2]], text[end + 2 :]
+        pieces = code + self.source.encode(text, out_type=str)
+        return [self.vocab.get(p, self.unk_id) for p in pieces] + [self.eos_id]
+
+    def decode(self, ids: list[int]) -> str:
+        """Target ids -> detokenized text; special tokens are dropped."""
+        pieces = [self.pieces[i] for i in ids if i not in self.special_ids and i in self.pieces]
+        # A lone word-boundary piece survives decode_pieces; Marian's tokenizer maps it to a space and strips.
+        return str(self.target.decode_pieces(pieces)).replace("\u2581", " ").strip()
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target text -> ids ending in </s> (training labels)."""
+        pieces = self.target.encode(text, out_type=str)
+        return [self.vocab.get(p, self.unk_id) for p in pieces] + [self.eos_id]
+
+
+def train_joint_spm(texts: list[str], prefix: Path, vocab_size: int) -> tuple[Path, dict[str, int]]:
+    """Train one SentencePiece model on both languages; ids follow Marian (</s>=0, <unk>=1, <pad>=last)."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_prefix=str(prefix), vocab_size=vocab_size - 1,
+        model_type="unigram", character_coverage=1.0, eos_id=0, unk_id=1, bos_id=-1, pad_id=-1,
+        eos_piece="</s>", unk_piece="<unk>", input_sentence_size=len(texts), shuffle_input_sentence=True,
+        num_threads=2, minloglevel=2,
+    )
+    model = spm.SentencePieceProcessor(model_file=f"{prefix}.model")
+    vocab = {model.id_to_piece(i): i for i in range(model.get_piece_size())}
+    vocab["<pad>"] = model.get_piece_size()
+    return Path(f"{prefix}.model"), vocab

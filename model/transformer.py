@@ -1,0 +1,186 @@
+"""Encoder, decoder and the Seq2Seq model with full and incremental (cached) decoding."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from model.config import ModelConfig
+from model.kv_cache import CrossCache, KVCache
+from model.layers import FeedForward, MultiHeadAttention, PositionalEncoding, attention, embedding_scale
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped in residual + LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        C = cfg.d_model
+        self.self_attn = MultiHeadAttention(C, cfg.encoder_attention_heads, cfg.attention_dropout)
+        self.norm1 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(C, cfg.encoder_ffn_dim, cfg.activation, cfg.activation_dropout)
+        self.norm2 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre = cfg.normalize_before
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = _sublayer(x, self.norm1, lambda h: self.self_attn(h, h, mask), self.dropout, self.pre)
+        return _sublayer(x, self.norm2, self.ffn, self.dropout, self.pre)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward; residual + LayerNorm around each."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        C = cfg.d_model
+        self.self_attn = MultiHeadAttention(C, cfg.decoder_attention_heads, cfg.attention_dropout)
+        self.norm1 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.cross_attn = MultiHeadAttention(C, cfg.decoder_attention_heads, cfg.attention_dropout)
+        self.norm2 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(C, cfg.decoder_ffn_dim, cfg.activation, cfg.activation_dropout)
+        self.norm3 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre = cfg.normalize_before
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Full recomputation over all target positions (training, reference)."""
+        x = _sublayer(x, self.norm1, lambda h: self.self_attn(h, h, causal=True), self.dropout, self.pre)
+        x = _sublayer(x, self.norm2, lambda h: self.cross_attn(h, memory, src_mask), self.dropout, self.pre)
+        return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
+
+    def step(self, x: torch.Tensor, layer: int, pos: int, cache: KVCache, cross: CrossCache) -> torch.Tensor:
+        """One new position for every hypothesis row. x: (N, 1, C) with N = B * K -> (N, 1, C)."""
+        x = _sublayer(x, self.norm1, lambda h: self._self_step(h, layer, pos, cache), self.dropout, self.pre)
+        x = _sublayer(x, self.norm2, lambda h: self._cross_step(h, layer, cross), self.dropout, self.pre)
+        return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
+
+    def _self_step(self, h: torch.Tensor, layer: int, pos: int, cache: KVCache) -> torch.Tensor:
+        k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
+        k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, pos+1, D)
+        # The new position may see every cached one: no mask needed.
+        return self.self_attn.merge_heads(attention(self.self_attn.project_q(h), k, v))
+
+    def _cross_step(self, h: torch.Tensor, layer: int, cross: CrossCache) -> torch.Tensor:
+        q = self.cross_attn.project_q(h)  # (N, H, 1, D)
+        N, H, _, D = q.shape
+        B = cross.src_mask.shape[0]
+        # The K beams of a sentence share its keys/values: treat beams as query positions.
+        q = q.view(B, N // B, H, D).transpose(1, 2)  # (B, H, K, D)
+        out = attention(q, cross.k[layer], cross.v[layer], cross.src_mask)  # (B, H, K, D)
+        out = out.transpose(1, 2).reshape(N, H, 1, D)  # (N, H, 1, D)
+        return self.cross_attn.merge_heads(out)
+
+
+def _sublayer(x: torch.Tensor, norm: nn.LayerNorm, fn, dropout: nn.Dropout, pre: bool) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Residual connection around fn: post-norm LayerNorm(x + fn(x)), or pre-norm x + fn(LayerNorm(x))."""
+    if pre:
+        return x + dropout(fn(norm(x)))
+    return norm(x + dropout(fn(x)))
+
+
+class Seq2Seq(nn.Module):
+    """The encoder-decoder Transformer of "Attention Is All You Need" with shared embeddings."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        C, V = cfg.d_model, cfg.vocab_size
+        self.embed = nn.Embedding(V, C, padding_idx=cfg.pad_token_id)
+        self.positions = PositionalEncoding(cfg.max_position_embeddings, C)
+        self.scale = embedding_scale(C, cfg.scale_embedding)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm stacks end with a LayerNorm; post-norm ones are already normalised.
+        self.encoder_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps) if cfg.normalize_before else None
+        self.decoder_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps) if cfg.normalize_before else None
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(C, V, bias=False)
+        self.final_logits_bias = nn.Parameter(torch.zeros(V)) if cfg.final_logits_bias else None
+        self.reset_parameters()
+
+    @property
+    def decoders(self) -> list[DecoderLayer]:
+        return cast(list[DecoderLayer], list(self.decoder_layers))
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        # Embeddings ~ N(0, 1/C), so that after the sqrt(C) scale they are ~ N(0, 1).
+        nn.init.normal_(self.embed.weight, std=self.cfg.d_model**-0.5)
+        with torch.no_grad():
+            self.embed.weight[self.cfg.pad_token_id].zero_()
+
+    def embed_at(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token embedding * sqrt(C) + sinusoid. ids: (B, T), positions broadcastable -> (B, T, C)."""
+        return self.dropout(self.embed(ids) * self.scale + self.positions(positions))
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """src_ids, src_mask: (B, S) -> memory (B, S, C); src_mask is True on real tokens."""
+        S = src_ids.shape[1]
+        self._check_length(S)
+        x = self.embed_at(src_ids, torch.arange(S, device=src_ids.device))
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        return self.encoder_norm(x) if self.encoder_norm is not None else x
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced decoding of every position at once. tgt_in: (B, T) -> logits (B, T, V)."""
+        T = tgt_in.shape[1]
+        self._check_length(T)
+        x = self.embed_at(tgt_in, torch.arange(T, device=tgt_in.device))
+        mask = src_mask[:, None, None, :]
+        for layer in self.decoder_layers:
+            x = layer(x, memory, mask)
+        return self.output(x)
+
+    def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.decode(tgt_in, self.encode(src_ids, src_mask), src_mask)
+
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        """Decoder states (..., C) -> logits (..., V) through the (tied) output projection."""
+        if self.decoder_norm is not None:
+            h = self.decoder_norm(h)
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        logits = h @ weight.t()
+        return logits + self.final_logits_bias if self.final_logits_bias is not None else logits
+
+    def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
+        """Project the encoder output once into every decoder layer's cross-attention keys/values."""
+        kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]
+        return CrossCache([k for k, _ in kv], [v for _, v in kv], src_mask[:, None, None, :])
+
+    def new_cache(self, rows: int, max_length: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        cfg = self.cfg
+        heads = cfg.decoder_attention_heads
+        return KVCache(cfg.decoder_layers, rows, heads, max_length, cfg.d_model // heads, dtype=dtype, device=device)
+
+    def decode_step(self, tokens: torch.Tensor, pos: int, cache: KVCache, cross: CrossCache) -> torch.Tensor:
+        """Decode one position incrementally.
+
+        Args:
+            tokens: (N,) the token at position `pos` of every hypothesis row, N = B * K, rows of a
+                sentence contiguous.
+            pos: the position being decoded (0 for the decoder start token).
+            cache: self-attention cache holding positions [0, pos); position pos is written.
+            cross: cross-attention keys/values of the B sentences.
+        Returns:
+            logits (N, V) for position pos + 1.
+        """
+        self._check_length(pos + 1)
+        x = self.embed_at(tokens[:, None], torch.tensor([pos], device=tokens.device))  # (N, 1, C)
+        for i, layer in enumerate(self.decoders):
+            x = layer.step(x, i, pos, cache, cross)
+        return self.output(x[:, 0])
+
+    def _check_length(self, length: int) -> None:
+        if length > self.cfg.max_position_embeddings:
+            raise ValueError(
+                f"sequence of {length} tokens is longer than the model's {self.cfg.max_position_embeddings} positions"
+            )

@@ -1,0 +1,202 @@
+"""Translator: text in, TranslationResult out."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from model import checkpoint
+from model.decoding import generate, pad_batch
+from model.search import Hypothesis, SearchOptions
+from model.tokenizer import Tokenizer
+from model.transformer import Seq2Seq
+
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class InputTooLongError(ValueError):
+    """A source sentence has more tokens than the model accepts (and truncation was not asked for)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeOptions:
+    """Decoding options, named as in CTranslate2 / Hugging Face."""
+
+    beam_size: int = 4  # 1 is greedy search
+    num_hypotheses: int = 1  # n-best list size, at most beam_size
+    length_penalty: float = 1.0  # score = sum(log p) / generated_length ** length_penalty (HF's formula)
+    max_decoding_length: int = 256  # generated tokens, </s> included
+    max_length_ratio: float | None = 2.0  # also cap at ratio * source tokens + max_length_offset (None: off)
+    max_length_offset: int = 10
+    min_decoding_length: int = 0  # tokens before </s> may be generated
+    early_stopping: bool = False  # stop a sentence as soon as it has beam_size finished hypotheses
+    truncate: bool = False  # cut sources longer than the model's maximum instead of raising
+    max_batch_size: int = 64  # sentences decoded together (sorted by length first)
+
+    def validate(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.num_hypotheses <= self.beam_size:
+            raise ValueError(
+                f"num_hypotheses must be between 1 and beam_size ({self.beam_size}), got {self.num_hypotheses}"
+            )
+        if self.max_decoding_length < 1:
+            raise ValueError(f"max_decoding_length must be >= 1, got {self.max_decoding_length}")
+        if self.min_decoding_length < 0 or self.min_decoding_length >= self.max_decoding_length:
+            raise ValueError("min_decoding_length must be >= 0 and below max_decoding_length")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if not math.isfinite(self.length_penalty):
+            raise ValueError("length_penalty must be a finite number")
+
+
+@dataclass(frozen=True)
+class TranslationResult:
+    hypotheses: list[str]  # best first
+    scores: list[float]  # per hypothesis, see DecodeOptions.length_penalty
+    token_ids: list[list[int]] = field(repr=False)  # generated ids per hypothesis, </s> excluded
+    source_tokens: int = 0  # source length in tokens, </s> included
+
+    def __repr__(self) -> str:
+        best, score = (self.hypotheses[0], self.scores[0]) if self.hypotheses else ("", 0.0)
+        return f"TranslationResult({best!r}, score={score:.4f}, n={len(self.hypotheses)})"
+
+
+class Translator:
+    """A loaded model and tokenizer on one device; thread-compatible, not thread-safe."""
+
+    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, *, device: torch.device, name: str = "") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.name = name
+        self.load_seconds = 0.0
+
+    @classmethod
+    def load(
+        cls, path: str | Path, device: str | torch.device | None = None, *, dtype: str | torch.dtype | None = None,
+        num_threads: int | None = None,
+    ) -> Translator:
+        """Load an own-format or Hugging Face Marian directory, or a shipped model by name ("en-de")."""
+        start = time.perf_counter()
+        directory = resolve_model_path(path)
+        dev = torch.device(device) if device is not None else default_device()
+        torch_dtype = resolve_dtype(dtype, dev)
+        # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly.
+        torch.set_num_threads(num_threads or len(os.sched_getaffinity(0)))
+        model = checkpoint.build(directory).to(dev, torch_dtype)
+        translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
+        translator.load_seconds = time.perf_counter() - start
+        return translator
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed.weight.dtype
+
+    @property
+    def max_source_tokens(self) -> int:
+        return self.model.cfg.max_position_embeddings
+
+    def encode(self, text: str, *, truncate: bool = False) -> list[int]:
+        """Source text -> ids ending in </s>; [] for empty text. Raises InputTooLongError."""
+        if not text.strip():
+            return []
+        ids = self.tokenizer.encode(text)
+        limit = self.max_source_tokens
+        if len(ids) > limit:
+            if not truncate:
+                raise InputTooLongError(f"source has {len(ids)} tokens; this model accepts at most {limit}")
+            ids = [*ids[:limit - 1], self.tokenizer.eos_id]
+        return ids
+
+    def translate(
+        self, texts: Sequence[str], options: DecodeOptions | None = None,
+        progress: Callable[[int], None] | None = None, **kwargs: object,
+    ) -> list[TranslationResult]:
+        """Translate texts; options as a DecodeOptions or keyword arguments (beam_size=4, ...)."""
+        opts = replace(options or DecodeOptions(), **kwargs)  # type: ignore[arg-type]
+        opts.validate()
+        sources = [self.encode(t, truncate=opts.truncate) for t in texts]
+        hyps = self.translate_ids(sources, opts, progress)
+        return [self._result(h, len(src)) for h, src in zip(hyps, sources, strict=True)]
+
+    def translate_ids(
+        self, sources: Sequence[list[int]], opts: DecodeOptions, progress: Callable[[int], None] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Decode encoded sources in length-sorted batches; empty sources give one empty hypothesis."""
+        out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in sources]
+        order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
+        for start in range(0, len(order), opts.max_batch_size):
+            chunk = order[start : start + opts.max_batch_size]
+            for i, h in zip(chunk, self.decode_batch([sources[i] for i in chunk], opts), strict=True):
+                out[i] = h
+            if progress is not None:
+                progress(len(chunk))
+        return out
+
+    @torch.inference_mode()
+    def decode_batch(self, batch: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:
+        """One padded batch of non-empty encoded sources through encoder and search."""
+        src_ids, src_mask = pad_batch(batch, self.model.cfg.pad_token_id, self.device)
+        return generate(self.model, src_ids, src_mask, self.max_lengths(batch, opts), self.search_options(opts))
+
+    def max_lengths(self, batch: list[list[int]], opts: DecodeOptions) -> torch.Tensor:
+        """(B,) generated-token cap per sentence: the absolute cap, the ratio cap, the model's positions."""
+        cap = min(opts.max_decoding_length, self.model.cfg.max_position_embeddings)
+        caps = [cap if opts.max_length_ratio is None
+                else min(cap, math.ceil(opts.max_length_ratio * len(s)) + opts.max_length_offset) for s in batch]
+        return torch.tensor(caps, device=self.device)
+
+    def search_options(self, opts: DecodeOptions) -> SearchOptions:
+        cfg = self.model.cfg
+        return SearchOptions(
+            beam_size=opts.beam_size, num_hypotheses=opts.num_hypotheses, length_penalty=opts.length_penalty,
+            min_decoding_length=opts.min_decoding_length, early_stopping=opts.early_stopping,
+            eos_token_id=cfg.eos_token_id, start_token_id=cfg.decoder_start_token_id,
+            suppressed_token_ids=(cfg.pad_token_id,), forced_eos_token_id=cfg.forced_eos_token_id,
+        )
+
+    def _result(self, hyps: list[Hypothesis], source_tokens: int) -> TranslationResult:
+        return TranslationResult(
+            [self.tokenizer.decode(h.tokens) for h in hyps], [h.score for h in hyps],
+            [h.tokens for h in hyps], source_tokens,
+        )
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """A directory, or the name of a shipped model under model/pretrained/."""
+    candidate = Path(path)
+    if candidate.is_dir():
+        return candidate
+    shipped = PRETRAINED_DIR / str(path)
+    if shipped.is_dir():
+        return shipped
+    names = sorted(p.name for p in PRETRAINED_DIR.iterdir() if p.is_dir()) if PRETRAINED_DIR.is_dir() else []
+    raise FileNotFoundError(f"no model directory {path!r}; shipped models: {names or 'none'}")
+
+
+def shipped_models() -> list[str]:
+    if not PRETRAINED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in PRETRAINED_DIR.iterdir() if checkpoint.is_own_checkpoint(p))

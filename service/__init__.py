@@ -1,0 +1,1 @@
+"""beamserve's service: HTTP API, batching engine, metrics, Ray Serve deployment."""

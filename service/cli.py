@@ -1,0 +1,138 @@
+"""The `beamserve` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+def _decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam-size", type=int, default=4)
+    p.add_argument("--num-hypotheses", type=int, default=1)
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--max-decoding-length", type=int, default=256)
+    p.add_argument("--max-batch-size", type=int, default=64)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+
+
+def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from model import DecodeOptions
+
+    return DecodeOptions(beam_size=args.beam_size, num_hypotheses=args.num_hypotheses,
+                         length_penalty=args.length_penalty, max_decoding_length=args.max_decoding_length,
+                         max_batch_size=args.max_batch_size)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from model import Translator
+
+    tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads)
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.quiet) as bar:
+        results = tr.translate(lines, _options(args), progress=bar.update, truncate=args.truncate)
+    for r in results:
+        print(r.hypotheses[0] if args.num_hypotheses == 1 else " ||| ".join(r.hypotheses))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from model import Translator
+    from model.data import read_text
+    from model.evaluate import evaluate
+
+    tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads)
+    ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), _options(args))
+    print(ev.report())
+    if args.output:
+        Path(args.output).write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import json
+
+    from model.train import TrainConfig, train
+
+    cfg = TrainConfig(
+        data_dir=Path(args.data), out_dir=Path(args.out), src_lang=args.src_lang, tgt_lang=args.tgt_lang,
+        preset=args.preset, vocab_size=args.vocab_size, max_tokens=args.max_tokens, lr=args.lr,
+        warmup_steps=args.warmup_steps, dropout=args.dropout, max_epochs=args.max_epochs,
+        max_steps=args.max_steps, max_minutes=args.max_minutes,
+        patience=args.patience, average_last=args.average_last, train_limit=args.train_limit, seed=args.seed,
+        device=args.device, save_dtype=args.save_dtype, extra=json.loads(args.model_config or "{}"),
+    )
+    print(f"final model: {train(cfg)}")
+    return 0
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from model.checkpoint import export_hf
+    from model.translator import resolve_model_path
+
+    export_hf(resolve_model_path(args.model), Path(args.out))
+    print(f"wrote a Hugging Face MarianMT directory to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="beamserve", description="Machine-translation server and tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("translate", help="translate stdin (one sentence a line) to stdout")
+    p.add_argument("--model", required=True, help="model directory or shipped name (en-de, en-fr)")
+    p.add_argument("--truncate", action="store_true", help="cut over-long sources instead of failing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _decode_args(p)
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("evaluate", help="sacreBLEU and chrF of a model on a test set")
+    p.add_argument("--model", required=True)
+    p.add_argument("--src", required=True)
+    p.add_argument("--ref", required=True)
+    p.add_argument("--output", help="also write the translations here")
+    _decode_args(p)
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("train", help="train a model on a parallel corpus (resumable)")
+    p.add_argument("--data", required=True, help="directory with {train,val}.{lang}[.gz]")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, tokenizer, final/)")
+    p.add_argument("--src-lang", default="en")
+    p.add_argument("--tgt-lang", default="de")
+    p.add_argument("--preset", default="small", choices=["tiny", "small", "base"])
+    p.add_argument("--model-config", help="JSON overrides of ModelConfig fields")
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-steps", type=int, default=1000)
+    p.add_argument("--dropout", type=float, default=0.3)
+    p.add_argument("--max-epochs", type=int, default=40)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-minutes", type=float, default=None, help="training time budget")
+    p.add_argument("--patience", type=int, default=5)
+    p.add_argument("--average-last", type=int, default=5)
+    p.add_argument("--train-limit", type=int, default=None)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default=None)
+    p.add_argument("--save-dtype", default="float16", choices=["float32", "float16", "bfloat16"])
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("export-hf", help="write a model as a Hugging Face MarianMT directory")
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_export_hf)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""Tiny seeded models built locally from the Multi30k files (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def read_lines(name: str, limit: int | None = None) -> list[str]:
+    with gzip.open(DATA / name, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[:limit] if limit else lines
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny en-de model trained for a few seconds: real enough to emit varied lengths and </s>."""
+    from model.train import TrainConfig, train
+
+    out = tmp_path_factory.mktemp("tiny_run")
+    train(TrainConfig(
+        data_dir=DATA, out_dir=out, preset="tiny", vocab_size=400, train_limit=3000, max_tokens=2048,
+        max_epochs=3, warmup_steps=50, lr=3e-3, dropout=0.1, average_last=2, save_dtype="float32", seed=7,
+        device="cpu",
+    ))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tiny_run: Path) -> Path:
+    """The tiny model's final directory (beamserve format, float32)."""
+    return tiny_run / "final"
+
+
+@pytest.fixture(scope="session")
+def sources() -> list[str]:
+    """Real sentences of mixed lengths (val split)."""
+    return read_lines("val.en.gz", 12)

@@ -1,0 +1,90 @@
+"""Beam search driven by hand-written probability tables: exact tokens and scores."""
+
+import math
+
+import pytest
+import torch
+
+from model.search import Hypothesis, SearchOptions, beam_search, greedy_search
+
+EOS, A, B, START = 0, 1, 2, 3
+# P(next token | prefix); unlisted prefixes use DEFAULT.
+TABLE = {
+    (): {EOS: 0.05, A: 0.55, B: 0.40},
+    (A,): {EOS: 0.5, A: 0.3, B: 0.2},
+    (B,): {EOS: 0.1, A: 0.8, B: 0.1},
+}
+DEFAULT = {EOS: 0.9, A: 0.06, B: 0.04}
+
+
+class TableStepper:
+    """Log-probabilities looked up from TABLE by each row's prefix."""
+
+    def __init__(self, rows: int) -> None:
+        self.prefixes: list[tuple[int, ...]] = [() for _ in range(rows)]
+        self.rows_seen: list[int] = []
+        self.started = False
+
+    def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        if self.started:
+            self.prefixes = [(*p, int(t)) for p, t in zip(self.prefixes, tokens, strict=True)]
+        self.started = True
+        self.rows_seen.append(len(self.prefixes))
+        out = torch.full((len(self.prefixes), 4), -1e4)
+        for r, prefix in enumerate(self.prefixes):
+            for tok, p in TABLE.get(prefix, DEFAULT).items():
+                out[r, tok] = math.log(p)
+        return out
+
+    def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
+        self.prefixes = [self.prefixes[int(r)] for r in rows]
+
+
+def opts(**kw: object) -> SearchOptions:
+    return SearchOptions(eos_token_id=EOS, start_token_id=START, suppressed_token_ids=(START,), **kw)  # type: ignore[arg-type]
+
+
+def run_beam(K: int, n: int, lp: float, max_len: int = 10) -> list[Hypothesis]:
+    options = opts(beam_size=K, num_hypotheses=n, length_penalty=lp)
+    return beam_search(TableStepper(K), torch.tensor([max_len]), options)[0]
+
+
+def test_beam_finds_the_better_sequence_greedy_misses() -> None:
+    hyps = run_beam(K=2, n=2, lp=1.0)
+    assert [h.tokens for h in hyps] == [[B, A], [A, A]]
+    assert hyps[0].score == pytest.approx(math.log(0.4 * 0.8 * 0.9) / 3, abs=1e-5)
+    assert hyps[1].score == pytest.approx(math.log(0.55 * 0.3 * 0.9) / 3, abs=1e-5)
+
+
+def test_length_penalty_zero_ranks_by_raw_log_probability() -> None:
+    hyps = run_beam(K=2, n=2, lp=0.0)
+    assert [h.tokens for h in hyps] == [[B, A], [A]]
+    assert hyps[0].score == pytest.approx(math.log(0.288), abs=1e-5)
+    assert hyps[1].score == pytest.approx(math.log(0.275), abs=1e-5)
+
+
+def test_greedy_takes_the_locally_best_token() -> None:
+    hyps = greedy_search(TableStepper(1), torch.tensor([10]), opts(beam_size=1))[0]
+    assert hyps[0].tokens == [A]
+    assert hyps[0].score == pytest.approx(math.log(0.55 * 0.5) / 2, abs=1e-5)
+
+
+def test_max_length_forces_eos_as_last_token() -> None:
+    hyps = run_beam(K=2, n=1, lp=1.0, max_len=1)
+    # With forced </s> off, the length cap ends hypotheses without </s>: [A] scores log(.55).
+    assert hyps[0].tokens == [A] and hyps[0].score == pytest.approx(math.log(0.55), abs=1e-5)
+    forced = beam_search(TableStepper(2), torch.tensor([1]), opts(beam_size=2, forced_eos_token_id=EOS))[0]
+    # As in Hugging Face's ForcedEOSTokenLogitsProcessor, the forced </s> adds log-probability 0.
+    assert forced[0].tokens == [] and forced[0].score == 0.0
+
+
+def test_min_decoding_length_blocks_early_eos() -> None:
+    hyps = beam_search(TableStepper(2), torch.tensor([10]), opts(beam_size=2, min_decoding_length=3))[0]
+    assert len(hyps[0].tokens) >= 3
+
+
+def test_finished_sentences_leave_the_batch() -> None:
+    # Sentence 0 may decode 10 tokens, sentence 1 only 1: after step 0 only sentence 0's rows remain.
+    stepper = TableStepper(2 * 2)
+    beam_search(stepper, torch.tensor([10, 1]), opts(beam_size=2))
+    assert stepper.rows_seen[0] == 4 and all(r == 2 for r in stepper.rows_seen[1:])
