@@ -42,9 +42,15 @@ class KVCache:
         """Keep rows `rows` (N',) in that order (beam reordering and dropping finished rows in one gather)."""
         t = self.length
         n = rows.numel()
-        # Gather only the filled prefix; the copy lands in the same preallocated buffer.
-        self.k[:, :n, :, :t] = self.k[:, rows, :, :t]
-        self.v[:, :n, :, :t] = self.v[:, rows, :, :t]
+        # Beams often keep their place: copy only rows whose source differs, and only the filled prefix.
+        moved = (rows != torch.arange(n, device=rows.device)).nonzero()[:, 0]
+        if moved.numel() == n:
+            self.k[:, :n, :, :t] = self.k[:, rows, :, :t]
+            self.v[:, :n, :, :t] = self.v[:, rows, :, :t]
+        elif moved.numel():
+            src = rows[moved]
+            self.k[:, moved, :, :t] = self.k[:, src, :, :t]
+            self.v[:, moved, :, :t] = self.v[:, src, :, :t]
         self.rows = n
 
 

@@ -1,0 +1,204 @@
+"""Decoding benchmark: beamserve vs Hugging Face `generate` vs CTranslate2 (float32, int8) on the same weights.
+
+    python loadtests/bench_decode.py --out loadtests/DECODE_BENCH.md            # CPU, both models
+    python loadtests/bench_decode.py --device cuda --systems beamserve,hf        # GPU
+
+Models: `base`, a random model of OPUS-MT-base size (d512, 6+6 layers, 8 heads, ffn 2048, 58,101
+ids), and `en-de`, the shipped Multi30k model. Random weights rarely emit </s>, so on `base` every
+system decodes exactly --steps tokens (min = max length); `en-de` decodes naturally. Sources are
+test_2016_flickr sentences sorted by length, identical for every system; each cell is the best of
+--repeats timed passes after one warm-up batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from model import DecodeOptions, Translator, checkpoint  # noqa: E402
+from model.config import preset  # noqa: E402
+from model.transformer import Seq2Seq  # noqa: E402
+
+DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
+
+
+@dataclass
+class Cell:
+    sentences: int
+    tokens: int
+    seconds: float
+
+    @property
+    def sent_s(self) -> float:
+        return self.sentences / self.seconds
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def make_base_model(work: Path) -> Path:
+    """A random OPUS-MT-base-sized model using the shipped tokenizer, its vocabulary padded to 58,101 ids."""
+    out = work / "base"
+    shipped = REPO / "model" / "pretrained" / "en-de"
+    vocab = json.loads((shipped / "vocab.json").read_text(encoding="utf-8"))
+    del vocab["<pad>"]
+    size = 58101
+    vocab.update({f"<extra_{i}>": i for i in range(len(vocab), size - 1)})
+    vocab["<pad>"] = size - 1
+    torch.manual_seed(0)
+    model = Seq2Seq(preset("base", size))
+    checkpoint.save(model, out, None)
+    for name in ("source.spm", "target.spm"):
+        shutil.copyfile(shipped / name, out / name)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    return out
+
+
+def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict[str, Path]]:
+    own = make_base_model(work) if name == "base" else REPO / "model" / "pretrained" / name
+    hf = work / f"{name}-hf"
+    checkpoint.export_hf(own, hf)
+    ct2: dict[str, Path] = {}
+    for quant in ("float32", "int8"):
+        if f"ct2-{quant}" in systems:
+            import ctranslate2.converters
+
+            ct2[quant] = work / f"{name}-ct2-{quant}"
+            ctranslate2.converters.TransformersConverter(str(hf)).convert(str(ct2[quant]), quantization=quant)
+    return own, hf, ct2
+
+
+def run_beamserve(tr: Translator, srcs: list[list[int]], B: int, K: int, steps: int | None) -> int:
+    opts = DecodeOptions(beam_size=K, max_batch_size=B, max_length_ratio=None,
+                         max_decoding_length=steps or 256, min_decoding_length=(steps - 1) if steps else 0)
+    return sum(len(h[0].tokens) + 1 for h in tr.translate_ids(srcs, opts))
+
+
+def run_hf(model, pad: int, srcs: list[list[int]], B: int, K: int, steps: int | None, device: str) -> int:  # type: ignore[no-untyped-def]
+    tokens = 0
+    for i in range(0, len(srcs), B):
+        chunk = srcs[i : i + B]
+        S = max(map(len, chunk))
+        ids = torch.tensor([s + [pad] * (S - len(s)) for s in chunk], device=device)
+        kw = dict(max_new_tokens=steps, min_new_tokens=steps - 1) if steps else dict(max_new_tokens=256)
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=ids != pad, num_beams=K, do_sample=False, **kw)
+        tokens += int((out[:, 1:] != pad).sum())
+    return tokens
+
+
+def run_ct2(tr, srcs: list[list[str]], B: int, K: int, steps: int | None) -> int:  # type: ignore[no-untyped-def]
+    kw = dict(max_decoding_length=steps - 1, min_decoding_length=steps - 1) if steps else {}
+    results = tr.translate_batch(srcs, beam_size=K, max_batch_size=B, **kw)
+    return sum(len(r.hypotheses[0]) + 1 for r in results)
+
+
+def timed(fn: Callable[[list], int], srcs: list, warm: list, repeats: int) -> Cell:  # type: ignore[type-arg]
+    fn(warm)
+    best = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = fn(srcs)
+        cell = Cell(len(srcs), tokens, time.perf_counter() - start)
+        best = cell if best is None or cell.seconds < best.seconds else best
+    assert best is not None
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="base,en-de")
+    p.add_argument("--systems", default="beamserve,hf,ct2-float32,ct2-int8")
+    p.add_argument("--batch-sizes", default="1,16,64")
+    p.add_argument("--beams", default="1,4")
+    p.add_argument("--steps", type=int, default=32, help="fixed decoding steps for the random model")
+    p.add_argument("--sentences", type=int, default=128, help="sentences per cell (batch 1 uses a quarter)")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="beamserve/HF dtype on cuda (default float16)")
+    p.add_argument("--out", type=Path, help="write the markdown report here")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    systems = args.systems.split(",")
+    with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        texts = [line.strip() for line in f]
+    lines = [f"# Decoding benchmark\n\nCommand: `python loadtests/bench_decode.py {' '.join(sys.argv[1:])}`\n",
+             f"Device: {args.device} ({torch.get_num_threads()} threads){_gpu_name(args.device)}; torch "
+             f"{torch.__version__}.\n"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            own, hf_dir, ct2_dirs = prepare(name, Path(tmp), systems)
+            lines.append(_bench_model(name, own, hf_dir, ct2_dirs, texts, systems, args))
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        args.out.write_text(report + "\n")
+
+
+def _gpu_name(device: str) -> str:
+    return f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""
+
+
+def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], texts: list[str],
+                 systems: list[str], args: argparse.Namespace) -> str:
+    dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
+    tr = Translator.load(own, args.device, dtype=dtype, num_threads=args.threads)
+    steps = args.steps if name == "base" else None
+    encoded = sorted((tr.encode(t) for t in texts[: args.sentences]), key=len)
+    pieces = [[tr.tokenizer.pieces[i] for i in s] for s in encoded]
+    runners: dict[str, Callable[[list, int, int], int]] = {}  # type: ignore[type-arg]
+    if "beamserve" in systems:
+        runners["beamserve"] = lambda s, B, K: run_beamserve(tr, s, B, K, steps)
+    if "hf" in systems:
+        import transformers
+
+        hf = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
+        pad = tr.model.cfg.pad_token_id
+        runners["hf"] = lambda s, B, K: run_hf(hf, pad, s, B, K, steps, args.device)
+    for quant, path in ct2_dirs.items():
+        import ctranslate2
+
+        ct = ctranslate2.Translator(str(path), device=args.device, intra_threads=args.threads, inter_threads=1)
+        runners[f"ct2-{quant}"] = lambda s, B, K, ct=ct: run_ct2(ct, s, B, K, steps)
+    head = f"\n## {name}" + (f" (random weights, {steps} decoding steps per sentence)" if steps else
+                             " (shipped weights, natural lengths)")
+    rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in runners)
+            + " | beamserve / hf | beamserve / ct2-float32 | beamserve / ct2-int8 |",
+            "|" + "---|" * (len(runners) + 5)]
+    for K in map(int, args.beams.split(",")):
+        for B in map(int, args.batch_sizes.split(",")):
+            n = max(B, args.sentences // 4) if B == 1 else args.sentences
+            cells = {}
+            for sys_name, fn in runners.items():
+                srcs = pieces[:n] if sys_name.startswith("ct2") else encoded[:n]
+                cells[sys_name] = timed(lambda s, fn=fn, B=B, K=K: fn(s, B, K), srcs, srcs[:B], args.repeats)
+                print(f"{name} K={K} B={B} {sys_name}: {cells[sys_name].sent_s:.1f} sent/s "
+                      f"{cells[sys_name].tok_s:.0f} tok/s", file=sys.stderr, flush=True)
+            ratios = [
+                f"{cells['beamserve'].sent_s / cells[o].sent_s:.2f}x" if "beamserve" in cells and o in cells else "-"
+                for o in ("hf", "ct2-float32", "ct2-int8")
+            ]
+            search = "greedy" if K == 1 else f"beam {K}"
+            rows.append(f"| {search} | {B} | " + " | ".join(f"{c.sent_s:.1f} ({c.tok_s:.0f})" for c in cells.values())
+                        + " | " + " | ".join(ratios) + " |")
+    return head + "\n\n" + "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""FastAPI routes and the Ray Serve application: one ingress, one model deployment per language pair.
+
+One deployment per pair (not model multiplexing): each pair is always loaded (the models are small),
+scales on its own load with its own autoscaling config, and a pair's replicas never evict each
+other's weights, which multiplexing's per-replica LRU would do under mixed traffic.
+
+No `from __future__ import annotations` here: Serve pickles the ingress class, and FastAPI must see
+real types (Request, the pydantic models), not strings it can no longer resolve.
+"""
+
+import asyncio
+import json
+import math
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from model.translator import DecodeOptions, InputTooLongError, Translator, resolve_model_path
+from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError
+from service.schemas import (
+    ErrorResponse,
+    Language,
+    ModelInfo,
+    ModelsResponse,
+    TranslateRequest,
+    TranslateResponse,
+    Translation,
+    Usage,
+)
+from service.settings import Settings
+
+LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
+WARMUP = "A man in a blue shirt is standing on a ladder."
+
+
+class ApiError(Exception):
+    """An error answered with `status` and a JSON body {"error": code, "detail": message}."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
+
+
+def pair_of(model: str) -> str:
+    """'en-de' from a model name or a directory such as .../opus-mt-en-de."""
+    name = resolve_model_path(model).name
+    match = re.search(r"([a-z]{2,3})-([a-z]{2,3})$", name)
+    if not match:
+        raise ValueError(f"cannot tell the language pair of model {model!r}: name its directory like 'en-de'")
+    return f"{match.group(1)}-{match.group(2)}"
+
+
+@serve.deployment(max_ongoing_requests=512, health_check_period_s=10)
+class PairModel:
+    """One language pair's model and batching engine on one replica (GPU-resident when there is one)."""
+
+    def __init__(self, model: str, settings: dict[str, Any]) -> None:
+        s = Settings(**settings)
+        threads = s.threads or max(1, math.ceil(s.replica_cpus))
+        self.pair = pair_of(model)
+        self.translator = Translator.load(model, s.device, dtype=s.dtype, num_threads=threads)
+        self.engine = Engine(self.translator, _batching(s.model_dump()))
+        for beam in (1, 4):  # warm-up: first calls allocate and pick kernels
+            self.translator.translate([WARMUP], beam_size=beam)
+        self.ready = True
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        """Serve's user_config: batching knobs, applied live."""
+        self.engine.reconfigure(_batching(config))
+
+    async def translate(self, texts: list[str], options: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        opts = DecodeOptions(**options)
+        try:
+            sources = [self.translator.encode(t) for t in texts]
+        except InputTooLongError as exc:
+            return {"status": 422, "error": "input_too_long", "detail": str(exc)}
+        try:
+            hyps = await self.engine.translate(sources, opts, timeout_s)
+        except ValueError as exc:  # a request larger than the whole queue can never fit
+            return {"status": 422, "error": "too_many_texts", "detail": str(exc)}
+        except QueueFullError as exc:
+            return {"status": 503, "error": "overloaded", "detail": str(exc), "retry_after": exc.retry_after_s}
+        except DeadlineExceededError as exc:
+            return {"status": 504, "error": "timeout", "detail": str(exc)}
+        decode = self.translator.tokenizer.decode
+        return {
+            "status": 200,
+            "translations": [[(decode(h.tokens), h.score) for h in hs] for hs in hyps],
+            "source_tokens": sum(len(s) for s in sources),
+            "target_tokens": sum(len(hs[0].tokens) + 1 for hs, s in zip(hyps, sources, strict=True) if s),
+        }
+
+    def info(self) -> dict[str, Any]:
+        tr = self.translator
+        stats = self.engine.stats
+        return {
+            "name": self.pair, "source": self.pair.split("-")[0], "target": self.pair.split("-")[1],
+            "device": str(tr.device), "dtype": str(tr.dtype).removeprefix("torch."),
+            "max_source_tokens": tr.max_source_tokens, "ready": self.ready,
+            "queued": self.engine.queued, "active": self.engine.active, "batches": stats.batches,
+            "batched_sentences": stats.sentences, "max_batch_sentences": stats.max_sentences,
+            "rejected": stats.rejected, "expired": stats.expired, "cancelled": stats.cancelled,
+            "padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens,
+            "config": vars(self.engine.scheduler.config),
+        }
+
+
+def _batching(config: dict[str, Any]) -> BatchingConfig:
+    fields = BatchingConfig.__dataclass_fields__
+    return BatchingConfig(**{k: v for k, v in config.items() if k in fields})
+
+
+app = FastAPI(
+    title="beamserve", version="0.1.0",
+    description="Machine translation with Marian-compatible Transformers, beam search and dynamic batching.",
+)
+app.state.max_body_bytes = Settings().max_body_bytes
+
+
+class _BodyTooLargeError(Exception):
+    pass
+
+
+class BodyLimit:
+    """413 for bodies over app.state.max_body_bytes, by Content-Length or while streaming."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.inner(scope, receive, send)
+        limit = int(app.state.max_body_bytes)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await self._reject(send, limit)
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _BodyTooLargeError
+            return message
+
+        try:
+            await self.inner(scope, limited, send)
+        except _BodyTooLargeError:
+            await self._reject(send, limit)
+
+    @staticmethod
+    async def _reject(send: Any, limit: int) -> None:
+        body = json.dumps({"error": "body_too_large", "detail": f"request body over {limit} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+app.add_middleware(BodyLimit)
+
+
+@app.exception_handler(ApiError)
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status, headers=exc.headers)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = [{"loc": list(e.get("loc", [])), "msg": e.get("msg", "")} for e in exc.errors()]
+    return JSONResponse({"error": "invalid_request", "detail": errors}, status_code=422)
+
+
+async def _libre_body(request: Request) -> dict[str, Any]:
+    kind = request.headers.get("content-type", "")
+    if kind.startswith("application/json"):
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_request", "the JSON body must be an object")
+        return body
+    form = await request.form()
+    data: dict[str, Any] = {}
+    for key in form:
+        values = form.getlist(key)
+        data[key] = values if key == "q" and len(values) > 1 else values[0]
+    return data
+
+
+@serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class Gateway:
+    """HTTP ingress: validates, routes by (source, target) to the pair's deployment, maps errors."""
+
+    def __init__(self, pairs: dict[str, DeploymentHandle[Any]], settings: dict[str, Any]) -> None:
+        self.pairs = pairs
+        self.settings = Settings(**settings)
+        app.state.max_body_bytes = self.settings.max_body_bytes
+
+    @app.post("/v1/translate", response_model=TranslateResponse,
+              responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 503, 504)})
+    async def translate(self, req: TranslateRequest) -> TranslateResponse:
+        pair, opts = self._check(req)
+        out = await self._call(pair, req.texts, opts, req.timeout_s)
+        translations = [
+            Translation(text=hs[0][0], score=hs[0][1],
+                        hypotheses=[h[0] for h in hs] if req.num_hypotheses > 1 else None,
+                        scores=[h[1] for h in hs] if req.num_hypotheses > 1 else None)
+            for hs in out["translations"]
+        ]
+        usage = Usage(source_tokens=out["source_tokens"], target_tokens=out["target_tokens"])
+        return TranslateResponse(model=pair, translations=translations, usage=usage)
+
+    @app.post("/translate", responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 503, 504)})
+    async def libretranslate(self, request: Request) -> dict[str, Any]:
+        """LibreTranslate-compatible: JSON or form body with q (string or list), source, target, alternatives."""
+        body = await _libre_body(request)
+        q = body.get("q")
+        texts = [q] if isinstance(q, str) else q
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise ApiError(400, "invalid_request", "q must be a non-empty string or list of strings")
+        if body.get("source") == "auto":
+            raise ApiError(400, "invalid_request", "language detection is not supported: pass source explicitly")
+        if body.get("format", "text") not in ("text", "html"):
+            raise ApiError(400, "invalid_request", "format must be 'text' or 'html'")
+        try:
+            alternatives = int(body.get("alternatives", 0) or 0)
+        except (TypeError, ValueError):
+            raise ApiError(400, "invalid_request", "alternatives must be an integer") from None
+        if not 0 <= alternatives < self.settings.max_beam_size:
+            limit = self.settings.max_beam_size - 1
+            raise ApiError(400, "invalid_request", f"alternatives must be between 0 and {limit}")
+        try:
+            req = TranslateRequest.model_validate({
+                "texts": texts, "source": str(body.get("source", "")), "target": str(body.get("target", "")),
+                "beam_size": max(4, alternatives + 1), "num_hypotheses": alternatives + 1,
+            })
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ApiError(400, "invalid_request", problems) from None
+        pair, opts = self._check(req)
+        out = await self._call(pair, req.texts, opts)
+        best = [hs[0][0] for hs in out["translations"]]
+        alts = [[h[0] for h in hs[1:]] for hs in out["translations"]]
+        result: dict[str, Any] = {"translatedText": best[0] if isinstance(q, str) else best}
+        if alternatives:
+            result["alternatives"] = alts[0] if isinstance(q, str) else alts
+        return result
+
+    @app.get("/languages", response_model=list[Language])
+    async def languages(self) -> list[Language]:
+        targets: dict[str, list[str]] = {}
+        for pair in sorted(self.pairs):
+            src, tgt = pair.split("-")
+            targets.setdefault(src, []).append(tgt)
+            targets.setdefault(tgt, [])
+        return [Language(code=c, name=LANGUAGES.get(c, c), targets=t) for c, t in sorted(targets.items())]
+
+    @app.get("/v1/models", response_model=ModelsResponse)
+    async def models(self) -> ModelsResponse:
+        infos = await asyncio.gather(*(h.info.remote() for h in self.pairs.values()))
+        return ModelsResponse(models=[ModelInfo(**{k: i[k] for k in ModelInfo.model_fields}) for i in infos])
+
+    @app.get("/v1/stats")
+    async def stats(self) -> dict[str, Any]:
+        """Per pair: queue depth, active sentences, batches and their sizes (for operators and tests)."""
+        infos = await asyncio.gather(*(h.info.remote() for h in self.pairs.values()))
+        return {i["name"]: i for i in infos}
+
+    @app.get("/healthz")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(self) -> JSONResponse:
+        try:
+            infos = await asyncio.wait_for(asyncio.gather(*(h.info.remote() for h in self.pairs.values())), 5.0)
+        except Exception as exc:  # a replica that cannot answer is not ready
+            return JSONResponse({"status": "not ready", "detail": str(exc)}, status_code=503)
+        ready = all(i["ready"] for i in infos)
+        return JSONResponse({"status": "ready" if ready else "not ready", "models": [i["name"] for i in infos]},
+                            status_code=200 if ready else 503)
+
+    def _check(self, req: TranslateRequest) -> tuple[str, dict[str, Any]]:
+        s = self.settings
+        pair = f"{req.source}-{req.target}"
+        if pair not in self.pairs:
+            raise ApiError(400, "unsupported_pair",
+                           f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}")
+        if len(req.texts) > s.max_texts:
+            raise ApiError(422, "too_many_texts", f"{len(req.texts)} texts; at most {s.max_texts} per request")
+        for i, text in enumerate(req.texts):
+            if len(text) > s.max_text_chars:
+                raise ApiError(422, "text_too_long",
+                               f"texts[{i}] has {len(text)} characters; at most {s.max_text_chars}")
+        if req.beam_size > s.max_beam_size:
+            raise ApiError(422, "invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
+        if req.num_hypotheses > req.beam_size:
+            raise ApiError(422, "invalid_request", "num_hypotheses must not exceed beam_size")
+        max_len = min(req.max_decoding_length or s.max_decoding_length, s.max_decoding_length)
+        opts = dict(beam_size=req.beam_size, num_hypotheses=req.num_hypotheses, length_penalty=req.length_penalty,
+                    max_decoding_length=max_len)
+        return pair, opts
+
+    async def _call(
+        self, pair: str, texts: list[str], opts: dict[str, Any], timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        timeout = min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
+        response = self.pairs[pair].translate.remote(texts, opts, timeout)
+
+        async def answer() -> dict[str, Any]:
+            return await response
+
+        try:
+            out = await asyncio.wait_for(answer(), timeout + 2.0)
+        except TimeoutError:
+            response.cancel()  # type: ignore[no-untyped-call]
+            raise ApiError(504, "timeout", f"no answer within {timeout:.0f}s") from None
+        if out["status"] != 200:
+            headers = {"Retry-After": str(math.ceil(out["retry_after"]))} if "retry_after" in out else None
+            raise ApiError(out["status"], out["error"], out["detail"], headers)
+        return out
+
+
+def build_app(args: dict[str, Any] | None = None) -> serve.Application:
+    """Application builder for `serve run service.app:build_app` and the Serve config's import_path.
+
+    args (all optional) are Settings fields, e.g. {"models": "en-de,en-fr", "replica_cpus": 1}.
+    """
+    settings = Settings(**(args or {}))
+    import torch
+
+    gpus = settings.replica_gpus if settings.replica_gpus is not None else (1 if torch.cuda.is_available() else 0)
+    pairs: dict[str, Any] = {}
+    for model in settings.model_list():
+        pair = pair_of(model)
+        pairs[pair] = PairModel.options(  # type: ignore[attr-defined]
+            name=f"model-{pair}",
+            ray_actor_options={"num_cpus": settings.replica_cpus, "num_gpus": gpus},
+            user_config=_batching(settings.model_dump()).__dict__,
+        ).bind(model, settings.model_dump())
+    return Gateway.bind(pairs, settings.model_dump())  # type: ignore[attr-defined]

@@ -1,0 +1,61 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TranslateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[str] = Field(min_length=1, description="sentences to translate")
+    source: str = Field(min_length=2, max_length=16, examples=["en"])
+    target: str = Field(min_length=2, max_length=16, examples=["de"])
+    beam_size: int = Field(4, ge=1)
+    num_hypotheses: int = Field(1, ge=1)
+    length_penalty: float = Field(1.0, ge=-5.0, le=5.0)
+    max_decoding_length: int | None = Field(None, ge=1)
+    timeout_s: float | None = Field(None, gt=0, description="answer 504 after this long (capped by the server)")
+
+
+class Translation(BaseModel):
+    text: str
+    score: float
+    hypotheses: list[str] | None = None  # the n-best list when num_hypotheses > 1
+    scores: list[float] | None = None
+
+
+class Usage(BaseModel):
+    source_tokens: int
+    target_tokens: int
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    translations: list[Translation]
+    usage: Usage
+
+
+class ModelInfo(BaseModel):
+    name: str
+    source: str
+    target: str
+    device: str
+    dtype: str
+    max_source_tokens: int
+    ready: bool
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    detail: str | list[object]
+
+
+class Language(BaseModel):
+    code: str
+    name: str
+    targets: list[str]

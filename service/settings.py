@@ -1,0 +1,35 @@
+"""Every tunable of the service in one place (environment variables BEAMSERVE_*)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BEAMSERVE_", extra="ignore")
+
+    models: str = Field("en-de,en-fr", description="comma-separated model names or directories, one per pair")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    metrics_port: int = 8080  # Ray's metrics export port
+    num_cpus: int | None = None  # CPUs given to the local Ray instance (default: all usable)
+    replica_cpus: float = 1.0  # Ray CPUs each model replica asks for
+    replica_gpus: float | None = None  # GPUs per model replica (default: 1 when CUDA is present, else 0)
+    threads: int | None = None  # torch intra-op threads per replica (default: ceil(replica_cpus))
+    device: str | None = None  # cpu or cuda (default: cuda when present)
+    dtype: str | None = None  # float32, float16, bfloat16 (default: float16 on cuda, float32 on cpu)
+    max_texts: int = 64  # texts per request
+    max_text_chars: int = 2000  # characters per text
+    max_body_bytes: int = 1_000_000  # request body
+    max_beam_size: int = 8
+    max_decoding_length: int = 256
+    request_timeout_s: float = 30.0  # past this, 504
+    # Dynamic batching (tunable live through the Serve config's user_config).
+    max_batch_tokens: int = 6144  # padded source tokens x beams per batch
+    max_batch_size: int = 64  # sentences per batch
+    batch_wait_ms: float = 5.0  # how long a batch may wait to fill
+    max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
+
+    def model_list(self) -> list[str]:
+        return [m.strip() for m in self.models.split(",") if m.strip()]

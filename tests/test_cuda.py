@@ -1,0 +1,50 @@
+"""The CUDA path: fp16/bf16 decoding with the KV cache on the GPU (skipped without a GPU)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import Translator
+from model.decoding import CachedStepper, generate, pad_batch
+
+from .conftest import cuda
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_cached_equals_uncached_on_gpu(tiny_dir: Path, sources: list[str], dtype: str) -> None:
+    tr = Translator.load(tiny_dir, "cuda", dtype=dtype)
+    batch = [tr.encode(s) for s in sources]
+    src, mask = pad_batch(batch, tr.model.cfg.pad_token_id, tr.device)
+    opts = tr.search_options(__import__("model").DecodeOptions(beam_size=4))
+    caps = torch.full((len(batch),), 30, device=tr.device)
+    with torch.inference_mode():
+        cached = generate(tr.model, src, mask, caps, opts)
+        uncached = generate(tr.model, src, mask, caps, opts, cached=False)
+    same = sum(c[0].tokens == u[0].tokens for c, u in zip(cached, uncached, strict=True))
+    # float32 must agree exactly; half precision may flip a near-tie in a sentence or two.
+    assert same == len(batch) if dtype == "float32" else same >= len(batch) - 2
+
+
+@cuda
+def test_kv_cache_lives_on_the_gpu_in_half_precision(tiny_dir: Path, sources: list[str]) -> None:
+    tr = Translator.load(tiny_dir, "cuda", dtype="float16")
+    src, mask = pad_batch([tr.encode(s) for s in sources], tr.model.cfg.pad_token_id, tr.device)
+    with torch.inference_mode():
+        stepper = CachedStepper(tr.model, tr.model.encode(src, mask), mask, 4, 16)
+    assert stepper.cache.k.device.type == "cuda" and stepper.cache.k.dtype == torch.float16
+    assert all(k.device.type == "cuda" for k in stepper.cross.k)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_shipped_model_on_gpu_matches_cpu(dtype: str) -> None:
+    from .conftest import read_lines
+
+    texts = read_lines("test_2016_flickr.en.gz", 64)
+    gpu = Translator.load("en-de", "cuda", dtype=dtype).translate(texts, beam_size=4)
+    cpu = Translator.load("en-de", "cpu").translate(texts, beam_size=4)
+    same = sum(g.hypotheses == c.hypotheses for g, c in zip(gpu, cpu, strict=True))
+    assert same >= 58, f"only {same}/64 identical"
+    assert "Hund" in Translator.load("en-de", "cuda", dtype=dtype).translate(["A dog runs."])[0].hypotheses[0]

@@ -1,0 +1,25 @@
+"""The Serve config in deploy/ is valid for Ray and its import_path builds the real application."""
+
+import importlib
+
+import yaml
+
+from service.engine import BatchingConfig
+
+from .conftest import REPO
+
+
+def test_serve_config_validates_and_its_import_path_builds_the_app() -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    config = yaml.safe_load((REPO / "deploy" / "serve_config.yaml").read_text())
+    app = ServeDeploySchema.model_validate(config).applications[0]
+    module, attr = app.import_path.split(":")
+    built = getattr(importlib.import_module(module), attr)(app.args)
+    gateway = built._bound_deployment
+    pairs = gateway.init_args[0]
+    built_names = {gateway.name} | {p._bound_deployment.name for p in pairs.values()}
+    assert {d.name for d in app.deployments} == built_names == {"Gateway", "model-en-de", "model-en-fr"}
+    for d in app.deployments:
+        if d.name.startswith("model-"):
+            assert set(d.user_config) == set(BatchingConfig.__dataclass_fields__)

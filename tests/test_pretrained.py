@@ -1,0 +1,67 @@
+"""The shipped Multi30k models translate out of the box."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model import Translator
+from model.translator import shipped_models
+
+from .conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def en_de() -> Translator:
+    return Translator.load("en-de", "cpu")
+
+
+def test_both_pairs_ship() -> None:
+    assert shipped_models() == ["en-de", "en-fr"]
+    for name in shipped_models():
+        weights = REPO / "model" / "pretrained" / name / "model.safetensors"
+        assert weights.stat().st_size <= 20 * 1024 * 1024
+        assert (REPO / "model" / "pretrained" / name / "MODEL_CARD.md").is_file()
+
+
+@pytest.mark.parametrize(
+    ("source", "keywords"),
+    [
+        ("A man is riding a bike.", ["Mann", "Fahrrad"]),
+        ("A dog is running in the snow.", ["Hund", "Schnee"]),
+        ("Two children are playing on the beach.", ["Kinder", "Strand"]),
+        ("A woman in a red dress is singing.", ["Frau", "rot"]),
+    ],
+)
+def test_en_de_translates_simple_sentences(en_de: Translator, source: str, keywords: list[str]) -> None:
+    text = en_de.translate([source], beam_size=4)[0].hypotheses[0]
+    for word in keywords:
+        assert word in text, f"{word!r} missing from {text!r}"
+
+
+def test_en_fr_translates_a_simple_sentence() -> None:
+    text = Translator.load("en-fr", "cpu").translate(["A dog is running on the grass."])[0].hypotheses[0]
+    assert "chien" in text and "herbe" in text, text
+
+
+def test_evaluate_command_prints_bleu_chrf_signature_and_speed(tmp_path: Path) -> None:
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text("A man is riding a bike.\nA dog is running in the snow.\n")
+    ref.write_text("Ein Mann fährt Fahrrad.\nEin Hund rennt im Schnee.\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "service.cli", "evaluate", "--model", "en-de", "--src", str(src), "--ref", str(ref),
+         "--device", "cpu"], capture_output=True, text=True, check=True, cwd=REPO,
+    ).stdout
+    assert "BLEU = " in out and "case:mixed|eff:no|tok:13a" in out
+    assert "chrF = " in out and "sentences/s" in out
+
+
+def test_translate_command_reads_stdin_and_writes_one_line_each() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--beam-size", "2"],
+        input="A dog.\n\nA man is sleeping.\n", capture_output=True, text=True, check=True, cwd=REPO,
+    )
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3 and lines[1] == "" and "Hund" in lines[0] and "Mann" in lines[2]
+    assert "sent" in proc.stderr  # the progress bar

@@ -1,0 +1,232 @@
+"""The HTTP service, end to end: real Ray Serve on 127.0.0.1 with the shipped models, real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .conftest import read_lines
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+SETTINGS = dict(models="en-de,en-fr", num_cpus=2, replica_cpus=1.0, max_texts=64, max_queue=256,
+                batch_wait_ms=20.0, max_batch_size=64, request_timeout_s=20.0, max_text_chars=2000)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    from service import runtime
+    from service.settings import Settings
+
+    port = free_port()
+    runtime.start(Settings(**SETTINGS, port=port, metrics_port=free_port()))  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{port}"
+    httpx.get(f"{url}/readyz", timeout=60).raise_for_status()
+    yield url
+    runtime.stop()
+
+
+@pytest.fixture()
+def client(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, timeout=60) as c:
+        yield c
+
+
+def test_translate_returns_translations_scores_and_usage(client: httpx.Client) -> None:
+    r = client.post("/v1/translate", json={"texts": ["A dog is running in the snow.", ""], "source": "en",
+                                            "target": "de", "beam_size": 4})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "en-de"
+    assert "Hund" in body["translations"][0]["text"] and body["translations"][0]["score"] < 0
+    assert body["translations"][1]["text"] == "" and body["translations"][0]["hypotheses"] is None
+    assert body["usage"]["source_tokens"] > 5 and body["usage"]["target_tokens"] > 5
+
+
+def test_n_best_hypotheses_and_routing_by_pair(client: httpx.Client) -> None:
+    r = client.post("/v1/translate", json={"texts": ["A man is riding a bike."], "source": "en", "target": "fr",
+                                            "beam_size": 5, "num_hypotheses": 3})
+    assert r.status_code == 200, r.text
+    t = r.json()["translations"][0]
+    assert r.json()["model"] == "en-fr" and "homme" in t["text"]
+    assert len(t["hypotheses"]) == 3 and t["hypotheses"][0] == t["text"]
+    assert t["scores"] == sorted(t["scores"], reverse=True)
+
+
+def test_service_equals_the_library(client: httpx.Client) -> None:
+    from model import Translator
+
+    texts = read_lines("test_2016_flickr.en.gz", 8)
+    expected = [r.hypotheses[0] for r in Translator.load("en-de", "cpu").translate(texts, beam_size=4)]
+    r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de"})
+    assert [t["text"] for t in r.json()["translations"]] == expected
+
+
+def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
+    models = client.get("/v1/models").json()["models"]
+    assert {m["name"] for m in models} == {"en-de", "en-fr"} and all(m["ready"] for m in models)
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").status_code == 200
+    assert client.get("/docs").status_code == 200
+    assert "/v1/translate" in client.get("/openapi.json").json()["paths"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"texts": [], "source": "en", "target": "de"}, 422, "texts"),
+        ({"source": "en", "target": "de"}, 422, "texts"),
+        ({"texts": "A dog.", "source": "en", "target": "de"}, 422, "texts"),
+        ({"texts": ["A dog."], "source": "en", "target": "xx"}, 400, "en-de, en-fr"),
+        ({"texts": ["A dog."] * 65, "source": "en", "target": "de"}, 422, "at most 64"),
+        ({"texts": ["dog " * 600], "source": "en", "target": "de"}, 422, "at most 2000"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": 0}, 422, "beam_size"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": 99}, 422, "beam_size"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": 2, "num_hypotheses": 3}, 422,
+         "num_hypotheses"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "unknown": 1}, 422, "unknown"),
+    ],
+)
+def test_bad_requests_get_clear_4xx(client: httpx.Client, body: dict[str, object], status: int, needle: str) -> None:
+    r = client.post("/v1/translate", json=body)
+    assert r.status_code == status, r.text
+    assert needle in r.text
+
+
+def test_source_over_the_model_limit_is_a_4xx(client: httpx.Client) -> None:
+    text = "x " * 600  # under the character limit, over 512 tokens
+    r = client.post("/v1/translate", json={"texts": [text], "source": "en", "target": "de"})
+    assert r.status_code == 422 and "at most 512" in r.text
+
+
+def test_invalid_json_invalid_utf8_and_oversized_bodies(client: httpx.Client) -> None:
+    headers = {"content-type": "application/json"}
+    r = client.post("/v1/translate", content=b'{"texts": [', headers=headers)
+    assert r.status_code == 422 and "json" in r.text.lower()
+    bad_utf8 = b'{"texts": ["\xff\xfe"], "source": "en", "target": "de"}'
+    r = client.post("/v1/translate", content=bad_utf8, headers=headers)
+    assert 400 <= r.status_code < 500, r.text
+    big = json.dumps({"texts": ["a" * 1000] * 1200, "source": "en", "target": "de"}).encode()
+    r = client.post("/v1/translate", content=big, headers=headers)
+    assert r.status_code == 413 and "bytes" in r.text
+
+
+def test_libretranslate_json_form_lists_and_alternatives(client: httpx.Client) -> None:
+    r = client.post("/translate", json={"q": "A dog.", "source": "en", "target": "de"})
+    assert r.status_code == 200 and "Hund" in r.json()["translatedText"]
+    r = client.post("/translate", data={"q": "A cat.", "source": "en", "target": "fr", "format": "text"})
+    assert r.status_code == 200 and "chat" in r.json()["translatedText"]
+    r = client.post("/translate", json={"q": ["A dog.", "A man."], "source": "en", "target": "de", "alternatives": 2})
+    body = r.json()
+    assert len(body["translatedText"]) == 2 and len(body["alternatives"]) == 2 and len(body["alternatives"][0]) == 2
+    r = client.post("/translate", json={"q": "A dog.", "source": "auto", "target": "de"})
+    assert r.status_code == 400 and "detection" in r.text
+    r = client.post("/translate", json={"q": "A dog.", "source": "en", "target": "zz"})
+    assert r.status_code == 400 and "served pairs" in r.text
+    langs = client.get("/languages").json()
+    assert {"code": "en", "name": "English", "targets": ["de", "fr"]} in langs
+
+
+def test_libretranslatepy_client_works_unchanged(server: str) -> None:
+    from libretranslatepy import LibreTranslateAPI
+
+    lt = LibreTranslateAPI(server)
+    assert "Hund" in lt.translate("A dog is sleeping.", "en", "de")
+    assert any(lang["code"] == "fr" for lang in lt.languages())
+
+
+def test_concurrent_requests_share_batches_and_match_sequential(server: str, client: httpx.Client) -> None:
+    texts = read_lines("test_2016_flickr.en.gz", 64)
+    sequential = [client.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de"}).json()
+                  ["translations"][0]["text"] for t in texts[:16]]
+    before = client.get("/v1/stats").json()["en-de"]
+
+    async def fire() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
+            return await asyncio.gather(*(ac.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de"})
+                                          for t in texts))
+
+    responses = asyncio.run(fire())
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
+    concurrent = [r.json()["translations"][0]["text"] for r in responses]
+    assert concurrent[:16] == sequential
+    after = client.get("/v1/stats").json()["en-de"]
+    batches = after["batches"] - before["batches"]
+    assert after["batched_sentences"] - before["batched_sentences"] == 64
+    assert batches < 64 / 2, f"64 concurrent requests ran in {batches} batches: no dynamic batching"
+    assert after["max_batch_sentences"] > 1
+
+
+def test_batching_knobs_reconfigure_live(server: str, client: httpx.Client) -> None:
+    from service import runtime
+
+    runtime.deploy({**SETTINGS, "batch_wait_ms": 7.0})
+    assert client.get("/v1/stats").json()["en-de"]["config"]["batch_wait_ms"] == 7.0
+    runtime.deploy(SETTINGS)
+    assert client.get("/v1/stats").json()["en-de"]["config"]["batch_wait_ms"] == SETTINGS["batch_wait_ms"]
+
+
+LONG = ("A group of young men in colorful uniforms are playing a game of soccer on a large green field "
+        "while a crowd of people watches from the stands behind them.")
+
+
+def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, client: httpx.Client) -> None:
+    from service import runtime
+
+    runtime.deploy({**SETTINGS, "max_queue": 3, "max_batch_size": 1, "batch_wait_ms": 0.0})
+    try:
+        too_big = client.post("/v1/translate", json={"texts": ["a"] * 4, "source": "en", "target": "de"})
+        assert too_big.status_code == 422 and "queues at most 3" in too_big.text
+
+        async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+            async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
+                busy = asyncio.create_task(ac.post("/v1/translate", json={
+                    "texts": [LONG, LONG + " Two", LONG + " Three"], "source": "en", "target": "de", "beam_size": 8}))
+                await asyncio.sleep(0.15)
+                two = {"texts": ["A dog.", "A cat."], "source": "en", "target": "de"}
+                full = await ac.post("/v1/translate", json=two)
+                late = await ac.post("/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de",
+                                                            "timeout_s": 0.05})
+                return await busy, full, late
+
+        busy, full, late = asyncio.run(scenario())
+        assert busy.status_code == 200 and len(busy.json()["translations"]) == 3
+        assert full.status_code == 503 and int(full.headers["retry-after"]) >= 1 and "queue full" in full.text
+        assert late.status_code == 504, late.text
+    finally:
+        runtime.deploy(SETTINGS)
+
+
+def test_client_that_disconnects_stops_costing_compute(server: str, client: httpx.Client) -> None:
+    from service import runtime
+
+    runtime.deploy({**SETTINGS, "max_batch_size": 1, "batch_wait_ms": 0.0})
+    try:
+        before = client.get("/v1/stats").json()["en-de"]
+
+        async def scenario() -> None:
+            async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
+                busy = asyncio.create_task(ac.post("/v1/translate", json={
+                    "texts": [LONG, LONG + " Two"], "source": "en", "target": "de", "beam_size": 8}))
+                await asyncio.sleep(0.1)
+                with pytest.raises(httpx.TimeoutException):
+                    await ac.post("/v1/translate", json={"texts": ["A dog.", "A cat."], "source": "en", "target": "de"},
+                                  timeout=0.05)
+                assert (await busy).status_code == 200
+
+        asyncio.run(scenario())
+        after = client.get("/v1/stats").json()["en-de"]
+        assert after["cancelled"] - before["cancelled"] == 2  # both queued sentences dropped, never decoded
+        assert after["batched_sentences"] - before["batched_sentences"] == 2  # only the busy request's
+    finally:
+        runtime.deploy(SETTINGS)
