@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: install serve test lint bench-decode gpu clean
+.PHONY: install serve test lint bench-decode loadtest clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,7 +29,10 @@ lint: install
 	$(VENV)/bin/mypy model service
 
 bench-decode: install
-	$(PY) loadtests/bench_decode.py --out loadtests/DECODE_BENCH.md
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_decode.py --out loadtests/DECODE_BENCH.md
+
+loadtest: install
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out loadtests/results
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import re
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,6 +24,7 @@ from ray.serve.handle import DeploymentHandle
 
 from model.translator import DecodeOptions, InputTooLongError, Translator, resolve_model_path
 from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError
+from service.metrics import ModelMetrics, gateway_metrics
 from service.schemas import (
     ErrorResponse,
     Language,
@@ -33,7 +35,7 @@ from service.schemas import (
     Translation,
     Usage,
 )
-from service.settings import Settings
+from service.settings import BODY_LIMIT, Settings
 
 LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
 WARMUP = "A man in a blue shirt is standing on a ladder."
@@ -65,7 +67,9 @@ class PairModel:
         threads = s.threads or max(1, math.ceil(s.replica_cpus))
         self.pair = pair_of(model)
         self.translator = Translator.load(model, s.device, dtype=s.dtype, num_threads=threads)
-        self.engine = Engine(self.translator, _batching(s.model_dump()))
+        self.metrics = ModelMetrics(self.pair)
+        self.metrics.load_time = self.translator.load_seconds
+        self.engine = Engine(self.translator, _batching(s.model_dump()), observer=self.metrics)
         for beam in (1, 4):  # warm-up: first calls allocate and pick kernels
             self.translator.translate([WARMUP], beam_size=beam)
         self.ready = True
@@ -120,7 +124,6 @@ app = FastAPI(
     title="beamserve", version="0.1.0",
     description="Machine translation with Marian-compatible Transformers, beam search and dynamic batching.",
 )
-app.state.max_body_bytes = Settings().max_body_bytes
 
 
 class _BodyTooLargeError(Exception):
@@ -136,7 +139,7 @@ class BodyLimit:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.inner(scope, receive, send)
-        limit = int(app.state.max_body_bytes)
+        limit = BODY_LIMIT["bytes"]
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await self._reject(send, limit)
@@ -164,6 +167,18 @@ class BodyLimit:
 
 
 app.add_middleware(BodyLimit)
+ENDPOINTS = {"/v1/translate", "/translate", "/languages", "/v1/models", "/v1/stats", "/healthz", "/readyz"}
+
+
+@app.middleware("http")
+async def _record(request: Request, call_next: Any) -> Any:
+    """Count every request by endpoint, pair and status, with its latency (bounded label values only)."""
+    start = time.perf_counter()
+    response = await call_next(request)
+    endpoint = request.url.path if request.url.path in ENDPOINTS else "other"
+    pair = getattr(request.state, "pair", "")
+    gateway_metrics().observe(endpoint, pair, response.status_code, time.perf_counter() - start)
+    return response
 
 
 @app.exception_handler(ApiError)
@@ -203,12 +218,13 @@ class Gateway:
     def __init__(self, pairs: dict[str, DeploymentHandle[Any]], settings: dict[str, Any]) -> None:
         self.pairs = pairs
         self.settings = Settings(**settings)
-        app.state.max_body_bytes = self.settings.max_body_bytes
+        BODY_LIMIT["bytes"] = self.settings.max_body_bytes
+        gateway_metrics()
 
     @app.post("/v1/translate", response_model=TranslateResponse,
               responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 503, 504)})
-    async def translate(self, req: TranslateRequest) -> TranslateResponse:
-        pair, opts = self._check(req)
+    async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
+        pair, opts = self._check(req, request)
         out = await self._call(pair, req.texts, opts, req.timeout_s)
         translations = [
             Translation(text=hs[0][0], score=hs[0][1],
@@ -246,7 +262,7 @@ class Gateway:
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise ApiError(400, "invalid_request", problems) from None
-        pair, opts = self._check(req)
+        pair, opts = self._check(req, request)
         out = await self._call(pair, req.texts, opts)
         best = [hs[0][0] for hs in out["translations"]]
         alts = [[h[0] for h in hs[1:]] for hs in out["translations"]]
@@ -289,9 +305,10 @@ class Gateway:
         return JSONResponse({"status": "ready" if ready else "not ready", "models": [i["name"] for i in infos]},
                             status_code=200 if ready else 503)
 
-    def _check(self, req: TranslateRequest) -> tuple[str, dict[str, Any]]:
+    def _check(self, req: TranslateRequest, request: Request) -> tuple[str, dict[str, Any]]:
         s = self.settings
         pair = f"{req.source}-{req.target}"
+        request.state.pair = pair if pair in self.pairs else "unknown"
         if pair not in self.pairs:
             raise ApiError(400, "unsupported_pair",
                            f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}")

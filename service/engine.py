@@ -17,6 +17,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
 
 from model.search import Hypothesis
 from model.translator import DecodeOptions, Translator
@@ -139,31 +142,44 @@ class Scheduler:
         s.padded_tokens += max(len(it.ids) for it in batch) * len(batch)
 
 
+class EngineObserver(Protocol):
+    """Receives what the engine does (service/metrics.py records it); called from the engine thread."""
+
+    def on_batch(self, sentences: int, padded: int, real: int, waits: list[float]) -> None: ...
+
+    def on_generated(self, tokens: int) -> None: ...
+
+    def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int) -> None: ...
+
+
 class Runner:
     """Computes a batch with the model; never decides anything."""
 
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
 
-    def run(self, batch: list[WorkItem]) -> None:
+    def run(self, batch: list[WorkItem]) -> int:
+        """Decode the batch and resolve its futures; returns the tokens generated (best hypotheses)."""
         live = [it for it in batch if it.future.set_running_or_notify_cancel()]
         if not live:
-            return
+            return 0
         try:
             results = self.translator.decode_batch([it.ids for it in live], live[0].opts)
         except Exception as exc:  # a failed batch fails its requests, never the engine
             for it in live:
                 it.future.set_exception(exc)
-            return
+            return 0
         for it, hyps in zip(live, results, strict=True):
             it.future.set_result(hyps)
+        return sum(len(h[0].tokens) + 1 for h in results if h)
 
 
 class Engine:
     """One model's queue, scheduler and runner; the runner works in its own thread."""
 
-    def __init__(self, translator: Translator, config: BatchingConfig) -> None:
+    def __init__(self, translator: Translator, config: BatchingConfig, observer: EngineObserver | None = None) -> None:
         self.translator = translator
+        self.observer = observer
         self.scheduler = Scheduler(config)
         self.runner = Runner(translator)
         self._cv = threading.Condition()
@@ -228,11 +244,27 @@ class Engine:
                 while True:
                     if self._stop:
                         return
-                    batch, wait = self.scheduler.next_batch(time.monotonic())
+                    now = time.monotonic()
+                    batch, wait = self.scheduler.next_batch(now)
                     if batch is not None:
                         self._active = len(batch)
                         break
+                    self._sync()
                     self._cv.wait(timeout=wait)
-            self.runner.run(batch)
+            if self.observer is not None:
+                lengths = [len(it.ids) for it in batch]
+                self.observer.on_batch(len(batch), max(lengths) * len(batch), sum(lengths),
+                                       [now - it.enqueued for it in batch])
+                self._sync()
+            generated = self.runner.run(batch)
             with self._cv:
                 self._active = 0
+            if self.observer is not None:
+                self.observer.on_generated(generated)
+                self._sync()
+
+    def _sync(self) -> None:
+        if self.observer is not None:
+            device = self.translator.device
+            gpu = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+            self.observer.sync(self.stats, self.queued, self._active, gpu)

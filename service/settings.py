@@ -33,3 +33,8 @@ class Settings(BaseSettings):
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
+
+
+# The body limit in force in this process (the ingress replica sets it from its Settings); a module
+# global because the HTTP middleware runs outside the Serve class that holds the Settings.
+BODY_LIMIT = {"bytes": Settings().max_body_bytes}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,3 +47,37 @@ def tiny_dir(tiny_run: Path) -> Path:
 def sources() -> list[str]:
     """Real sentences of mixed lengths (val split)."""
     return read_lines("val.en.gz", 12)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+SETTINGS = dict(models="en-de,en-fr", num_cpus=2, replica_cpus=1.0, max_texts=64, max_queue=256,
+                batch_wait_ms=20.0, max_batch_size=64, request_timeout_s=20.0, max_text_chars=2000)
+
+
+METRICS: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    """Real Ray Serve on 127.0.0.1 with the shipped models, shared by every service test."""
+    import httpx
+
+    from service import runtime
+    from service.settings import Settings
+
+    # Export custom metrics every 500 ms instead of Ray's 10 s, so tests see them soon.
+    os.environ["RAY_metrics_report_interval_ms"] = "500"  # noqa: SIM112 (Ray reads this exact name)
+    port, metrics_port = free_port(), free_port()
+    METRICS["url"] = f"http://127.0.0.1:{metrics_port}/metrics"
+    runtime.start(Settings(**SETTINGS, port=port, metrics_port=metrics_port))  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{port}"
+    httpx.get(f"{url}/readyz", timeout=60).raise_for_status()
+    yield url
+    runtime.stop()
+
+

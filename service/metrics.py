@@ -1,0 +1,121 @@
+"""Every metric of the service, defined in one place and exported through Ray's metrics pipeline.
+
+`ray.serve.metrics` sends each replica's values to its node's metrics agent, so one scrape of the
+node's export port (`beamserve serve --metrics-port`, default 8080) sees every replica, which a
+replica-local prometheus_client registry would not. Names appear with Ray's `ray_` prefix and Serve
+adds `deployment`, `replica` and `application` labels. Our labels stay bounded: endpoint, pair,
+status; never a request, address or text.
+
+Ray exports histogram `_sum` approximately, from bucket midpoints, so buckets are dense where values
+fall (latencies from 5 ms to 30 s, batch sizes 1..64) and `_sum`/`_count` means are rough; use
+`histogram_quantile` over `_bucket` for percentiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LATENCY_S = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30]
+QUEUE_WAIT_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30]
+BATCH_SENTENCES: list[float] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+BATCH_TOKENS: list[float] = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+PADDING_RATIO = [1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2, 3, 5]
+
+
+class GatewayMetrics:
+    """Requests by endpoint, pair and status, and their latency (recorded by the ingress)."""
+
+    def __init__(self) -> None:
+        from ray.serve.metrics import Counter, Histogram
+
+        keys: Any = ("endpoint", "pair", "status")  # Ray's stubs say tuple[str]; any length works
+        self.requests = Counter("beamserve_requests", description="HTTP requests by endpoint, pair and status.",
+                                tag_keys=keys)
+        self.latency = Histogram("beamserve_request_latency_seconds", description="End-to-end request latency.",
+                                 boundaries=LATENCY_S, tag_keys=keys)
+
+    def observe(self, endpoint: str, pair: str, status: int, seconds: float) -> None:
+        tags = {"endpoint": endpoint, "pair": pair, "status": str(status)}
+        self.requests.inc(1, tags)
+        self.latency.observe(seconds, tags)
+
+
+_gateway: GatewayMetrics | None = None
+
+
+def gateway_metrics() -> GatewayMetrics:
+    """The ingress replica's metrics, created on first use inside the replica process.
+
+    A module-level accessor rather than state on the FastAPI app: Serve pickles the ingress class by
+    value, so module globals of service.app may be copies, while this module is imported by name.
+    """
+    global _gateway
+    if _gateway is None:
+        _gateway = GatewayMetrics()
+    return _gateway
+
+
+class ModelMetrics:
+    """One pair's batching, tokens, queue and device metrics (recorded by the model replica)."""
+
+    def __init__(self, pair: str) -> None:
+        from ray.serve.metrics import Counter, Gauge, Histogram
+
+        def tagged(metric: Any) -> Any:
+            metric.set_default_tags({"pair": pair})
+            return metric
+
+        keys = ("pair",)
+        self.queue_wait = tagged(Histogram("beamserve_queue_wait_seconds", description="Time a sentence waited "
+                                           "before its batch started.", boundaries=QUEUE_WAIT_S, tag_keys=keys))
+        self.batch_sentences = tagged(Histogram("beamserve_batch_sentences", description="Sentences per batch.",
+                                                boundaries=BATCH_SENTENCES, tag_keys=keys))
+        self.batch_tokens = tagged(Histogram("beamserve_batch_tokens", description="Padded source tokens per batch.",
+                                             boundaries=BATCH_TOKENS, tag_keys=keys))
+        self.padding = tagged(Histogram("beamserve_batch_padding_ratio", description="Padded / real source tokens "
+                                        "per batch (1.0 = no waste).", boundaries=PADDING_RATIO, tag_keys=keys))
+        self.source_tokens = tagged(Counter("beamserve_source_tokens", description="Source tokens decoded.",
+                                            tag_keys=keys))
+        self.generated_tokens = tagged(Counter("beamserve_generated_tokens", description="Target tokens generated "
+                                               "(best hypothesis, </s> included).", tag_keys=keys))
+        self.batches = tagged(Counter("beamserve_batches", description="Batches decoded.", tag_keys=keys))
+        self.rejected = tagged(Counter("beamserve_rejected", description="Requests refused with 503 (queue full).",
+                                       tag_keys=keys))
+        self.timeouts = tagged(Counter("beamserve_timeouts", description="Sentences dropped past their deadline "
+                                       "(504).", tag_keys=keys))
+        self.cancelled = tagged(Counter("beamserve_cancelled", description="Queued sentences withdrawn by a "
+                                        "disconnected client.", tag_keys=keys))
+        self.queue_depth = tagged(Gauge("beamserve_queue_depth", description="Sentences waiting.", tag_keys=keys))
+        self.active = tagged(Gauge("beamserve_active_sentences", description="Sentences decoding now (slots in "
+                                   "use).", tag_keys=keys))
+        self.load_seconds = tagged(Gauge("beamserve_model_load_seconds", description="Model load time of the "
+                                         "replica.", tag_keys=keys))
+        self.gpu_memory = tagged(Gauge("beamserve_gpu_memory_allocated_bytes", description="GPU memory allocated "
+                                       "by torch (0 on CPU).", tag_keys=keys))
+        self._seen = {"rejected": 0, "expired": 0, "cancelled": 0}
+        self.load_time = 0.0  # re-exported on every sync: a gauge set only once can age out of the export
+
+    def on_batch(self, sentences: int, padded: int, real: int, waits: list[float]) -> None:
+        self.batches.inc(1)
+        self.batch_sentences.observe(sentences)
+        self.batch_tokens.observe(padded)
+        self.padding.observe(padded / max(real, 1))
+        self.source_tokens.inc(real)
+        for wait in waits:
+            self.queue_wait.observe(wait)
+
+    def on_generated(self, tokens: int) -> None:
+        if tokens:
+            self.generated_tokens.inc(tokens)
+
+    def sync(self, stats: Any, queued: int, active: int, gpu_bytes: int) -> None:
+        """Turn the engine's cumulative counts into counter increments; refresh the gauges."""
+        for name, counter in (("rejected", self.rejected), ("expired", self.timeouts), ("cancelled", self.cancelled)):
+            now = getattr(stats, name)
+            if now > self._seen[name]:
+                counter.inc(now - self._seen[name])
+                self._seen[name] = now
+        self.load_seconds.set(self.load_time)
+        self.queue_depth.set(queued)
+        self.active.set(active)
+        self.gpu_memory.set(gpu_bytes)
