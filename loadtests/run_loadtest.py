@@ -89,11 +89,11 @@ def plot(results: dict[str, list[dict[str, float]]], path: Path, slo: float) -> 
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode, rows in results.items():
-        users = [r["users"] for r in rows]
-        ax1.plot(users, [r["rps"] for r in rows], marker="o", label=mode)
-        ax2.plot(users, [r["p50"] for r in rows], marker="o", linestyle="--", label=f"{mode} p50")
-        ax2.plot(users, [r["p95"] for r in rows], marker="o", label=f"{mode} p95")
+    for i, (mode, rows) in enumerate(results.items()):
+        users, color = [r["users"] for r in rows], f"C{i}"  # one colour per mode: p50 dashed, p95 solid
+        ax1.plot(users, [r["rps"] for r in rows], marker="o", color=color, label=mode)
+        ax2.plot(users, [r["p50"] for r in rows], marker="o", color=color, linestyle="--", label=f"{mode} p50")
+        ax2.plot(users, [r["p95"] for r in rows], marker="o", color=color, label=f"{mode} p95")
     ax2.axhline(slo, color="red", linewidth=0.8, label=f"SLO p95 {slo:.0f} ms")
     ax1.set(xlabel="users", ylabel="requests/s", title="Throughput")
     ax2.set(xlabel="users", ylabel="ms", title="Latency", yscale="log")
