@@ -9,8 +9,9 @@ FROM rayproject/ray:${RAY_VERSION}-py311-${FLAVOR}
 # The CUDA build of torch for GPU images (cu128 wheels run on drivers >= 570); the CPU index for FLAVOR=cpu.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
 
-# Ray's image already runs as the non-root user `ray` (uid 1000) with a user-owned Python.
-USER ray
+# Ray's image already runs as the non-root user `ray` (uid 1000) with a user-owned Python; numeric
+# so Kubernetes' runAsNonRoot can verify it.
+USER 1000
 WORKDIR /home/ray/beamserve
 
 RUN pip install --no-cache-dir torch==2.13.0 --index-url "${TORCH_INDEX}"
@@ -20,6 +21,8 @@ COPY --chown=ray:users model ./model
 COPY --chown=ray:users service ./service
 COPY --chown=ray:users deploy ./deploy
 # ray[serve] is already in the image at RAY_VERSION; this adds beamserve, its shipped models and pins.
+# DL3013 asks for pinned versions: this installs the local package, whose dependencies pyproject.toml pins.
+# hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[serve]"
 
 ENV BEAMSERVE_HOST=0.0.0.0 \

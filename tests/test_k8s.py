@@ -1,0 +1,126 @@
+"""Docker and Kubernetes files, validated offline: hadolint, kubectl kustomize, kubernetes-validate --strict,
+check-jsonschema against KubeRay's fields, Ray's ServeDeploySchema, and the real app builder."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import REPO
+
+K8S = REPO / "deploy" / "k8s"
+Rendered = tuple[str, list[dict[str, Any]], Path]  # (overlay, documents, rendered file)
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    assert path, f"{name} is not installed (make test installs the dev dependencies; kubectl comes with the machine)"
+    return path
+
+
+def run(*args: str | Path, cwd: Path = REPO) -> str:
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module", params=["gpu", "cpu"])
+def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    out = run(tool("kubectl"), "kustomize", K8S / "overlays" / request.param)
+    path = tmp_path_factory.mktemp("k8s") / f"{request.param}.yaml"
+    path.write_text(out)
+    return request.param, [d for d in yaml.safe_load_all(out) if d], path
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def test_dockerfile_passes_hadolint_and_has_what_an_operator_needs() -> None:
+    assert run(tool("hadolint"), "Dockerfile").strip() == ""
+    text = (REPO / "Dockerfile").read_text()
+    assert "FROM rayproject/ray:${RAY_VERSION}-py311-${FLAVOR}" in text and "ARG FLAVOR=gpu" in text
+    assert "EXPOSE 8000 8080" in text and "/healthz" in text and "USER 1000" in text
+    assert 'CMD ["beamserve", "serve"]' in text
+    assert ".venv" in (REPO / ".dockerignore").read_text()
+
+
+def test_core_objects_pass_kubernetes_validate_strict(rendered: Rendered) -> None:
+    _, _, path = rendered
+    out = run(tool("kubernetes-validate"), "--strict", path)
+    assert "passed for resource service/beamserve" in out
+    assert "passed for resource poddisruptionbudget/beamserve-workers" in out
+
+
+def test_rayservice_and_podmonitor_match_their_schemas(
+    rendered: Rendered, tmp_path: Path,
+) -> None:
+    _, docs, _ = rendered
+    for kind, schema in (("RayService", "rayservice"), ("PodMonitor", "podmonitor")):
+        doc = tmp_path / f"{schema}.yaml"
+        doc.write_text(yaml.safe_dump(by_kind(docs, kind)))
+        run(tool("check-jsonschema"), "--schemafile", K8S / "schemas" / f"{schema}.schema.json", doc)
+
+
+def test_rayservice_pod_templates_are_valid_pod_templates(
+    rendered: Rendered, tmp_path: Path,
+) -> None:
+    _, docs, _ = rendered
+    cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
+    groups = [("head", cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster["workerGroupSpecs"]]
+    for name, group in groups:
+        doc = tmp_path / f"{name}.yaml"
+        doc.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name},
+                                       "template": group["template"]}))
+        assert "passed" in run(tool("kubernetes-validate"), "--strict", doc)
+
+
+def test_serve_config_v2_equals_deploy_serve_config_and_builds(rendered: Rendered) -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    _, docs, _ = rendered
+    embedded = yaml.safe_load(by_kind(docs, "RayService")["spec"]["serveConfigV2"])
+    assert embedded == yaml.safe_load((REPO / "deploy" / "serve_config.yaml").read_text())
+    app = ServeDeploySchema.model_validate(embedded).applications[0]
+    module, attr = app.import_path.split(":")
+    built = getattr(importlib.import_module(module), attr)(app.args)
+    assert built._bound_deployment.name == "Gateway"
+    for d in app.deployments:
+        assert d.autoscaling_config["min_replicas"] >= 1 and d.autoscaling_config["target_ongoing_requests"] > 0
+
+
+def test_overlays_set_gpu_drain_probes_and_shared_memory(rendered: Rendered) -> None:
+    flavor, docs, _ = rendered
+    rs = by_kind(docs, "RayService")
+    cluster = rs["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    worker_group = cluster["workerGroupSpecs"][0]
+    pod = worker_group["template"]["spec"]
+    worker = pod["containers"][0]
+    gpus = "1" if flavor == "gpu" else "0"
+    assert {e["name"]: e["value"] for e in head["env"]}["BEAMSERVE_REPLICA_GPUS"] == gpus
+    assert worker["image"] == head["image"] == f"beamserve:{flavor}"
+    for kind in ("requests", "limits"):
+        assert worker["resources"][kind].get("nvidia.com/gpu") == ("1" if flavor == "gpu" else None)
+    assert worker["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert worker["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert any(m["mountPath"] == "/dev/shm" for m in worker["volumeMounts"])
+    serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
+    drain = max(d.get("graceful_shutdown_timeout_s", 20) for d in serve["applications"][0]["deployments"])
+    assert pod["terminationGracePeriodSeconds"] > drain
+    assert worker_group["minReplicas"] <= worker_group["replicas"] <= worker_group["maxReplicas"]
+    service = by_kind(docs, "Service")
+    assert service["spec"]["ports"][0]["port"] == 8000
+    assert by_kind(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert any(p["name"] == "metrics" and p["containerPort"] == 8080 for p in worker["ports"])
