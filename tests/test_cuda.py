@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import Translator
+from model import DecodeOptions, Translator
 from model.decoding import CachedStepper, generate, pad_batch
 
-from .conftest import cuda
+from .conftest import cuda, read_lines
 
 
 @cuda
@@ -17,7 +17,7 @@ def test_cached_equals_uncached_on_gpu(tiny_dir: Path, sources: list[str], dtype
     tr = Translator.load(tiny_dir, "cuda", dtype=dtype)
     batch = [tr.encode(s) for s in sources]
     src, mask = pad_batch(batch, tr.model.cfg.pad_token_id, tr.device)
-    opts = tr.search_options(__import__("model").DecodeOptions(beam_size=4))
+    opts = tr.search_options(DecodeOptions(beam_size=4))
     caps = torch.full((len(batch),), 30, device=tr.device)
     with torch.inference_mode():
         cached = generate(tr.model, src, mask, caps, opts)
@@ -40,8 +40,6 @@ def test_kv_cache_lives_on_the_gpu_in_half_precision(tiny_dir: Path, sources: li
 @cuda
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_shipped_model_on_gpu_matches_cpu(dtype: str) -> None:
-    from .conftest import read_lines
-
     texts = read_lines("test_2016_flickr.en.gz", 64)
     gpu = Translator.load("en-de", "cuda", dtype=dtype).translate(texts, beam_size=4)
     cpu = Translator.load("en-de", "cpu").translate(texts, beam_size=4)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from .conftest import SETTINGS, read_lines
+from .conftest import DATA, REPO, SETTINGS, read_lines
 
 
 @pytest.fixture()
@@ -208,17 +213,11 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
         runtime.deploy(SETTINGS)
 
 
-def test_locustfile_runs_against_the_service_with_zero_failures(server: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import csv
-    import subprocess
-    import sys
-
-    from .conftest import DATA, REPO
-
+def test_locustfile_runs_against_the_service_with_zero_failures(server: str, tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(REPO / "loadtests" / "locustfile.py"), "--headless", "-u", "3",
          "-r", "3", "-t", "6s", "--host", server, "--csv", str(tmp_path / "smoke"), "--only-summary"],
-        cwd=REPO, env={**__import__("os").environ, "BEAMSERVE_DATA": str(DATA)}, capture_output=True, text=True,
+        cwd=REPO, env={**os.environ, "BEAMSERVE_DATA": str(DATA)}, capture_output=True, text=True,
         timeout=120,
     )
     with open(tmp_path / "smoke_stats.csv", newline="") as f:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import Translator
+from model import DecodeOptions, Translator
 from model.decoding import generate, pad_batch
 
 
@@ -35,7 +35,7 @@ def test_cached_step_logits_equal_full_recompute(tr: Translator, sources: list[s
 def test_cached_search_equals_uncached_search(tr: Translator, sources: list[str], beam_size: int) -> None:
     batch = [tr.encode(s) for s in sources]
     src, mask = pad_batch(batch, tr.model.cfg.pad_token_id, tr.device)
-    opts = tr.search_options(__import__("model").DecodeOptions(beam_size=beam_size, num_hypotheses=beam_size))
+    opts = tr.search_options(DecodeOptions(beam_size=beam_size, num_hypotheses=beam_size))
     caps = torch.full((len(batch),), 40)
     with torch.inference_mode():
         cached = generate(tr.model, src, mask, caps, opts, cached=True)

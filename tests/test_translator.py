@@ -3,8 +3,11 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from model import DecodeOptions, InputTooLongError, Translator
+from model.decoding import CachedStepper, generate, pad_batch
+from model.search import beam_search
 
 
 @pytest.fixture(scope="module")
@@ -22,18 +25,11 @@ def test_padded_batch_equals_one_at_a_time(tr: Translator, sources: list[str], b
 
 
 def test_beam_size_one_equals_greedy_search(tr: Translator, sources: list[str]) -> None:
-    from model.decoding import generate, pad_batch
-    from model.search import beam_search
-
     # Route the same batch through the beam-search loop with K=1 and compare with the greedy path.
     batch = [tr.encode(s) for s in sources]
     src, mask = pad_batch(batch, tr.model.cfg.pad_token_id, tr.device)
     opts = tr.search_options(DecodeOptions(beam_size=1))
     caps = tr.max_lengths(batch, DecodeOptions())
-    import torch
-
-    from model.decoding import CachedStepper
-
     with torch.inference_mode():
         greedy = generate(tr.model, src, mask, caps, opts)
         memory = tr.model.encode(src, mask)
