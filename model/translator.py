@@ -192,8 +192,7 @@ def resolve_model_path(path: str | Path) -> Path:
     shipped = PRETRAINED_DIR / str(path)
     if shipped.is_dir():
         return shipped
-    names = sorted(p.name for p in PRETRAINED_DIR.iterdir() if p.is_dir()) if PRETRAINED_DIR.is_dir() else []
-    raise FileNotFoundError(f"no model directory {path!r}; shipped models: {names or 'none'}")
+    raise FileNotFoundError(f"no model directory {path!r}; shipped models: {shipped_models() or 'none'}")
 
 
 def shipped_models() -> list[str]:

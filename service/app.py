@@ -280,16 +280,19 @@ class Gateway:
             targets.setdefault(tgt, [])
         return [Language(code=c, name=LANGUAGES.get(c, c), targets=t) for c, t in sorted(targets.items())]
 
+    async def _infos(self) -> list[dict[str, Any]]:
+        """Every pair replica's info() (see PairModel.info)."""
+        return list(await asyncio.gather(*(h.info.remote() for h in self.pairs.values())))
+
     @app.get("/v1/models", response_model=ModelsResponse)
     async def models(self) -> ModelsResponse:
-        infos = await asyncio.gather(*(h.info.remote() for h in self.pairs.values()))
+        infos = await self._infos()
         return ModelsResponse(models=[ModelInfo(**{k: i[k] for k in ModelInfo.model_fields}) for i in infos])
 
     @app.get("/v1/stats")
     async def stats(self) -> dict[str, Any]:
         """Per pair: queue depth, active sentences, batches and their sizes (for operators and tests)."""
-        infos = await asyncio.gather(*(h.info.remote() for h in self.pairs.values()))
-        return {i["name"]: i for i in infos}
+        return {i["name"]: i for i in await self._infos()}
 
     @app.get("/healthz")
     async def healthz(self) -> dict[str, str]:
@@ -298,7 +301,7 @@ class Gateway:
     @app.get("/readyz")
     async def readyz(self) -> JSONResponse:
         try:
-            infos = await asyncio.wait_for(asyncio.gather(*(h.info.remote() for h in self.pairs.values())), 5.0)
+            infos = await asyncio.wait_for(self._infos(), 5.0)
         except Exception as exc:  # a replica that cannot answer is not ready
             return JSONResponse({"status": "not ready", "detail": str(exc)}, status_code=503)
         ready = all(i["ready"] for i in infos)

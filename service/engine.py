@@ -221,8 +221,9 @@ class Engine:
         self, sources: list[list[int]], opts: DecodeOptions, timeout_s: float,
     ) -> list[list[Hypothesis]]:
         """Decode one request's sources; cancelling the awaiting task withdraws its queued sentences."""
-        items = iter(self.submit(sources, opts, time.monotonic() + timeout_s))
-        futures = {i: next(items).future for i, ids in enumerate(sources) if ids}
+        live = [i for i, ids in enumerate(sources) if ids]
+        items = self.submit(sources, opts, time.monotonic() + timeout_s)  # one per live source, in order
+        futures = {i: item.future for i, item in zip(live, items, strict=True)}
         try:
             done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures.values()))
         except BaseException:
