@@ -32,7 +32,7 @@ bench-decode: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_decode.py --out loadtests/DECODE_BENCH.md
 
 loadtest: install
-	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out loadtests/results
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out loadtests/results --external http://127.0.0.1:8000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

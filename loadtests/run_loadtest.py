@@ -141,24 +141,24 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, float]]] = {}
-    for mode in args.modes.split(","):
+    external = args.external if args.external and ready(args.external) else None
+    for mode in ["running server"] if external else args.modes.split(","):
         proc = None
-        if args.external and ready(args.external):
-            url = args.external
+        if external:
+            url = external
+            print(f"using the server already running at {url}", flush=True)
         else:
             port = free_port()
             print(f"[{mode}] starting beamserve on 127.0.0.1:{port} ...", flush=True)
             proc = start_server(port, MODES[mode])
             url = f"http://127.0.0.1:{port}"
         try:
-            run_locust(url, args.out / mode, args)
+            run_locust(url, args.out / mode.replace(" ", "-"), args)
         finally:
             if proc is not None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
-        results[mode] = steps(args.out / mode)
-        if args.external:
-            break
+        results[mode] = steps(args.out / mode.replace(" ", "-"))
     plot(results, args.out / "loadtest.png", args.slo_p95_ms)
     report = summary(results, args)
     (args.out / "SUMMARY.md").write_text(report)
