@@ -44,10 +44,7 @@ class KVCache:
         n = rows.numel()
         # Beams often keep their place: copy only rows whose source differs, and only the filled prefix.
         moved = (rows != torch.arange(n, device=rows.device)).nonzero()[:, 0]
-        if moved.numel() == n:
-            self.k[:, :n, :, :t] = self.k[:, rows, :, :t]
-            self.v[:, :n, :, :t] = self.v[:, rows, :, :t]
-        elif moved.numel():
+        if moved.numel():
             src = rows[moved]
             self.k[:, moved, :, :t] = self.k[:, src, :, :t]
             self.v[:, moved, :, :t] = self.v[:, src, :, :t]

@@ -23,7 +23,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from model.translator import DecodeOptions, InputTooLongError, Translator, resolve_model_path
-from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError
+from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError, RequestTooLargeError
 from service.metrics import ModelMetrics, gateway_metrics
 from service.schemas import (
     ErrorResponse,
@@ -86,7 +86,7 @@ class PairModel:
             return {"status": 422, "error": "input_too_long", "detail": str(exc)}
         try:
             hyps = await self.engine.translate(sources, opts, timeout_s)
-        except ValueError as exc:  # a request larger than the whole queue can never fit
+        except RequestTooLargeError as exc:
             return {"status": 422, "error": "too_many_texts", "detail": str(exc)}
         except QueueFullError as exc:
             return {"status": 503, "error": "overloaded", "detail": str(exc), "retry_after": exc.retry_after_s}

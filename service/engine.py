@@ -33,6 +33,10 @@ class QueueFullError(Exception):
         self.retry_after_s = retry_after_s
 
 
+class RequestTooLargeError(ValueError):
+    """The request has more sentences than the whole queue holds: it can never fit (HTTP 422)."""
+
+
 class DeadlineExceededError(Exception):
     """The request's deadline passed before its sentences were decoded (HTTP 504)."""
 
@@ -69,6 +73,12 @@ class BatchStats:
     rejected: int = 0
     expired: int = 0
     cancelled: int = 0
+
+
+def batch_tokens(batch: list[WorkItem]) -> tuple[int, int]:
+    """(padded, real) source tokens of a batch: longest x sentences, and the sum."""
+    lengths = [len(it.ids) for it in batch]
+    return max(lengths) * len(lengths), sum(lengths)
 
 
 class Scheduler:
@@ -138,8 +148,9 @@ class Scheduler:
         s.batches += 1
         s.sentences += len(batch)
         s.max_sentences = max(s.max_sentences, len(batch))
-        s.real_tokens += sum(len(it.ids) for it in batch)
-        s.padded_tokens += max(len(it.ids) for it in batch) * len(batch)
+        padded, real = batch_tokens(batch)
+        s.padded_tokens += padded
+        s.real_tokens += real
 
 
 class EngineObserver(Protocol):
@@ -211,7 +222,7 @@ class Engine:
         items = [WorkItem(ids, opts, deadline) for ids in sources if ids]
         limit = self.scheduler.config.max_queue
         if len(items) > limit:
-            raise ValueError(f"request has {len(items)} sentences; this server queues at most {limit}")
+            raise RequestTooLargeError(f"request has {len(items)} sentences; this server queues at most {limit}")
         with self._cv:
             self.scheduler.admit(items)
             self._cv.notify()
@@ -253,9 +264,7 @@ class Engine:
                     self._sync()
                     self._cv.wait(timeout=wait)
             if self.observer is not None:
-                lengths = [len(it.ids) for it in batch]
-                self.observer.on_batch(len(batch), max(lengths) * len(batch), sum(lengths),
-                                       [now - it.enqueued for it in batch])
+                self.observer.on_batch(len(batch), *batch_tokens(batch), [now - it.enqueued for it in batch])
                 self._sync()
             generated = self.runner.run(batch)
             with self._cv:
