@@ -10,33 +10,64 @@ import torch
 class KVCache:
     """Self-attention keys/values of every decoder layer, preallocated and written in place.
 
-    Rows are decoder hypotheses (sentences x beams). Shapes never change while decoding: finished
-    rows are compacted to the front and `rows` shrinks, positions fill up to `length`.
+    Rows are decoder hypotheses (sentences x beams), always the first `rows` of the buffer: finished
+    rows are compacted away by `reorder`. Every row may sit at its own position (continuous batching,
+    where sentences join at different steps); positions fill up to `length`. The position capacity
+    starts at `max_length` and doubles when a row passes it (a rare copy, never a per-step one).
     """
 
     def __init__(
         self, layers: int, rows: int, heads: int, max_length: int, head_dim: int,
-        *, dtype: torch.dtype, device: torch.device,
+        *, dtype: torch.dtype, device: torch.device, limit: int | None = None, zeroed: bool = False,
     ) -> None:
         shape = (layers, rows, heads, max_length, head_dim)  # (L, N, H, T_max, D)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        # Rows at their own positions (zeroed=True) see masked positions they never wrote: a masked
+        # value still meets a 0 weight, and 0 * NaN from uninitialised memory would be NaN.
+        make = torch.zeros if zeroed else torch.empty
+        self.k = make(shape, dtype=dtype, device=device)
+        self.v = make(shape, dtype=dtype, device=device)
         self.rows = rows
-        self.length = 0  # positions written so far (the same for every row)
+        self.length = 0  # positions written so far (the longest row)
+        self.limit = limit or max_length  # the capacity may grow up to this many positions
 
     @property
     def max_length(self) -> int:
         return self.k.shape[3]
 
-    def update(self, layer: int, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (N, H, 1, D) at `pos`; return views of positions [0, pos] as (N, H, pos+1, D)."""
-        if pos >= self.max_length:
-            raise IndexError(f"position {pos} is past the cache's {self.max_length} positions")
+    @property
+    def capacity(self) -> int:
+        """Rows the buffer holds."""
+        return self.k.shape[1]
+
+    def update(
+        self, layer: int, pos: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (N, H, 1, D) at `pos` (an int, or (N,) per row); return positions [0, length) as (N, H, T, D).
+
+        Per-row positions must be reserved first; the caller masks each row's positions past its own.
+        """
         n = self.rows
-        self.k[layer, :n, :, pos] = k[:, :, 0]
-        self.v[layer, :n, :, pos] = v[:, :, 0]
-        self.length = max(self.length, pos + 1)
-        return self.k[layer, :n, :, : pos + 1], self.v[layer, :n, :, : pos + 1]
+        if isinstance(pos, int):
+            self._fit(pos + 1)
+            self.length = max(self.length, pos + 1)
+            self.k[layer, :n, :, pos] = k[:, :, 0]
+            self.v[layer, :n, :, pos] = v[:, :, 0]
+        else:
+            index = torch.arange(n, device=pos.device)
+            self.k[layer, index, :, pos] = k[:, :, 0]
+            self.v[layer, index, :, pos] = v[:, :, 0]
+        t = self.length
+        return self.k[layer, :n, :, :t], self.v[layer, :n, :, :t]
+
+    def reserve(self, pos: torch.Tensor) -> int:
+        """Make room for rows writing at positions pos (N,); returns the length T attention will see.
+
+        T is the furthest row's position + 1: once a long sentence leaves, shorter ones stop paying for it.
+        """
+        length = int(pos.max()) + 1
+        self._fit(length)
+        self.length = length
+        return length
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` (N',) in that order (beam reordering and dropping finished rows in one gather)."""
@@ -50,17 +81,68 @@ class KVCache:
             self.v[:, moved, :, :t] = self.v[:, src, :, :t]
         self.rows = n
 
+    def resize(self, rows: int, length: int) -> None:
+        """Set the live row count, and the filled length (rows joining start at their own position 0)."""
+        if rows > self.capacity:
+            raise IndexError(f"{rows} rows asked of a cache holding {self.capacity}")
+        self.rows, self.length = rows, length
+
+    def _fit(self, length: int) -> None:
+        if length <= self.max_length:
+            return
+        if length > self.limit:
+            raise IndexError(f"position {length - 1} is past the cache's {self.limit} positions")
+        new = min(self.limit, max(length, 2 * self.max_length))
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            grown = old.new_zeros((*old.shape[:3], new, old.shape[4]))
+            grown[:, :, :, : old.shape[3]] = old
+            setattr(self, name, grown)
+
 
 @dataclass
 class CrossCache:
-    """Encoder-decoder attention keys/values, projected once per sentence (not per beam)."""
+    """Encoder-decoder attention keys/values, projected once per sentence (not per beam).
+
+    Rows of a sentence's beams attend to its keys/values as query positions: without `row_index`,
+    row r belongs to sentence r // K (rows of a sentence contiguous, K the same for all); with it
+    (continuous batching: any row order, beam counts per sentence), row r is query
+    row_index[r] % beams of sentence row_index[r] // beams.
+    """
 
     k: list[torch.Tensor]  # per layer (B, H, S, D)
     v: list[torch.Tensor]  # per layer (B, H, S, D)
     src_mask: torch.Tensor  # (B, 1, 1, S) True where the source token is real
+    row_index: torch.Tensor | None = None  # (N,) sentence * beams + beam of each hypothesis row
+    beams: int = 0  # query positions per sentence when row_index is set
 
     def select(self, sentences: torch.Tensor) -> None:
         """Keep only `sentences` (B',), e.g. when others have finished."""
         self.k = [k.index_select(0, sentences) for k in self.k]
         self.v = [v.index_select(0, sentences) for v in self.v]
         self.src_mask = self.src_mask.index_select(0, sentences)
+
+    def extend(self, other: CrossCache) -> None:
+        """Append other's sentences, padding the source dimension to the longer of the two."""
+        S = max(self.src_mask.shape[3], other.src_mask.shape[3])
+        self.k = [torch.cat([_pad(a, S, 2), _pad(b, S, 2)]) for a, b in zip(self.k, other.k, strict=True)]
+        self.v = [torch.cat([_pad(a, S, 2), _pad(b, S, 2)]) for a, b in zip(self.v, other.v, strict=True)]
+        self.src_mask = torch.cat([_pad(self.src_mask, S, 3), _pad(other.src_mask, S, 3)])
+
+    def trim(self) -> None:
+        """Drop source positions no remaining sentence uses (after long sentences left)."""
+        S = int(self.src_mask.sum(-1).max()) if self.src_mask.numel() else 0
+        if 0 < S < self.src_mask.shape[3]:
+            self.k = [k[:, :, :S] for k in self.k]
+            self.v = [v[:, :, :S] for v in self.v]
+            self.src_mask = self.src_mask[..., :S]
+
+
+def _pad(x: torch.Tensor, S: int, dim: int) -> torch.Tensor:
+    """Zero-pad (False for masks) dimension `dim` of x to S positions."""
+    missing = S - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)

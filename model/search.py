@@ -49,15 +49,21 @@ class Hypothesis:
     score: float  # sum of log-probabilities / length ** length_penalty
 
 
-def constrain(log_probs: torch.Tensor, pos: int, max_lengths: torch.Tensor, opts: SearchOptions) -> torch.Tensor:
+def constrain(
+    log_probs: torch.Tensor, pos: int | torch.Tensor, max_lengths: torch.Tensor, opts: SearchOptions,
+) -> torch.Tensor:
     """Apply the decoding constraints to log_probs (N, V) of generating token number pos + 1.
 
-    max_lengths (N,) is each row's limit on generated tokens (</s> included).
+    pos is the tokens generated so far, one int for all rows or (N,) per row; max_lengths (N,) is
+    each row's limit on generated tokens (</s> included).
     """
     if opts.suppressed_token_ids:
         log_probs[:, list(opts.suppressed_token_ids)] = float("-inf")
-    if pos < opts.min_decoding_length:
-        log_probs[:, opts.eos_token_id] = float("-inf")
+    if isinstance(pos, int):
+        if pos < opts.min_decoding_length:
+            log_probs[:, opts.eos_token_id] = float("-inf")
+    elif opts.min_decoding_length:
+        log_probs[pos < opts.min_decoding_length, opts.eos_token_id] = float("-inf")
     if opts.forced_eos_token_id is not None:
         last = max_lengths == pos + 1  # rows whose next token is their last
         if bool(last.any()):
@@ -96,46 +102,59 @@ def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptio
 
 @dataclass
 class BeamState:
-    """Per live sentence: K running beams and up to K finished hypotheses."""
+    """Per live sentence: K running beams and up to K finished hypotheses.
+
+    Token buffers have a fixed width T (the longest allowed output) padded with -1, so sentences
+    that started at different steps (continuous batching) share one state.
+    """
 
     run_scores: torch.Tensor  # (b, K) accumulated log-probs
-    run_tokens: torch.Tensor  # (b, K, n) generated so far
+    run_tokens: torch.Tensor  # (b, K, T) generated so far, -1 beyond each sentence's length
     fin_scores: torch.Tensor  # (b, K) normalised scores, best first
-    fin_tokens: torch.Tensor  # (b, K, T_max) padded with -1
+    fin_tokens: torch.Tensor  # (b, K, T) padded with -1
     fin_flags: torch.Tensor  # (b, K) True where the slot holds a real hypothesis
     improvable: torch.Tensor  # (b,) False once no running beam can beat the finished ones
+
+    FIELDS = ("run_scores", "run_tokens", "fin_scores", "fin_tokens", "fin_flags", "improvable")
 
     @classmethod
     def start(cls, B: int, K: int, t_max: int, device: torch.device) -> BeamState:
         run_scores = torch.zeros(B, K, device=device)
         run_scores[:, 1:] = NEG  # all beams start identical: expand only the first
         return cls(
-            run_scores, torch.empty(B, K, 0, dtype=torch.long, device=device),
+            run_scores, torch.full((B, K, t_max), -1, dtype=torch.long, device=device),
             torch.full((B, K), NEG, device=device), torch.full((B, K, t_max), -1, dtype=torch.long, device=device),
             torch.zeros(B, K, dtype=torch.bool, device=device), torch.ones(B, dtype=torch.bool, device=device),
         )
 
     def select(self, keep: torch.Tensor) -> None:
-        for name in ("run_scores", "run_tokens", "fin_scores", "fin_tokens", "fin_flags", "improvable"):
+        for name in self.FIELDS:
             setattr(self, name, getattr(self, name)[keep])
+
+    def extend(self, other: BeamState) -> None:
+        """Append other's sentences (same K and width) after this state's."""
+        for name in self.FIELDS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
 
 
 def beam_step(
-    log_probs: torch.Tensor, state: BeamState, pos: int, max_lengths: torch.Tensor, opts: SearchOptions,
+    log_probs: torch.Tensor, state: BeamState, pos: torch.Tensor, max_lengths: torch.Tensor, opts: SearchOptions,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Advance every live sentence's beam by one token.
 
     Args:
-        log_probs: (b, K, V) constrained log-probabilities of token number pos + 1 for each beam.
+        log_probs: (b, K, V) constrained log-probabilities of each beam's next token (overwritten).
         state: the b sentences' beams, updated in place.
-        pos: tokens generated so far.
+        pos: (b,) tokens each sentence has generated so far.
         max_lengths: (b,) generated-token limit of each sentence.
     Returns:
         source beam (b, K) and token (b, K) of each new running beam, and done (b,) per sentence.
     """
     b, K, V = log_probs.shape
-    length = pos + 1
-    candidates = (log_probs + state.run_scores[:, :, None]).view(b, K * V)
+    T = state.run_tokens.shape[2]
+    length = pos + 1  # (b,)
+    norm = length.to(log_probs.dtype)[:, None] ** opts.length_penalty  # (b, 1)
+    candidates = log_probs.add_(state.run_scores[:, :, None]).view(b, K * V)  # in place: log_probs is spent
     top_scores, top_index = candidates.topk(2 * K, dim=1)  # (b, 2K)
     top_beam, top_token = top_index // V, top_index % V
     at_limit = max_lengths <= length  # (b,)
@@ -145,18 +164,22 @@ def beam_step(
     running = top_scores + hits.float() * NEG
     keep = running.topk(K, dim=1).indices  # (b, K)
     src_beam, token = top_beam.gather(1, keep), top_token.gather(1, keep)
-    prefix = state.run_tokens.gather(1, src_beam[:, :, None].expand(b, K, pos))
 
     # Candidates ranked among the top K that ended may enter the finished set.
     qualifies = hits & (torch.arange(2 * K, device=hits.device) < K) & state.improvable[:, None]
     if opts.early_stopping:
         qualifies &= ~state.fin_flags.all(1, keepdim=True)
     if bool(qualifies.any()):
-        _merge_finished(state, top_scores / (length**opts.length_penalty), qualifies, top_beam, top_token, pos)
+        seqs = _extend(state.run_tokens, top_beam, top_token, pos)  # (b, 2K, T)
+        merged_scores = torch.cat([state.fin_scores, top_scores / norm + (~qualifies).float() * NEG], dim=1)
+        best = merged_scores.topk(K, dim=1).indices  # (b, K) of 3K
+        state.fin_scores = merged_scores.gather(1, best)
+        state.fin_tokens = torch.cat([state.fin_tokens, seqs], dim=1).gather(1, best[:, :, None].expand(b, K, T))
+        state.fin_flags = torch.cat([state.fin_flags, qualifies], dim=1).gather(1, best)
 
     state.run_scores = running.gather(1, keep)
-    state.run_tokens = torch.cat([prefix, token[:, :, None]], dim=2)
-    best_possible = state.run_scores[:, 0] / (length**opts.length_penalty)
+    state.run_tokens = _extend(state.run_tokens, src_beam, token, pos)
+    best_possible = state.run_scores[:, 0] / norm[:, 0]
     all_finished = state.fin_flags.all(1)
     state.improvable &= ~all_finished | (best_possible > state.fin_scores.min(1).values)
     done = ~state.improvable | at_limit
@@ -165,21 +188,12 @@ def beam_step(
     return src_beam, token, done
 
 
-def _merge_finished(
-    state: BeamState, scores: torch.Tensor, qualifies: torch.Tensor, beam: torch.Tensor, token: torch.Tensor,
-    pos: int,
-) -> None:
-    """Merge qualifying candidates (b, 2K) into the K best finished hypotheses of each sentence."""
-    b, K = state.fin_scores.shape
-    t_max = state.fin_tokens.shape[2]
-    seqs = torch.full((b, 2 * K, t_max), -1, dtype=torch.long, device=scores.device)
-    seqs[:, :, :pos] = state.run_tokens.gather(1, beam[:, :, None].expand(b, 2 * K, pos))
-    seqs[:, :, pos] = token
-    merged_scores = torch.cat([state.fin_scores, scores + (~qualifies).float() * NEG], dim=1)  # (b, 3K)
-    best = merged_scores.topk(K, dim=1).indices
-    state.fin_scores = merged_scores.gather(1, best)
-    state.fin_tokens = torch.cat([state.fin_tokens, seqs], dim=1).gather(1, best[:, :, None].expand(b, K, t_max))
-    state.fin_flags = torch.cat([state.fin_flags, qualifies], dim=1).gather(1, best)
+def _extend(tokens: torch.Tensor, beam: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Prefixes of beams `beam` (b, M) from tokens (b, K, T), with `token` (b, M) written at pos (b,)."""
+    b, M = beam.shape
+    T = tokens.shape[2]
+    seqs = tokens.gather(1, beam[:, :, None].expand(b, M, T))  # (b, M, T)
+    return seqs.scatter_(2, pos[:, None, None].expand(b, M, 1), token[:, :, None])
 
 
 def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions) -> list[list[Hypothesis]]:
@@ -194,9 +208,10 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
         b = alive.numel()
         log_probs = torch.log_softmax(stepper.step(tokens, n).float(), dim=-1)  # (b*K, V)
         log_probs = constrain(log_probs, n, max_lengths[alive].repeat_interleave(K), opts)
-        src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, n, max_lengths[alive], opts)
+        pos = torch.full((b,), n, device=device)
+        src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, max_lengths[alive], opts)
         for i in done.nonzero()[:, 0].tolist():
-            results[int(alive[i])] = _finished(state, i, opts)
+            results[int(alive[i])] = finished_hypotheses(state, i, opts)
         keep = (~done).nonzero()[:, 0]
         if keep.numel() == 0:
             break
@@ -209,7 +224,8 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
     return results
 
 
-def _finished(state: BeamState, i: int, opts: SearchOptions) -> list[Hypothesis]:
+def finished_hypotheses(state: BeamState, i: int, opts: SearchOptions) -> list[Hypothesis]:
+    """Sentence i's num_hypotheses best finished hypotheses, best first."""
     out = []
     for k in range(opts.num_hypotheses):
         if bool(state.fin_flags[i, k]):

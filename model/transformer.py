@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
@@ -51,26 +52,37 @@ class DecoderLayer(nn.Module):
         x = _sublayer(x, self.norm2, lambda h: self.cross_attn(h, memory, src_mask), self.dropout, self.pre)
         return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
 
-    def step(self, x: torch.Tensor, layer: int, pos: int, cache: KVCache, cross: CrossCache) -> torch.Tensor:
-        """One new position for every hypothesis row. x: (N, 1, C) with N = B * K -> (N, 1, C)."""
-        x = _sublayer(x, self.norm1, lambda h: self._self_step(h, layer, pos, cache), self.dropout, self.pre)
+    def step(
+        self, x: torch.Tensor, layer: int, pos: int | torch.Tensor, cache: KVCache, cross: CrossCache,
+        self_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One new position for every hypothesis row. x: (N, 1, C) -> (N, 1, C)."""
+        x = _sublayer(x, self.norm1, lambda h: self._self_step(h, layer, pos, cache, self_mask), self.dropout, self.pre)
         x = _sublayer(x, self.norm2, lambda h: self._cross_step(h, layer, cross), self.dropout, self.pre)
         return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
 
-    def _self_step(self, h: torch.Tensor, layer: int, pos: int, cache: KVCache) -> torch.Tensor:
+    def _self_step(
+        self, h: torch.Tensor, layer: int, pos: int | torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
-        k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, pos+1, D)
-        # The new position may see every cached one: no mask needed.
-        return self.self_attn.merge_heads(attention(self.self_attn.project_q(h), k, v))
+        k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, T, D)
+        # Rows at a shared position see every cached one; rows at their own positions are masked.
+        return self.self_attn.merge_heads(attention(self.self_attn.project_q(h), k, v, mask))
 
     def _cross_step(self, h: torch.Tensor, layer: int, cross: CrossCache) -> torch.Tensor:
         q = self.cross_attn.project_q(h)  # (N, H, 1, D)
         N, H, _, D = q.shape
         B = cross.src_mask.shape[0]
         # The K beams of a sentence share its keys/values: treat beams as query positions.
-        q = q.view(B, N // B, H, D).transpose(1, 2)  # (B, H, K, D)
-        out = attention(q, cross.k[layer], cross.v[layer], cross.src_mask)  # (B, H, K, D)
-        out = out.transpose(1, 2).reshape(N, H, 1, D)  # (N, H, 1, D)
+        if cross.row_index is None:
+            q = q.view(B, N // B, H, D)  # (B, K, H, D), rows of a sentence contiguous
+        else:  # rows in any order: scatter them to their sentence's query slots (unused slots stay 0)
+            q = q.new_zeros(B * cross.beams, H, D).index_copy_(0, cross.row_index, q[:, :, 0])
+            q = q.view(B, cross.beams, H, D)
+        out = attention(q.transpose(1, 2), cross.k[layer], cross.v[layer], cross.src_mask)  # (B, H, K, D)
+        out = out.transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
+        if cross.row_index is not None:
+            out = out.index_select(0, cross.row_index)  # (N, H, 1, D)
         return self.cross_attn.merge_heads(out)
 
 
@@ -148,36 +160,54 @@ class Seq2Seq(nn.Module):
         if self.decoder_norm is not None:
             h = self.decoder_norm(h)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = h @ weight.t()
-        return logits + self.final_logits_bias if self.final_logits_bias is not None else logits
+        # One fused GEMM + bias: a separate add would make a second pass over the (N, V) logits.
+        return F.linear(h, weight, self.final_logits_bias)
 
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
         kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]
         return CrossCache([k for k, _ in kv], [v for _, v in kv], src_mask[:, None, None, :])
 
-    def new_cache(self, rows: int, max_length: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+    def new_cache(
+        self, rows: int, max_length: int, dtype: torch.dtype, device: torch.device, *, limit: int | None = None,
+        zeroed: bool = False,
+    ) -> KVCache:
+        """A self-attention cache of `rows` rows and `max_length` positions (growing up to `limit`)."""
         cfg = self.cfg
         heads = cfg.decoder_attention_heads
-        return KVCache(cfg.decoder_layers, rows, heads, max_length, cfg.d_model // heads, dtype=dtype, device=device)
+        return KVCache(cfg.decoder_layers, rows, heads, max_length, cfg.d_model // heads, dtype=dtype,
+                       device=device, limit=limit, zeroed=zeroed)
 
-    def decode_step(self, tokens: torch.Tensor, pos: int, cache: KVCache, cross: CrossCache) -> torch.Tensor:
+    def decode_step(
+        self, tokens: torch.Tensor, pos: int | torch.Tensor, cache: KVCache, cross: CrossCache,
+        order: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Decode one position incrementally.
 
         Args:
-            tokens: (N,) the token at position `pos` of every hypothesis row, N = B * K, rows of a
-                sentence contiguous.
-            pos: the position being decoded (0 for the decoder start token).
-            cache: self-attention cache holding positions [0, pos); position pos is written.
-            cross: cross-attention keys/values of the B sentences.
+            tokens: (N,) the token at position `pos` of every hypothesis row.
+            pos: the position being decoded (0 for the decoder start token): one int for all rows,
+                or (N,) per row when rows started at different steps (continuous batching).
+            cache: self-attention cache holding each row's earlier positions; position pos is written.
+            cross: cross-attention keys/values of the B sentences and which sentence each row is.
+            order: (N,) return the rows' logits in this order (cheaper on the (N, C) states than on logits).
         Returns:
             logits (N, V) for position pos + 1.
         """
-        self._check_length(pos + 1)
-        x = self.embed_at(tokens[:, None], torch.tensor([pos], device=tokens.device))  # (N, 1, C)
+        self_mask = None
+        if isinstance(pos, int):
+            self._check_length(pos + 1)
+            positions = torch.tensor([pos], device=tokens.device)
+        else:
+            T = cache.reserve(pos)
+            self._check_length(T)
+            positions = pos[:, None]  # (N, 1)
+            self_mask = (torch.arange(T, device=pos.device) <= positions)[:, None, None, :]  # (N, 1, 1, T)
+        x = self.embed_at(tokens[:, None], positions)  # (N, 1, C)
         for i, layer in enumerate(self.decoders):
-            x = layer.step(x, i, pos, cache, cross)
-        return self.output(x[:, 0])
+            x = layer.step(x, i, pos, cache, cross, self_mask)
+        h = x[:, 0] if order is None else x[:, 0].index_select(0, order)  # (N, C)
+        return self.output(h)
 
     def _check_length(self, length: int) -> None:
         if length > self.cfg.max_position_embeddings:

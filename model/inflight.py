@@ -1,0 +1,225 @@
+"""Continuous batching: sentences join and leave the running decode batch between decoder steps.
+
+An `InflightBatch` owns a fixed pool of hypothesis rows (each beam of each sentence holds one row of
+the preallocated self-attention cache) and the cross-attention keys/values of its sentences, computed
+once when a sentence joins. `step()` runs one decoder step for every row, advances each sentence's
+search and returns the sentences that finished; their rows are free before the next step.
+
+Sentences with different decoding options (beam size, length penalty, ...) decode in the same
+decoder step; their searches run as separate groups, one vectorised `beam_step` per group. Beam
+size 1 runs the same beam step with one beam, which picks the arg-max like greedy search. Every
+sentence gets exactly the search it would get alone: rows see only their own positions (per-row
+self-attention masks), their own source (per-sentence cross-attention) and their own search state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+
+from model.decoding import pad_batch
+from model.kv_cache import CrossCache
+from model.search import BeamState, Hypothesis, SearchOptions, beam_step, constrain, finished_hypotheses
+from model.transformer import Seq2Seq
+
+
+@dataclass
+class SearchGroup:
+    """The sentences that share one set of search options; rows of sentence i are rows[i]."""
+
+    opts: SearchOptions
+    state: BeamState
+    keys: list[Hashable]  # (b,) the caller's handle of each sentence
+    rows: torch.Tensor  # (b, K) cache rows of each sentence's beams
+    pos: torch.Tensor  # (b,) tokens generated so far
+    max_lengths: torch.Tensor  # (b,) generated-token limit
+    sentence: torch.Tensor  # (b,) index into the cross-attention cache
+
+    @classmethod
+    def empty(cls, opts: SearchOptions, width: int, device: torch.device) -> SearchGroup:
+        none = torch.empty(0, dtype=torch.long, device=device)
+        K = opts.beam_size
+        return cls(opts, BeamState.start(0, K, width, device), [], none.view(0, K), none, none, none)
+
+    def join(self, keys: list[Hashable], rows: torch.Tensor, max_lengths: torch.Tensor, sentence: torch.Tensor,
+             width: int) -> None:
+        """Append newly encoded sentences: rows (b, K), max_lengths (b,), sentence (b,)."""
+        b, K = rows.shape
+        self.state.extend(BeamState.start(b, K, width, rows.device))
+        self.keys += keys
+        self.rows = torch.cat([self.rows, rows])
+        self.pos = torch.cat([self.pos, torch.zeros_like(max_lengths)])
+        self.max_lengths = torch.cat([self.max_lengths, max_lengths])
+        self.sentence = torch.cat([self.sentence, sentence])
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.state.select(keep)
+        self.keys = [self.keys[i] for i in keep.tolist()]
+        self.rows, self.pos = self.rows[keep], self.pos[keep]
+        self.max_lengths, self.sentence = self.max_lengths[keep], self.sentence[keep]
+
+
+class InflightBatch:
+    """The sentences being decoded right now, on one model; not thread-safe (one owner thread)."""
+
+    def __init__(self, model: Seq2Seq, *, rows: int, max_length: int) -> None:
+        """rows: hypothesis rows in the pool (sum of beam sizes in flight); max_length: longest output."""
+        self.model = model
+        weight = model.embed.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.max_length = min(max_length, model.cfg.max_position_embeddings)
+        # Positions are allocated 64 at a time up to max_length; rows are fixed.
+        self.cache = model.new_cache(rows, min(64, self.max_length), self.dtype, self.device, limit=self.max_length,
+                                     zeroed=True)
+        self.cache.resize(0, 0)
+        self.cross: CrossCache | None = None
+        self.groups: dict[SearchOptions, SearchGroup] = {}
+        self.tokens = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) next input of each row
+        self.positions = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) its position
+
+    @property
+    def rows(self) -> int:
+        """Hypothesis rows in use."""
+        return self.cache.rows
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    @property
+    def sentences(self) -> int:
+        return sum(len(g.keys) for g in self.groups.values())
+
+    def keys(self) -> list[Hashable]:
+        return [k for g in self.groups.values() for k in g.keys]
+
+    @torch.inference_mode()
+    def add(self, keys: list[Hashable], sources: list[list[int]], max_lengths: list[int], opts: SearchOptions) -> None:
+        """Encode non-empty sources and give each beam_size rows; raises IndexError past the pool."""
+        b, K = len(sources), opts.beam_size
+        N = self.rows
+        if N + b * K > self.capacity:
+            raise IndexError(f"{b * K} rows asked, {self.capacity - N} free")
+        if max(max_lengths) > self.max_length:
+            raise ValueError(f"max length {max(max_lengths)} is past the batch's {self.max_length}")
+        src_ids, src_mask = pad_batch(sources, self.model.cfg.pad_token_id, self.device)
+        cross = self.model.cross_cache(self.model.encode(src_ids, src_mask), src_mask)
+        B = 0 if self.cross is None else self.cross.src_mask.shape[0]
+        if self.cross is None:
+            self.cross = cross
+        else:
+            self.cross.extend(cross)
+        group = self.groups.setdefault(opts, SearchGroup.empty(opts, self.max_length, self.device))
+        dev = self.device
+        group.join(keys, torch.arange(N, N + b * K, device=dev).view(b, K), torch.tensor(max_lengths, device=dev),
+                   torch.arange(B, B + b, device=dev), self.max_length)
+        start = torch.full((b * K,), opts.start_token_id, dtype=torch.long, device=dev)
+        self.tokens = torch.cat([self.tokens, start])
+        self.cache.resize(N + b * K, self.cache.length)
+        self._index_rows()
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """One decoder step for every row; returns (key, n-best) of the sentences that finished."""
+        if not self.rows or self.cross is None:
+            return []
+        groups = list(self.groups.values())
+        order = torch.cat([g.rows.view(-1) for g in groups])  # rows grouped by search, sentence, beam
+        logits = self.model.decode_step(self.tokens, self.positions, self.cache, self.cross, order)  # (N, V)
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        finished: list[tuple[Hashable, list[Hypothesis]]] = []
+        updates = {}
+        start = 0
+        for g in groups:
+            b, K = g.rows.shape
+            lp = constrain(log_probs[start : start + b * K], g.pos.repeat_interleave(K),
+                           g.max_lengths.repeat_interleave(K), g.opts)  # (b*K, V)
+            start += b * K
+            src_beam, token, done = beam_step(lp.view(b, K, -1), g.state, g.pos, g.max_lengths, g.opts)
+            for i in done.nonzero()[:, 0].tolist():
+                finished.append((g.keys[i], finished_hypotheses(g.state, i, g.opts)))
+            updates[g.opts] = (~done, g.rows.gather(1, src_beam), token)
+        self._regroup(updates, advance=True)
+        return finished
+
+    @torch.inference_mode()
+    def remove(self, keys: set[Hashable]) -> None:
+        """Drop sentences mid-decode (cancelled, deadline passed); their rows are free at once."""
+        if not self.groups:
+            return
+        updates = {}
+        for opts, g in self.groups.items():
+            keep = torch.tensor([k not in keys for k in g.keys], dtype=torch.bool, device=self.device)
+            updates[opts] = (keep, g.rows, self.tokens[g.rows])
+        self._regroup(updates, advance=False)
+
+    def _regroup(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 *, advance: bool) -> None:
+        """Keep each group's sentences where keep (b,) is set, beam k continuing from row src (b, K) with
+        token (b, K); compact the surviving rows into [0, M) moving as few as possible."""
+        dest, src, tok = [], [], []
+        for opts, (keep, src_rows, token) in updates.items():
+            g = self.groups[opts]
+            idx = keep.nonzero()[:, 0]
+            dest.append(g.rows[idx].view(-1))
+            src.append(src_rows[idx].view(-1))
+            tok.append(token[idx].view(-1))
+            g.select(idx)
+            if advance:
+                g.pos = g.pos + 1
+        self.groups = {o: g for o, g in self.groups.items() if g.keys}
+        old_dest, old_src = torch.cat(dest), torch.cat(src)  # (M,) surviving rows and their cache sources
+        M, N = old_dest.numel(), self.rows
+        # Rows already below M stay; rows at or above M move into the holes that finished rows left.
+        new_index = torch.full((N,), -1, dtype=torch.long, device=self.device)
+        new_index[old_dest] = old_dest
+        taken = torch.zeros(M, dtype=torch.bool, device=self.device)
+        taken[old_dest[old_dest < M]] = True
+        new_index[old_dest[old_dest >= M]] = (~taken).nonzero()[:, 0]
+        where = new_index[old_dest]
+        cache_src = torch.empty(M, dtype=torch.long, device=self.device)
+        cache_src[where] = old_src
+        self.cache.reorder(cache_src)
+        self.tokens = torch.empty(M, dtype=torch.long, device=self.device)
+        self.tokens[where] = torch.cat(tok)
+        for g in self.groups.values():
+            g.rows = new_index[g.rows]
+        self._compact_sentences()
+        self._index_rows()
+
+    def _compact_sentences(self) -> None:
+        """Drop finished sentences' cross-attention keys/values and renumber the rest."""
+        if self.cross is None:
+            return
+        if not self.groups:
+            self.cross = None
+            self.cache.resize(0, 0)
+            return
+        alive = torch.cat([g.sentence for g in self.groups.values()]).sort().values
+        B = self.cross.src_mask.shape[0]
+        if alive.numel() == B:
+            return
+        self.cross.select(alive)
+        self.cross.trim()
+        renumber = torch.full((B,), -1, dtype=torch.long, device=self.device)
+        renumber[alive] = torch.arange(alive.numel(), device=self.device)
+        for g in self.groups.values():
+            g.sentence = renumber[g.sentence]
+
+    def _index_rows(self) -> None:
+        """Per row: its position, and its query slot among its sentence's beams for cross-attention."""
+        if self.cross is None:
+            return
+        N = self.rows
+        beams = max(g.opts.beam_size for g in self.groups.values())
+        row_index = torch.empty(N, dtype=torch.long, device=self.device)
+        positions = torch.empty(N, dtype=torch.long, device=self.device)
+        for g in self.groups.values():
+            K = g.rows.shape[1]
+            flat = g.rows.view(-1)
+            row_index[flat] = (g.sentence[:, None] * beams + torch.arange(K, device=self.device)).view(-1)
+            positions[flat] = g.pos.repeat_interleave(K)
+        self.cross.row_index, self.cross.beams = row_index, beams
+        self.positions = positions

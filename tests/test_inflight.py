@@ -1,0 +1,107 @@
+"""Continuous batching: every sentence decodes exactly as it would alone, whoever it shares steps with."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable
+
+import pytest
+import torch
+
+from model import DecodeOptions, Translator
+from model.config import preset
+from model.inflight import InflightBatch
+from model.search import Hypothesis
+from model.transformer import Seq2Seq
+from tests.conftest import read_lines
+
+
+@pytest.fixture(scope="module")
+def tr() -> Translator:
+    return Translator.load("en-de", "cpu", num_threads=2)
+
+
+Arrival = tuple[int, int, list[int], DecodeOptions]  # (step, key, source ids, options)
+
+
+def run(tr: Translator, batch: InflightBatch, arrivals: list[Arrival]) -> tuple[dict[Hashable, list[Hypothesis]], int]:
+    """Feed sentences in at their step, step until all finish; returns results and the most sentences in flight."""
+    pending = sorted(arrivals, key=lambda a: a[0])
+    results: dict[Hashable, list[Hypothesis]] = {}
+    step = most = 0
+    while pending or batch.rows:
+        while pending and pending[0][0] <= step:
+            _, key, ids, opts = pending.pop(0)
+            batch.add([key], [ids], tr.max_lengths([ids], opts).tolist(), tr.search_options(opts))
+        most = max(most, batch.sentences)
+        results.update(batch.step())
+        step += 1
+    return results, most
+
+
+def assert_same_as_alone(tr: Translator, arrivals: list[Arrival], results: dict[Hashable, list[Hypothesis]]) -> None:
+    for _, key, ids, opts in arrivals:
+        alone = tr.decode_batch([ids], opts)[0]
+        assert [h.tokens for h in results[key]] == [h.tokens for h in alone], (key, opts)
+        assert [h.score for h in results[key]] == pytest.approx([h.score for h in alone], abs=1e-4)
+
+
+def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(tr: Translator) -> None:
+    rng = random.Random(0)
+    texts = read_lines("test_2016_flickr.en.gz", 36)
+    texts += [" ".join(texts[i : i + 4]) for i in (0, 8)]  # long sources
+    arrivals: list[Arrival] = []
+    for key, text in enumerate(texts):
+        beam = rng.choice([1, 2, 4, 5])
+        opts = DecodeOptions(beam_size=beam, num_hypotheses=min(2, beam), length_penalty=rng.choice([1.0, 0.6]))
+        arrivals.append((rng.randrange(0, 40), key, tr.encode(text), opts))
+    batch = InflightBatch(tr.model, rows=128, max_length=256)
+    results, most = run(tr, batch, arrivals)
+    assert most >= 10  # sentences really shared decoder steps
+    assert batch.rows == 0 and batch.sentences == 0 and batch.cross is None
+    assert_same_as_alone(tr, arrivals, results)
+
+
+def test_random_model_running_to_each_sentences_own_limit() -> None:
+    # Random weights rarely emit </s>: every sentence runs to its own max length, joining at different steps.
+    torch.manual_seed(0)
+    model = Seq2Seq(preset("tiny", vocab_size=300)).eval()
+    tr = Translator(model, tokenizer=None, device=torch.device("cpu"))  # type: ignore[arg-type]
+    rng = random.Random(1)
+    arrivals: list[Arrival] = []
+    for key in range(12):
+        ids = [rng.randrange(2, 299) for _ in range(rng.randrange(2, 20))] + [0]
+        cap = rng.randrange(5, 80)
+        opts = DecodeOptions(beam_size=rng.choice([1, 3]), max_decoding_length=cap, max_length_ratio=None)
+        arrivals.append((rng.randrange(0, 30), key, ids, opts))
+    batch = InflightBatch(model, rows=64, max_length=100)
+    results, _ = run(tr, batch, arrivals)
+    assert batch.cache.max_length > 64  # the cache grew past its first 64 positions while rows decoded
+    assert_same_as_alone(tr, arrivals, results)
+
+
+def test_removed_sentences_free_their_rows_and_leave_the_others_unchanged(tr: Translator) -> None:
+    texts = read_lines("test_2016_flickr.en.gz", 6)
+    opts = DecodeOptions(beam_size=4)
+    batch = InflightBatch(tr.model, rows=64, max_length=256)
+    ids = [tr.encode(t) for t in texts]
+    batch.add(list(range(6)), ids, tr.max_lengths(ids, opts).tolist(), tr.search_options(opts))
+    assert batch.rows == 24
+    for _ in range(3):
+        assert batch.step() == []
+    batch.remove({1, 4})
+    assert batch.rows == 16 and sorted(batch.keys()) == [0, 2, 3, 5]  # type: ignore[type-var]
+    results, _ = run(tr, batch, [])
+    assert sorted(results) == [0, 2, 3, 5]  # type: ignore[type-var]
+    assert_same_as_alone(tr, [(0, k, ids[k], opts) for k in (0, 2, 3, 5)], results)
+
+
+def test_pool_refuses_sentences_past_its_rows(tr: Translator) -> None:
+    batch = InflightBatch(tr.model, rows=8, max_length=256)
+    opts = DecodeOptions(beam_size=4)
+    ids = tr.encode("A dog runs.")
+    batch.add(["a", "b"], [ids, ids], [20, 20], tr.search_options(opts))
+    with pytest.raises(IndexError, match="rows"):
+        batch.add(["c"], [ids], [20], tr.search_options(opts))
+    batch.step()
+    assert batch.rows == 8  # nothing was half-added
