@@ -69,7 +69,8 @@ class PairModel:
         self.translator = Translator.load(model, s.device, dtype=s.dtype, num_threads=threads)
         self.metrics = ModelMetrics(self.pair)
         self.metrics.load_time = self.translator.load_seconds
-        self.engine = Engine(self.translator, _batching(s.model_dump()), observer=self.metrics)
+        self.engine = Engine(self.translator, _batching(s.model_dump()), observer=self.metrics,
+                             max_length=s.max_decoding_length)
         for beam in (1, 4):  # warm-up: first calls allocate and pick kernels
             self.translator.translate([WARMUP], beam_size=beam)
         self.ready = True
@@ -110,8 +111,8 @@ class PairModel:
             "queued": self.engine.queued, "active": self.engine.active, "batches": stats.batches,
             "batched_sentences": stats.sentences, "max_batch_sentences": stats.max_sentences,
             "rejected": stats.rejected, "expired": stats.expired, "cancelled": stats.cancelled,
-            "padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens,
-            "config": vars(self.engine.scheduler.config),
+            "padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "steps": stats.steps,
+            "config": vars(self.engine.config),
         }
 
 

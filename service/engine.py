@@ -1,156 +1,41 @@
-"""The batching engine: a scheduler that decides which sentences decode together, and a runner that
-computes them. No Ray here: the Serve replica owns one Engine per model.
+"""The batching engine: one model's queue, scheduler and runner. No Ray here: the Serve replica owns
+one Engine per model, and the engine's thread owns the model.
 
-Request-level dynamic batching: sentences from concurrent requests queue up; a batch is cut when its
-padded cost (longest source x sentences x beams) would pass a token budget, when it holds
-max_batch_size sentences, or when its oldest sentence has waited batch_wait_ms. Only sentences with
-the same decoding options share a batch, and a batch is filled with the lengths closest to its
-oldest sentence, so long and short inputs are not padded together needlessly.
+The loop reads schedule -> execute -> update. In continuous mode (the default) it turns once per
+decoder step: the scheduler admits queued sentences and drops withdrawn ones, the runner encodes the
+newcomers and runs one decoder step for every sentence in flight, and finished sentences complete
+their requests at once, freeing their rows for the next step. In request mode a turn is a whole
+batch decoded to its end (the classic dynamic batching, kept as a baseline and a fallback).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
+from model.inflight import InflightBatch
 from model.search import Hypothesis
 from model.translator import DecodeOptions, Translator
+from service.scheduler import (
+    BatchingConfig,
+    BatchStats,
+    ContinuousScheduler,
+    DeadlineExceededError,
+    Plan,
+    QueueFullError,
+    RequestScheduler,
+    RequestTooLargeError,
+    WorkItem,
+    batch_tokens,
+)
 
-
-class QueueFullError(Exception):
-    """The queue has no room for this request: retry later (HTTP 503)."""
-
-    def __init__(self, queued: int, limit: int, retry_after_s: float) -> None:
-        super().__init__(f"queue full: {queued} sentences waiting (limit {limit}); retry in {retry_after_s:.0f}s")
-        self.retry_after_s = retry_after_s
-
-
-class RequestTooLargeError(ValueError):
-    """The request has more sentences than the whole queue holds: it can never fit (HTTP 422)."""
-
-
-class DeadlineExceededError(Exception):
-    """The request's deadline passed before its sentences were decoded (HTTP 504)."""
-
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    max_batch_tokens: int = 6144
-    max_batch_size: int = 64
-    batch_wait_ms: float = 5.0
-    max_queue: int = 512
-
-
-@dataclass
-class WorkItem:
-    ids: list[int]
-    opts: DecodeOptions
-    deadline: float
-    future: concurrent.futures.Future[list[Hypothesis]] = field(default_factory=concurrent.futures.Future)
-    enqueued: float = field(default_factory=time.monotonic)
-    seq: int = 0
-
-    @property
-    def cost(self) -> int:
-        return len(self.ids) * self.opts.beam_size
-
-
-@dataclass
-class BatchStats:
-    batches: int = 0
-    sentences: int = 0
-    max_sentences: int = 0  # the largest batch so far
-    padded_tokens: int = 0
-    real_tokens: int = 0
-    rejected: int = 0
-    expired: int = 0
-    cancelled: int = 0
-
-
-def batch_tokens(batch: list[WorkItem]) -> tuple[int, int]:
-    """(padded, real) source tokens of a batch: longest x sentences, and the sum."""
-    lengths = [len(it.ids) for it in batch]
-    return max(lengths) * len(lengths), sum(lengths)
-
-
-class Scheduler:
-    """Decides admission and batch composition; never touches tensors."""
-
-    def __init__(self, config: BatchingConfig) -> None:
-        self.config = config
-        self.queue: deque[WorkItem] = deque()
-        self.stats = BatchStats()
-        self._seq = itertools.count()
-
-    def admit(self, items: list[WorkItem]) -> None:
-        """Queue a request's sentences whole, or raise QueueFullError for all of them."""
-        if len(self.queue) + len(items) > self.config.max_queue:
-            self.stats.rejected += 1
-            raise QueueFullError(len(self.queue), self.config.max_queue, retry_after_s=1.0)
-        for item in items:
-            item.seq = next(self._seq)
-            self.queue.append(item)
-
-    def next_batch(self, now: float) -> tuple[list[WorkItem] | None, float]:
-        """The batch to run now, or None and how long to wait before asking again."""
-        self._drop_dead(now)
-        if not self.queue:
-            return None, 1.0
-        oldest = self.queue[0]
-        same = [it for it in self.queue if it.opts == oldest.opts]
-        waited = now - oldest.enqueued
-        cfg = self.config
-        if sum(it.cost for it in same) < cfg.max_batch_tokens and len(same) < cfg.max_batch_size:
-            remaining = cfg.batch_wait_ms / 1000 - waited
-            if remaining > 0:
-                return None, remaining
-        batch = self._fill(oldest, same)
-        chosen = {it.seq for it in batch}
-        self.queue = deque(it for it in self.queue if it.seq not in chosen)
-        self._record(batch)
-        return batch, 0.0
-
-    def _fill(self, oldest: WorkItem, same: list[WorkItem]) -> list[WorkItem]:
-        """The oldest sentence plus those of closest length while the padded cost fits the budget."""
-        cfg = self.config
-        batch = [oldest]
-        longest = len(oldest.ids)
-        for it in sorted(same[1:], key=lambda it: (abs(len(it.ids) - len(oldest.ids)), it.seq)):
-            width = max(longest, len(it.ids))
-            if len(batch) >= cfg.max_batch_size or width * (len(batch) + 1) * it.opts.beam_size > cfg.max_batch_tokens:
-                break
-            batch.append(it)
-            longest = width
-        return batch
-
-    def _drop_dead(self, now: float) -> None:
-        alive: deque[WorkItem] = deque()
-        for it in self.queue:
-            if it.future.cancelled():
-                self.stats.cancelled += 1
-            elif now > it.deadline:
-                self.stats.expired += 1
-                it.future.set_exception(DeadlineExceededError("deadline passed while queued"))
-            else:
-                alive.append(it)
-        self.queue = alive
-
-    def _record(self, batch: list[WorkItem]) -> None:
-        s = self.stats
-        s.batches += 1
-        s.sentences += len(batch)
-        s.max_sentences = max(s.max_sentences, len(batch))
-        padded, real = batch_tokens(batch)
-        s.padded_tokens += padded
-        s.real_tokens += real
+__all__ = ["BatchingConfig", "DeadlineExceededError", "Engine", "QueueFullError", "RequestTooLargeError"]
 
 
 class EngineObserver(Protocol):
@@ -158,13 +43,24 @@ class EngineObserver(Protocol):
 
     def on_batch(self, sentences: int, padded: int, real: int, waits: list[float]) -> None: ...
 
+    def on_step(self, rows: int) -> None: ...
+
     def on_generated(self, tokens: int) -> None: ...
 
     def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int) -> None: ...
 
 
-class Runner:
-    """Computes a batch with the model; never decides anything."""
+def _resolve(item: WorkItem, hyps: list[Hypothesis]) -> int:
+    """Complete an item's request; returns the tokens its best hypothesis generated (</s> included)."""
+    try:
+        item.future.set_result(hyps)
+    except concurrent.futures.InvalidStateError:  # withdrawn while its last step ran
+        return 0
+    return len(hyps[0].tokens) + 1 if hyps else 0
+
+
+class BatchRunner:
+    """Request mode: computes a whole batch with the model; never decides anything."""
 
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
@@ -180,19 +76,49 @@ class Runner:
             for it in live:
                 it.future.set_exception(exc)
             return 0
-        for it, hyps in zip(live, results, strict=True):
-            it.future.set_result(hyps)
-        return sum(len(h[0].tokens) + 1 for h in results if h)
+        return sum(_resolve(it, hyps) for it, hyps in zip(live, results, strict=True))
+
+
+class StepRunner:
+    """Continuous mode: applies a plan to the in-flight batch and runs one decoder step."""
+
+    def __init__(self, translator: Translator, slots: int, max_length: int) -> None:
+        self.translator = translator
+        self.batch = InflightBatch(translator.model, rows=slots, max_length=max_length)
+
+    def execute(self, plan: Plan) -> list[tuple[int, list[Hypothesis]]]:
+        """Drop leavers, encode joiners (grouped by options), step; returns (seq, n-best) of finished ones."""
+        tr = self.translator
+        if plan.leave:
+            self.batch.remove({it.seq for it in plan.leave})
+        groups: dict[DecodeOptions, list[WorkItem]] = {}
+        for it in plan.join:
+            groups.setdefault(it.opts, []).append(it)
+        for opts, items in groups.items():
+            sources = [it.ids for it in items]
+            self.batch.add([it.seq for it in items], sources, tr.max_lengths(sources, opts).tolist(),
+                           tr.search_options(opts))
+        return [(int(seq), hyps) for seq, hyps in self.batch.step()]  # type: ignore[call-overload]
 
 
 class Engine:
     """One model's queue, scheduler and runner; the runner works in its own thread."""
 
-    def __init__(self, translator: Translator, config: BatchingConfig, observer: EngineObserver | None = None) -> None:
+    def __init__(
+        self, translator: Translator, config: BatchingConfig, observer: EngineObserver | None = None,
+        *, max_length: int | None = None,
+    ) -> None:
+        """max_length: the longest output any request may ask for (sizes continuous mode's buffers)."""
         self.translator = translator
+        self.max_length = min(max_length or 10**9, translator.model.cfg.max_position_embeddings)
         self.observer = observer
-        self.scheduler = Scheduler(config)
-        self.runner = Runner(translator)
+        self.config = config
+        self.requests = RequestScheduler(config)
+        self.continuous = ContinuousScheduler(config)
+        self.stats = BatchStats()
+        self.requests.stats = self.continuous.stats = self.stats  # one set of counts whatever the mode
+        self.batch_runner = BatchRunner(translator)
+        self.step_runner = self._step_runner(config)
         self._cv = threading.Condition()
         self._active = 0
         self._stop = False
@@ -200,29 +126,39 @@ class Engine:
         self._thread.start()
 
     @property
+    def scheduler(self) -> RequestScheduler | ContinuousScheduler:
+        """The scheduler new sentences queue in (the configured mode's)."""
+        return self.continuous if self.config.mode == "continuous" else self.requests
+
+    @property
     def queued(self) -> int:
-        return len(self.scheduler.queue)
+        return len(self.requests.queue) + len(self.continuous.queue)
 
     @property
     def active(self) -> int:
         """Sentences being decoded right now."""
         return self._active
 
-    @property
-    def stats(self) -> BatchStats:
-        return self.scheduler.stats
-
     def reconfigure(self, config: BatchingConfig) -> None:
+        """Apply new knobs live; queued sentences move to the new mode's queue, running ones finish."""
         with self._cv:
-            self.scheduler.config = config
+            old = self.scheduler
+            self.config = self.requests.config = self.continuous.config = config
+            if self.scheduler is not old:
+                self.scheduler.queue.extend(old.queue)
+                old.queue.clear()
             self._cv.notify()
 
     def submit(self, sources: list[list[int]], opts: DecodeOptions, deadline: float) -> list[WorkItem]:
         """Queue the non-empty sources of one request (all or none)."""
         items = [WorkItem(ids, opts, deadline) for ids in sources if ids]
-        limit = self.scheduler.config.max_queue
-        if len(items) > limit:
-            raise RequestTooLargeError(f"request has {len(items)} sentences; this server queues at most {limit}")
+        config = self.config
+        if len(items) > config.max_queue:
+            raise RequestTooLargeError(f"request has {len(items)} sentences; this server queues at most "
+                                       f"{config.max_queue}")
+        if config.mode == "continuous" and opts.beam_size > config.decode_slots:
+            raise RequestTooLargeError(f"beam_size {opts.beam_size} is more than the {config.decode_slots} "
+                                       "decode slots this server has")
         with self._cv:
             self.scheduler.admit(items)
             self._cv.notify()
@@ -231,7 +167,7 @@ class Engine:
     async def translate(
         self, sources: list[list[int]], opts: DecodeOptions, timeout_s: float,
     ) -> list[list[Hypothesis]]:
-        """Decode one request's sources; cancelling the awaiting task withdraws its queued sentences."""
+        """Decode one request's sources; cancelling the awaiting task withdraws its sentences, queued or running."""
         live = [i for i, ids in enumerate(sources) if ids]
         items = self.submit(sources, opts, time.monotonic() + timeout_s)  # one per live source, in order
         futures = {i: item.future for i, item in zip(live, items, strict=True)}
@@ -240,6 +176,8 @@ class Engine:
         except BaseException:
             for f in futures.values():
                 f.cancel()
+            with self._cv:
+                self._cv.notify()
             raise
         results = dict(zip(futures, done, strict=True))
         return [results.get(i, [Hypothesis([], 0.0)]) for i in range(len(sources))]
@@ -250,28 +188,74 @@ class Engine:
             self._cv.notify()
         self._thread.join(timeout=5)
 
+    def _step_runner(self, config: BatchingConfig) -> StepRunner:
+        return StepRunner(self.translator, config.decode_slots, self.max_length)
+
     def _loop(self) -> None:
         while True:
             with self._cv:
                 while True:
                     if self._stop:
                         return
-                    now = time.monotonic()
-                    batch, wait = self.scheduler.next_batch(now)
-                    if batch is not None:
-                        self._active = len(batch)
+                    turn, wait = self._schedule(time.monotonic())
+                    if turn is not None:
                         break
-                    self._sync()
                     self._cv.wait(timeout=wait)
-            if self.observer is not None:
-                self.observer.on_batch(len(batch), *batch_tokens(batch), [now - it.enqueued for it in batch])
-                self._sync()
-            generated = self.runner.run(batch)
+            turn()
+            self._sync()
+
+    def _schedule(self, now: float) -> tuple[Callable[[], None] | None, float]:
+        """The next unit of work, run outside the lock; or None and how long to wait for some."""
+        if self.continuous.running or self.continuous.queue:
+            if not self.continuous.running and self.step_runner.batch.capacity != self.config.decode_slots:
+                self.step_runner = self._step_runner(self.config)  # resize the pool while it is empty
+            plan = self.continuous.schedule(now, self.step_runner.batch.capacity)
+            self._active = len(self.continuous.running)
+            if plan.join:
+                self._observe_start(plan.join, now)
+            return (lambda: self._step(plan)), 0.0
+        batch, wait = self.requests.next_batch(now)
+        if batch is None:
+            self._active = 0
+            self._sync()
+            return None, wait
+        self._active = len(batch)
+        self._observe_start(batch, now)
+        return (lambda: self._run_batch(batch)), 0.0
+
+    def _observe_start(self, items: list[WorkItem], now: float) -> None:
+        if self.observer is not None:
+            self.observer.on_batch(len(items), *batch_tokens(items), [now - it.enqueued for it in items])
+
+    def _step(self, plan: Plan) -> None:
+        """execute -> update for one decoder step."""
+        try:
+            finished = self.step_runner.execute(plan)
+        except Exception as exc:  # a failed step fails the sentences in flight, never the engine
             with self._cv:
-                self._active = 0
-            if self.observer is not None:
-                self.observer.on_generated(generated)
-                self._sync()
+                for seq in list(self.continuous.running):
+                    future = self.continuous.finish(seq).future
+                    if not future.done():
+                        future.set_exception(exc)
+            self.step_runner = self._step_runner(self.config)
+            return
+        generated = 0
+        with self._cv:
+            self.stats.steps += 1
+            rows = self.step_runner.batch.rows
+            for seq, hyps in finished:
+                generated += _resolve(self.continuous.finish(seq), hyps)
+            self._active = len(self.continuous.running)
+        if self.observer is not None:
+            self.observer.on_step(rows)
+            self.observer.on_generated(generated)
+
+    def _run_batch(self, batch: list[WorkItem]) -> None:
+        generated = self.batch_runner.run(batch)
+        with self._cv:
+            self._active = 0
+        if self.observer is not None:
+            self.observer.on_generated(generated)
 
     def _sync(self) -> None:
         if self.observer is not None:

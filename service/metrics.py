@@ -18,6 +18,7 @@ from typing import Any
 LATENCY_S = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30]
 QUEUE_WAIT_S = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30]
 BATCH_SENTENCES: list[float] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+STEP_ROWS: list[float] = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 BATCH_TOKENS: list[float] = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 PADDING_RATIO = [1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2, 3, 5]
 
@@ -67,7 +68,7 @@ class ModelMetrics:
 
         keys = ("pair",)
         self.queue_wait = tagged(Histogram("beamserve_queue_wait_seconds", description="Time a sentence waited "
-                                           "before its batch started.", boundaries=QUEUE_WAIT_S, tag_keys=keys))
+                                           "before it started decoding.", boundaries=QUEUE_WAIT_S, tag_keys=keys))
         self.batch_sentences = tagged(Histogram("beamserve_batch_sentences", description="Sentences per batch.",
                                                 boundaries=BATCH_SENTENCES, tag_keys=keys))
         self.batch_tokens = tagged(Histogram("beamserve_batch_tokens", description="Padded source tokens per batch.",
@@ -78,7 +79,13 @@ class ModelMetrics:
                                             tag_keys=keys))
         self.generated_tokens = tagged(Counter("beamserve_generated_tokens", description="Target tokens generated "
                                                "(best hypothesis, </s> included).", tag_keys=keys))
-        self.batches = tagged(Counter("beamserve_batches", description="Batches decoded.", tag_keys=keys))
+        self.batches = tagged(Counter("beamserve_batches", description="Batches decoded (continuous batching: "
+                                      "admissions, sentences joining the running batch together).", tag_keys=keys))
+        self.steps = tagged(Counter("beamserve_decode_steps", description="Decoder steps run (continuous "
+                                    "batching).", tag_keys=keys))
+        self.step_rows = tagged(Histogram("beamserve_step_rows", description="Hypothesis rows (beams of all "
+                                          "sentences in flight) per decoder step.", boundaries=STEP_ROWS,
+                                          tag_keys=keys))
         self.rejected = tagged(Counter("beamserve_rejected", description="Requests refused with 503 (queue full).",
                                        tag_keys=keys))
         self.timeouts = tagged(Counter("beamserve_timeouts", description="Sentences dropped past their deadline "
@@ -103,6 +110,10 @@ class ModelMetrics:
         self.source_tokens.inc(real)
         for wait in waits:
             self.queue_wait.observe(wait)
+
+    def on_step(self, rows: int) -> None:
+        self.steps.inc(1)
+        self.step_rows.observe(rows)
 
     def on_generated(self, tokens: int) -> None:
         if tokens:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.scheduler import Mode
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BEAMSERVE_", extra="ignore")
@@ -25,11 +27,13 @@ class Settings(BaseSettings):
     max_beam_size: int = 8
     max_decoding_length: int = 256
     request_timeout_s: float = 30.0  # past this, 504
-    # Dynamic batching (tunable live through the Serve config's user_config).
-    max_batch_tokens: int = 6144  # padded source tokens x beams per batch
-    max_batch_size: int = 64  # sentences per batch
-    batch_wait_ms: float = 5.0  # how long a batch may wait to fill
+    # Batching (tunable live through the Serve config's user_config; see service/scheduler.py).
+    mode: Mode = "continuous"  # continuous (join/leave every decoder step), request (whole batches), none
+    max_batch_tokens: int = 6144  # source tokens x beams decoding together (request mode: padded)
+    max_batch_size: int = 64  # sentences decoding together
+    batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
     max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
+    decode_slots: int = 256  # continuous mode: hypothesis rows (beams of all sentences in flight) preallocated
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]

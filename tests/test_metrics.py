@@ -30,11 +30,27 @@ def total(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str, **l
     return sum(v for ls, v in metrics.get(name, []) if all(ls.get(k) == want for k, want in labels.items()))
 
 
+def settled(client: httpx.Client) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """A scrape taken once the engines are idle and the export has caught up with earlier tests' work."""
+    deadline = time.monotonic() + 30
+    previous = None
+    while time.monotonic() < deadline:
+        busy = any(m["active"] or m["queued"] for m in client.get("/v1/stats").json().values())
+        now = scrape()
+        # The model replicas' series (the gateway's count these very /v1/stats calls).
+        model_side = {k: v for k, v in now.items() if k.startswith("ray_beamserve_") and "endpoint" not in str(v)}
+        if not busy and model_side == previous:
+            break
+        previous = model_side
+        time.sleep(1.0)  # twice Ray's export interval in these tests
+    return now
+
+
 def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
     texts = ["A dog runs on the beach.", "Two men are talking.", "A girl in a red coat is jumping."]
     with httpx.Client(base_url=server, timeout=60) as client:
+        before = settled(client)
         stats_before = client.get("/v1/stats").json()["en-de"]
-        before = scrape()
         usage = {"source_tokens": 0, "target_tokens": 0}
         for i in range(5):
             r = client.post("/v1/translate", json={"texts": texts[: 1 + i % 3], "source": "en", "target": "de"})

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -211,6 +212,25 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
         assert after["batched_sentences"] - before["batched_sentences"] == 2  # only the busy request's
     finally:
         runtime.deploy(SETTINGS)
+
+
+def test_client_that_disconnects_mid_decode_frees_its_slots(server: str, client: httpx.Client) -> None:
+    from model import Translator
+
+    texts = read_lines("test_2016_flickr.en.gz", 24)
+    alone = Translator.load("en-de", "cpu").translate(texts, beam_size=8)
+    full_steps = max(len(r.token_ids[0]) + 1 for r in alone)  # steps the request needs in continuous mode
+    before = client.get("/v1/stats").json()["en-de"]
+    with pytest.raises(httpx.TimeoutException):  # gone after a few decoder steps
+        client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8},
+                    timeout=0.3)
+    for _ in range(100):
+        after = client.get("/v1/stats").json()["en-de"]
+        if after["cancelled"] - before["cancelled"] == 24 and after["active"] == 0:
+            break
+        time.sleep(0.05)
+    assert after["cancelled"] - before["cancelled"] == 24 and after["active"] == 0
+    assert 0 < after["steps"] - before["steps"] < full_steps  # started, then stopped well before the end
 
 
 def test_locustfile_runs_against_the_service_with_zero_failures(server: str, tmp_path: Path) -> None:

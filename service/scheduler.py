@@ -1,0 +1,216 @@
+"""The schedulers: they decide which sentences decode when, and never touch tensors.
+
+Two policies share one bounded queue:
+- `ContinuousScheduler` (the default, mode "continuous"): before every decoder step, admits queued
+  sentences into the running batch while hypothesis rows (decode slots), the sentence cap and the
+  token budget allow, and takes out sentences whose client left or whose deadline passed.
+- `RequestScheduler` (mode "request", and "none" = one sentence at a time): cuts whole batches that
+  then run to completion; a batch is cut when its padded cost (longest source x sentences x beams)
+  would pass the token budget, at max_batch_size sentences, or when its oldest sentence has waited
+  batch_wait_ms. Only sentences with the same options share a batch, filled with the lengths closest
+  to its oldest sentence.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from model.search import Hypothesis
+from model.translator import DecodeOptions
+
+Mode = Literal["continuous", "request", "none"]
+
+
+class QueueFullError(Exception):
+    """The queue has no room for this request: retry later (HTTP 503)."""
+
+    def __init__(self, queued: int, limit: int, retry_after_s: float) -> None:
+        super().__init__(f"queue full: {queued} sentences waiting (limit {limit}); retry in {retry_after_s:.0f}s")
+        self.retry_after_s = retry_after_s
+
+
+class RequestTooLargeError(ValueError):
+    """The request has more sentences than the whole queue holds: it can never fit (HTTP 422)."""
+
+
+class DeadlineExceededError(Exception):
+    """The request's deadline passed before its sentences were decoded (HTTP 504)."""
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    mode: Mode = "continuous"  # continuous (iteration-level), request (whole batches), none (one at a time)
+    max_batch_tokens: int = 6144  # source tokens x beams decoding together (request mode: padded)
+    max_batch_size: int = 64  # sentences decoding together
+    batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
+    max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
+    decode_slots: int = 256  # continuous mode: hypothesis rows (sum of beam sizes) in the preallocated cache
+
+
+@dataclass
+class WorkItem:
+    ids: list[int]
+    opts: DecodeOptions
+    deadline: float
+    future: concurrent.futures.Future[list[Hypothesis]] = field(default_factory=concurrent.futures.Future)
+    enqueued: float = field(default_factory=time.monotonic)
+    seq: int = 0
+
+    @property
+    def cost(self) -> int:
+        return len(self.ids) * self.opts.beam_size
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0  # request mode: batches run; continuous mode: admissions (sentences joining together)
+    sentences: int = 0  # sentences started
+    max_sentences: int = 0  # the most sentences decoding at once
+    padded_tokens: int = 0
+    real_tokens: int = 0
+    steps: int = 0  # decoder steps run (continuous mode)
+    rejected: int = 0
+    expired: int = 0
+    cancelled: int = 0  # withdrawn by their client, queued or mid-decode
+
+
+def batch_tokens(batch: list[WorkItem]) -> tuple[int, int]:
+    """(padded, real) source tokens of a batch: longest x sentences, and the sum."""
+    lengths = [len(it.ids) for it in batch]
+    return max(lengths) * len(lengths), sum(lengths)
+
+
+class Queue:
+    """The bounded wait queue and the counts both schedulers keep."""
+
+    def __init__(self, config: BatchingConfig) -> None:
+        self.config = config
+        self.queue: deque[WorkItem] = deque()
+        self.stats = BatchStats()
+        self._seq = itertools.count()
+
+    def admit(self, items: list[WorkItem]) -> None:
+        """Queue a request's sentences whole, or raise QueueFullError for all of them."""
+        if len(self.queue) + len(items) > self.config.max_queue:
+            self.stats.rejected += 1
+            raise QueueFullError(len(self.queue), self.config.max_queue, retry_after_s=1.0)
+        for item in items:
+            item.seq = next(self._seq)
+            self.queue.append(item)
+
+    def expired(self, item: WorkItem, now: float) -> bool:
+        """Whether the item is dead (withdrawn, or failed here with DeadlineExceededError)."""
+        if item.future.cancelled():
+            self.stats.cancelled += 1
+            return True
+        if now > item.deadline:
+            self.stats.expired += 1
+            item.future.set_exception(DeadlineExceededError("deadline passed before the translation finished"))
+            return True
+        return False
+
+    def drop_dead(self, now: float) -> None:
+        self.queue = deque(it for it in self.queue if not self.expired(it, now))
+
+    def record(self, batch: list[WorkItem], in_flight: int) -> None:
+        s = self.stats
+        s.batches += 1
+        s.sentences += len(batch)
+        s.max_sentences = max(s.max_sentences, in_flight)
+        padded, real = batch_tokens(batch)
+        s.padded_tokens += padded
+        s.real_tokens += real
+
+
+class RequestScheduler(Queue):
+    """Request-level dynamic batching: whole batches, each decoded to its end."""
+
+    def next_batch(self, now: float) -> tuple[list[WorkItem] | None, float]:
+        """The batch to run now, or None and how long to wait before asking again."""
+        self.drop_dead(now)
+        if not self.queue:
+            return None, 1.0
+        oldest = self.queue[0]
+        same = [it for it in self.queue if it.opts == oldest.opts]
+        cfg = self.config
+        size = 1 if cfg.mode == "none" else cfg.max_batch_size
+        if sum(it.cost for it in same) < cfg.max_batch_tokens and len(same) < size and cfg.mode != "none":
+            remaining = cfg.batch_wait_ms / 1000 - (now - oldest.enqueued)
+            if remaining > 0:
+                return None, remaining
+        batch = self._fill(oldest, same, size)
+        chosen = {it.seq for it in batch}
+        self.queue = deque(it for it in self.queue if it.seq not in chosen)
+        self.record(batch, len(batch))
+        return batch, 0.0
+
+    def _fill(self, oldest: WorkItem, same: list[WorkItem], size: int) -> list[WorkItem]:
+        """The oldest sentence plus those of closest length while the padded cost fits the budget."""
+        batch = [oldest]
+        longest = len(oldest.ids)
+        for it in sorted(same[1:], key=lambda it: (abs(len(it.ids) - len(oldest.ids)), it.seq)):
+            width = max(longest, len(it.ids))
+            if len(batch) >= size or width * (len(batch) + 1) * it.opts.beam_size > self.config.max_batch_tokens:
+                break
+            batch.append(it)
+            longest = width
+        return batch
+
+
+@dataclass
+class Plan:
+    """What the next decoder step changes: sentences that join (encoded first) and that leave."""
+
+    join: list[WorkItem]
+    leave: list[WorkItem]
+
+
+class ContinuousScheduler(Queue):
+    """Iteration-level scheduling: sentences join and leave the running batch between decoder steps."""
+
+    def __init__(self, config: BatchingConfig) -> None:
+        super().__init__(config)
+        self.running: dict[int, WorkItem] = {}  # by seq
+        self.rows = 0  # hypothesis rows the running sentences hold
+        self.cost = 0  # their source tokens x beams
+
+    def schedule(self, now: float, capacity: int) -> Plan:
+        """Admit queued sentences first come first served while `capacity` rows, max_batch_size and
+        max_batch_tokens allow (a sentence's beams join whole); drop dead running ones."""
+        leave = [it for it in self.running.values() if self.expired(it, now)]
+        for it in leave:
+            self._release(it)
+        self.drop_dead(now)
+        cfg = self.config
+        join: list[WorkItem] = []
+        while self.queue:
+            it = self.queue[0]
+            beams = it.opts.beam_size
+            idle = not self.running
+            fits = (self.rows + beams <= capacity and len(self.running) < cfg.max_batch_size
+                    and self.cost + it.cost <= cfg.max_batch_tokens)
+            if not fits and not (idle and beams <= capacity):  # one sentence always runs alone, whatever its cost
+                break
+            self.queue.popleft()
+            join.append(it)
+            self.running[it.seq] = it
+            self.rows += beams
+            self.cost += it.cost
+        if join:
+            self.record(join, len(self.running))
+        return Plan(join, leave)
+
+    def finish(self, seq: int) -> WorkItem:
+        item = self.running[seq]
+        self._release(item)
+        return item
+
+    def _release(self, item: WorkItem) -> None:
+        del self.running[item.seq]
+        self.rows -= item.opts.beam_size
+        self.cost -= item.cost

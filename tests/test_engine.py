@@ -1,0 +1,145 @@
+"""The batching engine with the real shipped model: continuous batching, request batching, no batching."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from model import DecodeOptions, Translator
+from model.search import Hypothesis
+from service.engine import Engine
+from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, RequestTooLargeError
+from tests.conftest import read_lines
+
+LONG = ("A group of young men in colorful uniforms are playing a game of soccer on a large green field "
+        "while a crowd of people watches from the stands behind them.")
+
+
+@pytest.fixture(scope="module")
+def reference() -> Translator:
+    """A second copy of the model for decoding alone (the engine's thread owns its own)."""
+    return Translator.load("en-de", "cpu", num_threads=1)
+
+
+@pytest.fixture()
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    config = getattr(request, "param", BatchingConfig())
+    e = Engine(Translator.load("en-de", "cpu", num_threads=1), config, max_length=256)
+    yield e
+    e.close()
+
+
+Job = tuple[float, list[int], DecodeOptions]  # (arrival in seconds, source ids, options)
+
+
+def jobs(reference: Translator, n: int, seed: int) -> list[Job]:
+    rng = random.Random(seed)
+    texts = read_lines("test_2016_flickr.en.gz", 200)
+    out = []
+    for _ in range(n):
+        beam = rng.choice([1, 2, 4, 4, 6])
+        opts = DecodeOptions(beam_size=beam, num_hypotheses=min(beam, rng.choice([1, 2])),
+                             length_penalty=rng.choice([1.0, 1.0, 0.6]))
+        out.append((rng.uniform(0, 0.6), reference.encode(rng.choice(texts)), opts))
+    return out
+
+
+async def send(engine: Engine, arrivals: list[Job]) -> list[list[Hypothesis]]:
+    async def one(delay: float, ids: list[int], opts: DecodeOptions) -> list[Hypothesis]:
+        await asyncio.sleep(delay)
+        return (await engine.translate([ids], opts, timeout_s=60))[0]
+
+    return list(await asyncio.gather(*(one(*job) for job in arrivals)))
+
+
+@pytest.mark.parametrize("engine", [BatchingConfig(), BatchingConfig(mode="request", batch_wait_ms=2),
+                                    BatchingConfig(mode="none")], indirect=True, ids=["continuous", "request", "none"])
+def test_staggered_mixed_requests_equal_decoding_each_alone(engine: Engine, reference: Translator) -> None:
+    arrivals = jobs(reference, 40, seed=3)
+    results = asyncio.run(send(engine, arrivals))
+    for (_, ids, opts), got in zip(arrivals, results, strict=True):
+        alone = reference.decode_batch([ids], opts)[0]
+        assert [h.tokens for h in got] == [h.tokens for h in alone]
+        assert [h.score for h in got] == pytest.approx([h.score for h in alone], abs=1e-4)
+    stats = engine.stats
+    assert stats.sentences == 40 and engine.active == 0 and engine.queued == 0
+    if engine.config.mode == "continuous":
+        assert stats.max_sentences > 1 and stats.steps > 0
+        assert engine.step_runner.batch.rows == 0  # every slot free again
+    if engine.config.mode == "none":
+        assert stats.batches == 40 and stats.max_sentences == 1
+
+
+def test_continuous_admits_newcomers_while_a_long_sentence_decodes(engine: Engine, reference: Translator) -> None:
+    async def scenario() -> tuple[float, float]:
+        long = asyncio.create_task(engine.translate([reference.encode(LONG)], DecodeOptions(beam_size=6), 60))
+        await asyncio.sleep(0.05)
+        start = time.monotonic()
+        await engine.translate([reference.encode("A dog.")], DecodeOptions(beam_size=1), 60)
+        short_done = time.monotonic() - start
+        await long
+        return short_done, time.monotonic() - start
+
+    short, long = asyncio.run(scenario())
+    assert short < long  # the short request did not wait for the long one's batch to end
+    assert engine.stats.max_sentences == 2
+
+
+def test_cancelled_request_frees_its_slots_mid_decode(engine: Engine, reference: Translator) -> None:
+    ids = reference.encode(" ".join([LONG] * 3))
+    opts = DecodeOptions(beam_size=8, max_decoding_length=256, max_length_ratio=None)
+    full_steps = len(reference.decode_batch([ids], opts)[0][0].tokens) + 1
+
+    async def scenario() -> None:
+        task = asyncio.create_task(engine.translate([ids, ids], opts, 60))
+        while engine.step_runner.batch.rows < 16 or engine.stats.steps < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 10
+    while engine.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    steps = engine.stats.steps
+    time.sleep(0.2)
+    assert engine.active == 0 and engine.step_runner.batch.rows == 0
+    assert engine.stats.cancelled == 2 and engine.stats.steps == steps < full_steps
+
+
+@pytest.mark.parametrize("engine", [BatchingConfig(max_batch_size=1, max_queue=2)], indirect=True)
+def test_full_queue_refuses_and_deadline_fails_running_sentences(engine: Engine, reference: Translator) -> None:
+    ids = reference.encode(LONG)
+
+    async def scenario() -> None:
+        busy = asyncio.create_task(engine.translate([ids], DecodeOptions(beam_size=8), 60))
+        await asyncio.sleep(0.02)
+        queued = asyncio.create_task(engine.translate([ids, ids], DecodeOptions(), 60))
+        await asyncio.sleep(0.02)
+        with pytest.raises(QueueFullError):
+            await engine.translate([ids], DecodeOptions(), 60)
+        with pytest.raises(RequestTooLargeError):
+            await engine.translate([ids] * 3, DecodeOptions(), 60)
+        await busy, await queued
+        with pytest.raises(DeadlineExceededError):  # admitted, then past its deadline mid-decode
+            await engine.translate([ids], DecodeOptions(beam_size=8, max_length_ratio=None), 0.05)
+
+    asyncio.run(scenario())
+    assert engine.stats.rejected == 1 and engine.stats.expired == 1 and engine.active == 0
+
+
+def test_mode_switches_live_without_losing_queued_sentences(engine: Engine, reference: Translator) -> None:
+    async def scenario() -> list[list[Hypothesis]]:
+        first = asyncio.create_task(send(engine, jobs(reference, 10, seed=5)))
+        await asyncio.sleep(0.1)
+        engine.reconfigure(BatchingConfig(mode="request", batch_wait_ms=1))
+        second = await send(engine, jobs(reference, 10, seed=6))
+        engine.reconfigure(BatchingConfig())
+        return [*(await first), *second]
+
+    assert len(asyncio.run(scenario())) == 20 and engine.queued == 0 and engine.active == 0
