@@ -24,6 +24,7 @@ from model.search import Hypothesis
 from model.translator import DecodeOptions
 
 Mode = Literal["continuous", "request", "none"]
+_SEQ = itertools.count()  # one numbering for every queue: items keep their number when moved between modes
 
 
 class QueueFullError(Exception):
@@ -50,6 +51,8 @@ class BatchingConfig:
     batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
     max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
     decode_slots: int = 256  # continuous mode: hypothesis rows (sum of beam sizes) in the preallocated cache
+    max_waiting_steps: int = 6  # continuous mode: decoder steps a queued sentence may wait for others to join
+    # with it (the encoder then runs once for all of them), unless the engine is idle or they would fill it
 
 
 @dataclass
@@ -59,7 +62,8 @@ class WorkItem:
     deadline: float
     future: concurrent.futures.Future[list[Hypothesis]] = field(default_factory=concurrent.futures.Future)
     enqueued: float = field(default_factory=time.monotonic)
-    seq: int = 0
+    seq: int = field(default_factory=lambda: next(_SEQ))
+    enqueued_step: int = 0  # the engine's decoder step count when it was queued
 
     @property
     def cost(self) -> int:
@@ -92,7 +96,6 @@ class Queue:
         self.config = config
         self.queue: deque[WorkItem] = deque()
         self.stats = BatchStats()
-        self._seq = itertools.count()
 
     def admit(self, items: list[WorkItem]) -> None:
         """Queue a request's sentences whole, or raise QueueFullError for all of them."""
@@ -100,7 +103,7 @@ class Queue:
             self.stats.rejected += 1
             raise QueueFullError(len(self.queue), self.config.max_queue, retry_after_s=1.0)
         for item in items:
-            item.seq = next(self._seq)
+            item.enqueued_step = self.stats.steps
             self.queue.append(item)
 
     def expired(self, item: WorkItem, now: float) -> bool:
@@ -188,6 +191,8 @@ class ContinuousScheduler(Queue):
         self.drop_dead(now)
         cfg = self.config
         join: list[WorkItem] = []
+        if self.running and self.queue and not self._time_to_admit(capacity):
+            return Plan(join, leave)
         while self.queue:
             it = self.queue[0]
             beams = it.opts.beam_size
@@ -204,6 +209,13 @@ class ContinuousScheduler(Queue):
         if join:
             self.record(join, len(self.running))
         return Plan(join, leave)
+
+    def _time_to_admit(self, capacity: int) -> bool:
+        """Newcomers join together: once the oldest has waited max_waiting_steps steps, or once the
+        queue would fill every free row (waiting longer gains nothing)."""
+        if self.stats.steps - self.queue[0].enqueued_step >= self.config.max_waiting_steps:
+            return True
+        return sum(it.opts.beam_size for it in self.queue) >= capacity - self.rows
 
     def finish(self, seq: int) -> WorkItem:
         item = self.running[seq]

@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
     max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
     decode_slots: int = 256  # continuous mode: hypothesis rows (beams of all sentences in flight) preallocated
+    max_waiting_steps: int = 6  # continuous mode: steps a queued sentence may wait so newcomers encode together
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]

@@ -1,0 +1,190 @@
+"""Batching benchmark: open-loop Poisson load against one model engine configured three ways.
+
+    python loadtests/bench_batching.py --out loadtests/BATCHING_BENCH.md
+
+Each request is one test_2016_flickr sentence (drawn at random, so lengths follow that set) decoded
+with beam 4. Arrivals are Poisson at a fixed rate for --duration seconds, open loop: a request's
+latency counts from its scheduled arrival, so a slow server cannot slow the load down. The same
+seeded arrivals go to each configuration of the same engine (service/engine.py, the code a Serve
+replica runs, driven in-process so the 2-core machine measures batching rather than HTTP):
+
+- none: one sentence at a time (mode "none");
+- request: request-level dynamic batching (mode "request", batch_wait_ms, max_batch_size 64);
+- continuous: continuous batching (mode "continuous": sentences join and leave every decoder step).
+
+Rates rise until a configuration misses the p95 target or fails requests; then the highest passing
+rate is refined by bisection. The report gives throughput and p50/p95/p99 per rate and each
+configuration's highest sustained rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from model import DecodeOptions, Translator  # noqa: E402
+from service.engine import Engine  # noqa: E402
+from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError  # noqa: E402
+
+DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
+CONFIGS = {
+    "none": BatchingConfig(mode="none"),
+    "request": BatchingConfig(mode="request"),
+    "continuous": BatchingConfig(mode="continuous"),
+}
+RATES = [2, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128]
+
+
+@dataclass
+class Probe:
+    config: str
+    rate: float  # offered requests per second
+    sent: int
+    ok: int
+    failed: int  # 503 (queue full) or 504 (deadline)
+    throughput: float  # completed requests per second, first arrival to last completion
+    p50: float
+    p95: float
+    p99: float
+
+    def passes(self, target: float) -> bool:
+        return self.failed == 0 and self.p95 <= target
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else math.inf
+
+
+async def probe(engine: Engine, name: str, rate: float, sources: list[list[int]], args: argparse.Namespace) -> Probe:
+    rng = random.Random(args.seed)  # the same arrivals and sentences for every configuration
+    arrivals: list[tuple[float, list[int]]] = []
+    t = rng.expovariate(rate)
+    while t < args.duration:
+        arrivals.append((t, rng.choice(sources)))
+        t += rng.expovariate(rate)
+    opts = DecodeOptions(beam_size=args.beam_size)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one(at: float, ids: list[int]) -> tuple[float, bool, float]:
+        await asyncio.sleep(max(0.0, start + at - loop.time()))
+        try:
+            await engine.translate([ids], opts, timeout_s=args.timeout)
+            ok = True
+        except (QueueFullError, DeadlineExceededError):
+            ok = False
+        end = loop.time()
+        return end - (start + at), ok, end
+
+    results = await asyncio.gather(*(one(at, ids) for at, ids in arrivals))
+    latencies = [lat for lat, ok, _ in results if ok]
+    last = max((end for _, ok, end in results if ok), default=start + args.duration)
+    return Probe(name, rate, len(results), len(latencies), len(results) - len(latencies),
+                 len(latencies) / max(last - start, 1e-9), percentile(latencies, 0.50),
+                 percentile(latencies, 0.95), percentile(latencies, 0.99))
+
+
+def sweep(tr: Translator, name: str, sources: list[list[int]], args: argparse.Namespace) -> list[Probe]:
+    """Rising rates until one fails the target, then bisection between the last pass and that failure."""
+    engine = Engine(tr, CONFIGS[name], max_length=256)
+    try:
+        asyncio.run(engine.translate(sources[:8], DecodeOptions(beam_size=args.beam_size), 60))  # warm-up
+        probes: list[Probe] = []
+
+        def run(rate: float) -> Probe:
+            p = asyncio.run(probe(engine, name, rate, sources, args))
+            probes.append(p)
+            verdict = "ok" if p.passes(args.p95_target) else "MISS"
+            print(f"  {name:10s} {rate:6.1f} req/s: {p.throughput:6.1f} done/s  p50 {p.p50:6.3f}s  "
+                  f"p95 {p.p95:6.3f}s  p99 {p.p99:6.3f}s  failed {p.failed:4d}  {verdict}", file=sys.stderr, flush=True)
+            return p
+
+        low, high = 0.0, math.inf
+        for rate in args.rates:
+            if run(rate).passes(args.p95_target):
+                low = rate
+            else:
+                high = rate
+                break
+        for _ in range(args.bisect if math.isfinite(high) and low > 0 else 0):
+            mid = round((low + high) / 2, 1)
+            if run(mid).passes(args.p95_target):
+                low = mid
+            else:
+                high = mid
+        return sorted(probes, key=lambda p: p.rate)
+    finally:
+        engine.close()
+
+
+def report(probes: dict[str, list[Probe]], args: argparse.Namespace, seconds: float) -> str:
+    best = {name: max((p.rate for p in ps if p.passes(args.p95_target)), default=0.0) for name, ps in probes.items()}
+    lines = [
+        "# Batching benchmark: no batching vs request-level vs continuous batching", "",
+        f"Command: `python loadtests/bench_batching.py {' '.join(sys.argv[1:])}`", "",
+        f"Shipped en-de model, CPU, {args.threads} threads, beam {args.beam_size}, one test_2016_flickr sentence per "
+        f"request, Poisson arrivals for {args.duration:.0f} s per rate (seed {args.seed}), p95 target "
+        f"{args.p95_target:.2f} s, request timeout {args.timeout:.0f} s; run took {seconds / 60:.1f} min.", "",
+        "## Highest rate sustained with p95 under the target and no failed request", "",
+        "| configuration | max rate (req/s) | vs none | vs request |", "|---|---:|---:|---:|",
+    ]
+    for name in probes:
+        vs_none = best[name] / best["none"] if best.get("none") else math.nan
+        vs_req = best[name] / best["request"] if best.get("request") else math.nan
+        lines.append(f"| {name} | {best[name]:.1f} | {vs_none:.2f}x | {vs_req:.2f}x |")
+    lines += ["", "## Every probe", "",
+              "| configuration | offered req/s | completed/s | p50 s | p95 s | p99 s | failed | within target |",
+              "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for ps in probes.values():
+        for p in ps:
+            lines.append(f"| {p.config} | {p.rate:.1f} | {p.throughput:.1f} | {p.p50:.3f} | {p.p95:.3f} | "
+                         f"{p.p99:.3f} | {p.failed} | {'yes' if p.passes(args.p95_target) else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="en-de")
+    ap.add_argument("--configs", default="none,request,continuous")
+    ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=RATES)
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals per rate")
+    ap.add_argument("--bisect", type=int, default=2, help="bisection probes after the first miss")
+    ap.add_argument("--p95-target", type=float, default=1.0, help="seconds")
+    ap.add_argument("--timeout", type=float, default=20.0, help="request deadline, seconds (past it: failed)")
+    ap.add_argument("--beam-size", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="write the markdown report here (and .json beside it)")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    tr = Translator.load(args.model, args.device, num_threads=args.threads)
+    with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        sources = [tr.encode(line.strip()) for line in f if line.strip()]
+    probes = {}
+    for name in args.configs.split(","):
+        print(f"{name}:", file=sys.stderr, flush=True)
+        probes[name] = sweep(tr, name, sources, args)
+    text = report(probes, args, time.perf_counter() - started)
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+        data = {name: [asdict(p) for p in ps] for name, ps in probes.items()}
+        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
