@@ -1,0 +1,78 @@
+"""The continuous scheduler's decisions (no model: admission is bookkeeping over rows, tokens and time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from model import DecodeOptions
+from service.scheduler import BatchingConfig, ContinuousScheduler, DeadlineExceededError, QueueFullError, WorkItem
+
+FAR = 1e12  # a deadline that never passes
+
+
+def item(tokens: int = 10, beam: int = 4, deadline: float = FAR) -> WorkItem:
+    return WorkItem(list(range(tokens)), DecodeOptions(beam_size=beam), deadline)
+
+
+def scheduler(**config: object) -> ContinuousScheduler:
+    return ContinuousScheduler(BatchingConfig(**{"max_waiting_steps": 0, **config}))  # type: ignore[arg-type]
+
+
+def test_admits_first_come_first_served_while_rows_fit() -> None:
+    s = scheduler()
+    items = [item(beam=4), item(beam=4), item(beam=8), item(beam=1)]
+    s.admit(items)
+    plan = s.schedule(0.0, capacity=10)
+    assert plan.join == items[:2] and s.rows == 8
+    assert list(s.queue) == items[2:]  # the beam-8 head waits; the beam-1 behind it does not overtake
+
+
+def test_sentence_cap_and_token_budget_bound_admission() -> None:
+    s = scheduler(max_batch_size=2)
+    s.admit([item(), item(), item()])
+    assert len(s.schedule(0.0, 256).join) == 2
+    s = scheduler(max_batch_tokens=100)
+    s.admit([item(tokens=10), item(tokens=10), item(tokens=10)])  # cost 40 each
+    assert len(s.schedule(0.0, 256).join) == 2
+
+
+def test_an_idle_engine_runs_one_sentence_whatever_its_cost() -> None:
+    s = scheduler(max_batch_tokens=10)
+    big = item(tokens=100)
+    s.admit([big, item()])
+    assert s.schedule(0.0, 256).join == [big]
+
+
+def test_newcomers_wait_a_few_steps_to_be_encoded_together() -> None:
+    s = scheduler(max_waiting_steps=3)
+    s.admit([item()])
+    s.schedule(0.0, 256)  # idle: joins at once
+    s.admit([item()])
+    for _ in range(2):
+        s.stats.steps += 1
+        assert s.schedule(0.0, 256).join == []
+    s.stats.steps += 1
+    assert len(s.schedule(0.0, 256).join) == 1
+    s.admit([item(beam=8), item(beam=8)])  # together they fill every free row: no reason to wait
+    assert len(s.schedule(0.0, 24).join) == 2  # 8 rows in use, 16 free
+
+
+def test_running_sentences_leave_when_withdrawn_or_past_their_deadline() -> None:
+    s = scheduler()
+    gone, late, fine = item(), item(deadline=5.0), item()
+    s.admit([gone, late, fine])
+    s.schedule(0.0, 256)
+    gone.future.cancel()
+    plan = s.schedule(6.0, 256)
+    assert set(map(id, plan.leave)) == {id(gone), id(late)} and list(s.running.values()) == [fine]
+    assert s.rows == 4 and s.stats.cancelled == 1 and s.stats.expired == 1
+    with pytest.raises(DeadlineExceededError):
+        late.future.result()
+
+
+def test_full_queue_refuses_the_whole_request() -> None:
+    s = scheduler(max_queue=3)
+    s.admit([item(), item()])
+    with pytest.raises(QueueFullError):
+        s.admit([item(), item()])
+    assert len(s.queue) == 2 and s.stats.rejected == 1
