@@ -21,7 +21,15 @@ import torch
 
 from model.decoding import pad_batch
 from model.kv_cache import CrossCache
-from model.search import BeamState, Hypothesis, SearchOptions, beam_step, constrain, finished_hypotheses
+from model.search import (
+    BeamState,
+    Hypothesis,
+    SearchOptions,
+    beam_step,
+    constrain,
+    finished_hypotheses,
+    log_softmax_,
+)
 from model.transformer import Seq2Seq
 
 
@@ -128,7 +136,7 @@ class InflightBatch:
         groups = list(self.groups.values())
         order = torch.cat([g.rows.view(-1) for g in groups])  # rows grouped by search, sentence, beam
         logits = self.model.decode_step(self.tokens, self.positions, self.cache, self.cross, order)  # (N, V)
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        log_probs = log_softmax_(logits)
         finished: list[tuple[Hashable, list[Hypothesis]]] = []
         updates = {}
         start = 0

@@ -72,6 +72,13 @@ def constrain(
     return log_probs
 
 
+def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the vocabulary, in place on float32 logits (they are not needed afterwards):
+    one (N, V) buffer fewer per step than torch.log_softmax."""
+    x = logits.float().contiguous()
+    return x.sub_(x.logsumexp(-1, keepdim=True))
+
+
 def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions) -> list[list[Hypothesis]]:
     """Arg-max decoding of B sentences; max_lengths (B,) caps each one's generated tokens."""
     B = max_lengths.numel()
@@ -82,7 +89,7 @@ def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptio
     scores = torch.zeros(B, device=device)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for n in range(int(max_lengths.max())):
-        log_probs = torch.log_softmax(stepper.step(tokens, n).float(), dim=-1)  # (b, V)
+        log_probs = log_softmax_(stepper.step(tokens, n))  # (b, V)
         log_probs = constrain(log_probs, n, max_lengths[alive], opts)
         tokens = log_probs.argmax(-1)  # (b,)
         scores = scores + log_probs.gather(1, tokens[:, None])[:, 0]
@@ -206,7 +213,7 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for n in range(int(max_lengths.max())):
         b = alive.numel()
-        log_probs = torch.log_softmax(stepper.step(tokens, n).float(), dim=-1)  # (b*K, V)
+        log_probs = log_softmax_(stepper.step(tokens, n))  # (b*K, V)
         log_probs = constrain(log_probs, n, max_lengths[alive].repeat_interleave(K), opts)
         pos = torch.full((b,), n, device=device)
         src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, max_lengths[alive], opts)

@@ -96,8 +96,8 @@ class StepRunner:
             groups.setdefault(it.opts, []).append(it)
         for opts, items in groups.items():
             sources = [it.ids for it in items]
-            self.batch.add([it.seq for it in items], sources, tr.max_lengths(sources, opts).tolist(),
-                           tr.search_options(opts))
+            caps = tr.max_lengths(sources, opts).clamp(max=self.batch.max_length)  # never past the buffers
+            self.batch.add([it.seq for it in items], sources, caps.tolist(), tr.search_options(opts))
         return [(int(seq), hyps) for seq, hyps in self.batch.step()]  # type: ignore[call-overload]
 
 
