@@ -123,7 +123,7 @@ def _batching(config: dict[str, Any]) -> BatchingConfig:
 
 app = FastAPI(
     title="beamserve", version="0.1.0",
-    description="Machine translation with Marian-compatible Transformers, beam search and dynamic batching.",
+    description="Machine translation with Marian-compatible Transformers, beam search and continuous batching.",
 )
 
 

@@ -58,7 +58,10 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
             for k in usage:
                 usage[k] += r.json()["usage"][k]
         assert client.post("/v1/translate", json={"texts": ["x"], "source": "en", "target": "xx"}).status_code == 400
-        batches = client.get("/v1/stats").json()["en-de"]["batches"] - stats_before["batches"]
+        stats_after = client.get("/v1/stats").json()["en-de"]
+        batches = stats_after["batches"] - stats_before["batches"]
+        steps = stats_after["steps"] - stats_before["steps"]
+        assert steps > 0  # continuous batching (the default) decoded them step by step
 
     ok = dict(endpoint="/v1/translate", pair="en-de", status="200")
     expected = {
@@ -69,6 +72,8 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
         ("ray_beamserve_generated_tokens_total", (("pair", "en-de"),)): usage["target_tokens"],
         ("ray_beamserve_batches_total", (("pair", "en-de"),)): batches,
         ("ray_beamserve_batch_sentences_count", (("pair", "en-de"),)): batches,
+        ("ray_beamserve_decode_steps_total", (("pair", "en-de"),)): steps,
+        ("ray_beamserve_step_rows_count", (("pair", "en-de"),)): steps,
         ("ray_beamserve_queue_wait_seconds_count", (("pair", "en-de"),)): sum(1 + i % 3 for i in range(5)),
     }
     deadline = time.monotonic() + 30  # allow for the export interval
