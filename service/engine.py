@@ -201,7 +201,10 @@ class Engine:
                     if turn is not None:
                         break
                     self._cv.wait(timeout=wait)
-            turn()
+            try:
+                turn()
+            except Exception as exc:  # a failure fails the sentences in flight, never the engine
+                self._fail_running(exc)
             self._sync()
 
     def _schedule(self, now: float) -> tuple[Callable[[], None] | None, float]:
@@ -229,16 +232,7 @@ class Engine:
 
     def _step(self, plan: Plan) -> None:
         """execute -> update for one decoder step."""
-        try:
-            finished = self.step_runner.execute(plan)
-        except Exception as exc:  # a failed step fails the sentences in flight, never the engine
-            with self._cv:
-                for seq in list(self.continuous.running):
-                    future = self.continuous.finish(seq).future
-                    if not future.done():
-                        future.set_exception(exc)
-            self.step_runner = self._step_runner(self.config)
-            return
+        finished = self.step_runner.execute(plan)
         generated = 0
         with self._cv:
             self.stats.steps += 1
@@ -249,6 +243,16 @@ class Engine:
         if self.observer is not None:
             self.observer.on_step(rows)
             self.observer.on_generated(generated)
+
+    def _fail_running(self, exc: Exception) -> None:
+        """Fail every sentence in flight and start from a fresh pool (its state may be half-updated)."""
+        with self._cv:
+            for seq in list(self.continuous.running):
+                future = self.continuous.finish(seq).future
+                if not future.done():
+                    future.set_exception(exc)
+            self._active = 0
+        self.step_runner = self._step_runner(self.config)
 
     def _run_batch(self, batch: list[WorkItem]) -> None:
         generated = self.batch_runner.run(batch)

@@ -143,3 +143,20 @@ def test_mode_switches_live_without_losing_queued_sentences(engine: Engine, refe
         return [*(await first), *second]
 
     assert len(asyncio.run(scenario())) == 20 and engine.queued == 0 and engine.active == 0
+
+
+@pytest.mark.parametrize("engine", [BatchingConfig(decode_slots=4)], indirect=True)
+def test_engine_survives_a_failing_step_and_refuses_beams_past_its_slots(engine: Engine,
+                                                                         reference: Translator) -> None:
+    bad = [reference.model.cfg.vocab_size + 5, 0]  # an id past the embedding table: the encoder raises
+
+    async def scenario() -> list[list[Hypothesis]]:
+        with pytest.raises(IndexError):
+            await engine.translate([bad], DecodeOptions(beam_size=2), 60)
+        with pytest.raises(RequestTooLargeError, match="decode slots"):
+            await engine.translate([reference.encode("A dog.")], DecodeOptions(beam_size=8), 60)
+        return await engine.translate([reference.encode("A dog.")], DecodeOptions(beam_size=4), 60)
+
+    good = asyncio.run(scenario())
+    assert good[0][0].tokens == reference.decode_batch([reference.encode("A dog.")], DecodeOptions())[0][0].tokens
+    assert engine.active == 0 and engine.step_runner.batch.rows == 0
