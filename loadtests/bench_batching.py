@@ -12,9 +12,10 @@ replica runs, driven in-process so the 2-core machine measures batching rather t
 - request: request-level dynamic batching (mode "request", batch_wait_ms, max_batch_size 64);
 - continuous: continuous batching (mode "continuous": sentences join and leave every decoder step).
 
-Rates rise until a configuration misses the p95 target or fails requests; then the highest passing
-rate is refined by bisection. The report gives throughput and p50/p95/p99 per rate and each
-configuration's highest sustained rate.
+Rates rise until a configuration's median p95 over --repeats runs misses the target or a request
+fails; then its highest passing rate is refined by bisection. At each rate the configurations take
+turns within every repetition (this machine is shared and its speed drifts). The report gives
+throughput and p50/p95/p99 per rate and each configuration's highest sustained rate.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -45,7 +47,7 @@ CONFIGS = {
     "continuous": BatchingConfig(mode="continuous"),
 }
 OTHER_TARGETS = [0.5, 0.75]
-RATES = [2, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024]
+RATES = [4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024]
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Probe:
     p50: float
     p95: float
     p99: float
+    repeat: int = 0  # which repetition (each uses its own seeded arrivals, the same for every configuration)
 
     def passes(self, target: float) -> bool:
         return self.failed == 0 and self.p95 <= target
@@ -69,8 +72,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else math.inf
 
 
-async def probe(engine: Engine, name: str, rate: float, sources: list[list[int]], args: argparse.Namespace) -> Probe:
-    rng = random.Random(args.seed)  # the same arrivals and sentences for every configuration
+def median_probe(runs: list[Probe]) -> Probe:
+    """One rate's repetitions as one row: median latencies and throughput, failures summed."""
+    def mid(values: list[float]) -> float:
+        return statistics.median(values)
+
+    return Probe(runs[0].config, runs[0].rate, sum(p.sent for p in runs), sum(p.ok for p in runs),
+                 sum(p.failed for p in runs), mid([p.throughput for p in runs]), mid([p.p50 for p in runs]),
+                 mid([p.p95 for p in runs]), mid([p.p99 for p in runs]), len(runs))
+
+
+async def probe(
+    engine: Engine, name: str, rate: float, sources: list[list[int]], args: argparse.Namespace, repeat: int,
+) -> Probe:
+    rng = random.Random(args.seed + repeat)  # the same arrivals and sentences for every configuration
     arrivals: list[tuple[float, list[int]]] = []
     t = rng.expovariate(rate)
     while t < args.duration:
@@ -95,40 +110,60 @@ async def probe(engine: Engine, name: str, rate: float, sources: list[list[int]]
     last = max((end for _, ok, end in results if ok), default=start + args.duration)
     return Probe(name, rate, len(results), len(latencies), len(results) - len(latencies),
                  len(latencies) / max(last - start, 1e-9), percentile(latencies, 0.50),
-                 percentile(latencies, 0.95), percentile(latencies, 0.99))
+                 percentile(latencies, 0.95), percentile(latencies, 0.99), repeat)
 
 
-def sweep(tr: Translator, name: str, sources: list[list[int]], args: argparse.Namespace) -> list[Probe]:
-    """Rising rates until one fails the target, then bisection between the last pass and that failure."""
-    engine = Engine(tr, CONFIGS[name], max_length=256)
+def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argparse.Namespace) -> list[Probe]:
+    """Rising rates until a configuration's median p95 misses the target (or a request fails), then
+    bisection between its last pass and that miss. At each rate the configurations take turns within
+    every repetition, so a slow spell of this shared machine hits them alike. Returns every run."""
+    engines = {name: Engine(tr, CONFIGS[name], max_length=256) for name in names}
+    runs: list[Probe] = []
+
+    def measure(rates: dict[str, float]) -> dict[str, Probe]:
+        for repeat in range(args.repeats):
+            for name, rate in rates.items():
+                p = asyncio.run(probe(engines[name], name, rate, sources, args, repeat))
+                runs.append(p)
+                print(f"  {name:10s} {rate:6.1f} req/s #{repeat}: {p.throughput:6.1f} done/s  p50 {p.p50:6.3f}s  "
+                      f"p95 {p.p95:6.3f}s  p99 {p.p99:6.3f}s  failed {p.failed:4d}", file=sys.stderr, flush=True)
+        return {name: median_probe([p for p in runs if p.config == name and p.rate == rate])
+                for name, rate in rates.items()}
+
     try:
-        asyncio.run(engine.translate(sources[:8], DecodeOptions(beam_size=args.beam_size), 60))  # warm-up
-        probes: list[Probe] = []
-
-        def run(rate: float) -> Probe:
-            p = asyncio.run(probe(engine, name, rate, sources, args))
-            probes.append(p)
-            verdict = "ok" if p.passes(args.p95_target) else "MISS"
-            print(f"  {name:10s} {rate:6.1f} req/s: {p.throughput:6.1f} done/s  p50 {p.p50:6.3f}s  "
-                  f"p95 {p.p95:6.3f}s  p99 {p.p99:6.3f}s  failed {p.failed:4d}  {verdict}", file=sys.stderr, flush=True)
-            return p
-
-        low, high = 0.0, math.inf
+        for engine in engines.values():  # warm-up
+            asyncio.run(engine.translate(sources[:8], DecodeOptions(beam_size=args.beam_size), 60))
+        low = dict.fromkeys(names, 0.0)
+        high = dict.fromkeys(names, math.inf)
         for rate in args.rates:
-            if run(rate).passes(args.p95_target):
-                low = rate
-            else:
-                high = rate
+            alive = [n for n in names if not math.isfinite(high[n])]
+            if not alive:
                 break
-        for _ in range(args.bisect if math.isfinite(high) and low > 0 else 0):
-            mid = round((low + high) / 2, 1)
-            if run(mid).passes(args.p95_target):
-                low = mid
-            else:
-                high = mid
-        return sorted(probes, key=lambda p: p.rate)
+            for name, cell in measure(dict.fromkeys(alive, rate)).items():
+                if cell.passes(args.p95_target):
+                    low[name] = rate
+                else:
+                    high[name] = rate
+        for _ in range(args.bisect):
+            mids = {n: round((low[n] + high[n]) / 2, 1) for n in names if math.isfinite(high[n]) and low[n] > 0}
+            for name, cell in measure(mids).items():
+                if cell.passes(args.p95_target):
+                    low[name] = mids[name]
+                else:
+                    high[name] = mids[name]
+        return runs
     finally:
-        engine.close()
+        for engine in engines.values():
+            engine.close()
+
+
+def cells(runs: list[Probe]) -> dict[str, list[Probe]]:
+    """Per configuration, one median row per rate, by rate."""
+    out: dict[str, list[Probe]] = {}
+    for name in dict.fromkeys(p.config for p in runs):
+        rates = sorted({p.rate for p in runs if p.config == name})
+        out[name] = [median_probe([p for p in runs if p.config == name and p.rate == r]) for r in rates]
+    return out
 
 
 def command_line() -> list[str]:
@@ -140,22 +175,24 @@ def command_line() -> list[str]:
     return argv
 
 
-def report(probes: dict[str, list[Probe]], args: argparse.Namespace, seconds: float) -> str:
+def report(raw: list[Probe], args: argparse.Namespace, seconds: float) -> str:
+    probes = cells(raw)
     best = {name: max((p.rate for p in ps if p.passes(args.p95_target)), default=0.0) for name, ps in probes.items()}
     lines = [
         "# Batching benchmark: no batching vs request-level vs continuous batching", "",
         f"Command: `python loadtests/bench_batching.py {' '.join(command_line())}`", "",
         f"Shipped en-de model, CPU, {args.threads} threads, beam {args.beam_size}, one test_2016_flickr sentence per "
-        f"request, Poisson arrivals for {args.duration:.0f} s per rate (seed {args.seed}), p95 target "
+        f"request, Poisson arrivals for {args.duration:.0f} s per rate, {args.repeats} repetitions per rate "
+        f"(seeds {args.seed}..{args.seed + args.repeats - 1}; medians reported; the configurations take turns "
+        f"within each repetition), p95 target "
         f"{args.p95_target:.2f} s, request timeout {args.timeout:.0f} s"
         + (f"; run took {seconds / 60:.1f} min." if seconds else "."), "",
-        "## Highest rate sustained with p95 under the target and no failed request", "",
+        "## Highest rate sustained with median p95 under the target and no failed request", "",
         "| configuration | max rate (req/s) | vs none | vs request |", "|---|---:|---:|---:|",
     ]
     for name in probes:
-        vs_none = best[name] / best["none"] if best.get("none") else math.nan
-        vs_req = best[name] / best["request"] if best.get("request") else math.nan
-        lines.append(f"| {name} | {best[name]:.1f} | {vs_none:.2f}x | {vs_req:.2f}x |")
+        ratios = [f"{best[name] / best[base]:.2f}x" if best.get(base) else "n/a" for base in ("none", "request")]
+        lines.append(f"| {name} | {best[name]:.1f} | {ratios[0]} | {ratios[1]} |")
     if {"none", "request", "continuous"} <= set(best):
         for base, goal in (("request", 1.5), ("none", 5.0)):
             ratio = best["continuous"] / best[base] if best[base] else math.inf
@@ -165,15 +202,17 @@ def report(probes: dict[str, list[Probe]], args: argparse.Namespace, seconds: fl
               "refines only the main target):", "", "| configuration | " + " | ".join(
                   f"p95 <= {t:.2f} s" for t in OTHER_TARGETS) + " |", "|---|" + "---:|" * len(OTHER_TARGETS)]
     for name, ps in probes.items():
-        cells = [max((p.rate for p in ps if p.passes(t)), default=0.0) for t in OTHER_TARGETS]
-        lines.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
-    lines += ["", "## Every probe", "",
-              "| configuration | offered req/s | completed/s | p50 s | p95 s | p99 s | failed | within target |",
-              "|---|---:|---:|---:|---:|---:|---:|---|"]
+        tight = [max((p.rate for p in ps if p.passes(t)), default=0.0) for t in OTHER_TARGETS]
+        lines.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in tight) + " |")
+    lines += ["", "## Every rate (medians of the repetitions; p95 range = lowest..highest repetition)", "",
+              "| configuration | offered req/s | completed/s | p50 s | p95 s | p95 range s | p99 s | failed | within "
+              "target |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for ps in probes.values():
         for p in ps:
+            spread = [r.p95 for r in raw if r.config == p.config and r.rate == p.rate]
             lines.append(f"| {p.config} | {p.rate:.1f} | {p.throughput:.1f} | {p.p50:.3f} | {p.p95:.3f} | "
-                         f"{p.p99:.3f} | {p.failed} | {'yes' if p.passes(args.p95_target) else 'no'} |")
+                         f"{min(spread):.3f}..{max(spread):.3f} | {p.p99:.3f} | {p.failed} | "
+                         f"{'yes' if p.passes(args.p95_target) else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -182,7 +221,8 @@ def main() -> None:
     ap.add_argument("--model", default="en-de")
     ap.add_argument("--configs", default="none,request,continuous")
     ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=RATES)
-    ap.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals per rate")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals per run")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per rate and configuration (medians reported)")
     ap.add_argument("--bisect", type=int, default=2, help="bisection probes after the first miss")
     ap.add_argument("--p95-target", type=float, default=1.0, help="seconds")
     ap.add_argument("--timeout", type=float, default=20.0, help="request deadline, seconds (past it: failed)")
@@ -195,7 +235,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.from_json:
         saved = json.loads(args.from_json.read_text(encoding="utf-8"))
-        text = report({name: [Probe(**p) for p in ps] for name, ps in saved.items()}, args, 0.0)
+        text = report([Probe(**p) for p in saved], args, 0.0)
         print(text)
         if args.out:
             args.out.write_text(text, encoding="utf-8")
@@ -204,16 +244,12 @@ def main() -> None:
     tr = Translator.load(args.model, args.device, num_threads=args.threads)
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         sources = [tr.encode(line.strip()) for line in f if line.strip()]
-    probes = {}
-    for name in args.configs.split(","):
-        print(f"{name}:", file=sys.stderr, flush=True)
-        probes[name] = sweep(tr, name, sources, args)
-    text = report(probes, args, time.perf_counter() - started)
+    runs = sweep(tr, args.configs.split(","), sources, args)
+    text = report(runs, args, time.perf_counter() - started)
     print(text)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
-        data = {name: [asdict(p) for p in ps] for name, ps in probes.items()}
-        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+        args.out.with_suffix(".json").write_text(json.dumps([asdict(p) for p in runs], indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
