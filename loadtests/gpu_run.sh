@@ -12,4 +12,4 @@ python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py tests/
 python3 loadtests/profile_decode.py --device cuda 2>&1 | tail -30 | tee "$out/profile.txt"
 python3 loadtests/bench_decode.py --device cuda --systems beamserve,hf --batch-sizes 1,16,64 --sentences 256 \
   --repeats 2 --out "$out/DECODE_BENCH_GPU.md" 2>&1 | tail -25
-python3 loadtests/bench_batching.py --device cuda --duration 10 --out "$out/BATCHING_BENCH_GPU.md" 2>&1 | tail -30
+python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 --out "$out/BATCHING_BENCH_GPU.md" 2>&1 | tail -30
