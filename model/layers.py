@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.gemm import FUSED_ACTIVATIONS, Linear, linear
+
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
@@ -41,10 +43,10 @@ class MultiHeadAttention(nn.Module):
         self.heads = heads
         self.head_dim = d_model // heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, d_model)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -77,13 +79,18 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, ffn_dim: int, activation: str, dropout: float = 0.0) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.fc1 = Linear(d_model, ffn_dim)
+        self.fc2 = Linear(ffn_dim, d_model)
+        self.activation = activation
         self.act = _ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(self.act(self.fc1(x))))
+        if self.activation in FUSED_ACTIVATIONS:  # the activation as the GEMM's epilogue where it can be
+            h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
+        else:
+            h = self.act(self.fc1(x))
+        return self.fc2(self.dropout(h))
 
 
 def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:

