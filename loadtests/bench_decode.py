@@ -83,8 +83,9 @@ def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict
     return own, hf, ct2
 
 
-def run_beamserve(tr: Translator, srcs: list[list[int]], B: int, K: int, steps: int | None) -> int:
-    opts = DecodeOptions(beam_size=K, max_batch_size=B, max_length_ratio=None,
+def run_beamserve(tr: Translator, srcs: list[list[int]], B: int, K: int, steps: int | None,
+                  early_stopping: bool = False) -> int:
+    opts = DecodeOptions(beam_size=K, max_batch_size=B, max_length_ratio=None, early_stopping=early_stopping,
                          max_decoding_length=steps or 256, min_decoding_length=(steps - 1) if steps else 0)
     return sum(len(h[0].tokens) + 1 for h in tr.translate_ids(srcs, opts))
 
@@ -114,6 +115,7 @@ def timed_round_robin(fns: dict[str, Callable[[], int]], n: int, repeats: int) -
     best: dict[str, Cell] = {}
     for _ in range(repeats):
         for name, fn in fns.items():
+            time.sleep(0.5)  # let the previous system's thread pool (CT2 and torch each have one) go idle
             start = time.perf_counter()
             tokens = fn()
             cell = Cell(n, tokens, time.perf_counter() - start)
@@ -167,6 +169,8 @@ def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], 
     runners: dict[str, Callable[[list, int, int], int]] = {}  # type: ignore[type-arg]
     if "beamserve" in systems:
         runners["beamserve"] = lambda s, B, K: run_beamserve(tr, s, B, K, steps)
+    if "beamserve-es" in systems:  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
+        runners["beamserve-es"] = lambda s, B, K: run_beamserve(tr, s, B, K, steps, early_stopping=True)
     if "beamserve-bf16" in systems:  # the same weights in bfloat16 (fast on CPUs with AVX512-BF16 or AMX)
         tr16 = Translator.load(own, args.device, dtype="bfloat16", num_threads=args.threads)
         runners["beamserve-bf16"] = lambda s, B, K: run_beamserve(tr16, s, B, K, steps)
@@ -183,9 +187,12 @@ def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], 
         runners[f"ct2-{quant}"] = lambda s, B, K, ct=ct: run_ct2(ct, s, B, K, steps)
     head = f"\n## {name}" + (f" (random weights, {steps} decoding steps per sentence)" if steps else
                              " (shipped weights, natural lengths)")
-    rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in runners)
-            + " | beamserve / hf | beamserve / ct2-float32 | beamserve / ct2-int8 |",
-            "|" + "---|" * (len(runners) + 5)]
+    pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
+    if "beamserve-es" in runners:
+        pairs.append(("beamserve-es", "ct2-float32"))
+    rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in runners) + " | "
+            + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
+            "|" + "---|" * (len(runners) + 2 + len(pairs))]
     for K in map(int, args.beams.split(",")):
         for B in map(int, args.batch_sizes.split(",")):
             n = max(B, args.sentences // 4) if B == 1 else args.sentences
@@ -198,14 +205,18 @@ def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], 
             for sys_name, cell in cells.items():
                 print(f"{name} K={K} B={B} {sys_name}: {cell.sent_s:.1f} sent/s {cell.tok_s:.0f} tok/s",
                       file=sys.stderr, flush=True)
-            ratios = [
-                f"{cells['beamserve'].sent_s / cells[o].sent_s:.2f}x" if "beamserve" in cells and o in cells else "-"
-                for o in ("hf", "ct2-float32", "ct2-int8")
-            ]
+            ratios = [f"{cells[a].sent_s / cells[b].sent_s:.2f}x" if a in cells and b in cells else "-"
+                      for a, b in pairs]
             search = "greedy" if K == 1 else f"beam {K}"
             rows.append(f"| {search} | {B} | " + " | ".join(f"{c.sent_s:.1f} ({c.tok_s:.0f})" for c in cells.values())
                         + " | " + " | ".join(ratios) + " |")
-    return head + "\n\n" + "\n".join(rows)
+    note = ""
+    if "beamserve-es" in runners:
+        note = ("\n\nbeamserve-es: `early_stopping=True` (Hugging Face's name), a sentence stops once it has "
+                "beam_size finished hypotheses. That is CTranslate2's rule whenever length_penalty != 0 "
+                "(its default is 1); beamserve and hf run Hugging Face's default (`early_stopping=False`: go on "
+                "while a running beam could still beat a finished one), which decodes more steps.")
+    return head + "\n\n" + "\n".join(rows) + note
 
 
 if __name__ == "__main__":
