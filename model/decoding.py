@@ -16,6 +16,7 @@ class CachedStepper:
         self.model = model
         self.cross: CrossCache = model.cross_cache(memory, src_mask)
         self.cache: KVCache = model.new_cache(src_mask.shape[0] * beams, max_length, memory.dtype, memory.device)
+        self.cache.resize(src_mask.shape[0], 0)  # one row per sentence until beam search's first reorder
 
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         return self.model.decode_step(tokens, pos, self.cache, self.cross)
@@ -29,22 +30,24 @@ class CachedStepper:
 class UncachedStepper:
     """Reference decoding that recomputes the whole prefix every step (for equivalence tests)."""
 
-    def __init__(self, model: Seq2Seq, memory: torch.Tensor, src_mask: torch.Tensor, beams: int):
+    def __init__(self, model: Seq2Seq, memory: torch.Tensor, src_mask: torch.Tensor):
         self.model = model
-        self.memory = memory.repeat_interleave(beams, dim=0)  # (B*K, S, C)
-        self.src_mask = src_mask.repeat_interleave(beams, dim=0)
-        self.prefix = torch.empty(self.memory.shape[0], 0, dtype=torch.long, device=memory.device)
-        self.beams = beams
+        self.memory, self.src_mask = memory, src_mask  # (B, S, C), (B, S)
+        self.sentence = torch.arange(memory.shape[0], device=memory.device)  # (N,) each row's sentence
+        self.prefix = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)
 
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)
-        return self.model.decode(self.prefix, self.memory, self.src_mask)[:, -1]
+        memory, mask = self.memory[self.sentence], self.src_mask[self.sentence]
+        return self.model.decode(self.prefix, memory, mask)[:, -1]
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
-        self.prefix = self.prefix[rows]
+        self.prefix, self.sentence = self.prefix[rows], self.sentence[rows]
         if sentences is not None:
-            keep = (sentences[:, None] * self.beams + torch.arange(self.beams, device=rows.device)).view(-1)
-            self.memory, self.src_mask = self.memory[keep], self.src_mask[keep]
+            renumber = torch.full((self.memory.shape[0],), -1, dtype=torch.long, device=rows.device)
+            renumber[sentences] = torch.arange(sentences.numel(), device=rows.device)
+            self.memory, self.src_mask = self.memory[sentences], self.src_mask[sentences]
+            self.sentence = renumber[self.sentence]
 
 
 def pad_batch(batch: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +72,7 @@ def generate(
     if cached:
         stepper = CachedStepper(model, memory, src_mask, K, int(max_lengths.max()))
     else:
-        stepper = UncachedStepper(model, memory, src_mask, K)
+        stepper = UncachedStepper(model, memory, src_mask)
     if K == 1:
         return greedy_search(stepper, max_lengths, opts)
     return beam_search(stepper, max_lengths, opts)

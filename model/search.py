@@ -21,6 +21,9 @@ NEG = -1.0e9  # "impossible" without the NaNs that -inf arithmetic can produce
 
 
 class Stepper(Protocol):
+    """The first step has one row per sentence (every beam is still the start token alone); the first
+    reorder gives each sentence its K rows, later ones keep K rows per live sentence."""
+
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         """tokens (N,) at position pos -> logits (N, V) for position pos + 1."""
         ...
@@ -211,11 +214,15 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
     device = max_lengths.device
     state = BeamState.start(B, K, int(max_lengths.max()), device)
     alive = torch.arange(B, device=device)
-    tokens = torch.full((B * K,), opts.start_token_id, dtype=torch.long, device=device)
+    # Step 0 decodes one row per sentence: its K beams are all the start token, one hypothesis
+    # (CTranslate2 does the same on CPU); the first reorder then gives each sentence K rows.
+    tokens = torch.full((B,), opts.start_token_id, dtype=torch.long, device=device)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for n in range(int(max_lengths.max())):
         b = alive.numel()
-        log_probs = log_softmax_(stepper.step(tokens, n))  # (b*K, V)
+        log_probs = log_softmax_(stepper.step(tokens, n))  # (b*K, V); (b, V) at step 0
+        if n == 0:
+            log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
         log_probs = constrain(log_probs, n, max_lengths[alive].repeat_interleave(K), opts)
         pos = torch.full((b,), n, device=device)
         src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, max_lengths[alive], opts)
@@ -224,7 +231,8 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
         keep = (~done).nonzero()[:, 0]
         if keep.numel() == 0:
             break
-        rows = (keep[:, None] * K + src_beam[keep]).view(-1)  # beam reorder and finished-row removal at once
+        # Beam reorder and finished-row removal at once; after step 0 every beam continues its sentence's row.
+        rows = (keep[:, None] * K + src_beam[keep] if n else keep[:, None].expand(-1, K)).reshape(-1)
         stepper.reorder(rows, keep if keep.numel() < b else None)
         if keep.numel() < b:
             state.select(keep)

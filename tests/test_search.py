@@ -46,7 +46,7 @@ def opts(**kw: object) -> SearchOptions:
 
 def run_beam(K: int, n: int, lp: float, max_len: int = 10) -> list[Hypothesis]:
     options = opts(beam_size=K, num_hypotheses=n, length_penalty=lp)
-    return beam_search(TableStepper(K), torch.tensor([max_len]), options)[0]
+    return beam_search(TableStepper(1), torch.tensor([max_len]), options)[0]
 
 
 def test_beam_finds_the_better_sequence_greedy_misses() -> None:
@@ -73,18 +73,19 @@ def test_max_length_forces_eos_as_last_token() -> None:
     hyps = run_beam(K=2, n=1, lp=1.0, max_len=1)
     # With forced </s> off, the length cap ends hypotheses without </s>: [A] scores log(.55).
     assert hyps[0].tokens == [A] and hyps[0].score == pytest.approx(math.log(0.55), abs=1e-5)
-    forced = beam_search(TableStepper(2), torch.tensor([1]), opts(beam_size=2, forced_eos_token_id=EOS))[0]
+    forced = beam_search(TableStepper(1), torch.tensor([1]), opts(beam_size=2, forced_eos_token_id=EOS))[0]
     # As in Hugging Face's ForcedEOSTokenLogitsProcessor, the forced </s> adds log-probability 0.
     assert forced[0].tokens == [] and forced[0].score == 0.0
 
 
 def test_min_decoding_length_blocks_early_eos() -> None:
-    hyps = beam_search(TableStepper(2), torch.tensor([10]), opts(beam_size=2, min_decoding_length=3))[0]
+    hyps = beam_search(TableStepper(1), torch.tensor([10]), opts(beam_size=2, min_decoding_length=3))[0]
     assert len(hyps[0].tokens) >= 3
 
 
 def test_finished_sentences_leave_the_batch() -> None:
-    # Sentence 0 may decode 10 tokens, sentence 1 only 1: after step 0 only sentence 0's rows remain.
-    stepper = TableStepper(2 * 2)
+    # Step 0 decodes one row per sentence (the beams are still identical). Sentence 0 may decode 10
+    # tokens, sentence 1 only 1: after step 0 only sentence 0's two beams remain.
+    stepper = TableStepper(2)
     beam_search(stepper, torch.tensor([10, 1]), opts(beam_size=2))
-    assert stepper.rows_seen[0] == 4 and all(r == 2 for r in stepper.rows_seen[1:])
+    assert stepper.rows_seen[0] == 2 and all(r == 2 for r in stepper.rows_seen[1:])
