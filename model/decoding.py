@@ -10,21 +10,56 @@ from model.transformer import Seq2Seq
 
 
 class CachedStepper:
-    """Incremental decoding: encoder once, cross-attention K/V once, self-attention K/V cached in place."""
+    """Incremental decoding: encoder once, cross-attention K/V once, self-attention K/V cached in place.
+
+    The search numbers hypothesis rows its own way (sentence-major, best beam first). The cache keeps
+    each sentence's rows in a block of K, blocks and rows inside them in any order (`phys`: search row
+    -> cache row), so that a reorder copies few rows: a beam continuing its parent stays where the
+    parent was (only extra siblings are copied), and a finished sentence's block is refilled by the
+    last block instead of shifting every block after it.
+    """
 
     def __init__(self, model: Seq2Seq, memory: torch.Tensor, src_mask: torch.Tensor, beams: int, max_length: int):
         self.model = model
-        self.cross: CrossCache = model.cross_cache(memory, src_mask)
-        self.cache: KVCache = model.new_cache(src_mask.shape[0] * beams, max_length, memory.dtype, memory.device)
-        self.cache.resize(src_mask.shape[0], 0)  # one row per sentence until beam search's first reorder
+        self.beams = beams
+        B = src_mask.shape[0]
+        self.cross: CrossCache = model.cross_cache(memory, src_mask)  # sentences in cache block order
+        self.cache: KVCache = model.new_cache(B * beams, max_length, memory.dtype, memory.device)
+        self.cache.resize(B, 0)  # one row per sentence until beam search's first reorder
+        self.phys = torch.arange(B, device=memory.device)  # (N,) cache row of each search row
+        self.identity = True  # phys is arange: nothing to permute
 
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
-        return self.model.decode_step(tokens, pos, self.cache, self.cross)
+        if self.identity:
+            return self.model.decode_step(tokens, pos, self.cache, self.cross)
+        cache_tokens = torch.empty_like(tokens).index_copy_(0, self.phys, tokens)  # (N,) in cache order
+        return self.model.decode_step(cache_tokens, pos, self.cache, self.cross, order=self.phys)
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
-        self.cache.reorder(rows)
-        if sentences is not None:
-            self.cross.select(sentences)
+        """Search row i continues search row rows[i]; rows (b * K,) are sentence-major."""
+        K, B = self.beams, self.cross.src_mask.shape[0]
+        per_old = self.phys.numel() // B  # rows per sentence before: 1 at step 0, else K
+        b = rows.numel() // K
+        src = self.phys[rows].view(b, K)  # (b, K) cache row each new row continues
+        old_block = src[:, 0] // per_old  # (b,)
+        offset = src - old_block[:, None] * per_old  # (b, K) place in the old block
+        # The first child of a parent keeps the parent's place; later siblings take the free places.
+        sibling = (offset[:, :, None] == offset[:, None, :]).tril(-1).any(-1)  # (b, K)
+        claimed = torch.zeros_like(offset).scatter_reduce_(1, offset, (~sibling).long(), "amax")  # (b, K)
+        free = torch.argsort(claimed, dim=1, stable=True)  # unclaimed places first
+        place = torch.where(sibling, free.gather(1, (sibling.long().cumsum(1) - 1).clamp(min=0)), offset)
+        # Blocks below b stay; blocks past it move into the holes finished sentences left.
+        stays = old_block < b
+        taken = torch.zeros(b, dtype=torch.bool, device=rows.device)
+        taken[old_block[stays]] = True
+        new_block = old_block.clone()
+        new_block[~stays] = (~taken).nonzero()[:, 0]
+        dest = (new_block[:, None] * K + place).view(-1)
+        self.cache.move(dest, src.view(-1))
+        if b < B:
+            self.cross.select(torch.empty_like(old_block).index_copy_(0, new_block, old_block))
+        self.phys = dest
+        self.identity = bool((dest == torch.arange(dest.numel(), device=dest.device)).all())
 
 
 class UncachedStepper:

@@ -71,16 +71,18 @@ class KVCache:
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` (N',) in that order (beam reordering and dropping finished rows in one gather)."""
+        self.move(torch.arange(rows.numel(), device=rows.device), rows)
+
+    def move(self, dest: torch.Tensor, src: torch.Tensor) -> None:
+        """Row dest[i] takes row src[i]'s filled prefix; dest (N',) is a permutation of [0, N'), the new rows."""
         t = self.length
-        n = rows.numel()
-        # Beams often keep their place: copy only rows whose source differs, and only the filled prefix.
-        moved = (rows != torch.arange(n, device=rows.device)).nonzero()[:, 0]
+        # Copy only rows whose source differs, and only the filled prefix.
+        moved = (dest != src).nonzero()[:, 0]
         if moved.numel():
-            src = rows[moved]
-            # Gather then index_copy_: half the time of an index_put (k[:, moved] = k[:, src]) on CPU.
+            # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
             for cache in (self.k, self.v):
-                cache[:, :, :, :t].index_copy_(1, moved, cache[:, src, :, :t])
-        self.rows = n
+                cache[:, :, :, :t].index_copy_(1, dest[moved], cache[:, src[moved], :, :t])
+        self.rows = dest.numel()
 
     def resize(self, rows: int, length: int) -> None:
         """Set the live row count, and the filled length (rows joining start at their own position 0)."""

@@ -1,0 +1,78 @@
+"""model.decoding.CachedStepper: a reorder copies few cache rows and every search row still sees its
+own prefix."""
+
+from __future__ import annotations
+
+import torch
+
+from model.config import ModelConfig
+from model.decoding import CachedStepper
+from model.transformer import Seq2Seq
+
+
+def stepper(B: int, K: int) -> CachedStepper:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=24, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                      decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                      pad_token_id=23, decoder_start_token_id=23)
+    model = Seq2Seq(cfg).eval()
+    src = torch.randint(0, 23, (B, 5))
+    mask = torch.ones(B, 5, dtype=torch.bool)
+    return CachedStepper(model, model.encode(src, mask), mask, K, 8)
+
+
+def mark_rows(st: CachedStepper) -> None:
+    """Write each cache row's index into its position-0 keys, to follow rows through reorders."""
+    st.cache.length = 1
+    st.cache.k[:, :, :, 0] = torch.arange(st.cache.capacity, dtype=torch.float)[None, :, None, None]
+
+
+def row_marks(st: CachedStepper) -> list[int]:
+    """The original row each search row's prefix came from."""
+    return [int(st.cache.k[0, int(r), 0, 0, 0]) for r in st.phys]
+
+
+@torch.inference_mode()
+def test_first_reorder_expands_each_sentence_to_k_rows_in_its_block() -> None:
+    st = stepper(B=3, K=4)
+    mark_rows(st)
+    st.reorder(torch.tensor([0, 1, 2]).repeat_interleave(4), None)
+    assert row_marks(st) == [0] * 4 + [1] * 4 + [2] * 4
+    assert sorted(st.phys.tolist()) == list(range(12)) and st.phys.view(3, 4).div(4, rounding_mode="floor").eq(
+        torch.arange(3)[:, None]).all()
+
+
+@torch.inference_mode()
+def test_a_continuing_beam_stays_put_and_only_siblings_move() -> None:
+    st = stepper(B=2, K=4)
+    st.reorder(torch.tensor([0, 1]).repeat_interleave(4), None)
+    mark_rows(st)
+    before = st.phys.clone()
+    # Sentence 0: beams 0, 0, 2, 3 (beam 1 dies, beam 0 has two children); sentence 1 keeps its beams.
+    rows = torch.tensor([0, 0, 2, 3, 4, 5, 6, 7])
+    copies: list[int] = []
+    move = st.cache.move
+
+    def counting(dest: torch.Tensor, src: torch.Tensor) -> None:
+        copies.append(int((dest != src).sum()))
+        move(dest, src)
+
+    st.cache.move = counting  # type: ignore[method-assign]
+    st.reorder(rows, None)
+    assert copies == [1]  # the second child of beam 0, into the place beam 1 left
+    assert row_marks(st) == [int(before[r]) for r in rows]
+
+
+@torch.inference_mode()
+def test_a_finished_sentence_is_refilled_by_the_last_block() -> None:
+    st = stepper(B=3, K=2)
+    st.reorder(torch.tensor([0, 1, 2]).repeat_interleave(2), None)
+    mark_rows(st)
+    before = st.phys.clone()
+    cross_k = st.cross.k[0].clone()
+    # Sentence 0 finished: sentences 1 and 2 remain, their beams unchanged.
+    rows = torch.tensor([2, 3, 4, 5])
+    st.reorder(rows, torch.tensor([1, 2]))
+    assert row_marks(st) == [int(before[r]) for r in rows]
+    assert st.phys.tolist() == [2, 3, 0, 1]  # sentence 1 stays in block 1, sentence 2 fills block 0
+    torch.testing.assert_close(st.cross.k[0], cross_k[[2, 1]])  # cross-attention follows the blocks
