@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from model.kv_cache import CrossCache, KVCache
+from model.kv_cache import CrossCache, KVCache, continue_in_place
 from model.search import Hypothesis, SearchOptions, Stepper, beam_search, greedy_search
 from model.transformer import Seq2Seq
 
@@ -43,11 +43,7 @@ class CachedStepper:
         src = self.phys[rows].view(b, K)  # (b, K) cache row each new row continues
         old_block = src[:, 0] // per_old  # (b,)
         offset = src - old_block[:, None] * per_old  # (b, K) place in the old block
-        # The first child of a parent keeps the parent's place; later siblings take the free places.
-        sibling = (offset[:, :, None] == offset[:, None, :]).tril(-1).any(-1)  # (b, K)
-        claimed = torch.zeros_like(offset).scatter_reduce_(1, offset, (~sibling).long(), "amax")  # (b, K)
-        free = torch.argsort(claimed, dim=1, stable=True)  # unclaimed places first
-        place = torch.where(sibling, free.gather(1, (sibling.long().cumsum(1) - 1).clamp(min=0)), offset)
+        place = continue_in_place(offset, torch.arange(K, device=rows.device).expand(b, K))  # (b, K)
         # Blocks below b stay; blocks past it move into the holes finished sentences left.
         stays = old_block < b
         taken = torch.zeros(b, dtype=torch.bool, device=rows.device)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from model.decoding import pad_batch
-from model.kv_cache import CrossCache
+from model.kv_cache import CrossCache, continue_in_place
 from model.search import (
     BeamState,
     Hypothesis,
@@ -171,10 +171,12 @@ class InflightBatch:
         for opts, (keep, src_rows, token) in updates.items():
             g = self.groups[opts]
             idx = keep.nonzero()[:, 0]
-            dest.append(g.rows[idx].view(-1))
+            rows = continue_in_place(src_rows[idx], g.rows[idx])  # (b', K) a continuing beam keeps its row
+            dest.append(rows.view(-1))
             src.append(src_rows[idx].view(-1))
             tok.append(token[idx].view(-1))
             g.select(idx)
+            g.rows = rows
             if advance:
                 g.pos = g.pos + 1
         self.groups = {o: g for o, g in self.groups.items() if g.keys}

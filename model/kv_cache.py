@@ -103,6 +103,22 @@ class KVCache:
             setattr(self, name, grown)
 
 
+def continue_in_place(parents: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Cache rows for the next step's beams, so that a beam reorder copies as few rows as it can.
+
+    parents (b, K): the cache row each sentence's new beam k continues; rows (b, K): the rows each
+    sentence owns. The first beam continuing a parent that the sentence owns takes the parent's row
+    (nothing to copy); the other beams take the owned rows no such beam took, in order.
+    Returns (b, K), a permutation of each sentence's rows.
+    """
+    sibling = (parents[:, :, None] == parents[:, None, :]).tril(-1).any(-1)  # (b, K) parent already taken
+    first = ~sibling & (parents[:, :, None] == rows[:, None, :]).any(-1)  # (b, K) keeps its parent's row
+    claimed = (rows[:, :, None] == torch.where(first, parents, -1)[:, None, :]).any(-1)  # (b, K) per owned row
+    free = rows.gather(1, torch.argsort(claimed.long(), dim=1, stable=True))  # unclaimed rows first
+    rank = ((~first).long().cumsum(1) - 1).clamp(min=0)
+    return torch.where(first, parents, free.gather(1, rank))
+
+
 @dataclass
 class CrossCache:
     """Encoder-decoder attention keys/values, projected once per sentence (not per beam).
