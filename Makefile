@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: install serve test lint bench-decode bench-batching loadtest clean
+.PHONY: install serve test lint bench-decode bench-gemm bench-batching loadtest clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -30,6 +30,9 @@ lint: install
 
 bench-decode: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_decode.py --out loadtests/DECODE_BENCH.md
+
+bench-gemm: install
+	$(PY) loadtests/bench_gemm.py
 
 bench-batching: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_batching.py --out loadtests/BATCHING_BENCH.md
