@@ -86,8 +86,12 @@ class StepRunner:
         self.translator = translator
         self.batch = InflightBatch(translator.model, rows=slots, max_length=max_length)
 
-    def execute(self, plan: Plan) -> list[tuple[int, list[Hypothesis]]]:
-        """Drop leavers, encode joiners (grouped by options), step; returns (seq, n-best) of finished ones."""
+    def execute(self, plan: Plan) -> tuple[int, list[tuple[int, list[Hypothesis]]]]:
+        """Drop leavers, encode joiners (grouped by options), step.
+
+        Returns the rows the decoder step ran (0: nothing left to decode) and (seq, n-best) of the
+        sentences that finished.
+        """
         tr = self.translator
         if plan.leave:
             self.batch.remove({it.seq for it in plan.leave})
@@ -98,7 +102,8 @@ class StepRunner:
             sources = [it.ids for it in items]
             caps = tr.max_lengths(sources, opts).clamp(max=self.batch.max_length)  # never past the buffers
             self.batch.add([it.seq for it in items], sources, caps.tolist(), tr.search_options(opts))
-        return [(int(seq), hyps) for seq, hyps in self.batch.step()]  # type: ignore[call-overload]
+        rows = self.batch.rows
+        return rows, [(int(seq), hyps) for seq, hyps in self.batch.step()]  # type: ignore[call-overload]
 
 
 class Engine:
@@ -232,15 +237,14 @@ class Engine:
 
     def _step(self, plan: Plan) -> None:
         """execute -> update for one decoder step."""
-        finished = self.step_runner.execute(plan)
+        rows, finished = self.step_runner.execute(plan)
         generated = 0
         with self._cv:
-            self.stats.steps += 1
-            rows = self.step_runner.batch.rows
+            self.stats.steps += rows > 0  # a turn that only dropped leavers ran no decoder step
             for seq, hyps in finished:
                 generated += _resolve(self.continuous.finish(seq), hyps)
             self._active = len(self.continuous.running)
-        if self.observer is not None:
+        if self.observer is not None and rows:
             self.observer.on_step(rows)
             self.observer.on_generated(generated)
 
