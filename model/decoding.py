@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from model.kv_cache import CrossCache, KVCache, continue_in_place
+from model.kv_cache import CrossCache, KVCache, continue_in_place, fill_holes
 from model.search import Hypothesis, SearchOptions, Stepper, beam_search, greedy_search
 from model.transformer import Seq2Seq
 
@@ -44,12 +44,7 @@ class CachedStepper:
         old_block = src[:, 0] // per_old  # (b,)
         offset = src - old_block[:, None] * per_old  # (b, K) place in the old block
         place = continue_in_place(offset, torch.arange(K, device=rows.device).expand(b, K))  # (b, K)
-        # Blocks below b stay; blocks past it move into the holes finished sentences left.
-        stays = old_block < b
-        taken = torch.zeros(b, dtype=torch.bool, device=rows.device)
-        taken[old_block[stays]] = True
-        new_block = old_block.clone()
-        new_block[~stays] = (~taken).nonzero()[:, 0]
+        new_block = fill_holes(old_block)  # (b,) blocks past b move into the holes finished sentences left
         dest = (new_block[:, None] * K + place).view(-1)
         self.cache.move(dest, src.view(-1))
         if b < B:

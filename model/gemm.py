@@ -2,7 +2,7 @@
 
 PyTorch's F.linear on CPU calls MKL's sgemm. On the decoder's shapes (a few hundred hypothesis rows
 against a weight) oneDNN's matmul is faster, most of all for the (rows, d_model) x (d_model, vocab)
-output projection (1.3-2x, `python loadtests/bench_gemm.py`), and it fuses the feed-forward
+output projection (1.3-2.4x, `python loadtests/bench_gemm.py`), and it fuses the feed-forward
 activation into the GEMM. Below about 8M multiply-adds its per-call overhead loses to MKL, so small
 GEMMs (a few rows against a d_model x d_model weight) stay with F.linear. The op has no autograd
 formula, so training (grad enabled) and other devices and dtypes keep F.linear; results agree with

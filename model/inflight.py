@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from model.decoding import pad_batch
-from model.kv_cache import CrossCache, continue_in_place
+from model.kv_cache import CrossCache, continue_in_place, fill_holes
 from model.search import (
     BeamState,
     Hypothesis,
@@ -183,12 +183,9 @@ class InflightBatch:
         old_dest, old_src = torch.cat(dest), torch.cat(src)  # (M,) surviving rows and their cache sources
         M, N = old_dest.numel(), self.rows
         # Rows already below M stay; rows at or above M move into the holes that finished rows left.
+        where = fill_holes(old_dest)  # (M,) the new row of each surviving row
         new_index = torch.full((N,), -1, dtype=torch.long, device=self.device)
-        new_index[old_dest] = old_dest
-        taken = torch.zeros(M, dtype=torch.bool, device=self.device)
-        taken[old_dest[old_dest < M]] = True
-        new_index[old_dest[old_dest >= M]] = (~taken).nonzero()[:, 0]
-        where = new_index[old_dest]
+        new_index[old_dest] = where
         cache_src = torch.empty(M, dtype=torch.long, device=self.device)
         cache_src[where] = old_src
         self.cache.reorder(cache_src)

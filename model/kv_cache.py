@@ -103,6 +103,18 @@ class KVCache:
             setattr(self, name, grown)
 
 
+def fill_holes(index: torch.Tensor) -> torch.Tensor:
+    """New places in [0, n) for n distinct indices (n,): an index already below n keeps its place, the
+    others move into the places left free, in order (so compacting moves as few rows as it can)."""
+    n = index.numel()
+    stays = index < n
+    taken = torch.zeros(n, dtype=torch.bool, device=index.device)
+    taken[index[stays]] = True
+    place = index.clone()
+    place[~stays] = (~taken).nonzero()[:, 0]
+    return place
+
+
 def continue_in_place(parents: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Cache rows for the next step's beams, so that a beam reorder copies as few rows as it can.
 
