@@ -174,7 +174,11 @@ def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, clien
             async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
                 busy = asyncio.create_task(ac.post("/v1/translate", json={
                     "texts": [LONG, LONG + " Two", LONG + " Three"], "source": "en", "target": "de", "beam_size": 8}))
-                await asyncio.sleep(0.15)
+                # One of busy's sentences decodes, two wait: the queue holds 2 of 3 (polled, not slept on,
+                # so a slow proxy hop or a fast decoder cannot move the moment the queue is full).
+                deadline = time.monotonic() + 10
+                while (await ac.get("/v1/stats")).json()["en-de"]["queued"] < 2 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
                 two = {"texts": ["A dog.", "A cat."], "source": "en", "target": "de"}
                 full = await ac.post("/v1/translate", json=two)
                 late = await ac.post("/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de",
