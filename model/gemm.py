@@ -11,6 +11,8 @@ it to float32 rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +25,7 @@ def _onednn_op() -> object | None:
 
 
 _LINEAR = _onednn_op()
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 FUSED_ACTIVATIONS = {"relu": "relu", "swish": "swish"}  # our name -> oneDNN post-op name
 MIN_MACS = 1 << 23  # rows x C_in x C_out below which MKL's sgemm is as fast or faster (bench_gemm.py)
 
@@ -48,11 +51,7 @@ def linear(
         y = _LINEAR(x.reshape(-1, x.shape[-1]), weight, bias, FUSED_ACTIVATIONS.get(activation or "", "none"), [], "")  # type: ignore[operator]
         return y.view(*lead, weight.shape[0])
     y = F.linear(x, weight, bias)
-    if activation == "relu":
-        return F.relu(y)
-    if activation == "swish":
-        return F.silu(y)
-    return y
+    return ACTIVATIONS[activation](y) if activation is not None else y
 
 
 class Linear(torch.nn.Linear):

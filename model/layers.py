@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.gemm import FUSED_ACTIVATIONS, Linear, linear
+from model.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, Linear, linear
 
 
 def attention(
@@ -71,9 +70,6 @@ class MultiHeadAttention(nn.Module):
         return self.merge_heads(attention(self.project_q(x), k, v, mask, causal=causal, dropout=p))
 
 
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
-
-
 class FeedForward(nn.Module):
     """Position-wise feed-forward: fc2(act(fc1(x)))."""
 
@@ -82,7 +78,7 @@ class FeedForward(nn.Module):
         self.fc1 = Linear(d_model, ffn_dim)
         self.fc2 = Linear(ffn_dim, d_model)
         self.activation = activation
-        self.act = _ACTIVATIONS[activation]
+        self.act = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
