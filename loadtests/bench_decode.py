@@ -7,7 +7,8 @@ Models: `base`, a random model of OPUS-MT-base size (d512, 6+6 layers, 8 heads, 
 ids), and `en-de`, the shipped Multi30k model. Random weights rarely emit </s>, so on `base` every
 system decodes exactly --steps tokens (min = max length); `en-de` decodes naturally. Sources are
 test_2016_flickr sentences sorted by length, identical for every system; each cell is the best of
---repeats timed passes after one warm-up batch, the systems taking turns within each pass.
+--repeats timed passes after one warm-up batch, the systems taking turns within each pass. Each
+system runs in its own worker process (see `SystemWorker`), all started before the first pass.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -22,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import torch
@@ -109,19 +112,99 @@ def run_ct2(tr, srcs: list[list[str]], B: int, K: int, steps: int | None) -> int
     return sum(len(r.hypotheses[0]) + 1 for r in results)
 
 
-def timed_round_robin(fns: dict[str, Callable[[], int]], n: int, repeats: int) -> dict[str, Cell]:
+def timed_round_robin(workers: dict[str, SystemWorker], n: int, B: int, K: int, repeats: int) -> dict[str, Cell]:
     """Best of `repeats` passes per system, the systems taking turns within each pass, so a slow
     spell of this shared machine hits them all rather than one."""
+    for worker in workers.values():
+        worker.run(B, B, K)  # warm-up
     best: dict[str, Cell] = {}
     for _ in range(repeats):
-        for name, fn in fns.items():
-            time.sleep(0.5)  # let the previous system's thread pool (CT2 and torch each have one) go idle
-            start = time.perf_counter()
-            tokens = fn()
-            cell = Cell(n, tokens, time.perf_counter() - start)
+        for name, worker in workers.items():
+            cell = worker.run(n, B, K)
             if name not in best or cell.seconds < best[name].seconds:
                 best[name] = cell
     return best
+
+
+class SystemWorker:
+    """One system in its own process, timing passes on request.
+
+    Separate processes because libraries sharing one process slow each other down: torch and
+    CTranslate2 each bring an OpenMP runtime, and after one CTranslate2 call torch's parallel regions
+    get slower (on this 2-core machine a 256 x 256 `sum` went from 9 to 81 us, and a beamserve batch
+    from 1.27 to 1.81 s, measured with both loaded in one process).
+    """
+
+    def __init__(self, system: str, spec: dict[str, object]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve_system, args=(child, system, spec), daemon=True)
+        self.process.start()
+        child.close()
+
+    def run(self, n: int, B: int, K: int) -> Cell:
+        self.conn.send((n, B, K))
+        reply = self.conn.recv()
+        if isinstance(reply, Exception):
+            raise reply
+        tokens, seconds = reply
+        return Cell(n, tokens, seconds)
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=30)
+
+
+def _serve_system(conn: Connection, system: str, spec: dict[str, object]) -> None:
+    """Worker process: build `system`'s runner once, then time (n, B, K) passes until told to stop."""
+    args = argparse.Namespace(**spec["args"])  # type: ignore[arg-type]
+    torch.set_num_threads(args.threads)
+    try:
+        run = _runner(system, spec, args)
+    except Exception as e:  # reported to the parent, which raises it
+        conn.send(e)
+        return
+    while (job := conn.recv()) is not None:
+        n, B, K = job
+        try:
+            start = time.perf_counter()
+            tokens = run(n, B, K)
+            conn.send((tokens, time.perf_counter() - start))
+        except Exception as e:
+            conn.send(e)
+
+
+def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> Callable[[int, int, int], int]:
+    """(n sentences, batch B, beam K) -> tokens generated, for one system."""
+    own, hf_dir = Path(str(spec["own"])), Path(str(spec["hf"]))
+    steps = spec["steps"]
+    assert steps is None or isinstance(steps, int)
+    dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
+    tr = Translator.load(own, args.device, dtype=dtype, num_threads=args.threads)
+    with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        texts = [line.strip() for line in f][: args.sentences]
+    encoded = sorted((tr.encode(t) for t in texts), key=len)
+    if system == "beamserve":
+        return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
+    if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
+        return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
+    if system == "beamserve-bf16":  # the same weights in bfloat16 (fast on CPUs with AVX512-BF16 or AMX)
+        tr16 = Translator.load(own, args.device, dtype="bfloat16", num_threads=args.threads)
+        return lambda n, B, K: run_beamserve(tr16, encoded[:n], B, K, steps)
+    if system == "hf":
+        import transformers
+
+        hf = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
+        pad = tr.model.cfg.pad_token_id
+        return lambda n, B, K: run_hf(hf, pad, encoded[:n], B, K, steps, args.device)
+    if system.startswith("ct2-"):
+        import ctranslate2
+
+        pieces = [[tr.tokenizer.pieces[i] for i in s] for s in encoded]
+        path = Path(str(spec["ct2"]))
+        ct = ctranslate2.Translator(str(path), device=args.device, intra_threads=args.threads, inter_threads=1)
+        return lambda n, B, K: run_ct2(ct, pieces[:n], B, K, steps)
+    raise ValueError(f"unknown system {system!r}")
 
 
 def main() -> None:
@@ -140,15 +223,13 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     systems = args.systems.split(",")
-    with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-        texts = [line.strip() for line in f]
     lines = [f"# Decoding benchmark\n\nCommand: `python loadtests/bench_decode.py {' '.join(sys.argv[1:])}`\n",
              f"Device: {args.device} ({torch.get_num_threads()} threads){_gpu_name(args.device)}; torch "
              f"{torch.__version__}.\n"]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             own, hf_dir, ct2_dirs = prepare(name, Path(tmp), systems)
-            lines.append(_bench_model(name, own, hf_dir, ct2_dirs, texts, systems, args))
+            lines.append(_bench_model(name, own, hf_dir, ct2_dirs, systems, args))
     report = "\n".join(lines)
     print(report)
     if args.out:
@@ -159,49 +240,35 @@ def _gpu_name(device: str) -> str:
     return f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""
 
 
-def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], texts: list[str],
-                 systems: list[str], args: argparse.Namespace) -> str:
-    dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
-    tr = Translator.load(own, args.device, dtype=dtype, num_threads=args.threads)
+def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], systems: list[str],
+                 args: argparse.Namespace) -> str:
     steps = args.steps if name == "base" else None
-    encoded = sorted((tr.encode(t) for t in texts[: args.sentences]), key=len)
-    pieces = [[tr.tokenizer.pieces[i] for i in s] for s in encoded]
-    runners: dict[str, Callable[[list, int, int], int]] = {}  # type: ignore[type-arg]
-    if "beamserve" in systems:
-        runners["beamserve"] = lambda s, B, K: run_beamserve(tr, s, B, K, steps)
-    if "beamserve-es" in systems:  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
-        runners["beamserve-es"] = lambda s, B, K: run_beamserve(tr, s, B, K, steps, early_stopping=True)
-    if "beamserve-bf16" in systems:  # the same weights in bfloat16 (fast on CPUs with AVX512-BF16 or AMX)
-        tr16 = Translator.load(own, args.device, dtype="bfloat16", num_threads=args.threads)
-        runners["beamserve-bf16"] = lambda s, B, K: run_beamserve(tr16, s, B, K, steps)
-    if "hf" in systems:
-        import transformers
+    workers: dict[str, SystemWorker] = {}
+    try:
+        for system in systems:
+            quant = system.removeprefix("ct2-")
+            spec = {"own": str(own), "hf": str(hf_dir), "ct2": str(ct2_dirs.get(quant, "")), "steps": steps,
+                    "args": vars(args)}
+            workers[system] = SystemWorker(system, spec)
+        return _bench_rows(name, workers, steps, args)
+    finally:
+        for worker in workers.values():
+            worker.close()
 
-        hf = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
-        pad = tr.model.cfg.pad_token_id
-        runners["hf"] = lambda s, B, K: run_hf(hf, pad, s, B, K, steps, args.device)
-    for quant, path in ct2_dirs.items():
-        import ctranslate2
 
-        ct = ctranslate2.Translator(str(path), device=args.device, intra_threads=args.threads, inter_threads=1)
-        runners[f"ct2-{quant}"] = lambda s, B, K, ct=ct: run_ct2(ct, s, B, K, steps)
+def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, args: argparse.Namespace) -> str:
     head = f"\n## {name}" + (f" (random weights, {steps} decoding steps per sentence)" if steps else
                              " (shipped weights, natural lengths)")
     pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
-    if "beamserve-es" in runners:
+    if "beamserve-es" in workers:
         pairs.append(("beamserve-es", "ct2-float32"))
-    rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in runners) + " | "
+    rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in workers) + " | "
             + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
-            "|" + "---|" * (len(runners) + 2 + len(pairs))]
+            "|" + "---|" * (len(workers) + 2 + len(pairs))]
     for K in map(int, args.beams.split(",")):
         for B in map(int, args.batch_sizes.split(",")):
             n = max(B, args.sentences // 4) if B == 1 else args.sentences
-            passes: dict[str, Callable[[], int]] = {}
-            for sys_name, fn in runners.items():
-                srcs = pieces[:n] if sys_name.startswith("ct2") else encoded[:n]
-                fn(srcs[:B], B, K)  # warm-up
-                passes[sys_name] = lambda fn=fn, srcs=srcs, B=B, K=K: fn(srcs, B, K)
-            cells = timed_round_robin(passes, n, args.repeats)
+            cells = timed_round_robin(workers, n, B, K, args.repeats)
             for sys_name, cell in cells.items():
                 print(f"{name} K={K} B={B} {sys_name}: {cell.sent_s:.1f} sent/s {cell.tok_s:.0f} tok/s",
                       file=sys.stderr, flush=True)
@@ -211,7 +278,7 @@ def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], 
             rows.append(f"| {search} | {B} | " + " | ".join(f"{c.sent_s:.1f} ({c.tok_s:.0f})" for c in cells.values())
                         + " | " + " | ".join(ratios) + " |")
     note = ""
-    if "beamserve-es" in runners:
+    if "beamserve-es" in workers:
         note = ("\n\nbeamserve-es: `early_stopping=True` (Hugging Face's name), a sentence stops once it has "
                 "beam_size finished hypotheses. That is CTranslate2's rule whenever length_penalty != 0 "
                 "(its default is 1); beamserve and hf run Hugging Face's default (`early_stopping=False`: go on "
