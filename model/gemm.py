@@ -2,15 +2,17 @@
 
 PyTorch's F.linear on CPU calls MKL's sgemm. On the decoder's shapes (a few hundred hypothesis rows
 against a weight) oneDNN's matmul is faster, most of all for the (rows, d_model) x (d_model, vocab)
-output projection (1.3-2.4x, `python loadtests/bench_gemm.py`), and it fuses the feed-forward
-activation into the GEMM. Below about 8M multiply-adds its per-call overhead loses to MKL, so small
-GEMMs (a few rows against a d_model x d_model weight) stay with F.linear. The op has no autograd
-formula, so training (grad enabled) and other devices and dtypes keep F.linear; results agree with
-it to float32 rounding.
+output projection (`python loadtests/bench_gemm.py`), and it fuses the feed-forward activation into
+the GEMM. Each weight is reordered once into oneDNN's blocked layout (`packed`) instead of on every
+call; the packed copy is redone when the weight changes (its version counter moves). Below about 4M
+multiply-adds oneDNN's per-call overhead loses to MKL, so small GEMMs (a few rows against a
+d_model x d_model weight) stay with F.linear. The op has no autograd formula, so training (grad
+enabled) and other devices and dtypes keep F.linear; results agree with it to float32 rounding.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -27,7 +29,11 @@ def _onednn_op() -> object | None:
 _LINEAR = _onednn_op()
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 FUSED_ACTIVATIONS = {"relu": "relu", "swish": "swish"}  # our name -> oneDNN post-op name
-MIN_MACS = 1 << 23  # rows x C_in x C_out below which MKL's sgemm is as fast or faster (bench_gemm.py)
+MIN_MACS = 1 << 22  # rows x C_in x C_out below which MKL's sgemm is as fast or faster (bench_gemm.py)
+PACK_ROWS = 64  # the row count oneDNN picks the packed layout for; any count may use it (bench_gemm.py)
+
+# id(weight) -> (the weight, its version when packed, the packed copy)
+_packed: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
 
 
 def uses_onednn(x: torch.Tensor) -> bool:
@@ -48,10 +54,25 @@ def linear(
         raise ValueError(f"no fused activation {activation!r}; one of {sorted(FUSED_ACTIVATIONS)}")
     if uses_onednn(x) and x.numel() * weight.shape[0] >= MIN_MACS:
         lead = x.shape[:-1]
-        y = _LINEAR(x.reshape(-1, x.shape[-1]), weight, bias, FUSED_ACTIVATIONS.get(activation or "", "none"), [], "")  # type: ignore[operator]
+        post_op = FUSED_ACTIVATIONS.get(activation or "", "none")
+        y = _LINEAR(x.reshape(-1, x.shape[-1]), packed(weight), bias, post_op, [], "")  # type: ignore[operator]
         return y.view(*lead, weight.shape[0])
     y = F.linear(x, weight, bias)
     return ACTIVATIONS[activation](y) if activation is not None else y
+
+
+def packed(weight: torch.Tensor) -> torch.Tensor:
+    """weight (C_out, C_in) in oneDNN's blocked layout, reordered once and reused until the weight changes."""
+    key = id(weight)
+    entry = _packed.get(key)
+    if entry is not None and entry[0]() is weight and entry[1] == weight._version:
+        return entry[2]
+    with torch.inference_mode():
+        blocked = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
+    if entry is None:  # forget the copy with the weight (ids are reused after it is freed)
+        weakref.finalize(weight, _packed.pop, key, None)
+    _packed[key] = (weakref.ref(weight), weight._version, blocked)
+    return blocked
 
 
 class Linear(torch.nn.Linear):

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.gemm import Linear, linear, uses_onednn
+from model.gemm import Linear, linear, packed, uses_onednn
 
 
-@pytest.mark.parametrize("rows", [1, 7, 256])  # 256 rows go through oneDNN, 1 and 7 through F.linear
+@pytest.mark.parametrize("rows", [1, 7, 256])  # 256 rows go through oneDNN (packed weights), 1 and 7 F.linear
 @pytest.mark.parametrize("activation", [None, "relu", "swish"])
 def test_inference_linear_equals_f_linear(rows: int, activation: str | None) -> None:
     torch.manual_seed(0)
@@ -40,3 +40,19 @@ def test_linear_module_trains() -> None:
 def test_unknown_activation_is_refused() -> None:
     with pytest.raises(ValueError, match="gelu"):
         linear(torch.randn(2, 4), torch.randn(3, 4), None, "gelu")
+
+
+def test_packed_weight_is_reused_and_follows_weight_changes() -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    torch.manual_seed(0)
+    layer = Linear(256, 512)
+    x = torch.randn(64, 256)  # 8M multiply-adds: the oneDNN path
+    with torch.inference_mode():
+        assert uses_onednn(x)
+        assert packed(layer.weight) is packed(layer.weight)  # reordered once, not per call
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-5)
+    with torch.no_grad():
+        layer.weight.mul_(-2.0)  # an in-place update (an optimizer step, a loaded state dict)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-5)
