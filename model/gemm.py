@@ -65,13 +65,15 @@ def packed(weight: torch.Tensor) -> torch.Tensor:
     """weight (C_out, C_in) in oneDNN's blocked layout, reordered once and reused until the weight changes."""
     key = id(weight)
     entry = _packed.get(key)
-    if entry is not None and entry[0]() is weight and entry[1] == weight._version:
+    # Tensors made under inference_mode keep no version counter: taken as fixed (weights loaded for serving).
+    version = -1 if weight.is_inference() else weight._version
+    if entry is not None and entry[0]() is weight and entry[1] == version:
         return entry[2]
     with torch.inference_mode():
         blocked = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
     if entry is None:  # forget the copy with the weight (ids are reused after it is freed)
         weakref.finalize(weight, _packed.pop, key, None)
-    _packed[key] = (weakref.ref(weight), weight._version, blocked)
+    _packed[key] = (weakref.ref(weight), version, blocked)
     return blocked
 
 

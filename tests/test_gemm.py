@@ -56,3 +56,9 @@ def test_packed_weight_is_reused_and_follows_weight_changes() -> None:
         layer.weight.mul_(-2.0)  # an in-place update (an optimizer step, a loaded state dict)
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-5)
+
+
+def test_weights_made_under_inference_mode_are_packed_too() -> None:
+    with torch.inference_mode():
+        w, x = torch.randn(512, 256), torch.randn(64, 256)
+        torch.testing.assert_close(linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-5)
