@@ -9,6 +9,10 @@ system decodes exactly --steps tokens (min = max length); `en-de` decodes natura
 test_2016_flickr sentences sorted by length, identical for every system; each cell is the best of
 --repeats timed passes after one warm-up batch, the systems taking turns within each pass. Each
 system runs in its own worker process (see `SystemWorker`), all started before the first pass.
+
+Systems (--systems): beamserve; beamserve-es (early_stopping=True, CTranslate2's stopping rule);
+beamserve-bf16; beamserve-glibc (malloc left as glibc sets it, see model/allocator.py); hf;
+ct2-float32; ct2-int8.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model import DecodeOptions, Translator, checkpoint  # noqa: E402
+from model import DecodeOptions, Translator, allocator, checkpoint  # noqa: E402
 from model.config import preset  # noqa: E402
 from model.transformer import Seq2Seq  # noqa: E402
 
@@ -180,11 +184,14 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     steps = spec["steps"]
     assert steps is None or isinstance(steps, int)
     dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
+    if system == "beamserve-glibc":  # malloc as glibc sets it up (model/allocator.py off), for comparison
+        os.environ[allocator.ENV] = "0"
+    # Every worker loads a Translator (for the tokenizer), so the hf worker gets the same allocator set-up.
     tr = Translator.load(own, args.device, dtype=dtype, num_threads=args.threads)
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f][: args.sentences]
     encoded = sorted((tr.encode(t) for t in texts), key=len)
-    if system == "beamserve":
+    if system in ("beamserve", "beamserve-glibc"):
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
@@ -262,6 +269,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
     pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
     if "beamserve-es" in workers:
         pairs.append(("beamserve-es", "ct2-float32"))
+    if "beamserve-glibc" in workers:
+        pairs.append(("beamserve", "beamserve-glibc"))
     rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in workers) + " | "
             + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
             "|" + "---|" * (len(workers) + 2 + len(pairs))]

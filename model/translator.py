@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from model import checkpoint
+from model.allocator import retain_freed_memory
 from model.decoding import generate, pad_batch
 from model.search import Hypothesis, SearchOptions
 from model.tokenizer import Tokenizer
@@ -91,6 +92,8 @@ class Translator:
         torch_dtype = resolve_dtype(dtype, dev)
         # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly.
         torch.set_num_threads(num_threads or len(os.sched_getaffinity(0)))
+        if dev.type == "cpu":
+            retain_freed_memory()  # no page faults for each step's logits (model/allocator.py)
         model = checkpoint.build(directory).to(dev, torch_dtype)
         translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
         translator.load_seconds = time.perf_counter() - start
