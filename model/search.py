@@ -155,7 +155,7 @@ def beam_step(
     """Advance every live sentence's beam by one token.
 
     Args:
-        log_probs: (b, K, V) constrained log-probabilities of each beam's next token (overwritten).
+        log_probs: (b, K, V) constrained log-probabilities of each beam's next token.
         state: the b sentences' beams, updated in place.
         pos: (b,) tokens each sentence has generated so far.
         max_lengths: (b,) generated-token limit of each sentence.
@@ -166,9 +166,13 @@ def beam_step(
     T = state.run_tokens.shape[2]
     length = pos + 1  # (b,)
     norm = length.to(log_probs.dtype)[:, None] ** opts.length_penalty  # (b, 1)
-    candidates = log_probs.add_(state.run_scores[:, :, None]).view(b, K * V)  # in place: log_probs is spent
-    top_scores, top_index = candidates.topk(2 * K, dim=1)  # (b, 2K)
-    top_beam, top_token = top_index // V, top_index % V
+    # A sentence's best 2K candidates are among each beam's best 2K tokens (a beam adds one score to all of
+    # its tokens), so rank those (b, K * 2K) instead of adding scores to all K * V log-probabilities.
+    M = min(2 * K, V)
+    beam_lp, beam_token = log_probs.topk(M, dim=2)  # (b, K, M)
+    candidates = (beam_lp + state.run_scores[:, :, None]).view(b, K * M)
+    top_scores, pick = candidates.topk(2 * K, dim=1)  # (b, 2K)
+    top_beam, top_token = pick // M, beam_token.view(b, K * M).gather(1, pick)
     at_limit = max_lengths <= length  # (b,)
     hits = (top_token == opts.eos_token_id) | at_limit[:, None]  # (b, 2K) candidates that end here
 
