@@ -12,6 +12,8 @@ replica runs, driven in-process so the 2-core machine measures batching rather t
 - request: request-level dynamic batching (mode "request", batch_wait_ms, max_batch_size 64);
 - continuous: continuous batching (mode "continuous": sentences join and leave every decoder step).
 
+A configuration may override BatchingConfig fields: `--configs continuous,continuous/max_waiting_steps=2`.
+
 Rates rise until a configuration's median p95 over --repeats runs misses the target or a request
 fails; then its highest passing rate is refined by bisection. At each rate the configurations take
 turns within every repetition (this machine is shared and its speed drifts). The report gives
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gzip
 import json
 import math
@@ -47,6 +50,21 @@ CONFIGS = {
     "continuous": BatchingConfig(mode="continuous"),
 }
 OTHER_TARGETS = [0.5, 0.75]
+
+
+def batching_config(name: str) -> BatchingConfig:
+    """A configuration by name, with optional overrides: "continuous/max_waiting_steps=2/decode_slots=512"."""
+    base, *overrides = name.split("/")
+    if base not in CONFIGS:
+        raise SystemExit(f"unknown configuration {base!r}; one of {sorted(CONFIGS)}")
+    fields = {f.name: f.type for f in dataclasses.fields(BatchingConfig)}
+    changes: dict[str, object] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key not in fields or key == "mode":
+            raise SystemExit(f"unknown batching setting {key!r} in {name!r}")
+        changes[key] = float(value) if "float" in str(fields[key]) else int(value)
+    return dataclasses.replace(CONFIGS[base], **changes)  # type: ignore[arg-type]
 RATES = [4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024]
 
 
@@ -117,7 +135,7 @@ def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argp
     """Rising rates until a configuration's median p95 misses the target (or a request fails), then
     bisection between its last pass and that miss. At each rate the configurations take turns within
     every repetition, so a slow spell of this shared machine hits them alike. Returns every run."""
-    engines = {name: Engine(tr, CONFIGS[name], max_length=256) for name in names}
+    engines = {name: Engine(tr, batching_config(name), max_length=256) for name in names}
     runs: list[Probe] = []
 
     def measure(rates: dict[str, float]) -> dict[str, Probe]:

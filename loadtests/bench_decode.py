@@ -124,6 +124,7 @@ def timed_round_robin(workers: dict[str, SystemWorker], n: int, B: int, K: int, 
     best: dict[str, Cell] = {}
     for _ in range(repeats):
         for name, worker in workers.items():
+            time.sleep(0.2)  # the previous system's OpenMP threads spin a moment before they sleep
             cell = worker.run(n, B, K)
             if name not in best or cell.seconds < best[name].seconds:
                 best[name] = cell
@@ -201,6 +202,7 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     if system == "hf":
         import transformers
 
+        transformers.logging.set_verbosity_error()  # not a warning per generate() call about max_length
         hf = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
         pad = tr.model.cfg.pad_token_id
         return lambda n, B, K: run_hf(hf, pad, encoded[:n], B, K, steps, args.device)

@@ -4,7 +4,7 @@ PyTorch's F.linear on CPU calls MKL's sgemm. On the decoder's shapes (a few hund
 against a weight) oneDNN's matmul is faster, most of all for the (rows, d_model) x (d_model, vocab)
 output projection (`python loadtests/bench_gemm.py`), and it fuses the feed-forward activation into
 the GEMM. Each weight is reordered once into oneDNN's blocked layout (`packed`) instead of on every
-call; the packed copy is redone when the weight changes (its version counter moves). Below about 4M
+call; the packed copy is redone when the weight changes (its version counter moves). Below about 8M
 multiply-adds oneDNN's per-call overhead loses to MKL, so small GEMMs (a few rows against a
 d_model x d_model weight) stay with F.linear. The op has no autograd formula, so training (grad
 enabled) and other devices and dtypes keep F.linear; results agree with it to float32 rounding.
@@ -29,7 +29,7 @@ def _onednn_op() -> object | None:
 _LINEAR = _onednn_op()
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 FUSED_ACTIVATIONS = {"relu": "relu", "swish": "swish"}  # our name -> oneDNN post-op name
-MIN_MACS = 1 << 22  # rows x C_in x C_out below which MKL's sgemm is as fast or faster (bench_gemm.py)
+MIN_MACS = 1 << 23  # rows x C_in x C_out below which MKL's sgemm is as fast or faster (bench_gemm.py)
 PACK_ROWS = 64  # the row count oneDNN picks the packed layout for; any count may use it (bench_gemm.py)
 
 # id(weight) -> (the weight, its version when packed, the packed copy)
