@@ -50,6 +50,7 @@ CONFIGS = {
     "continuous": BatchingConfig(mode="continuous"),
 }
 OTHER_TARGETS = [0.5, 0.75]
+RATES = [4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024]
 
 
 def batching_config(name: str) -> BatchingConfig:
@@ -65,7 +66,6 @@ def batching_config(name: str) -> BatchingConfig:
             raise SystemExit(f"unknown batching setting {key!r} in {name!r}")
         changes[key] = float(value) if "float" in str(fields[key]) else int(value)
     return dataclasses.replace(CONFIGS[base], **changes)  # type: ignore[arg-type]
-RATES = [4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024]
 
 
 @dataclass
