@@ -193,13 +193,22 @@ def command_line() -> list[str]:
     return argv
 
 
+def device_text(args: argparse.Namespace) -> str:
+    if args.device == "cpu":
+        return f"CPU, {args.threads} threads"
+    import torch
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "GPU"
+    return f"{args.device} ({name}, {args.threads} CPU threads)"
+
+
 def report(raw: list[Probe], args: argparse.Namespace, seconds: float) -> str:
     probes = cells(raw)
     best = {name: max((p.rate for p in ps if p.passes(args.p95_target)), default=0.0) for name, ps in probes.items()}
     lines = [
         "# Batching benchmark: no batching vs request-level vs continuous batching", "",
         f"Command: `python loadtests/bench_batching.py {' '.join(command_line())}`", "",
-        f"Shipped en-de model, CPU, {args.threads} threads, beam {args.beam_size}, one test_2016_flickr sentence per "
+        f"Shipped {args.model} model, {device_text(args)}, beam {args.beam_size}, one test_2016_flickr sentence per "
         f"request, Poisson arrivals for {args.duration:.0f} s per rate, {args.repeats} repetitions per rate "
         f"(seeds {args.seed}..{args.seed + args.repeats - 1}; medians reported; the configurations take turns "
         f"within each repetition), p95 target "

@@ -94,6 +94,11 @@ class Translator:
         torch.set_num_threads(num_threads or len(os.sched_getaffinity(0)))
         if dev.type == "cpu":
             retain_freed_memory()  # no page faults for each step's logits (model/allocator.py)
+        elif dev.type == "cuda":
+            # cuDNN's attention builds an execution plan for each new shape, and decoding meets a new
+            # one nearly every step (the cache grows; rows join and leave): the plans cost more than
+            # the steps. Flash / memory-efficient attention need no plan.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         model = checkpoint.build(directory).to(dev, torch_dtype)
         translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
         translator.load_seconds = time.perf_counter() - start

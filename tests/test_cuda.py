@@ -71,3 +71,12 @@ def test_continuous_batching_on_gpu_equals_decoding_alone(dtype: str) -> None:
     same = sum(results[key] == tr.decode_batch([ids], opts)[0][0].tokens for _, key, ids, opts in jobs)
     # float32 must agree exactly; half precision may flip a near-tie in a sentence or two.
     assert same == len(texts) if dtype == "float32" else same >= len(texts) - 2
+
+
+@cuda
+def test_loading_on_gpu_turns_off_cudnn_attention(tiny_dir: Path) -> None:
+    # cuDNN attention plans each new shape anew; decoding makes new shapes every step (15x slower
+    # serving on an H100, loadtests/BATCHING_BENCH.md).
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    Translator.load(tiny_dir, "cuda")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
