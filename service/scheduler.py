@@ -212,10 +212,16 @@ class ContinuousScheduler(Queue):
 
     def _time_to_admit(self, capacity: int) -> bool:
         """Newcomers join together: once the oldest has waited max_waiting_steps steps, or once the
-        queue would fill every free row (waiting longer gains nothing)."""
-        if self.stats.steps - self.queue[0].enqueued_step >= self.config.max_waiting_steps:
+        queue would fill the batch by any of admission's limits (waiting longer gains nothing)."""
+        cfg = self.config
+        if self.stats.steps - self.queue[0].enqueued_step >= cfg.max_waiting_steps:
             return True
-        return sum(it.opts.beam_size for it in self.queue) >= capacity - self.rows
+        rows, sentences, cost = self.rows, len(self.running), self.cost
+        for it in self.queue:  # stops at the first newcomer that fills a limit
+            rows, sentences, cost = rows + it.opts.beam_size, sentences + 1, cost + it.cost
+            if rows >= capacity or sentences >= cfg.max_batch_size or cost >= cfg.max_batch_tokens:
+                return True
+        return False
 
     def finish(self, seq: int) -> WorkItem:
         item = self.running[seq]

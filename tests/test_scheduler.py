@@ -57,6 +57,19 @@ def test_newcomers_wait_a_few_steps_to_be_encoded_together() -> None:
     assert len(s.schedule(0.0, 24).join) == 2  # 8 rows in use, 16 free
 
 
+def test_newcomers_that_fill_the_sentence_cap_or_token_budget_do_not_wait() -> None:
+    # Rows are plenty (1024); the sentence cap or the token budget is what the queue fills.
+    for config, newcomers in (({"max_batch_size": 3}, [item(), item()]),
+                              ({"max_batch_tokens": 120}, [item(tokens=10), item(tokens=10)])):
+        s = scheduler(max_waiting_steps=5, **config)
+        s.admit([item()])
+        s.schedule(0.0, 1024)  # idle: joins at once
+        s.admit(newcomers[:1])
+        assert s.schedule(0.0, 1024).join == []  # room for more: wait for company
+        s.admit(newcomers[1:])
+        assert s.schedule(0.0, 1024).join == newcomers
+
+
 def test_running_sentences_leave_when_withdrawn_or_past_their_deadline() -> None:
     s = scheduler()
     gone, late, fine = item(), item(deadline=5.0), item()
