@@ -52,7 +52,9 @@ class BatchingConfig:
     max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
     decode_slots: int = 256  # continuous mode: hypothesis rows (sum of beam sizes) in the preallocated cache
     max_waiting_steps: int = 6  # continuous mode: decoder steps a queued sentence may wait for others to join
-    # with it (the encoder then runs once for all of them), unless the engine is idle or they would fill it
+    # with it (the encoder then runs once for all of them), unless the engine is idle
+    waiting_served_ratio: float = 0.25  # continuous mode: newcomers join at once when those that fit are at
+    # least this fraction of the sentences running (TGI's knob of that name)
 
 
 @dataclass
@@ -189,39 +191,45 @@ class ContinuousScheduler(Queue):
         for it in leave:
             self._release(it)
         self.drop_dead(now)
-        cfg = self.config
         join: list[WorkItem] = []
         if self.running and self.queue and not self._time_to_admit(capacity):
             return Plan(join, leave)
         while self.queue:
             it = self.queue[0]
-            beams = it.opts.beam_size
             idle = not self.running
-            fits = (self.rows + beams <= capacity and len(self.running) < cfg.max_batch_size
-                    and self.cost + it.cost <= cfg.max_batch_tokens)
-            if not fits and not (idle and beams <= capacity):  # one sentence always runs alone, whatever its cost
+            if not self._fits(it, self.rows, len(self.running), self.cost, capacity) and not (
+                    idle and it.opts.beam_size <= capacity):  # one sentence always runs alone, whatever its cost
                 break
             self.queue.popleft()
             join.append(it)
             self.running[it.seq] = it
-            self.rows += beams
+            self.rows += it.opts.beam_size
             self.cost += it.cost
         if join:
             self.record(join, len(self.running))
         return Plan(join, leave)
 
+    def _fits(self, it: WorkItem, rows: int, sentences: int, cost: int, capacity: int) -> bool:
+        """Whether `it` may join a batch holding rows, sentences and cost (source tokens x beams)."""
+        cfg = self.config
+        return (rows + it.opts.beam_size <= capacity and sentences < cfg.max_batch_size
+                and cost + it.cost <= cfg.max_batch_tokens)
+
     def _time_to_admit(self, capacity: int) -> bool:
-        """Newcomers join together: once the oldest has waited max_waiting_steps steps, or once the
-        queue would fill the batch by any of admission's limits (waiting longer gains nothing)."""
+        """Newcomers join together: once the oldest has waited max_waiting_steps steps, or at once when
+        those that fit are at least waiting_served_ratio of the running sentences. A few sentences
+        joining a big batch wait for company: each admission runs the encoder, which costs about a
+        decoder step where per-call overhead dominates (small models, GPUs)."""
         cfg = self.config
         if self.stats.steps - self.queue[0].enqueued_step >= cfg.max_waiting_steps:
             return True
-        rows, sentences, cost = self.rows, len(self.running), self.cost
-        for it in self.queue:  # stops at the first newcomer that fills a limit
-            rows, sentences, cost = rows + it.opts.beam_size, sentences + 1, cost + it.cost
-            if rows >= capacity or sentences >= cfg.max_batch_size or cost >= cfg.max_batch_tokens:
-                return True
-        return False
+        running, wanted = len(self.running), cfg.waiting_served_ratio * len(self.running)
+        rows, joining, cost = self.rows, 0, self.cost
+        for it in self.queue:  # stops once enough would join, or at the first that does not fit
+            if joining >= wanted or not self._fits(it, rows, running + joining, cost, capacity):
+                break
+            rows, joining, cost = rows + it.opts.beam_size, joining + 1, cost + it.cost
+        return joining >= wanted
 
     def finish(self, seq: int) -> WorkItem:
         item = self.running[seq]

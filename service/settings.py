@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
     decode_slots: int = 256  # continuous mode: hypothesis rows (beams of all sentences in flight) preallocated
     max_waiting_steps: int = 6  # continuous mode: steps a queued sentence may wait so newcomers encode together
+    waiting_served_ratio: float = 0.25  # continuous mode: newcomers this share of those running join at once
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]

@@ -45,29 +45,37 @@ def test_an_idle_engine_runs_one_sentence_whatever_its_cost() -> None:
 
 def test_newcomers_wait_a_few_steps_to_be_encoded_together() -> None:
     s = scheduler(max_waiting_steps=3)
-    s.admit([item()])
+    s.admit([item() for _ in range(8)])
     s.schedule(0.0, 256)  # idle: joins at once
     s.admit([item()])
     for _ in range(2):
         s.stats.steps += 1
-        assert s.schedule(0.0, 256).join == []
+        assert s.schedule(0.0, 256).join == []  # one newcomer to 8 running: waits for company
     s.stats.steps += 1
-    assert len(s.schedule(0.0, 256).join) == 1
-    s.admit([item(beam=8), item(beam=8)])  # together they fill every free row: no reason to wait
-    assert len(s.schedule(0.0, 24).join) == 2  # 8 rows in use, 16 free
+    assert len(s.schedule(0.0, 256).join) == 1  # waited max_waiting_steps
 
 
-def test_newcomers_that_fill_the_sentence_cap_or_token_budget_do_not_wait() -> None:
-    # Rows are plenty (1024); the sentence cap or the token budget is what the queue fills.
-    for config, newcomers in (({"max_batch_size": 3}, [item(), item()]),
-                              ({"max_batch_tokens": 120}, [item(tokens=10), item(tokens=10)])):
+def test_newcomers_a_quarter_of_the_running_sentences_join_at_once() -> None:
+    s = scheduler(max_waiting_steps=5)  # waiting_served_ratio 0.25
+    s.admit([item() for _ in range(8)])
+    s.schedule(0.0, 1024)
+    s.admit([item()])
+    assert s.schedule(0.0, 1024).join == []
+    s.admit([item()])
+    assert len(s.schedule(0.0, 1024).join) == 2  # 2 >= 0.25 x 8
+
+
+def test_newcomers_count_only_if_they_fit() -> None:
+    # However long the queue, only the sentences that fit (rows, sentence cap, token budget) would join:
+    # with one place left, a newcomer waits for more to free up (one encoder call for several).
+    for config, capacity in (({}, 36), ({"max_batch_size": 9}, 1024), ({"max_batch_tokens": 360}, 1024)):
         s = scheduler(max_waiting_steps=5, **config)
-        s.admit([item()])
-        s.schedule(0.0, 1024)  # idle: joins at once
-        s.admit(newcomers[:1])
-        assert s.schedule(0.0, 1024).join == []  # room for more: wait for company
-        s.admit(newcomers[1:])
-        assert s.schedule(0.0, 1024).join == newcomers
+        s.admit([item() for _ in range(8)])  # 32 rows, 8 sentences, cost 320
+        s.schedule(0.0, capacity)
+        s.admit([item() for _ in range(10)])
+        assert s.schedule(0.0, capacity).join == [], config
+        s.stats.steps += 5
+        assert len(s.schedule(0.0, capacity).join) == 1, config
 
 
 def test_running_sentences_leave_when_withdrawn_or_past_their_deadline() -> None:
