@@ -4,14 +4,16 @@
 # request-level / continuous) on the GPU. Runs from the repository root with the machine's own
 # python3 (torch with CUDA, transformers); writes logs under ${OUT:-gpu_out}/.
 #
-#   bash loadtests/gpu_run.sh                  # all stages
-#   bash loadtests/gpu_run.sh decode batching  # some of: tests profile decode batching
+#   bash loadtests/gpu_run.sh tests profile decode           # about 7 minutes on an H100
+#   bash loadtests/gpu_run.sh cudnn batching batching-large  # about 9 minutes
+#   (no stage named: all of them, for a machine held longer than one 10-minute call)
 #
 # Each stage has its own time limit, so one slow stage cannot eat the others' share of a lease.
+# batching-large sizes both batching modes for a GPU (1,024 decode slots, 256 sentences).
 set -uo pipefail
 out=${OUT:-gpu_out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 BEAMSERVE_DATA=${BEAMSERVE_DATA:-$PWD/.dev/data}
-stages=${*:-tests profile decode batching}
+stages=${*:-tests profile cudnn decode batching batching-large}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
 for stage in $stages; do
@@ -20,11 +22,16 @@ for stage in $stages; do
     tests) timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py \
              tests/test_transformer.py tests/test_inflight.py tests/test_engine.py 2>&1 | tail -8 | tee "$out/pytest.txt" ;;
     profile) timeout 90 python3 loadtests/profile_decode.py --device cuda 2>&1 | tail -30 | tee "$out/profile.txt" ;;
-    decode) timeout 240 python3 loadtests/bench_decode.py --device cuda --systems beamserve,hf --batch-sizes 1,16,64 \
-              --sentences 256 --repeats 2 --out "$out/DECODE_BENCH_GPU.md" 2>&1 | tail -25 ;;
-    batching) timeout 420 python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 \
+    cudnn) timeout 150 python3 loadtests/probe_cudnn_attention.py 2>&1 | tee "$out/cudnn.txt" ;;
+    decode) timeout 300 python3 loadtests/bench_decode.py --device cuda --models en-de,base --systems beamserve,hf \
+              --batch-sizes 1,16,64 --sentences 256 --repeats 2 --out "$out/DECODE_BENCH_GPU.md" 2>&1 | tail -25 ;;
+    batching) timeout 300 python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 \
                 --rates 8,16,32,64,96,128,192,256,320,384,512,640,768,1024,1280,1536,2048 \
                 --out "$out/BATCHING_BENCH_GPU.md" 2>&1 | tail -30 ;;
+    batching-large) large="max_batch_size=256/max_batch_tokens=32768/max_queue=4096"
+      timeout 240 python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 --bisect 1 \
+        --configs "request/$large,continuous/decode_slots=1024/$large" --rates 256,512,768,1024,1280,1536,2048 \
+        --out "$out/BATCHING_BENCH_GPU_large.md" 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -25,6 +25,7 @@ from ray.serve.handle import DeploymentHandle
 from model.translator import DecodeOptions, InputTooLongError, Translator, resolve_model_path
 from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError, RequestTooLargeError
 from service.metrics import ModelMetrics, gateway_metrics
+from service.scheduler import sized_for
 from service.schemas import (
     ErrorResponse,
     Language,
@@ -69,7 +70,7 @@ class PairModel:
         self.translator = Translator.load(model, s.device, dtype=s.dtype, num_threads=threads)
         self.metrics = ModelMetrics(self.pair)
         self.metrics.load_time = self.translator.load_seconds
-        self.engine = Engine(self.translator, _batching(s.model_dump()), observer=self.metrics,
+        self.engine = Engine(self.translator, self._sized(s.model_dump()), observer=self.metrics,
                              max_length=s.max_decoding_length)
         for beam in (1, 4):  # warm-up: first calls allocate and pick kernels
             self.translator.translate([WARMUP], beam_size=beam)
@@ -77,7 +78,10 @@ class PairModel:
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """Serve's user_config: batching knobs, applied live."""
-        self.engine.reconfigure(_batching(config))
+        self.engine.reconfigure(self._sized(config))
+
+    def _sized(self, config: dict[str, Any]) -> BatchingConfig:
+        return sized_for(self.translator.device.type, config)
 
     async def translate(self, texts: list[str], options: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         opts = DecodeOptions(**options)
@@ -116,9 +120,9 @@ class PairModel:
         }
 
 
-def _batching(config: dict[str, Any]) -> BatchingConfig:
-    fields = BatchingConfig.__dataclass_fields__
-    return BatchingConfig(**{k: v for k, v in config.items() if k in fields})
+def _batching(config: dict[str, Any]) -> dict[str, Any]:
+    """The batching knobs of a settings dict, unset sizes kept None (each replica sizes them for its device)."""
+    return {k: v for k, v in config.items() if k in BatchingConfig.__dataclass_fields__}
 
 
 app = FastAPI(
@@ -366,6 +370,6 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
         pairs[pair] = PairModel.options(  # type: ignore[attr-defined]
             name=f"model-{pair}",
             ray_actor_options={"num_cpus": settings.replica_cpus, "num_gpus": gpus},
-            user_config=_batching(settings.model_dump()).__dict__,
+            user_config=_batching(settings.model_dump()),
         ).bind(model, settings.model_dump())
     return Gateway.bind(pairs, settings.model_dump())  # type: ignore[attr-defined]

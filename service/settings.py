@@ -29,11 +29,12 @@ class Settings(BaseSettings):
     request_timeout_s: float = 30.0  # past this, 504
     # Batching (tunable live through the Serve config's user_config; see service/scheduler.py).
     mode: Mode = "continuous"  # continuous (join/leave every decoder step), request (whole batches), none
-    max_batch_tokens: int = 6144  # source tokens x beams decoding together (request mode: padded)
-    max_batch_size: int = 64  # sentences decoding together
+    # Sizes left None are the replica's device's: CPU as noted, GPU in service/scheduler.py GPU_SIZES.
+    max_batch_tokens: int | None = None  # source tokens x beams decoding together (request mode: padded); CPU 6144
+    max_batch_size: int | None = None  # sentences decoding together; CPU 64
     batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
-    max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
-    decode_slots: int = 256  # continuous mode: hypothesis rows (beams of all sentences in flight) preallocated
+    max_queue: int | None = None  # sentences waiting; past it, 503 with Retry-After; CPU 512
+    decode_slots: int | None = None  # continuous mode: hypothesis rows (beams of all sentences in flight); CPU 256
     max_waiting_steps: int = 6  # continuous mode: steps a queued sentence may wait so newcomers encode together
     waiting_served_ratio: float = 0.25  # continuous mode: newcomers this share of those running join at once
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from model import DecodeOptions
-from service.scheduler import BatchingConfig, ContinuousScheduler, DeadlineExceededError, QueueFullError, WorkItem
+from service.scheduler import (
+    GPU_SIZES,
+    BatchingConfig,
+    ContinuousScheduler,
+    DeadlineExceededError,
+    QueueFullError,
+    WorkItem,
+    sized_for,
+)
 
 FAR = 1e12  # a deadline that never passes
 
@@ -97,3 +105,13 @@ def test_full_queue_refuses_the_whole_request() -> None:
     with pytest.raises(QueueFullError):
         s.admit([item(), item()])
     assert len(s.queue) == 2 and s.stats.rejected == 1
+
+
+def test_unset_sizes_follow_the_device_and_set_ones_win() -> None:
+    settings = {"mode": "continuous", "decode_slots": None, "max_batch_size": 32, "max_queue": None,
+                "max_batch_tokens": None, "port": 8000}  # a settings dict: other keys are ignored
+    cpu, gpu = sized_for("cpu", settings), sized_for("cuda", settings)
+    assert (cpu.decode_slots, cpu.max_queue, cpu.max_batch_tokens) == (256, 512, 6144)  # BatchingConfig's
+    assert (gpu.decode_slots, gpu.max_queue, gpu.max_batch_tokens) == (
+        GPU_SIZES["decode_slots"], GPU_SIZES["max_queue"], GPU_SIZES["max_batch_tokens"])
+    assert cpu.max_batch_size == gpu.max_batch_size == 32

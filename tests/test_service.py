@@ -155,7 +155,10 @@ def test_batching_knobs_reconfigure_live(server: str, client: httpx.Client) -> N
     runtime.deploy({**SETTINGS, "batch_wait_ms": 7.0})
     assert client.get("/v1/stats").json()["en-de"]["config"]["batch_wait_ms"] == 7.0
     runtime.deploy(SETTINGS)
-    assert client.get("/v1/stats").json()["en-de"]["config"]["batch_wait_ms"] == SETTINGS["batch_wait_ms"]
+    config = client.get("/v1/stats").json()["en-de"]["config"]
+    assert config["batch_wait_ms"] == SETTINGS["batch_wait_ms"]
+    # decode_slots is left unset: the CPU replica's size; max_queue is set: as given.
+    assert (config["decode_slots"], config["max_queue"]) == (256, SETTINGS["max_queue"])
 
 
 LONG = ("A group of young men in colorful uniforms are playing a game of soccer on a large green field "
