@@ -75,8 +75,8 @@ def test_continuous_batching_on_gpu_equals_decoding_alone(dtype: str) -> None:
 
 @cuda
 def test_loading_on_gpu_turns_off_cudnn_attention(tiny_dir: Path) -> None:
-    # cuDNN attention plans each new shape anew; decoding makes new shapes every step (15x slower
-    # serving on an H100, loadtests/BATCHING_BENCH.md).
+    # cuDNN attention plans each new shape anew and decoding makes new shapes every step: a burst of
+    # requests took 15x longer with it on an H100 (README, "How decoding works").
     torch.backends.cuda.enable_cudnn_sdp(True)
     Translator.load(tiny_dir, "cuda")
     assert not torch.backends.cuda.cudnn_sdp_enabled()
