@@ -25,7 +25,7 @@ from ray.serve.handle import DeploymentHandle
 from model.translator import DecodeOptions, InputTooLongError, Translator, resolve_model_path
 from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError, RequestTooLargeError
 from service.metrics import ModelMetrics, gateway_metrics
-from service.scheduler import sized_for
+from service.scheduler import batching_knobs, sized_for
 from service.schemas import (
     ErrorResponse,
     Language,
@@ -118,11 +118,6 @@ class PairModel:
             "padded_tokens": stats.padded_tokens, "real_tokens": stats.real_tokens, "steps": stats.steps,
             "config": vars(self.engine.config),
         }
-
-
-def _batching(config: dict[str, Any]) -> dict[str, Any]:
-    """The batching knobs of a settings dict, unset sizes kept None (each replica sizes them for its device)."""
-    return {k: v for k, v in config.items() if k in BatchingConfig.__dataclass_fields__}
 
 
 app = FastAPI(
@@ -370,6 +365,6 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
         pairs[pair] = PairModel.options(  # type: ignore[attr-defined]
             name=f"model-{pair}",
             ray_actor_options={"num_cpus": settings.replica_cpus, "num_gpus": gpus},
-            user_config=_batching(settings.model_dump()),
+            user_config=batching_knobs(settings.model_dump()),
         ).bind(model, settings.model_dump())
     return Gateway.bind(pairs, settings.model_dump())  # type: ignore[attr-defined]

@@ -65,9 +65,14 @@ class BatchingConfig:
 GPU_SIZES: dict[str, int] = {"decode_slots": 1024, "max_batch_size": 256, "max_batch_tokens": 32768, "max_queue": 4096}
 
 
+def batching_knobs(values: Mapping[str, object]) -> dict[str, object]:
+    """The BatchingConfig fields of a settings dict; unset sizes stay None (each replica sizes them)."""
+    return {k: v for k, v in values.items() if k in BatchingConfig.__dataclass_fields__}
+
+
 def sized_for(device_type: str, values: Mapping[str, object]) -> BatchingConfig:
     """A BatchingConfig from settings (other keys ignored); sizes left None take the device's."""
-    given = {k: v for k, v in values.items() if k in BatchingConfig.__dataclass_fields__ and v is not None}
+    given = {k: v for k, v in batching_knobs(values).items() if v is not None}
     return BatchingConfig(**{**(GPU_SIZES if device_type == "cuda" else {}), **given})  # type: ignore[arg-type]
 
 
