@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 NEG = -1.0e9  # "impossible" without the NaNs that -inf arithmetic can produce
+CHUNK = 32  # vocabulary block of the CPU candidate ranking (top_candidates); 32-64 were best on 8,000 ids
 
 
 class Stepper(Protocol):
@@ -162,17 +163,12 @@ def beam_step(
     Returns:
         source beam (b, K) and token (b, K) of each new running beam, and done (b,) per sentence.
     """
-    b, K, V = log_probs.shape
+    b, K, _ = log_probs.shape
     T = state.run_tokens.shape[2]
     length = pos + 1  # (b,)
     norm = length.to(log_probs.dtype)[:, None] ** opts.length_penalty  # (b, 1)
-    # A sentence's best 2K candidates are among each beam's best 2K tokens (a beam adds one score to all of
-    # its tokens), so rank those (b, K * 2K) instead of adding scores to all K * V log-probabilities.
-    M = min(2 * K, V)
-    beam_lp, beam_token = log_probs.topk(M, dim=2)  # (b, K, M)
-    candidates = (beam_lp + state.run_scores[:, :, None]).view(b, K * M)
-    top_scores, pick = candidates.topk(2 * K, dim=1)  # (b, 2K)
-    top_beam, top_token = pick // M, beam_token.view(b, K * M).gather(1, pick)
+    chunk = CHUNK if log_probs.device.type == "cpu" else None  # a GPU's topk kernel is fast as it is
+    top_scores, top_beam, top_token = top_candidates(log_probs, state.run_scores, 2 * K, chunk=chunk)  # (b, 2K)
     at_limit = max_lengths <= length  # (b,)
     hits = (top_token == opts.eos_token_id) | at_limit[:, None]  # (b, 2K) candidates that end here
 
@@ -202,6 +198,41 @@ def beam_step(
     if opts.early_stopping:
         done |= all_finished
     return src_beam, token, done
+
+
+def top_candidates(
+    log_probs: torch.Tensor, run_scores: torch.Tensor, n: int, *, chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The n best of run_scores[:, k] + log_probs[:, k, v] over every beam k and token v, best first.
+
+    log_probs (b, K, V), run_scores (b, K) -> scores, beam, token, each (b, n).
+
+    A sentence's best n candidates are among each beam's best n tokens (a beam adds one score to all
+    of its tokens), so the plain way ranks those (b, K * n). On CPU, torch.topk over a row of V costs
+    about 10 us a row whatever n is: half the output GEMM's time at beam 4 batch 64. With `chunk`, the
+    vocabulary is cut into blocks of that many tokens and only block maxima are ranked first: a
+    candidate among the n best lies in one of the n blocks whose maxima (plus their beam's score) are
+    best, as each better-ranked block holds a better candidate; those n blocks' tokens are then ranked.
+    Same scores and tokens in 2.5-3x less time on (64, 4, 8000) (ties may come out in another order).
+    """
+    b, K, V = log_probs.shape
+    if chunk is None or 4 * chunk > V:  # too few blocks to gain from them
+        M = min(n, V)
+        beam_lp, beam_token = log_probs.topk(M, dim=2)  # (b, K, M)
+        scores, pick = (beam_lp + run_scores[:, :, None]).view(b, K * M).topk(n, dim=1)  # (b, n)
+        return scores, pick // M, beam_token.view(b, K * M).gather(1, pick)
+    C, tail = divmod(V, chunk)
+    block_max = log_probs[..., : C * chunk].view(b, K, C, chunk).amax(-1)  # (b, K, C)
+    if tail:  # the last tokens form a shorter block
+        block_max = torch.cat([block_max, log_probs[..., C * chunk :].amax(-1, keepdim=True)], dim=2)
+        C += 1
+    blocks = (block_max + run_scores[:, :, None]).view(b, K * C).topk(n, dim=1).indices  # (b, n)
+    beam = blocks // C
+    token = (blocks % C)[:, :, None] * chunk + torch.arange(chunk, device=log_probs.device)  # (b, n, chunk)
+    values = log_probs.view(b, K * V).gather(1, (beam[:, :, None] * V + token.clamp(max=V - 1)).view(b, -1))
+    values = values.view(b, n, chunk).masked_fill(token >= V, float("-inf")) + run_scores.gather(1, beam)[:, :, None]
+    scores, pick = values.view(b, n * chunk).topk(n, dim=1)  # (b, n)
+    return scores, beam.gather(1, pick // chunk), token.view(b, n * chunk).gather(1, pick)
 
 
 def _extend(tokens: torch.Tensor, beam: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model.search import Hypothesis, SearchOptions, beam_search, greedy_search
+from model.search import NEG, Hypothesis, SearchOptions, beam_search, greedy_search, top_candidates
 
 EOS, A, B, START = 0, 1, 2, 3
 # P(next token | prefix); unlisted prefixes use DEFAULT.
@@ -89,3 +89,24 @@ def test_finished_sentences_leave_the_batch() -> None:
     stepper = TableStepper(2)
     beam_search(stepper, torch.tensor([10, 1]), opts(beam_size=2))
     assert stepper.rows_seen[0] == 2 and all(r == 2 for r in stepper.rows_seen[1:])
+
+
+@pytest.mark.parametrize(("V", "chunk"), [(8000, 32), (1000, 64), (301, 32), (97, 32)])
+def test_blockwise_candidate_ranking_equals_plain_topk(V: int, chunk: int) -> None:
+    """The CPU ranking by vocabulary blocks returns the plain ranking's candidates: every beam, a
+    ragged last block, -inf tokens (suppressed) and NEG beams (not yet expanded) included."""
+    torch.manual_seed(V)
+    b, K = 16, 4
+    log_probs = torch.log_softmax(torch.randn(b, K, V) * 4, dim=-1)
+    log_probs[:, :, V // 3] = float("-inf")  # a suppressed token
+    log_probs[0, :, 1:] = float("-inf")  # a sentence forced to end: one finite token a beam
+    run_scores = torch.randn(b, K) * 3
+    run_scores[1, 1:] = NEG
+    plain = top_candidates(log_probs, run_scores, 2 * K)
+    blocks = top_candidates(log_probs, run_scores, 2 * K, chunk=chunk)
+    assert torch.equal(plain[0], blocks[0])
+    for (s1, b1, t1), (_, b2, t2) in zip(zip(*plain, strict=True), zip(*blocks, strict=True), strict=True):
+        finite = s1.isfinite()  # -inf candidates are equally bad: any token may stand for them
+        assert torch.equal(b1[finite], b2[finite]) and torch.equal(t1[finite], t2[finite])
+    picked = run_scores.gather(1, blocks[1]) + log_probs[torch.arange(b)[:, None], blocks[1], blocks[2]]
+    assert torch.equal(picked, blocks[0])
