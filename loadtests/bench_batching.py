@@ -13,6 +13,7 @@ replica runs, driven in-process so the 2-core machine measures batching rather t
 - continuous: continuous batching (mode "continuous": sentences join and leave every decoder step).
 
 A configuration may override BatchingConfig fields: `--configs continuous,continuous/max_waiting_steps=2`.
+Sizes not overridden are the device's, as a replica takes them (service/scheduler.py `sized_for`).
 
 Rates rise until a configuration's median p95 over --repeats runs misses the target or a request
 fails; then its highest passing rate is refined by bisection. At each rate the configurations take
@@ -41,31 +42,30 @@ sys.path.insert(0, str(REPO))
 
 from model import DecodeOptions, Translator  # noqa: E402
 from service.engine import Engine  # noqa: E402
-from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError  # noqa: E402
+from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, sized_for  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
-CONFIGS = {
-    "none": BatchingConfig(mode="none"),
-    "request": BatchingConfig(mode="request"),
-    "continuous": BatchingConfig(mode="continuous"),
-}
+MODES = ("none", "request", "continuous")  # one at a time, request-level batching, continuous batching
 OTHER_TARGETS = [0.5, 0.75]
 RATES = [4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024]
 
 
-def batching_config(name: str) -> BatchingConfig:
-    """A configuration by name, with optional overrides: "continuous/max_waiting_steps=2/decode_slots=512"."""
+def batching_config(name: str, device_type: str = "cpu") -> BatchingConfig:
+    """A configuration by name, with optional overrides: "continuous/max_waiting_steps=2/decode_slots=512".
+
+    Sizes not given are the device's (a GPU's bigger batches), as a replica running there takes them.
+    """
     base, *overrides = name.split("/")
-    if base not in CONFIGS:
-        raise SystemExit(f"unknown configuration {base!r}; one of {sorted(CONFIGS)}")
+    if base not in MODES:
+        raise SystemExit(f"unknown configuration {base!r}; one of {sorted(MODES)}")
     fields = {f.name: f.type for f in dataclasses.fields(BatchingConfig)}
-    changes: dict[str, object] = {}
+    changes: dict[str, object] = {"mode": base}
     for item in overrides:
         key, _, value = item.partition("=")
         if key not in fields or key == "mode":
             raise SystemExit(f"unknown batching setting {key!r} in {name!r}")
         changes[key] = float(value) if "float" in str(fields[key]) else int(value)
-    return dataclasses.replace(CONFIGS[base], **changes)  # type: ignore[arg-type]
+    return sized_for(device_type, changes)
 
 
 @dataclass
@@ -135,7 +135,7 @@ def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argp
     """Rising rates until a configuration's median p95 misses the target (or a request fails), then
     bisection between its last pass and that miss. At each rate the configurations take turns within
     every repetition, so a slow spell of this shared machine hits them alike. Returns every run."""
-    engines = {name: Engine(tr, batching_config(name), max_length=256) for name in names}
+    engines = {name: Engine(tr, batching_config(name, tr.device.type), max_length=256) for name in names}
     runs: list[Probe] = []
 
     def measure(rates: dict[str, float]) -> dict[str, Probe]:
@@ -202,6 +202,12 @@ def device_text(args: argparse.Namespace) -> str:
     return f"{args.device} ({name}, {args.threads} CPU threads)"
 
 
+def sizes_text(name: str, device: str) -> str:
+    c = batching_config(name, device.split(":")[0])
+    return (f"{c.decode_slots} decode slots, {c.max_batch_size} sentences, {c.max_batch_tokens} tokens, "
+            f"{c.max_queue} queued")
+
+
 def report(raw: list[Probe], args: argparse.Namespace, seconds: float) -> str:
     probes = cells(raw)
     best = {name: max((p.rate for p in ps if p.passes(args.p95_target)), default=0.0) for name, ps in probes.items()}
@@ -214,6 +220,7 @@ def report(raw: list[Probe], args: argparse.Namespace, seconds: float) -> str:
         f"within each repetition), p95 target "
         f"{args.p95_target:.2f} s, request timeout {args.timeout:.0f} s"
         + (f"; run took {seconds / 60:.1f} min." if seconds else "."), "",
+        "Sizes: " + "; ".join(f"{name}: {sizes_text(name, args.device)}" for name in probes) + ".", "",
         "## Highest rate sustained with median p95 under the target and no failed request", "",
         "| configuration | max rate (req/s) | vs none | vs request |", "|---|---:|---:|---:|",
     ]

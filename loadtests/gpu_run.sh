@@ -5,15 +5,16 @@
 # python3 (torch with CUDA, transformers); writes logs under ${OUT:-gpu_out}/.
 #
 #   bash loadtests/gpu_run.sh tests profile decode           # about 7 minutes on an H100
-#   bash loadtests/gpu_run.sh cudnn batching batching-large  # about 9 minutes
+#   bash loadtests/gpu_run.sh cudnn batching batching-cpu-sizes  # about 9 minutes
 #   (no stage named: all of them, for a machine held longer than one 10-minute call)
 #
 # Each stage has its own time limit, so one slow stage cannot eat the others' share of a lease.
-# batching-large sizes both batching modes for a GPU (1,024 decode slots, 256 sentences).
+# batching runs at the sizes a GPU replica takes when they are unset (1,024 decode slots, 256 sentences);
+# batching-cpu-sizes pins the CPU's (256 slots, 64 sentences) to compare.
 set -uo pipefail
 out=${OUT:-gpu_out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 BEAMSERVE_DATA=${BEAMSERVE_DATA:-$PWD/.dev/data}
-stages=${*:-tests profile cudnn decode batching batching-large}
+stages=${*:-tests profile cudnn decode batching batching-cpu-sizes}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
 for stage in $stages; do
@@ -28,10 +29,10 @@ for stage in $stages; do
     batching) timeout 300 python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 \
                 --rates 8,16,32,64,96,128,192,256,320,384,512,640,768,1024,1280,1536,2048 \
                 --out "$out/BATCHING_BENCH_GPU.md" 2>&1 | tail -30 ;;
-    batching-large) large="max_batch_size=256/max_batch_tokens=32768/max_queue=4096"
+    batching-cpu-sizes) cpu="decode_slots=256/max_batch_size=64/max_batch_tokens=6144/max_queue=512"
       timeout 240 python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 --bisect 1 \
-        --configs "request/$large,continuous/decode_slots=1024/$large" --rates 256,512,768,1024,1280,1536,2048 \
-        --out "$out/BATCHING_BENCH_GPU_large.md" 2>&1 | tail -30 ;;
+        --configs "request/$cpu,continuous/$cpu" --rates 64,128,256,320,384,448,512,640 \
+        --out "$out/BATCHING_BENCH_GPU_cpu_sizes.md" 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
