@@ -11,7 +11,8 @@ test_2016_flickr sentences sorted by length, identical for every system; each ce
 system runs in its own worker process (see `SystemWorker`), all started before the first pass.
 
 Systems (--systems): beamserve; beamserve-es (early_stopping=True, CTranslate2's stopping rule);
-beamserve-bf16; beamserve-glibc (malloc left as glibc sets it, see model/allocator.py); hf;
+beamserve-bf16; beamserve-glibc (malloc left as glibc sets it, see model/allocator.py); beamserve-topk
+(beam candidates ranked by torch.topk over the whole vocabulary, as before the CPU's blockwise ranking); hf;
 ct2-float32; ct2-int8.
 """
 
@@ -36,7 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model import DecodeOptions, Translator, allocator, checkpoint  # noqa: E402
+from model import DecodeOptions, Translator, allocator, checkpoint, search  # noqa: E402
 from model.config import preset  # noqa: E402
 from model.transformer import Seq2Seq  # noqa: E402
 
@@ -172,9 +173,10 @@ def _serve_system(conn: Connection, system: str, spec: dict[str, object]) -> Non
     while (job := conn.recv()) is not None:
         n, B, K = job
         try:
-            start = time.perf_counter()
+            clock = time.process_time if args.clock == "cpu" else time.perf_counter
+            start = clock()
             tokens = run(n, B, K)
-            conn.send((tokens, time.perf_counter() - start))
+            conn.send((tokens, clock() - start))
         except Exception as e:
             conn.send(e)
 
@@ -192,7 +194,9 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f][: args.sentences]
     encoded = sorted((tr.encode(t) for t in texts), key=len)
-    if system in ("beamserve", "beamserve-glibc"):
+    if system == "beamserve-topk":  # the plain ranking (model/search.py top_candidates without blocks)
+        search.CHUNK = None
+    if system in ("beamserve", "beamserve-glibc", "beamserve-topk"):
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
@@ -227,6 +231,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: the worker's CPU time instead of elapsed time; with --threads 1 it does not count "
+                        "time a noisy neighbour takes the core (more threads add their spin-waiting to it)")
     p.add_argument("--dtype", default=None, help="beamserve/HF dtype on cuda (default float16)")
     p.add_argument("--out", type=Path, help="write the markdown report here")
     args = p.parse_args()
@@ -234,7 +241,8 @@ def main() -> None:
     systems = args.systems.split(",")
     lines = [f"# Decoding benchmark\n\nCommand: `python loadtests/bench_decode.py {' '.join(sys.argv[1:])}`\n",
              f"Device: {args.device} ({torch.get_num_threads()} threads){_gpu_name(args.device)}; torch "
-             f"{torch.__version__}.\n"]
+             f"{torch.__version__}" + ("; each worker's CPU time, not elapsed time" if args.clock == "cpu" else "")
+             + ".\n"]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             own, hf_dir, ct2_dirs = prepare(name, Path(tmp), systems)
@@ -273,6 +281,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
         pairs.append(("beamserve-es", "ct2-float32"))
     if "beamserve-glibc" in workers:
         pairs.append(("beamserve", "beamserve-glibc"))
+    if "beamserve-topk" in workers:
+        pairs.append(("beamserve", "beamserve-topk"))
     rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in workers) + " | "
             + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
             "|" + "---|" * (len(workers) + 2 + len(pairs))]
