@@ -114,6 +114,7 @@ class InflightBatch:
             raise ValueError(f"max length {max(max_lengths)} is past the batch's {self.max_length}")
         src_ids, src_mask = pad_batch(sources, self.model.cfg.pad_token_id, self.device)
         cross = self.model.cross_cache(self.model.encode(src_ids, src_mask), src_mask)
+        self._compact_sentences(force=True)  # extending copies every kept sentence: keep only live ones
         B = 0 if self.cross is None else self.cross.src_mask.shape[0]
         if self.cross is None:
             self.cross = cross
@@ -196,8 +197,13 @@ class InflightBatch:
         self._compact_sentences()
         self._index_rows()
 
-    def _compact_sentences(self) -> None:
-        """Drop finished sentences' cross-attention keys/values and renumber the rest."""
+    def _compact_sentences(self, *, force: bool = False) -> None:
+        """Drop finished sentences' cross-attention keys/values and renumber the rest.
+
+        Compacting copies every live sentence's keys/values, and sentences finish at nearly every
+        step, so finished ones stay until they are a quarter of the cache or newcomers join (which
+        copies it anyway): no row queries them, and attending over them costs less than the copy.
+        """
         if self.cross is None:
             return
         if not self.groups:
@@ -206,7 +212,7 @@ class InflightBatch:
             return
         alive = torch.cat([g.sentence for g in self.groups.values()]).sort().values
         B = self.cross.src_mask.shape[0]
-        if alive.numel() == B:
+        if alive.numel() == B or (not force and 4 * (B - alive.numel()) < B):
             return
         self.cross.select(alive)
         self.cross.trim()

@@ -105,3 +105,30 @@ def test_pool_refuses_sentences_past_its_rows(tr: Translator) -> None:
         batch.add(["c"], [ids], [20], tr.search_options(opts))
     batch.step()
     assert batch.rows == 8  # nothing was half-added
+
+
+def test_finished_sentences_keys_stay_until_a_quarter_or_a_join(tr: Translator) -> None:
+    """Finished sentences' cross-attention keys are dropped in bulk (each drop copies every live
+    sentence's), and the sentences still running decode as they would alone meanwhile."""
+    texts = read_lines("test_2016_flickr.en.gz", 8)
+    opts = DecodeOptions(beam_size=2)
+    sources = [tr.encode(t) for t in texts]
+    caps = [min(cap, 3 + 2 * i) for i, cap in enumerate(tr.max_lengths(sources, opts).tolist())]  # staggered ends
+    batch = InflightBatch(tr.model, rows=64, max_length=256)
+    batch.add(list(range(8)), sources, caps, tr.search_options(opts))
+    kept: list[tuple[int, int]] = []  # (sentences running, sentences in the cross-attention cache) a step
+    results: dict[Hashable, list[Hypothesis]] = {}
+    while batch.sentences > 6:
+        results.update(batch.step())
+        assert batch.cross is not None
+        kept.append((batch.sentences, batch.cross.src_mask.shape[0]))
+    assert (7, 8) in kept  # one finished: its keys stay
+    assert kept[-1] == (6, 6)  # two of eight are a quarter: both go at once
+    late = tr.encode("A dog runs.")
+    batch.add(["late"], [late], tr.max_lengths([late], opts).tolist(), tr.search_options(opts))
+    while batch.sentences:
+        results.update(batch.step())
+    for i, ids in enumerate(sources):
+        alone = tr.decode_batch([ids], DecodeOptions(beam_size=2, max_decoding_length=caps[i]))[0]
+        assert [h.tokens for h in results[i]] == [h.tokens for h in alone]
+    assert [h.tokens for h in results["late"]] == [h.tokens for h in tr.decode_batch([late], opts)[0]]
