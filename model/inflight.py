@@ -189,7 +189,7 @@ class InflightBatch:
         new_index[old_dest] = where
         cache_src = torch.empty(M, dtype=torch.long, device=self.device)
         cache_src[where] = old_src
-        self.cache.reorder(cache_src)
+        self.cache.reorder(cache_src, self.positions + 1)  # a moved row copies only as far as it has written
         self.tokens = torch.empty(M, dtype=torch.long, device=self.device)
         self.tokens[where] = torch.cat(tok)
         for g in self.groups.values():

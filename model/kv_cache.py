@@ -69,15 +69,21 @@ class KVCache:
         self.length = length
         return length
 
-    def reorder(self, rows: torch.Tensor) -> None:
-        """Keep rows `rows` (N',) in that order (beam reordering and dropping finished rows in one gather)."""
-        self.move(torch.arange(rows.numel(), device=rows.device), rows)
+    def reorder(self, rows: torch.Tensor, filled: torch.Tensor | None = None) -> None:
+        """Keep rows `rows` (N',) in that order (beam reordering and dropping finished rows in one gather).
 
-    def move(self, dest: torch.Tensor, src: torch.Tensor) -> None:
-        """Row dest[i] takes row src[i]'s filled prefix; dest (N',) is a permutation of [0, N'), the new rows."""
-        t = self.length
+        filled (N,): positions each current row has written, where rows sit at their own positions.
+        """
+        self.move(torch.arange(rows.numel(), device=rows.device), rows, filled)
+
+    def move(self, dest: torch.Tensor, src: torch.Tensor, filled: torch.Tensor | None = None) -> None:
+        """Row dest[i] takes row src[i]'s filled prefix; dest (N',) is a permutation of [0, N'), the new rows.
+
+        filled (N,), when rows sit at their own positions: only the longest moved row's prefix is copied.
+        """
         # Copy only rows whose source differs, and only the filled prefix.
         moved = (dest != src).nonzero()[:, 0]
+        t = self.length if filled is None or not moved.numel() else min(self.length, int(filled[src[moved]].max()))
         if moved.numel():
             # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
             for cache in (self.k, self.v):
