@@ -65,18 +65,16 @@ class BatchRunner:
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
 
-    def run(self, batch: list[WorkItem]) -> int:
-        """Decode the batch and resolve its futures; returns the tokens generated (best hypotheses)."""
+    def run(self, batch: list[WorkItem]) -> tuple[list[WorkItem], list[list[Hypothesis]] | Exception]:
+        """Decode the batch's live items (withdrawn ones are skipped); returns them and their n-best
+        lists, or the exception that failed the batch. The engine resolves the futures."""
         live = [it for it in batch if it.future.set_running_or_notify_cancel()]
         if not live:
-            return 0
+            return live, []
         try:
-            results = self.translator.decode_batch([it.ids for it in live], live[0].opts)
+            return live, self.translator.decode_batch([it.ids for it in live], live[0].opts)
         except Exception as exc:  # a failed batch fails its requests, never the engine
-            for it in live:
-                it.future.set_exception(exc)
-            return 0
-        return sum(_resolve(it, hyps) for it, hyps in zip(live, results, strict=True))
+            return live, exc
 
 
 class StepRunner:
@@ -238,12 +236,11 @@ class Engine:
     def _step(self, plan: Plan) -> None:
         """execute -> update for one decoder step."""
         rows, finished = self.step_runner.execute(plan)
-        generated = 0
         with self._cv:
             self.stats.steps += rows > 0  # a turn that only dropped leavers ran no decoder step
-            for seq, hyps in finished:
-                generated += _resolve(self.continuous.finish(seq), hyps)
-            self._active = len(self.continuous.running)
+            done = [(self.continuous.finish(seq), hyps) for seq, hyps in finished]
+            self._active = len(self.continuous.running)  # counted before any caller sees its result
+            generated = sum(_resolve(item, hyps) for item, hyps in done)
         if self.observer is not None and rows:
             self.observer.on_step(rows)
             self.observer.on_generated(generated)
@@ -251,17 +248,23 @@ class Engine:
     def _fail_running(self, exc: Exception) -> None:
         """Fail every sentence in flight and start from a fresh pool (its state may be half-updated)."""
         with self._cv:
-            for seq in list(self.continuous.running):
-                future = self.continuous.finish(seq).future
+            futures = [self.continuous.finish(seq).future for seq in list(self.continuous.running)]
+            self._active = 0
+            for future in futures:
                 if not future.done():
                     future.set_exception(exc)
-            self._active = 0
         self.step_runner = self._step_runner(self.config)
 
     def _run_batch(self, batch: list[WorkItem]) -> None:
-        generated = self.batch_runner.run(batch)
+        live, results = self.batch_runner.run(batch)
+        generated = 0
         with self._cv:
-            self._active = 0
+            self._active = 0  # before any caller sees its result, as in _step
+            if isinstance(results, Exception):
+                for it in live:
+                    it.future.set_exception(results)
+            else:
+                generated = sum(_resolve(it, hyps) for it, hyps in zip(live, results, strict=True))
         if self.observer is not None:
             self.observer.on_generated(generated)
 

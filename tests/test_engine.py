@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import time
 from collections.abc import Iterator
@@ -143,6 +144,23 @@ def test_mode_switches_live_without_losing_queued_sentences(engine: Engine, refe
         return [*(await first), *second]
 
     assert len(asyncio.run(scenario())) == 20 and engine.queued == 0 and engine.active == 0
+
+
+@pytest.mark.parametrize("engine", [BatchingConfig(mode="request", batch_wait_ms=1), BatchingConfig()],
+                         indirect=True, ids=["request", "continuous"])
+def test_a_result_arrives_only_once_its_sentence_no_longer_counts_as_active(engine: Engine,
+                                                                          reference: Translator) -> None:
+    """/v1/stats and the metrics read `active`: a caller holding its result must not find itself in it.
+    The engine decodes outside its lock; holding the lock keeps it from finishing the bookkeeping."""
+    [item] = engine.submit([reference.encode(LONG)], DecodeOptions(beam_size=8), time.monotonic() + 60)
+    while engine.active == 0:  # scheduled: now decoding, outside the engine's lock
+        time.sleep(0.001)
+    with engine._cv:
+        done_while_held = concurrent.futures.wait([item.future], timeout=2.0).done
+        active_then = engine.active
+    assert item.future.result(timeout=60)
+    assert not done_while_held or active_then == 0
+    assert engine.active == 0
 
 
 @pytest.mark.parametrize("engine", [BatchingConfig(decode_slots=4)], indirect=True)
