@@ -13,7 +13,8 @@ replica runs, driven in-process so the 2-core machine measures batching rather t
 - continuous: continuous batching (mode "continuous": sentences join and leave every decoder step).
 
 A configuration may override BatchingConfig fields: `--configs continuous,continuous/max_waiting_steps=2`.
-Sizes not overridden are the device's, as a replica takes them (service/scheduler.py `sized_for`).
+Sizes not overridden are the device's, as a replica takes them (service/scheduler.py `sized_for`);
+`--sizes-for cpu` gives a GPU run the CPU's sizes to compare.
 
 Rates rise until a configuration's median p95 over --repeats runs misses the target or a request
 fails; then its highest passing rate is refined by bisection. At each rate the configurations take
@@ -135,7 +136,7 @@ def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argp
     """Rising rates until a configuration's median p95 misses the target (or a request fails), then
     bisection between its last pass and that miss. At each rate the configurations take turns within
     every repetition, so a slow spell of this shared machine hits them alike. Returns every run."""
-    engines = {name: Engine(tr, batching_config(name, tr.device.type), max_length=256) for name in names}
+    engines = {name: Engine(tr, batching_config(name, sizes_device(args)), max_length=256) for name in names}
     runs: list[Probe] = []
 
     def measure(rates: dict[str, float]) -> dict[str, Probe]:
@@ -202,8 +203,13 @@ def device_text(args: argparse.Namespace) -> str:
     return f"{args.device} ({name}, {args.threads} CPU threads)"
 
 
-def sizes_text(name: str, device: str) -> str:
-    c = batching_config(name, device.split(":")[0])
+def sizes_device(args: argparse.Namespace) -> str:
+    """The device type whose batch sizes the configurations take where they give none."""
+    return str(args.sizes_for or args.device.split(":")[0])
+
+
+def sizes_text(name: str, args: argparse.Namespace) -> str:
+    c = batching_config(name, sizes_device(args))
     return (f"{c.decode_slots} decode slots, {c.max_batch_size} sentences, {c.max_batch_tokens} tokens, "
             f"{c.max_queue} queued")
 
@@ -220,7 +226,7 @@ def report(raw: list[Probe], args: argparse.Namespace, seconds: float) -> str:
         f"within each repetition), p95 target "
         f"{args.p95_target:.2f} s, request timeout {args.timeout:.0f} s"
         + (f"; run took {seconds / 60:.1f} min." if seconds else "."), "",
-        "Sizes: " + "; ".join(f"{name}: {sizes_text(name, args.device)}" for name in probes) + ".", "",
+        "Sizes: " + "; ".join(f"{name}: {sizes_text(name, args)}" for name in probes) + ".", "",
         "## Highest rate sustained with median p95 under the target and no failed request", "",
         "| configuration | max rate (req/s) | vs none | vs request |", "|---|---:|---:|---:|",
     ]
@@ -263,6 +269,8 @@ def main() -> None:
     ap.add_argument("--beam-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--sizes-for", choices=("cpu", "cuda"), help="take this device's batch sizes where a "
+                    "configuration gives none (default: --device's, as a replica does)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write the markdown report here (and .json beside it)")
     ap.add_argument("--from-json", type=Path, help="rewrite the report from an earlier run's .json (no decoding)")

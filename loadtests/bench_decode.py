@@ -170,10 +170,10 @@ def _serve_system(conn: Connection, system: str, spec: dict[str, object]) -> Non
     except Exception as e:  # reported to the parent, which raises it
         conn.send(e)
         return
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     while (job := conn.recv()) is not None:
         n, B, K = job
         try:
-            clock = time.process_time if args.clock == "cpu" else time.perf_counter
             start = clock()
             tokens = run(n, B, K)
             conn.send((tokens, clock() - start))

@@ -29,9 +29,8 @@ for stage in $stages; do
     batching) timeout 300 python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 \
                 --rates 8,16,32,64,96,128,192,256,320,384,512,640,768,1024,1280,1536,2048 \
                 --out "$out/BATCHING_BENCH_GPU.md" 2>&1 | tail -30 ;;
-    batching-cpu-sizes) cpu="decode_slots=256/max_batch_size=64/max_batch_tokens=6144/max_queue=512"
-      timeout 240 python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 --bisect 1 \
-        --configs "request/$cpu,continuous/$cpu" --rates 64,128,256,320,384,448,512,640 \
+    batching-cpu-sizes) timeout 240 python3 loadtests/bench_batching.py --device cuda --sizes-for cpu --duration 5 \
+        --repeats 1 --bisect 1 --configs request,continuous --rates 64,128,256,320,384,448,512,640 \
         --out "$out/BATCHING_BENCH_GPU_cpu_sizes.md" 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage" ;;
   esac
