@@ -12,8 +12,9 @@ system runs in its own worker process (see `SystemWorker`), all started before t
 
 Systems (--systems): beamserve; beamserve-es (early_stopping=True, CTranslate2's stopping rule);
 beamserve-bf16; beamserve-glibc (malloc left as glibc sets it, see model/allocator.py); beamserve-topk
-(beam candidates ranked by torch.topk over the whole vocabulary, as before the CPU's blockwise ranking); hf;
-ct2-float32; ct2-int8.
+(beam candidates ranked by torch.topk over the whole vocabulary, as before the CPU's blockwise ranking);
+beamserve-bmm (decode-step attention as before session 7: ATen's bmm on every shape, cross-attention keys
+stored (B, H, S, D) on CPU too); hf; ct2-float32; ct2-int8.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model import DecodeOptions, Translator, allocator, checkpoint, search  # noqa: E402
+from model import DecodeOptions, Translator, allocator, checkpoint, layers, search, transformer  # noqa: E402
 from model.config import preset  # noqa: E402
 from model.transformer import Seq2Seq  # noqa: E402
 
@@ -196,7 +197,10 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     encoded = sorted((tr.encode(t) for t in texts), key=len)
     if system == "beamserve-topk":  # the plain ranking (model/search.py top_candidates without blocks)
         search.CHUNK = None
-    if system in ("beamserve", "beamserve-glibc", "beamserve-topk"):
+    if system == "beamserve-bmm":  # no broadcast product for tiny matrices, no transposed cross-attention keys
+        layers.NAIVE_BMM_MACS = 0
+        transformer.CPU_CROSS_KEYS_TRANSPOSED = False
+    if system in ("beamserve", "beamserve-glibc", "beamserve-topk", "beamserve-bmm"):
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)

@@ -22,11 +22,25 @@ def attention(
     if q.device.type == "cpu" and q.shape[-2] <= 8 and not causal and not dropout:
         # Decode steps (a query or a few beams): PyTorch's CPU flash kernel is 2-4x slower here than
         # two batched matmuls (measured on the decode shapes), so compute the same formula directly.
-        scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (B, H, T, S)
+        scores = _batched_matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (B, H, T, S)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores, dim=-1) @ v
+        return _batched_matmul(torch.softmax(scores, dim=-1), v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+
+
+# ATen's CPU bmm runs matrices of fewer multiply-adds than this through a scalar loop, 3-10x slower
+# than its GEMM path or a broadcast product on the decoder's first steps (1-6 cached positions x 64).
+NAIVE_BMM_MACS = 400
+
+
+def _batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (..., M, K) @ b (..., K, N) -> (..., M, N); tiny matrices as a broadcast product and sum."""
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    if M * K * N >= NAIVE_BMM_MACS:
+        return a @ b
+    return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)  # (..., M, K, N) summed over K
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:

@@ -12,6 +12,10 @@ from model.gemm import Linear, linear
 from model.kv_cache import CrossCache, KVCache
 from model.layers import FeedForward, MultiHeadAttention, PositionalEncoding, attention, embedding_scale
 
+# Cross-attention keys stored (B, H, D, S) on CPU (CrossCache.keys_transposed); a module switch so that
+# loadtests/bench_decode.py can run the (B, H, S, D) layout beside it.
+CPU_CROSS_KEYS_TRANSPOSED = True
+
 
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in residual + LayerNorm."""
@@ -79,7 +83,7 @@ class DecoderLayer(nn.Module):
         else:  # rows in any order: scatter them to their sentence's query slots (unused slots stay 0)
             q = q.new_zeros(B * cross.beams, H, D).index_copy_(0, cross.row_index, q[:, :, 0])
             q = q.view(B, cross.beams, H, D)
-        out = attention(q.transpose(1, 2), cross.k[layer], cross.v[layer], cross.src_mask)  # (B, H, K, D)
+        out = attention(q.transpose(1, 2), cross.keys(layer), cross.v[layer], cross.src_mask)  # (B, H, K, D)
         out = out.transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
         if cross.row_index is not None:
             out = out.index_select(0, cross.row_index)  # (N, H, 1, D)
@@ -166,8 +170,11 @@ class Seq2Seq(nn.Module):
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
         kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
-        # Contiguous once here, or every decoder step's batched matmul would copy them again.
-        return CrossCache([k.contiguous() for k, _ in kv], [v.contiguous() for _, v in kv], src_mask[:, None, None, :])
+        # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
+        # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
+        transposed = memory.device.type == "cpu" and CPU_CROSS_KEYS_TRANSPOSED
+        keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
+        return CrossCache(keys, [v.contiguous() for _, v in kv], src_mask[:, None, None, :], keys_transposed=transposed)
 
     def new_cache(
         self, rows: int, max_length: int, dtype: torch.dtype, device: torch.device, *, limit: int | None = None,

@@ -76,3 +76,20 @@ def test_a_finished_sentence_is_refilled_by_the_last_block() -> None:
     assert row_marks(st) == [int(before[r]) for r in rows]
     assert st.phys.tolist() == [2, 3, 0, 1]  # sentence 1 stays in block 1, sentence 2 fills block 0
     torch.testing.assert_close(st.cross.k[0], cross_k[[2, 1]])  # cross-attention follows the blocks
+
+
+@torch.inference_mode()
+def test_cpu_cross_cache_stores_keys_transposed_and_keeps_them_through_select_extend_trim() -> None:
+    st = stepper(B=3, K=2)
+    cross = st.cross
+    assert cross.keys_transposed and cross.k[0].shape[-2:] == (8, 5)  # (B, H, D, S) for d_model 16, 2 heads
+    short = st.model.cross_cache(st.model.encode(torch.randint(0, 23, (1, 3)), torch.ones(1, 3, dtype=torch.bool)),
+                                 torch.ones(1, 3, dtype=torch.bool))
+    cross.extend(short)  # padded to 5 source positions
+    assert cross.k[0].shape == (4, 2, 8, 5)
+    torch.testing.assert_close(cross.keys(0)[3, :, :3], short.keys(0)[0])
+    assert bool((cross.keys(0)[3, :, 3:] == 0).all())
+    cross.select(torch.tensor([3]))  # only the short sentence: trim drops the padding
+    cross.trim()
+    assert cross.keys(1).shape == (1, 2, 3, 8)
+    torch.testing.assert_close(cross.keys(1), short.keys(1))

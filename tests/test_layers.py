@@ -37,3 +37,17 @@ def test_sinusoids_follow_the_paper_with_marian_layout(dim: int) -> None:
 
 def test_positional_encoding_is_not_saved_in_checkpoints() -> None:
     assert "table" not in PositionalEncoding(10, 4).state_dict()
+
+
+@pytest.mark.parametrize("T", [1, 3, 6, 7, 16])
+def test_decode_step_attention_equals_sdpa_on_both_sides_of_the_tiny_matmul_path(T: int) -> None:
+    # Up to 6 cached positions x 64 the decode path multiplies by broadcasting (layers.NAIVE_BMM_MACS).
+    torch.manual_seed(T)
+    q, k, v = torch.randn(5, 4, 1, 64), torch.randn(5, 4, T, 64), torch.randn(5, 4, T, 64)
+    mask = torch.rand(5, 1, 1, T) > 0.3
+    mask[..., 0] = True
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(attention(q, k, v, mask), expected, atol=1e-5, rtol=1e-5)
+    # The same keys read through a transposed view (CrossCache's CPU layout).
+    k_t = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    torch.testing.assert_close(attention(q, k_t, v, mask), expected, atol=1e-5, rtol=1e-5)
