@@ -52,8 +52,8 @@ class BatchingConfig:
     batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
     max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
     decode_slots: int = 256  # continuous mode: hypothesis rows (sum of beam sizes) in the preallocated cache
-    max_waiting_steps: int = 6  # continuous mode: decoder steps a queued sentence may wait for others to join
-    # with it (the encoder then runs once for all of them), unless the engine is idle
+    max_waiting_steps: int = 6  # continuous mode: decoder steps after an admission before the next, so that
+    # newcomers join together (the encoder then runs once for all of them), unless the engine is idle
     waiting_served_ratio: float = 0.25  # continuous mode: newcomers join at once when those that fit are at
     # least this fraction of the sentences running (TGI's knob of that name)
 
@@ -202,6 +202,7 @@ class ContinuousScheduler(Queue):
         self.running: dict[int, WorkItem] = {}  # by seq
         self.rows = 0  # hypothesis rows the running sentences hold
         self.cost = 0  # their source tokens x beams
+        self.admitted_step = 0  # stats.steps at the last admission
 
     def schedule(self, now: float, capacity: int) -> Plan:
         """Admit queued sentences first come first served while `capacity` rows, max_batch_size and
@@ -226,6 +227,7 @@ class ContinuousScheduler(Queue):
             self.cost += it.cost
         if join:
             self.record(join, len(self.running))
+            self.admitted_step = self.stats.steps
         return Plan(join, leave)
 
     def _fits(self, it: WorkItem, rows: int, sentences: int, cost: int, capacity: int) -> bool:
@@ -235,12 +237,15 @@ class ContinuousScheduler(Queue):
                 and cost + it.cost <= cfg.max_batch_tokens)
 
     def _time_to_admit(self, capacity: int) -> bool:
-        """Newcomers join together: once the oldest has waited max_waiting_steps steps, or at once when
+        """Newcomers join together: max_waiting_steps steps after the last admission, or at once when
         those that fit are at least waiting_served_ratio of the running sentences. A few sentences
         joining a big batch wait for company: each admission runs the encoder, which costs about a
-        decoder step where per-call overhead dominates (small models, GPUs)."""
+        decoder step where per-call overhead dominates (small models, GPUs), and copies the batch's
+        cross-attention keys. The steps count from the last admission (as TGI's max_waiting_tokens
+        does), not from a sentence's arrival: with a backlog the head has waited long already, and
+        counting from arrival let one or two sentences join at nearly every step as rows freed up."""
         cfg = self.config
-        if self.stats.steps - self.queue[0].enqueued_step >= cfg.max_waiting_steps:
+        if self.stats.steps - self.admitted_step >= cfg.max_waiting_steps:
             return True
         running, wanted = len(self.running), cfg.waiting_served_ratio * len(self.running)
         rows, joining, cost = self.rows, 0, self.cost

@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
     max_queue: int | None = None  # sentences waiting; past it, 503 with Retry-After; CPU 512
     decode_slots: int | None = None  # continuous mode: hypothesis rows (beams of all sentences in flight); CPU 256
-    max_waiting_steps: int = 6  # continuous mode: steps a queued sentence may wait so newcomers encode together
+    max_waiting_steps: int = 6  # continuous mode: steps between admissions, so newcomers encode together
     waiting_served_ratio: float = 0.25  # continuous mode: newcomers this share of those running join at once
 
     def model_list(self) -> list[str]:

@@ -86,6 +86,24 @@ def test_newcomers_count_only_if_they_fit() -> None:
         assert len(s.schedule(0.0, capacity).join) == 1, config
 
 
+def test_a_backlog_joins_in_groups_not_one_by_one_as_rows_free() -> None:
+    # The head of a backlog has waited long for rows; it still waits for company once rows free up.
+    s = scheduler(max_waiting_steps=4)
+    running = [item() for _ in range(8)]
+    s.admit(running + [item() for _ in range(10)])
+    assert len(s.schedule(0.0, 32).join) == 8  # full: 32 rows
+    s.stats.steps += 10
+    running[0].future.cancel()  # one sentence leaves: one place, and no admission for 10 steps
+    assert len(s.schedule(0.0, 32).join) == 1
+    s.stats.steps += 1
+    running[1].future.cancel()  # the next place frees a step later: the backlog waits for company
+    assert s.schedule(0.0, 32).join == []
+    s.stats.steps += 2
+    assert s.schedule(0.0, 32).join == []
+    s.stats.steps += 1  # max_waiting_steps after the last admission
+    assert len(s.schedule(0.0, 32).join) == 1
+
+
 def test_running_sentences_leave_when_withdrawn_or_past_their_deadline() -> None:
     s = scheduler()
     gone, late, fine = item(), item(deadline=5.0), item()
