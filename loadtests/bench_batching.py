@@ -6,7 +6,8 @@ Each request is one test_2016_flickr sentence (drawn at random, so lengths follo
 with beam 4. Arrivals are Poisson at a fixed rate for --duration seconds, open loop: a request's
 latency counts from its scheduled arrival, so a slow server cannot slow the load down. The same
 seeded arrivals go to each configuration of the same engine (service/engine.py, the code a Serve
-replica runs, driven in-process so the 2-core machine measures batching rather than HTTP):
+replica runs, driven in-process so the 2-core machine measures batching rather than HTTP; one
+engine, reconfigured between probes as `reconfigure` does for a live replica):
 
 - none: one sentence at a time (mode "none");
 - request: request-level dynamic batching (mode "request", batch_wait_ms, max_batch_size 64);
@@ -136,13 +137,18 @@ def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argp
     """Rising rates until a configuration's median p95 misses the target (or a request fails), then
     bisection between its last pass and that miss. At each rate the configurations take turns within
     every repetition, so a slow spell of this shared machine hits them alike. Returns every run."""
-    engines = {name: Engine(tr, batching_config(name, sizes_device(args)), max_length=256) for name in names}
+    # One engine, reconfigured between probes (it is idle then), not one per configuration: each engine
+    # decodes on its own thread, and several threads running the model slow all of them down
+    # (OpenMP thread teams, see Translator.load and bench_threads.py).
+    configs = {name: batching_config(name, sizes_device(args)) for name in names}
+    engine = Engine(tr, configs[names[0]], max_length=256)
     runs: list[Probe] = []
 
     def measure(rates: dict[str, float]) -> dict[str, Probe]:
         for repeat in range(args.repeats):
             for name, rate in rates.items():
-                p = asyncio.run(probe(engines[name], name, rate, sources, args, repeat))
+                engine.reconfigure(configs[name])
+                p = asyncio.run(probe(engine, name, rate, sources, args, repeat))
                 runs.append(p)
                 print(f"  {name:10s} {rate:6.1f} req/s #{repeat}: {p.throughput:6.1f} done/s  p50 {p.p50:6.3f}s  "
                       f"p95 {p.p95:6.3f}s  p99 {p.p99:6.3f}s  failed {p.failed:4d}", file=sys.stderr, flush=True)
@@ -150,7 +156,8 @@ def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argp
                 for name, rate in rates.items()}
 
     try:
-        for engine in engines.values():  # warm-up
+        for name in names:  # warm-up
+            engine.reconfigure(configs[name])
             asyncio.run(engine.translate(sources[:8], DecodeOptions(beam_size=args.beam_size), 60))
         low = dict.fromkeys(names, 0.0)
         high = dict.fromkeys(names, math.inf)
@@ -172,8 +179,7 @@ def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argp
                     high[name] = mids[name]
         return runs
     finally:
-        for engine in engines.values():
-            engine.close()
+        engine.close()
 
 
 def cells(runs: list[Probe]) -> dict[str, list[Probe]]:

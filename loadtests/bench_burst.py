@@ -8,7 +8,9 @@ drawn at random, beam 4), all submitted at once to its engine (service/engine.py
 the configurations take turns round by round. With --threads 1 the process's CPU time does not
 count what other tenants of a shared machine take, so small differences show through its noise.
 "offline" is Translator.translate_ids on the same sentences in batches of 64 in arrival order, the
-work with no scheduler at all.
+work with no scheduler at all. With more than one thread, each engine's thread and the main thread
+(offline) would each start an OpenMP team and slow one another down (Translator.load,
+bench_threads.py): compare elapsed times only with --threads 1.
 """
 
 from __future__ import annotations

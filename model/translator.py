@@ -90,8 +90,12 @@ class Translator:
         directory = resolve_model_path(path)
         dev = torch.device(device) if device is not None else default_device()
         torch_dtype = resolve_dtype(dtype, dev)
-        # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly.
-        torch.set_num_threads(num_threads or len(os.sched_getaffinity(0)))
+        # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly (below).
+        # Until then build on one thread, so that loading starts no OpenMP team in this thread: a server
+        # decodes in another thread (service/engine.py), and with two teams libgomp counts more threads
+        # than CPUs and stops spin-waiting between parallel regions. Every region then waits for a
+        # futex wake-up: requests took 2-2.5x as long on 2 cores (loadtests/bench_threads.py).
+        torch.set_num_threads(1)
         if dev.type == "cpu":
             retain_freed_memory()  # no page faults for each step's logits (model/allocator.py)
         elif dev.type == "cuda":
@@ -100,6 +104,8 @@ class Translator:
             # the steps. Flash / memory-efficient attention need no plan.
             torch.backends.cuda.enable_cudnn_sdp(False)
         model = checkpoint.build(directory).to(dev, torch_dtype)
+        # The count for this thread and for threads that run torch later (each takes it on first use).
+        torch.set_num_threads(num_threads or len(os.sched_getaffinity(0)))
         translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
         translator.load_seconds = time.perf_counter() - start
         return translator

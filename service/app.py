@@ -70,10 +70,10 @@ class PairModel:
         self.translator = Translator.load(model, s.device, dtype=s.dtype, num_threads=threads)
         self.metrics = ModelMetrics(self.pair)
         self.metrics.load_time = self.translator.load_seconds
-        self.engine = Engine(self.translator, self._sized(s.model_dump()), observer=self.metrics,
-                             max_length=s.max_decoding_length)
-        for beam in (1, 4):  # warm-up: first calls allocate and pick kernels
-            self.translator.translate([WARMUP], beam_size=beam)
+        self.engine = Engine(self.translator, self._sized(s.model_dump()), max_length=s.max_decoding_length)
+        # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
+        self.engine.warm_up([self.translator.encode(WARMUP)])
+        self.engine.observer = self.metrics  # the warm-up is not traffic
         self.ready = True
 
     def reconfigure(self, config: dict[str, Any]) -> None:

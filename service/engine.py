@@ -121,12 +121,19 @@ class Engine:
         self.stats = BatchStats()
         self.requests.stats = self.continuous.stats = self.stats  # one set of counts whatever the mode
         self.batch_runner = BatchRunner(translator)
-        self.step_runner = self._step_runner(config)
+        self.step_runner: StepRunner
         self._cv = threading.Condition()
         self._active = 0
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="beamserve-engine", daemon=True)
+        # All of the model's work, the step runner's buffers included, happens on the engine's thread:
+        # a second thread running parallel torch ops would start a second OpenMP team (see Translator.load).
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="beamserve-engine", daemon=True)
         self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            raise self._start_error
 
     @property
     def scheduler(self) -> RequestScheduler | ContinuousScheduler:
@@ -185,6 +192,14 @@ class Engine:
         results = dict(zip(futures, done, strict=True))
         return [results.get(i, [Hypothesis([], 0.0)]) for i in range(len(sources))]
 
+    def warm_up(self, sources: list[list[int]], beam_sizes: tuple[int, ...] = (1, 4), timeout_s: float = 300.0) -> None:
+        """Decode `sources` once per beam size through the engine (its first calls allocate and pick
+        kernels), blocking until done; on the engine's thread, as every decode is."""
+        for beam in beam_sizes:
+            items = self.submit(sources, DecodeOptions(beam_size=beam), time.monotonic() + timeout_s)
+            for item in items:
+                item.future.result(timeout=timeout_s)
+
     def close(self) -> None:
         with self._cv:
             self._stop = True
@@ -193,6 +208,16 @@ class Engine:
 
     def _step_runner(self, config: BatchingConfig) -> StepRunner:
         return StepRunner(self.translator, config.decode_slots, self.max_length)
+
+    def _run(self) -> None:
+        try:
+            self.step_runner = self._step_runner(self.config)
+        except BaseException as exc:  # raised again by __init__
+            self._start_error = exc
+            return
+        finally:
+            self._started.set()
+        self._loop()
 
     def _loop(self) -> None:
         while True:
