@@ -84,7 +84,6 @@ class WorkItem:
     future: concurrent.futures.Future[list[Hypothesis]] = field(default_factory=concurrent.futures.Future)
     enqueued: float = field(default_factory=time.monotonic)
     seq: int = field(default_factory=lambda: next(_SEQ))
-    enqueued_step: int = 0  # the engine's decoder step count when it was queued
 
     @property
     def cost(self) -> int:
@@ -123,9 +122,7 @@ class Queue:
         if len(self.queue) + len(items) > self.config.max_queue:
             self.stats.rejected += 1
             raise QueueFullError(len(self.queue), self.config.max_queue, retry_after_s=1.0)
-        for item in items:
-            item.enqueued_step = self.stats.steps
-            self.queue.append(item)
+        self.queue.extend(items)
 
     def expired(self, item: WorkItem, now: float) -> bool:
         """Whether the item is dead (withdrawn, or failed here with DeadlineExceededError)."""
