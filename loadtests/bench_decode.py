@@ -15,6 +15,11 @@ beamserve-bf16; beamserve-glibc (malloc left as glibc sets it, see model/allocat
 (beam candidates ranked by torch.topk over the whole vocabulary, as before the CPU's blockwise ranking);
 beamserve-bmm (decode-step attention as before session 7: ATen's bmm on every shape, cross-attention keys
 stored (B, H, S, D) on CPU too); hf; ct2-float32; ct2-int8.
+
+A suffix -interN (beamserve-inter2, ct2-float32-inter2) decodes N batches in parallel, each worker with
+--threads / N intra-op threads: CTranslate2's inter_threads, and beamserve's (`Translator.load(...,
+inter_threads=N)`, worker processes, model/workers.py). Their CPU time is in those processes, so they
+need --clock wall.
 """
 
 from __future__ import annotations
@@ -78,13 +83,19 @@ def make_base_model(work: Path) -> Path:
     return out
 
 
+def split_inter(system: str) -> tuple[str, int]:
+    """"ct2-float32-inter2" -> ("ct2-float32", 2); no suffix -> (system, 1)."""
+    base, _, n = system.rpartition("-inter")
+    return (base, int(n)) if base and n.isdigit() else (system, 1)
+
+
 def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict[str, Path]]:
     own = make_base_model(work) if name == "base" else REPO / "model" / "pretrained" / name
     hf = work / f"{name}-hf"
     checkpoint.export_hf(own, hf)
     ct2: dict[str, Path] = {}
     for quant in ("float32", "int8"):
-        if f"ct2-{quant}" in systems:
+        if f"ct2-{quant}" in {split_inter(s)[0] for s in systems}:
             import ctranslate2.converters
 
             ct2[quant] = work / f"{name}-ct2-{quant}"
@@ -145,7 +156,8 @@ class SystemWorker:
     def __init__(self, system: str, spec: dict[str, object]) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve_system, args=(child, system, spec), daemon=True)
+        # Not a daemon: -interN systems start worker processes of their own. It exits when the pipe closes.
+        self.process = ctx.Process(target=_serve_system, args=(child, system, spec))
         self.process.start()
         child.close()
 
@@ -172,7 +184,7 @@ def _serve_system(conn: Connection, system: str, spec: dict[str, object]) -> Non
         conn.send(e)
         return
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    while (job := conn.recv()) is not None:
+    while (job := _receive(conn)) is not None:
         n, B, K = job
         try:
             start = clock()
@@ -182,12 +194,21 @@ def _serve_system(conn: Connection, system: str, spec: dict[str, object]) -> Non
             conn.send(e)
 
 
+def _receive(conn: Connection) -> tuple[int, int, int] | None:
+    try:
+        return conn.recv()  # type: ignore[no-any-return]
+    except EOFError:  # the parent is gone
+        return None
+
+
 def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> Callable[[int, int, int], int]:
     """(n sentences, batch B, beam K) -> tokens generated, for one system."""
     own, hf_dir = Path(str(spec["own"])), Path(str(spec["hf"]))
     steps = spec["steps"]
     assert steps is None or isinstance(steps, int)
     dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
+    system, inter = split_inter(system)
+    threads = max(1, args.threads // inter)
     if system == "beamserve-glibc":  # malloc as glibc sets it up (model/allocator.py off), for comparison
         os.environ[allocator.ENV] = "0"
     # Every worker loads a Translator (for the tokenizer), so the hf worker gets the same allocator set-up.
@@ -200,6 +221,9 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     if system == "beamserve-bmm":  # no broadcast product for tiny matrices, no transposed cross-attention keys
         layers.NAIVE_BMM_MACS = 0
         transformer.CPU_CROSS_KEYS_TRANSPOSED = False
+    if system == "beamserve" and inter > 1:
+        pool = Translator.load(own, args.device, dtype=dtype, num_threads=threads, inter_threads=inter)
+        return lambda n, B, K: run_beamserve(pool, encoded[:n], B, K, steps)
     if system in ("beamserve", "beamserve-glibc", "beamserve-topk", "beamserve-bmm"):
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
@@ -219,7 +243,7 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
 
         pieces = [[tr.tokenizer.pieces[i] for i in s] for s in encoded]
         path = Path(str(spec["ct2"]))
-        ct = ctranslate2.Translator(str(path), device=args.device, intra_threads=args.threads, inter_threads=1)
+        ct = ctranslate2.Translator(str(path), device=args.device, intra_threads=threads, inter_threads=inter)
         return lambda n, B, K: run_ct2(ct, pieces[:n], B, K, steps)
     raise ValueError(f"unknown system {system!r}")
 
@@ -243,6 +267,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     systems = args.systems.split(",")
+    if args.clock == "cpu" and any(split_inter(s)[1] > 1 for s in systems):
+        p.error("-interN systems decode in worker processes whose CPU time --clock cpu cannot see; use --clock wall")
     lines = [f"# Decoding benchmark\n\nCommand: `python loadtests/bench_decode.py {' '.join(sys.argv[1:])}`\n",
              f"Device: {args.device} ({torch.get_num_threads()} threads){_gpu_name(args.device)}; torch "
              f"{torch.__version__}" + ("; each worker's CPU time, not elapsed time" if args.clock == "cpu" else "")
@@ -267,7 +293,7 @@ def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], 
     workers: dict[str, SystemWorker] = {}
     try:
         for system in systems:
-            quant = system.removeprefix("ct2-")
+            quant = split_inter(system)[0].removeprefix("ct2-")
             spec = {"own": str(own), "hf": str(hf_dir), "ct2": str(ct2_dirs.get(quant, "")), "steps": steps,
                     "args": vars(args)}
             workers[system] = SystemWorker(system, spec)
@@ -287,6 +313,11 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
         pairs.append(("beamserve", "beamserve-glibc"))
     if "beamserve-topk" in workers:
         pairs.append(("beamserve", "beamserve-topk"))
+    for system in workers:
+        base, inter = split_inter(system)
+        if base == "beamserve" and inter > 1:
+            pairs += [(system, "beamserve"), (system, "hf"), (system, f"ct2-float32-inter{inter}")]
+    pairs = [(a, b) for a, b in pairs if a in workers and b in workers]
     rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in workers) + " | "
             + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
             "|" + "---|" * (len(workers) + 2 + len(pairs))]

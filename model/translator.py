@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from model.decoding import generate, pad_batch
 from model.search import Hypothesis, SearchOptions
 from model.tokenizer import Tokenizer
 from model.transformer import Seq2Seq
+from model.workers import WorkerPool
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -79,34 +81,58 @@ class Translator:
         self.device = device
         self.name = name
         self.load_seconds = 0.0
+        self.pool: WorkerPool | None = None  # inter_threads > 1: batches decode in these processes
 
     @classmethod
     def load(
         cls, path: str | Path, device: str | torch.device | None = None, *, dtype: str | torch.dtype | None = None,
-        num_threads: int | None = None,
+        num_threads: int | None = None, inter_threads: int = 1,
     ) -> Translator:
-        """Load an own-format or Hugging Face Marian directory, or a shipped model by name ("en-de")."""
+        """Load an own-format or Hugging Face Marian directory, or a shipped model by name ("en-de").
+
+        num_threads: intra-op threads (CTranslate2's intra_threads), per worker when inter_threads > 1;
+        default: the usable CPUs, shared out among the workers.
+        inter_threads: batches decoded in parallel (CPU only), each by a worker process holding its own
+        copy of the model (model/workers.py); `close()` stops them.
+        """
+        if inter_threads < 1:
+            raise ValueError(f"inter_threads must be >= 1, got {inter_threads}")
         start = time.perf_counter()
         directory = resolve_model_path(path)
         dev = torch.device(device) if device is not None else default_device()
+        if inter_threads > 1 and dev.type != "cpu":
+            raise ValueError(f"inter_threads > 1 runs on CPU only, not {dev.type}")
         torch_dtype = resolve_dtype(dtype, dev)
+        cpus = len(os.sched_getaffinity(0))
+        pool = None
+        if inter_threads > 1:  # started first: the workers load their copies while this process loads its own
+            pool = WorkerPool(directory, workers=inter_threads, threads=num_threads or max(1, cpus // inter_threads),
+                              dtype=str(torch_dtype).removeprefix("torch."))
         # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly (below).
         # Until then build on one thread, so that loading starts no OpenMP team in this thread: a server
         # decodes in another thread (service/engine.py), and with two teams libgomp counts more threads
         # than CPUs and stops spin-waiting between parallel regions. Every region then waits for a
         # futex wake-up: requests took 2-2.5x as long on 2 cores (loadtests/bench_threads.py).
-        torch.set_num_threads(1)
-        if dev.type == "cpu":
-            retain_freed_memory()  # no page faults for each step's logits (model/allocator.py)
-        elif dev.type == "cuda":
-            # cuDNN's attention builds an execution plan for each new shape, and decoding meets a new
-            # one nearly every step (the cache grows; rows join and leave): the plans cost more than
-            # the steps. Flash / memory-efficient attention need no plan.
-            torch.backends.cuda.enable_cudnn_sdp(False)
-        model = checkpoint.build(directory).to(dev, torch_dtype)
-        # The count for this thread and for threads that run torch later (each takes it on first use).
-        torch.set_num_threads(num_threads or len(os.sched_getaffinity(0)))
-        translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
+        try:
+            torch.set_num_threads(1)
+            if dev.type == "cpu":
+                retain_freed_memory()  # no page faults for each step's logits (model/allocator.py)
+            elif dev.type == "cuda":
+                # cuDNN's attention builds an execution plan for each new shape, and decoding meets a new
+                # one nearly every step (the cache grows; rows join and leave): the plans cost more than
+                # the steps. Flash / memory-efficient attention need no plan.
+                torch.backends.cuda.enable_cudnn_sdp(False)
+            model = checkpoint.build(directory).to(dev, torch_dtype)
+            # The count for this thread and for threads that run torch later (each takes it on first use).
+            torch.set_num_threads(num_threads or cpus)
+            translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
+        except BaseException:
+            if pool is not None:
+                pool.close()
+            raise
+        if pool is not None:
+            translator.pool = pool
+            weakref.finalize(translator, pool.close)
         translator.load_seconds = time.perf_counter() - start
         return translator
 
@@ -144,16 +170,39 @@ class Translator:
     def translate_ids(
         self, sources: Sequence[list[int]], opts: DecodeOptions, progress: Callable[[int], None] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Decode encoded sources in length-sorted batches; empty sources give one empty hypothesis."""
+        """Decode encoded sources in length-sorted batches; empty sources give one empty hypothesis.
+
+        With worker processes (inter_threads > 1) the batches decode in parallel, cut smaller than
+        max_batch_size where that gives each worker two or more; the results are those of decoding the
+        same batches here.
+        """
         out: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
-        for start in range(0, len(order), opts.max_batch_size):
-            chunk = order[start : start + opts.max_batch_size]
-            for i, h in zip(chunk, self.decode_batch([sources[i] for i in chunk], opts), strict=True):
+        size = opts.max_batch_size
+        if self.pool is not None:
+            # Two batches or more per worker, smaller ones if need be: with one (length-sorted) batch each,
+            # the worker holding the longest sentences would finish alone, long after the others.
+            size = min(size, max(1, math.ceil(len(order) / (2 * max(1, self.pool.workers)))))
+        chunks = [order[start : start + size] for start in range(0, len(order), size)]
+
+        def done(c: int, hyps: list[list[Hypothesis]]) -> None:
+            for i, h in zip(chunks[c], hyps, strict=True):
                 out[i] = h
             if progress is not None:
-                progress(len(chunk))
+                progress(len(chunks[c]))
+
+        if self.pool is not None and chunks:
+            self.pool.run([[sources[i] for i in chunk] for chunk in chunks], opts, done)
+        else:
+            for c, chunk in enumerate(chunks):
+                done(c, self.decode_batch([sources[i] for i in chunk], opts))
         return out
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (the translator then decodes in this process)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     @torch.inference_mode()
     def decode_batch(self, batch: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]:

@@ -17,7 +17,10 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=int, default=64)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op CPU threads, per worker with --inter-threads (default: the CPUs, shared out)")
+    p.add_argument("--inter-threads", type=int, default=1,
+                   help="CPU only: batches decoded in parallel, each by a worker process (CTranslate2's inter_threads)")
 
 
 def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -31,10 +34,14 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_translate(args: argparse.Namespace) -> int:
     from model import Translator
 
-    tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads)
+    tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
+                         inter_threads=args.inter_threads)
     lines = [line.rstrip("\n") for line in sys.stdin]
-    with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.quiet) as bar:
-        results = tr.translate(lines, _options(args), progress=bar.update, truncate=args.truncate)
+    try:
+        with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.quiet) as bar:
+            results = tr.translate(lines, _options(args), progress=bar.update, truncate=args.truncate)
+    finally:
+        tr.close()
     for r in results:
         print(r.hypotheses[0] if args.num_hypotheses == 1 else " ||| ".join(r.hypotheses))
     return 0
@@ -45,8 +52,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from model.data import read_text
     from model.evaluate import evaluate
 
-    tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads)
-    ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), _options(args))
+    tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
+                         inter_threads=args.inter_threads)
+    try:
+        ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), _options(args))
+    finally:
+        tr.close()
     print(ev.report())
     if args.output:
         Path(args.output).write_text("\n".join(hyps) + "\n", encoding="utf-8")

@@ -65,3 +65,13 @@ def test_translate_command_reads_stdin_and_writes_one_line_each() -> None:
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and lines[1] == "" and "Hund" in lines[0] and "Mann" in lines[2]
     assert "sent" in proc.stderr  # the progress bar
+
+
+def test_translate_command_with_worker_processes_writes_the_same_lines() -> None:
+    text = "A dog.\n\nA man is sleeping.\nTwo children play football in a park.\n"
+    base = [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--threads", "1",
+            "--max-batch-size", "1", "--quiet"]
+    alone = subprocess.run(base, input=text, capture_output=True, text=True, check=True, cwd=REPO).stdout
+    pooled = subprocess.run([*base, "--inter-threads", "2"], input=text, capture_output=True, text=True, check=True,
+                            cwd=REPO, timeout=120).stdout
+    assert pooled == alone and len(pooled.splitlines()) == 4

@@ -1,0 +1,120 @@
+"""Batches decoded in parallel by worker processes: CTranslate2's `inter_threads`, on CPU.
+
+One process decoding a batch with N intra-op threads leaves cores idle whenever it runs Python or
+an operator too small to split (a decoder step of the shipped model is ~400 ATen calls; the beam
+search's bookkeeping runs on one thread). Whole batches decoded side by side do not share that
+serial part. Threads of one process would: they take turns holding the GIL (two threads of one
+intra-op thread each did 1.03x one thread of two, on the 2-core machine of DECODE_BENCH.md's
+eighth session), so each worker is a process with its own copy of the model.
+
+Workers are spawned, not forked: a forked child inherits the parent's OpenMP state, and libgomp
+hangs in a child whose parent has run a parallel region. As with any spawned process, a script
+that creates a pool must guard its top level with `if __name__ == "__main__":`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import traceback
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from model.search import Hypothesis
+
+POLL_SECONDS = 1.0  # how often a waiting parent checks that its workers are alive
+
+
+class WorkerError(RuntimeError):
+    """A worker could not load the model, failed on a batch, or died."""
+
+
+class WorkerPool:
+    """`workers` processes, each holding the model at `path` on CPU with `threads` intra-op threads."""
+
+    def __init__(self, path: Path, *, workers: int, threads: int, dtype: str) -> None:
+        if workers < 1 or threads < 1:
+            raise ValueError(f"workers and threads must be >= 1, got {workers} and {threads}")
+        ctx = multiprocessing.get_context("spawn")
+        self._tasks: multiprocessing.Queue[Any] = ctx.Queue()
+        self._results: multiprocessing.Queue[Any] = ctx.Queue()
+        self._processes: list[BaseProcess] = [
+            ctx.Process(target=_work, args=(str(path), dtype, threads, self._tasks, self._results),
+                        name=f"beamserve-worker-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for p in self._processes:
+            p.start()  # each loads its model while the caller goes on
+
+    @property
+    def workers(self) -> int:
+        return len(self._processes)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes if p.pid is not None]
+
+    def run(self, batches: list[list[list[int]]], opts: Any,
+            done: Callable[[int, list[list[Hypothesis]]], None]) -> None:
+        """Decode batches (each at most opts.max_batch_size sources); done(batch index, its n-best lists)
+        is called as each finishes. Longest batches go first, so that the last to start is a short one.
+
+        Raises WorkerError, and closes the pool, when a worker fails: batches still queued or running
+        would otherwise answer a later call.
+        """
+        if not self._processes:
+            raise WorkerError("the worker pool is closed")
+        for i in sorted(range(len(batches)), key=lambda i: -max(map(len, batches[i]), default=0)):
+            self._tasks.put((i, batches[i], opts))
+        try:
+            for _ in batches:
+                i, result = self._next_result()
+                if isinstance(result, str):  # the worker's traceback
+                    raise WorkerError(f"a translation worker failed:\n{result}")
+                done(i, result)
+        except BaseException:
+            self.close()
+            raise
+
+    def _next_result(self) -> tuple[int, Any]:
+        while True:
+            try:
+                return self._results.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                dead = [p for p in self._processes if not p.is_alive()]
+                if dead:  # the batches it held are lost: fail the call rather than wait forever
+                    codes = ", ".join(f"{p.name}: exit code {p.exitcode}" for p in dead)
+                    raise WorkerError(f"a translation worker died ({codes})") from None
+
+    def close(self) -> None:
+        """Stop the workers (idle ones exit at once; busy ones are terminated)."""
+        processes, self._processes = self._processes, []
+        for _ in processes:
+            self._tasks.put(None)
+        for p in processes:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+
+
+def _work(path: str, dtype: str, threads: int, tasks: multiprocessing.Queue[Any],
+          results: multiprocessing.Queue[Any]) -> None:
+    """A worker process: load the model once, then decode batches until told to stop (None)."""
+    from model.translator import Translator
+
+    try:
+        tr = Translator.load(path, "cpu", dtype=dtype, num_threads=threads)
+    except Exception:
+        # Every task fails with the reason, rather than the parent waiting for a worker that never comes.
+        reason = traceback.format_exc()
+        while (task := tasks.get()) is not None:
+            results.put((task[0], reason))
+        return
+    while (task := tasks.get()) is not None:
+        i, batch, opts = task
+        try:
+            results.put((i, tr.translate_ids(batch, opts)))
+        except Exception:
+            results.put((i, traceback.format_exc()))
