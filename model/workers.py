@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import signal
 import traceback
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -73,8 +74,8 @@ class WorkerPool:
                 if isinstance(result, str):  # the worker's traceback
                     raise WorkerError(f"a translation worker failed:\n{result}")
                 done(i, result)
-        except BaseException:
-            self.close()
+        except BaseException:  # a failure, or Ctrl-C in the caller: the queued and running batches are dropped
+            self.close(wait_s=0.0)
             raise
 
     def _next_result(self) -> tuple[int, Any]:
@@ -87,13 +88,13 @@ class WorkerPool:
                     codes = ", ".join(f"{p.name}: exit code {p.exitcode}" for p in dead)
                     raise WorkerError(f"a translation worker died ({codes})") from None
 
-    def close(self) -> None:
-        """Stop the workers (idle ones exit at once; busy ones are terminated)."""
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop the workers: idle ones exit at once, ones still busy after wait_s are terminated."""
         processes, self._processes = self._processes, []
         for _ in processes:
             self._tasks.put(None)
         for p in processes:
-            p.join(timeout=5)
+            p.join(timeout=wait_s)
             if p.is_alive():
                 p.terminate()
                 p.join()
@@ -103,6 +104,9 @@ def _work(path: str, dtype: str, threads: int, tasks: multiprocessing.Queue[Any]
           results: multiprocessing.Queue[Any]) -> None:
     """A worker process: load the model once, then decode batches until told to stop (None)."""
     from model.translator import Translator
+
+    # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     try:
         tr = Translator.load(path, "cpu", dtype=dtype, num_threads=threads)
