@@ -224,20 +224,25 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
 def test_client_that_disconnects_mid_decode_frees_its_slots(server: str, client: httpx.Client) -> None:
     from model import Translator
 
-    texts = read_lines("test_2016_flickr.en.gz", 24)
+    lines = read_lines("test_2016_flickr.en.gz", 72)
+    texts = [" ".join(lines[i : i + 3]) for i in range(0, 72, 3)]  # 24 long sources: dozens of steps each
     alone = Translator.load("en-de", "cpu").translate(texts, beam_size=8)
-    full_steps = max(len(r.token_ids[0]) + 1 for r in alone)  # steps the request needs in continuous mode
+    steps_needed = [len(r.token_ids[0]) + 1 for r in alone]  # decoder steps each sentence needs in continuous mode
     before = client.get("/v1/stats").json()["en-de"]
     with pytest.raises(httpx.TimeoutException):  # gone after a few decoder steps
         client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8},
                     timeout=0.3)
     for _ in range(100):
         after = client.get("/v1/stats").json()["en-de"]
-        if after["cancelled"] - before["cancelled"] == 24 and after["active"] == 0:
+        if after["active"] == 0 and after["cancelled"] > before["cancelled"]:
             break
         time.sleep(0.05)
-    assert after["cancelled"] - before["cancelled"] == 24 and after["active"] == 0
-    assert 0 < after["steps"] - before["steps"] < full_steps  # started, then stopped well before the end
+    steps = after["steps"] - before["steps"]
+    cancelled = after["cancelled"] - before["cancelled"]
+    assert after["active"] == 0
+    assert 0 < steps < max(steps_needed)  # started, then stopped well before the end
+    # Every sentence that needed more steps than ran was withdrawn (a fast machine may finish short ones).
+    assert sum(n > steps for n in steps_needed) <= cancelled <= 24
 
 
 def test_locustfile_runs_against_the_service_with_zero_failures(server: str, tmp_path: Path) -> None:
