@@ -32,6 +32,8 @@ from model.search import (
 )
 from model.transformer import Seq2Seq
 
+TOKEN_WIDTH = 32  # starting width of a group's token buffers (BeamState), doubled as sentences get longer
+
 
 @dataclass
 class SearchGroup:
@@ -120,10 +122,12 @@ class InflightBatch:
             self.cross = cross
         else:
             self.cross.extend(cross)
-        group = self.groups.setdefault(opts, SearchGroup.empty(opts, self.max_length, self.device))
+        # Token buffers as wide as the longest running sentence needs (step() widens them), not
+        # max_length: every beam step gathers and writes them whole.
+        group = self.groups.setdefault(opts, SearchGroup.empty(opts, TOKEN_WIDTH, self.device))
         dev = self.device
         group.join(keys, torch.arange(N, N + b * K, device=dev).view(b, K), torch.tensor(max_lengths, device=dev),
-                   torch.arange(B, B + b, device=dev), self.max_length)
+                   torch.arange(B, B + b, device=dev), group.state.width)
         start = torch.full((b * K,), opts.start_token_id, dtype=torch.long, device=dev)
         self.tokens = torch.cat([self.tokens, start])
         self.cache.resize(N + b * K, self.cache.length)
@@ -146,6 +150,8 @@ class InflightBatch:
             lp = constrain(log_probs[start : start + b * K], g.pos.repeat_interleave(K),
                            g.max_lengths.repeat_interleave(K), g.opts)  # (b*K, V)
             start += b * K
+            if g.state.width < self.cache.length:  # a beam step writes at its sentences' positions (< length)
+                g.state.widen(min(self.max_length, max(self.cache.length, 2 * g.state.width)))
             src_beam, token, done = beam_step(lp.view(b, K, -1), g.state, g.pos, g.max_lengths, g.opts)
             for i in done.nonzero()[:, 0].tolist():
                 finished.append((g.keys[i], finished_hypotheses(g.state, i, g.opts)))

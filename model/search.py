@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 NEG = -1.0e9  # "impossible" without the NaNs that -inf arithmetic can produce
 CHUNK = 32  # vocabulary block of the CPU candidate ranking (top_candidates); 32-64 were best on 8,000 ids
@@ -117,8 +118,9 @@ def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptio
 class BeamState:
     """Per live sentence: K running beams and up to K finished hypotheses.
 
-    Token buffers have a fixed width T (the longest allowed output) padded with -1, so sentences
-    that started at different steps (continuous batching) share one state.
+    Token buffers have a width T padded with -1: the longest allowed output of a batch decoded
+    together, or (continuous batching, sentences that started at different steps sharing one state)
+    as far as the longest running sentence has got, widened as it goes.
     """
 
     run_scores: torch.Tensor  # (b, K) accumulated log-probs
@@ -144,8 +146,23 @@ class BeamState:
         for name in self.FIELDS:
             setattr(self, name, getattr(self, name)[keep])
 
+    @property
+    def width(self) -> int:
+        """T: the token buffers' positions."""
+        return self.run_tokens.shape[2]
+
+    def widen(self, width: int) -> None:
+        """Pad the token buffers with -1 to `width` positions."""
+        for name in ("run_tokens", "fin_tokens"):
+            old = getattr(self, name)
+            if old.shape[2] < width:
+                setattr(self, name, F.pad(old, (0, width - old.shape[2]), value=-1))
+
     def extend(self, other: BeamState) -> None:
-        """Append other's sentences (same K and width) after this state's."""
+        """Append other's sentences (same K) after this state's; token buffers take the wider width."""
+        width = max(self.width, other.width)
+        self.widen(width)
+        other.widen(width)
         for name in self.FIELDS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
 

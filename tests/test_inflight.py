@@ -10,7 +10,7 @@ import torch
 
 from model import DecodeOptions, Translator
 from model.config import preset
-from model.inflight import InflightBatch
+from model.inflight import TOKEN_WIDTH, InflightBatch
 from model.search import Hypothesis
 from model.transformer import Seq2Seq
 from tests.conftest import read_lines
@@ -77,6 +77,7 @@ def test_random_model_running_to_each_sentences_own_limit() -> None:
     batch = InflightBatch(model, rows=64, max_length=100)
     results, _ = run(tr, batch, arrivals)
     assert batch.cache.max_length > 64  # the cache grew past its first 64 positions while rows decoded
+    assert max(len(h[0].tokens) for h in results.values()) > 2 * TOKEN_WIDTH  # token buffers widened twice
     assert_same_as_alone(tr, arrivals, results)
 
 
