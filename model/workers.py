@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import signal
+import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -39,6 +40,7 @@ class WorkerPool:
         if workers < 1 or threads < 1:
             raise ValueError(f"workers and threads must be >= 1, got {workers} and {threads}")
         ctx = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()  # one call at a time: calls share the result queue
         self._tasks: multiprocessing.Queue[Any] = ctx.Queue()
         self._results: multiprocessing.Queue[Any] = ctx.Queue()
         self._processes: list[BaseProcess] = [
@@ -64,19 +66,20 @@ class WorkerPool:
         Raises WorkerError, and closes the pool, when a worker fails: batches still queued or running
         would otherwise answer a later call.
         """
-        if not self._processes:
-            raise WorkerError("the worker pool is closed")
-        for i in sorted(range(len(batches)), key=lambda i: -max(map(len, batches[i]), default=0)):
-            self._tasks.put((i, batches[i], opts))
-        try:
-            for _ in batches:
-                i, result = self._next_result()
-                if isinstance(result, str):  # the worker's traceback
-                    raise WorkerError(f"a translation worker failed:\n{result}")
-                done(i, result)
-        except BaseException:  # a failure, or Ctrl-C in the caller: the queued and running batches are dropped
-            self.close(wait_s=0.0)
-            raise
+        with self._lock:
+            if not self._processes:
+                raise WorkerError("the worker pool is closed")
+            for i in sorted(range(len(batches)), key=lambda i: -max(map(len, batches[i]), default=0)):
+                self._tasks.put((i, batches[i], opts))
+            try:
+                for _ in batches:
+                    i, result = self._next_result()
+                    if isinstance(result, str):  # the worker's traceback
+                        raise WorkerError(f"a translation worker failed:\n{result}")
+                    done(i, result)
+            except BaseException:  # a failure, or Ctrl-C in the caller: the queued and running batches are dropped
+                self.close(wait_s=0.0)
+                raise
 
     def _next_result(self) -> tuple[int, Any]:
         while True:

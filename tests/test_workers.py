@@ -2,6 +2,7 @@
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,16 @@ def test_worker_processes_give_the_same_results_as_this_process(tiny_dir: Path, 
         assert sizes == [3, 3, 3, 3]
         want = here.translate(sources, beam_size=2, max_batch_size=3)
         assert [(r.token_ids, r.scores) for r in got] == [(r.token_ids, r.scores) for r in want]
+        # Two threads sharing the pool: calls take turns, each gets its own results.
+        halves = [sources[::2], sources[1::2]]
+        answers: dict[int, list[list[list[int]]]] = {}
+        threads = [threading.Thread(target=lambda i=i: answers.__setitem__(
+            i, [r.token_ids for r in pooled.translate(halves[i], beam_size=2, max_batch_size=1)])) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert answers == {i: [r.token_ids for r in here.translate(halves[i], beam_size=2)] for i in (0, 1)}
     finally:
         pooled.close()
     assert pooled.pool is None
