@@ -22,9 +22,12 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model.search import Hypothesis
+
+if TYPE_CHECKING:  # translator.py imports this module
+    from model.translator import DecodeOptions
 
 POLL_SECONDS = 1.0  # how often a waiting parent checks that its workers are alive
 
@@ -58,7 +61,7 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes if p.pid is not None]
 
-    def run(self, batches: list[list[list[int]]], opts: Any,
+    def run(self, batches: list[list[list[int]]], opts: DecodeOptions,
             done: Callable[[int, list[list[Hypothesis]]], None]) -> None:
         """Decode batches (each at most opts.max_batch_size sources); done(batch index, its n-best lists)
         is called as each finishes. Longest batches go first, so that the last to start is a short one.

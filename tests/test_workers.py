@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from model import Translator
+from model import DecodeOptions, Translator
 from model.workers import WorkerError
 
 
@@ -71,7 +71,7 @@ def test_workers_that_cannot_load_the_model_report_why(tmp_path: Path, tiny_dir:
     pool = WorkerPool(tmp_path / "missing", workers=1, threads=1, dtype="float32")
     try:
         with pytest.raises(WorkerError, match="failed"):
-            pool.run([[[5, 6, 2]]], None, lambda i, h: None)
+            pool.run([[[5, 6, 2]]], DecodeOptions(), lambda i, h: None)
     finally:
         pool.close()
 
