@@ -33,6 +33,9 @@ from model.search import (
 from model.transformer import Seq2Seq
 
 TOKEN_WIDTH = 32  # starting width of a group's token buffers (BeamState), doubled as sentences get longer
+# On CPU a beam search's first step runs in add(), one row per sentence instead of K identical ones (a
+# module switch so that loadtests can run the other way beside it).
+FIRST_STEP_APART = True
 
 
 @dataclass
@@ -54,13 +57,13 @@ class SearchGroup:
         return cls(opts, BeamState.start(0, K, width, device), [], none.view(0, K), none, none, none)
 
     def join(self, keys: list[Hashable], rows: torch.Tensor, max_lengths: torch.Tensor, sentence: torch.Tensor,
-             width: int) -> None:
-        """Append newly encoded sentences: rows (b, K), max_lengths (b,), sentence (b,)."""
-        b, K = rows.shape
-        self.state.extend(BeamState.start(b, K, width, rows.device))
+             state: BeamState, pos: torch.Tensor) -> None:
+        """Append newly encoded sentences: rows (b, K), max_lengths (b,), sentence (b,), their search
+        state and tokens generated so far pos (b,)."""
+        self.state.extend(state)
         self.keys += keys
         self.rows = torch.cat([self.rows, rows])
-        self.pos = torch.cat([self.pos, torch.zeros_like(max_lengths)])
+        self.pos = torch.cat([self.pos, pos])
         self.max_lengths = torch.cat([self.max_lengths, max_lengths])
         self.sentence = torch.cat([self.sentence, sentence])
 
@@ -88,6 +91,7 @@ class InflightBatch:
         self.groups: dict[SearchOptions, SearchGroup] = {}
         self.tokens = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) next input of each row
         self.positions = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) its position
+        self._finished: list[tuple[Hashable, list[Hypothesis]]] = []  # ended at their first step (add)
 
     @property
     def rows(self) -> int:
@@ -107,42 +111,86 @@ class InflightBatch:
 
     @torch.inference_mode()
     def add(self, keys: list[Hashable], sources: list[list[int]], max_lengths: list[int], opts: SearchOptions) -> None:
-        """Encode non-empty sources and give each beam_size rows; raises IndexError past the pool."""
+        """Encode non-empty sources and give each beam_size rows; raises IndexError past the pool.
+
+        On CPU a beam search's first step runs here, one row per sentence (its K beams are all the
+        start token, as when decoding alone), rather than on K identical rows in the next step().
+        Sentences that end at that step come back from the next step().
+        """
         b, K = len(sources), opts.beam_size
         N = self.rows
         if N + b * K > self.capacity:
             raise IndexError(f"{b * K} rows asked, {self.capacity - N} free")
         if max(max_lengths) > self.max_length:
             raise ValueError(f"max length {max(max_lengths)} is past the batch's {self.max_length}")
-        src_ids, src_mask = pad_batch(sources, self.model.cfg.pad_token_id, self.device)
+        dev = self.device
+        src_ids, src_mask = pad_batch(sources, self.model.cfg.pad_token_id, dev)
         cross = self.model.cross_cache(self.model.encode(src_ids, src_mask), src_mask)
+        caps = torch.tensor(max_lengths, device=dev)  # (b,)
+        group = self.groups.get(opts)
+        # Token buffers as wide as the longest running sentence needs (step() widens them), not
+        # max_length: every beam step gathers and writes them whole.
+        state = BeamState.start(b, K, TOKEN_WIDTH if group is None else group.state.width, dev)
+        pos = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
+        tokens = torch.full((b * K,), opts.start_token_id, dtype=torch.long, device=dev)  # (b*K,)
+        written = 0  # positions the newcomers' rows hold
+        if K > 1 and dev.type == "cpu" and FIRST_STEP_APART:
+            first = self._first_step(keys, cross, caps, state, opts)
+            if first is None:
+                return
+            keep, tokens = first
+            keys = [keys[i] for i in keep.tolist()]
+            state.select(keep)
+            caps, b = caps[keep], keep.numel()
+            pos = torch.ones(b, dtype=torch.long, device=dev)
+            written = 1
         self._compact_sentences(force=True)  # extending copies every kept sentence: keep only live ones
         B = 0 if self.cross is None else self.cross.src_mask.shape[0]
         if self.cross is None:
             self.cross = cross
         else:
             self.cross.extend(cross)
-        # Token buffers as wide as the longest running sentence needs (step() widens them), not
-        # max_length: every beam step gathers and writes them whole.
-        group = self.groups.setdefault(opts, SearchGroup.empty(opts, TOKEN_WIDTH, self.device))
-        dev = self.device
-        group.join(keys, torch.arange(N, N + b * K, device=dev).view(b, K), torch.tensor(max_lengths, device=dev),
-                   torch.arange(B, B + b, device=dev), group.state.width)
-        start = torch.full((b * K,), opts.start_token_id, dtype=torch.long, device=dev)
-        self.tokens = torch.cat([self.tokens, start])
-        self.cache.resize(N + b * K, self.cache.length)
+        group = self.groups.setdefault(opts, SearchGroup.empty(opts, state.width, dev))
+        group.join(keys, torch.arange(N, N + b * K, device=dev).view(b, K), caps, torch.arange(B, B + b, device=dev),
+                   state, pos)
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.cache.resize(N + b * K, max(self.cache.length, written))
         self._index_rows()
+
+    def _first_step(self, keys: list[Hashable], cross: CrossCache, caps: torch.Tensor, state: BeamState,
+                    opts: SearchOptions) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Newcomers' first decoder step, one row each, with a cache of their own; their beams' position 0
+        is then written to the K rows each will hold (after the rows in use). Returns the sentences that
+        go on, keep (b',), and their next tokens (b' * K,); None when none does. Trims `cross` to them."""
+        b, K = caps.numel(), opts.beam_size
+        dev = self.device
+        first = self.model.new_cache(b, 1, self.dtype, dev)
+        logits = self.model.decode_step(torch.full((b,), opts.start_token_id, dtype=torch.long, device=dev), 0,
+                                        first, cross)  # (b, V)
+        log_probs = constrain(log_softmax_(logits).repeat_interleave(K, dim=0), 0, caps.repeat_interleave(K), opts)
+        _, token, done = beam_step(log_probs.view(b, K, -1), state, torch.zeros_like(caps), caps, opts)  # (b, K)
+        for i in done.nonzero()[:, 0].tolist():
+            self._finished.append((keys[i], finished_hypotheses(state, i, opts)))
+        keep = (~done).nonzero()[:, 0]
+        if keep.numel() == 0:
+            return None
+        if keep.numel() < b:
+            cross.select(keep)
+        # Every beam continues its sentence's one row: position 0 of rows N + i * K + k is that row's.
+        k, v = (c[:, keep].repeat_interleave(K, dim=1) for c in (first.k, first.v))  # (L, b' * K, H, 1, D)
+        self.cache.write(self.rows, k, v)
+        return keep, token[keep].reshape(-1)
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """One decoder step for every row; returns (key, n-best) of the sentences that finished."""
+        finished, self._finished = self._finished, []  # sentences that ended at their first step, in add()
         if not self.rows or self.cross is None:
-            return []
+            return finished
         groups = list(self.groups.values())
         order = torch.cat([g.rows.view(-1) for g in groups])  # rows grouped by search, sentence, beam
         logits = self.model.decode_step(self.tokens, self.positions, self.cache, self.cross, order)  # (N, V)
         log_probs = log_softmax_(logits)
-        finished: list[tuple[Hashable, list[Hypothesis]]] = []
         updates = {}
         start = 0
         for g in groups:

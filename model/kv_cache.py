@@ -59,6 +59,13 @@ class KVCache:
         t = self.length
         return self.k[layer, :n, :, :t], self.v[layer, :n, :, :t]
 
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Rows start.. take positions [0, t) from k, v (L, n, H, t, D); the live row count is not changed."""
+        n, t = k.shape[1], k.shape[3]
+        self._fit(t)
+        self.k[:, start : start + n, :, :t] = k
+        self.v[:, start : start + n, :, :t] = v
+
     def reserve(self, pos: torch.Tensor) -> int:
         """Make room for rows writing at positions pos (N,); returns the length T attention will see.
 

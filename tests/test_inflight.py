@@ -8,7 +8,7 @@ from collections.abc import Hashable
 import pytest
 import torch
 
-from model import DecodeOptions, Translator
+from model import DecodeOptions, Translator, inflight
 from model.config import preset
 from model.inflight import TOKEN_WIDTH, InflightBatch
 from model.search import Hypothesis
@@ -46,7 +46,11 @@ def assert_same_as_alone(tr: Translator, arrivals: list[Arrival], results: dict[
         assert [h.score for h in results[key]] == pytest.approx([h.score for h in alone], abs=1e-4)
 
 
-def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(tr: Translator) -> None:
+@pytest.mark.parametrize("first_step_apart", [True, False])  # False: as on a GPU, K rows from the start
+def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(
+    tr: Translator, first_step_apart: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(inflight, "FIRST_STEP_APART", first_step_apart)
     rng = random.Random(0)
     texts = read_lines("test_2016_flickr.en.gz", 36)
     texts += [" ".join(texts[i : i + 4]) for i in (0, 8)]  # long sources
@@ -133,3 +137,18 @@ def test_finished_sentences_keys_stay_until_a_quarter_or_a_join(tr: Translator) 
         alone = tr.decode_batch([ids], DecodeOptions(beam_size=2, max_decoding_length=caps[i]))[0]
         assert [h.tokens for h in results[i]] == [h.tokens for h in alone]
     assert [h.tokens for h in results["late"]] == [h.tokens for h in tr.decode_batch([late], opts)[0]]
+
+
+def test_a_sentence_that_ends_at_its_first_step_comes_back_from_the_next_step(tr: Translator) -> None:
+    texts = read_lines("test_2016_flickr.en.gz", 3)
+    ids = [tr.encode(t) for t in texts]
+    batch = InflightBatch(tr.model, rows=64, max_length=256)
+    opts = DecodeOptions(beam_size=4)
+    batch.add([0, 1], ids[:2], tr.max_lengths(ids[:2], opts).tolist(), tr.search_options(opts))
+    one = DecodeOptions(beam_size=4, max_decoding_length=1)  # </s> forced at the first step
+    batch.add([2], ids[2:], [1], tr.search_options(one))
+    assert batch.rows == 8 and sorted(batch.keys()) == [0, 1]  # type: ignore[type-var]
+    first = dict(batch.step())
+    assert list(first) == [2] and [h.tokens for h in first[2]] == [h.tokens for h in tr.decode_batch(ids[2:], one)[0]]
+    results, _ = run(tr, batch, [])
+    assert_same_as_alone(tr, [(0, k, ids[k], opts) for k in (0, 1)], results)
