@@ -101,7 +101,7 @@ class Translator:
         directory = resolve_model_path(path)
         dev = torch.device(device) if device is not None else default_device()
         if inter_threads > 1 and dev.type != "cpu":
-            raise ValueError(f"inter_threads > 1 runs on CPU only, not {dev.type}")
+            raise ValueError(f"inter_threads > 1 runs on CPU only (device=\"cpu\"), not {dev.type}")
         torch_dtype = resolve_dtype(dtype, dev)
         cpus = len(os.sched_getaffinity(0))
         pool = None
