@@ -185,6 +185,7 @@ class InflightBatch:
     def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
         """One decoder step for every row; returns (key, n-best) of the sentences that finished."""
         finished, self._finished = self._finished, []  # sentences that ended at their first step, in add()
+        first_finished = len(finished)
         if not self.rows or self.cross is None:
             return finished
         groups = list(self.groups.values())
@@ -204,7 +205,10 @@ class InflightBatch:
             for i in done.nonzero()[:, 0].tolist():
                 finished.append((g.keys[i], finished_hypotheses(g.state, i, g.opts)))
             updates[g.opts] = (~done, g.rows.gather(1, src_beam), token)
-        self._regroup(updates, advance=True)
+        if len(finished) == first_finished:
+            self._advance(updates)
+        else:
+            self._regroup(updates, advance=True)
         return finished
 
     @torch.inference_mode()
@@ -217,6 +221,21 @@ class InflightBatch:
             keep = torch.tensor([k not in keys for k in g.keys], dtype=torch.bool, device=self.device)
             updates[opts] = (keep, g.rows, self.tokens[g.rows])
         self._regroup(updates, advance=False)
+
+    def _advance(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """_regroup when no sentence left: beams move only among their sentence's own rows, so rows in
+        use, each row's sentence and query slot (row_index) stay as they are; positions all advance."""
+        cache_src = torch.empty(self.rows, dtype=torch.long, device=self.device)  # (N,)
+        tokens = torch.empty_like(cache_src)
+        for opts, (_, src_rows, token) in updates.items():
+            g = self.groups[opts]
+            g.rows = continue_in_place(src_rows, g.rows)  # (b, K) a continuing beam keeps its row
+            cache_src[g.rows.view(-1)] = src_rows.view(-1)
+            tokens[g.rows.view(-1)] = token.view(-1)
+            g.pos = g.pos + 1
+        self.cache.reorder(cache_src, self.positions + 1)  # a moved row copies only as far as it has written
+        self.tokens = tokens
+        self.positions = self.positions + 1
 
     def _regroup(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
                  *, advance: bool) -> None:
