@@ -7,9 +7,10 @@ serial part. Threads of one process would: they take turns holding the GIL (two 
 intra-op thread each did 1.03x one thread of two, on the 2-core machine of DECODE_BENCH.md's
 eighth session), so each worker is a process with its own copy of the model.
 
-Workers are spawned, not forked: a forked child inherits the parent's OpenMP state, and libgomp
-hangs in a child whose parent has run a parallel region. As with any spawned process, a script
-that creates a pool must guard its top level with `if __name__ == "__main__":`.
+Workers are spawned, not forked: a forked child inherits the parent's OpenMP state, and GNU libgomp
+is not fork-safe (a child whose parent has run a parallel region can hang in its first one). As
+with any spawned process, a script that creates a pool must guard its top level with
+`if __name__ == "__main__":`.
 """
 
 from __future__ import annotations
