@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model.search import NEG, Hypothesis, SearchOptions, beam_search, greedy_search, top_candidates
+from model.search import NEG, Hypothesis, SearchOptions, beam_search, greedy_search, log_softmax_, top_candidates
 
 EOS, A, B, START = 0, 1, 2, 3
 # P(next token | prefix); unlisted prefixes use DEFAULT.
@@ -110,3 +110,15 @@ def test_blockwise_candidate_ranking_equals_plain_topk(V: int, chunk: int) -> No
         assert torch.equal(b1[finite], b2[finite]) and torch.equal(t1[finite], t2[finite])
     picked = run_scores.gather(1, blocks[1]) + log_probs[torch.arange(b)[:, None], blocks[1], blocks[2]]
     assert torch.equal(picked, blocks[0])
+
+
+@pytest.mark.parametrize("vocab", [7, 8000])
+def test_log_softmax_over_the_logits_gives_the_same_values_to_the_bit(vocab: int) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(40, vocab) * 5
+    want = torch.log_softmax(logits, dim=-1)
+    assert torch.equal(log_softmax_(logits.clone()), want)  # contiguous: written over the logits
+    view = torch.randn(40, 2 * vocab)[:, :vocab]  # not contiguous: a new tensor, the source untouched
+    before = view.clone()
+    assert torch.equal(log_softmax_(view), torch.log_softmax(before, dim=-1))
+    assert torch.equal(view, before)
