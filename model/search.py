@@ -84,8 +84,9 @@ def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
     ATen's fused kernel: about 5x faster on CPU (256 x 8000 logits) than an in-place
     x - logsumexp(x), whose separate amax/sub/exp/sum passes each read the whole (N, V) tensor.
     On CPU it writes over the logits (not needed afterwards; the kernel has a row's maximum and sum
-    before it writes the row, so the values are the same to the bit): 2.5-3x faster at 256 rows than
-    writing a new (N, V) tensor, which goes out to memory while the row it reads is still in cache.
+    before it writes the row, so the values are the same to the bit): one (N, V) buffer fewer, and
+    1.01-1.02x end to end in steady state (bench_decode.py's beamserve-lsm; more on a process's first
+    batches, while a new tensor's pages are still being faulted in).
     """
     x = logits.float()
     if x.device.type == "cpu" and x.is_contiguous() and LOG_SOFTMAX_IN_PLACE:
