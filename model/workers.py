@@ -126,6 +126,6 @@ def _work(path: str, dtype: str, threads: int, tasks: multiprocessing.Queue[Any]
     while (task := tasks.get()) is not None:
         i, batch, opts = task
         try:
-            results.put((i, tr.translate_ids(batch, opts)))
+            results.put((i, tr.decode_batch(batch, opts)))  # cut, sorted and non-empty by the caller
         except Exception:
             results.put((i, traceback.format_exc()))
