@@ -21,6 +21,13 @@ Rates rise until a configuration's median p95 over --repeats runs misses the tar
 fails; then its highest passing rate is refined by bisection. At each rate the configurations take
 turns within every repetition (this machine is shared and its speed drifts). The report gives
 throughput and p50/p95/p99 per rate and each configuration's highest sustained rate.
+
+Before each rate the same engine's capacity is measured, with nothing waiting on arrivals: a burst of
+--capacity-sentences requests (drawn as above) all submitted at once, in request mode with the burst
+sorted by length (every batch of similar lengths: the most sentences per second this engine decodes),
+and in request and continuous mode in the order drawn. A queue kept full is as large as batches get,
+so no configuration completes more sentences per second under Poisson arrivals than in a burst; the
+report sets the continuous-batching goal against the bursts.
 """
 
 from __future__ import annotations
@@ -87,6 +94,42 @@ class Probe:
         return self.failed == 0 and self.p95 <= target
 
 
+@dataclass
+class Capacity:
+    """A burst decoded with nothing waiting on arrivals: how many sentences a second the engine can do."""
+
+    kind: str  # sorted (request mode, the burst sorted by length), request or continuous (order drawn)
+    sentences: int
+    seconds: float  # first submission to last completion
+    rate: float  # the rate step it was measured before
+
+    @property
+    def throughput(self) -> float:
+        return self.sentences / self.seconds
+
+
+CAPACITY_KINDS = ("sorted", "request", "continuous")
+
+
+def capacity_probe(engine: Engine, kind: str, sources: list[list[int]], args: argparse.Namespace,
+                   rate: float) -> Capacity:
+    """Decode a seeded burst of one-sentence requests in `kind`'s mode, all submitted at once."""
+    config = batching_config("continuous" if kind == "continuous" else "request", sizes_device(args))
+    n = min(args.capacity_sentences, config.max_queue)
+    burst = random.Random(args.seed).choices(sources, k=n)
+    if kind == "sorted":
+        burst.sort(key=len)
+    engine.reconfigure(config)
+    opts = DecodeOptions(beam_size=args.beam_size)
+
+    async def run() -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*(engine.translate([ids], opts, timeout_s=600.0) for ids in burst))
+        return time.perf_counter() - start
+
+    return Capacity(kind, n, asyncio.run(run()), rate)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else math.inf
@@ -133,18 +176,27 @@ async def probe(
                  percentile(latencies, 0.95), percentile(latencies, 0.99), repeat)
 
 
-def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argparse.Namespace) -> list[Probe]:
+def sweep(
+    tr: Translator, names: list[str], sources: list[list[int]], args: argparse.Namespace,
+) -> tuple[list[Probe], list[Capacity]]:
     """Rising rates until a configuration's median p95 misses the target (or a request fails), then
     bisection between its last pass and that miss. At each rate the configurations take turns within
-    every repetition, so a slow spell of this shared machine hits them alike. Returns every run."""
+    every repetition, so a slow spell of this shared machine hits them alike; the engine's capacity is
+    measured before each rate (--capacity-sentences 0: never). Returns every run and capacity burst."""
     # One engine, reconfigured between probes (it is idle then), not one per configuration: each engine
     # decodes on its own thread, and several threads running the model slow all of them down
     # (OpenMP thread teams, see Translator.load and bench_threads.py).
     configs = {name: batching_config(name, sizes_device(args)) for name in names}
     engine = Engine(tr, configs[names[0]], max_length=256)
     runs: list[Probe] = []
+    capacities: list[Capacity] = []
 
     def measure(rates: dict[str, float]) -> dict[str, Probe]:
+        for kind in CAPACITY_KINDS if args.capacity_sentences else ():
+            c = capacity_probe(engine, kind, sources, args, max(rates.values()))
+            capacities.append(c)
+            print(f"  capacity {kind:10s}: {c.throughput:6.1f} sentences/s ({c.sentences} in {c.seconds:.2f} s)",
+                  file=sys.stderr, flush=True)
         for repeat in range(args.repeats):
             for name, rate in rates.items():
                 engine.reconfigure(configs[name])
@@ -159,6 +211,8 @@ def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argp
         for name in names:  # warm-up
             engine.reconfigure(configs[name])
             asyncio.run(engine.translate(sources[:8], DecodeOptions(beam_size=args.beam_size), 60))
+        for kind in CAPACITY_KINDS if args.capacity_sentences else ():  # first bursts meet new shapes: not counted
+            capacity_probe(engine, kind, sources, args, 0.0)
         low = dict.fromkeys(names, 0.0)
         high = dict.fromkeys(names, math.inf)
         for rate in args.rates:
@@ -177,7 +231,7 @@ def sweep(tr: Translator, names: list[str], sources: list[list[int]], args: argp
                     low[name] = mids[name]
                 else:
                     high[name] = mids[name]
-        return runs
+        return runs, capacities
     finally:
         engine.close()
 
@@ -220,7 +274,35 @@ def sizes_text(name: str, args: argparse.Namespace) -> str:
             f"{c.max_queue} queued")
 
 
-def report(raw: list[Probe], args: argparse.Namespace, seconds: float) -> str:
+def capacity_lines(capacities: list[Capacity], best: dict[str, float], args: argparse.Namespace) -> list[str]:
+    """The capacity table, and the continuous goal's rate as a share of the sorted burst's throughput."""
+    if not capacities:
+        return []
+    lines = ["", "## Capacity: the same engine with nothing waiting on arrivals", "",
+             f"A burst of {capacities[0].sentences} one-sentence requests submitted at once, measured before every "
+             f"rate ({len(capacities) // len(CAPACITY_KINDS)} times); sentences per second, first submission to "
+             "last completion:", "", "| burst | median | lowest | highest |", "|---|---:|---:|---:|"]
+    medians = {}
+    for kind in CAPACITY_KINDS:
+        values = [c.throughput for c in capacities if c.kind == kind]
+        if not values:
+            continue
+        label = {"sorted": "request mode, sorted by length", "request": "request mode, order drawn",
+                 "continuous": "continuous mode, order drawn"}[kind]
+        medians[label] = statistics.median(values)
+        lines.append(f"| {label} | {medians[label]:.1f} | {min(values):.1f} | {max(values):.1f} |")
+    if medians and best.get("request"):
+        need = 1.5 * best["request"]
+        label, top = max(medians.items(), key=lambda kv: kv[1])
+        lines += ["", f"Continuous batching at 1.5x request-level's highest sustained rate would be {need:.1f} "
+                  f"requests/s: {need / top:.2f}x the highest median burst throughput ({label}, {top:.1f}). A "
+                  "queue kept full is as large as batches get, so no configuration completes more sentences a "
+                  "second under Poisson arrivals than its bursts do; offered more, its queue, and p95 with it, "
+                  "grows without bound."]
+    return lines
+
+
+def report(raw: list[Probe], args: argparse.Namespace, seconds: float, capacities: list[Capacity] | None = None) -> str:
     probes = cells(raw)
     best = {name: max((p.rate for p in ps if p.passes(args.p95_target)), default=0.0) for name, ps in probes.items()}
     lines = [
@@ -250,6 +332,7 @@ def report(raw: list[Probe], args: argparse.Namespace, seconds: float) -> str:
     for name, ps in probes.items():
         tight = [max((p.rate for p in ps if p.passes(t)), default=0.0) for t in OTHER_TARGETS]
         lines.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in tight) + " |")
+    lines += capacity_lines(capacities or [], best, args)
     lines += ["", "## Every rate (medians of the repetitions; p95 range = lowest..highest repetition)", "",
               "| configuration | offered req/s | completed/s | p50 s | p95 s | p95 range s | p99 s | failed | within "
               "target |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -278,12 +361,16 @@ def main() -> None:
     ap.add_argument("--sizes-for", choices=("cpu", "cuda"), help="take this device's batch sizes where a "
                     "configuration gives none (default: --device's, as a replica does)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--capacity-sentences", type=int, default=512, help="sentences per capacity burst, measured "
+                    "before every rate (0: none)")
     ap.add_argument("--out", type=Path, help="write the markdown report here (and .json beside it)")
     ap.add_argument("--from-json", type=Path, help="rewrite the report from an earlier run's .json (no decoding)")
     args = ap.parse_args()
     if args.from_json:
         saved = json.loads(args.from_json.read_text(encoding="utf-8"))
-        text = report([Probe(**p) for p in saved], args, 0.0)
+        if isinstance(saved, list):  # written before capacity bursts were measured
+            saved = {"probes": saved, "capacity": []}
+        text = report([Probe(**p) for p in saved["probes"]], args, 0.0, [Capacity(**c) for c in saved["capacity"]])
         print(text)
         if args.out:
             args.out.write_text(text, encoding="utf-8")
@@ -292,12 +379,13 @@ def main() -> None:
     tr = Translator.load(args.model, args.device, num_threads=args.threads)
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         sources = [tr.encode(line.strip()) for line in f if line.strip()]
-    runs = sweep(tr, args.configs.split(","), sources, args)
-    text = report(runs, args, time.perf_counter() - started)
+    runs, capacities = sweep(tr, args.configs.split(","), sources, args)
+    text = report(runs, args, time.perf_counter() - started, capacities)
     print(text)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
-        args.out.with_suffix(".json").write_text(json.dumps([asdict(p) for p in runs], indent=1), encoding="utf-8")
+        saved = {"probes": [asdict(p) for p in runs], "capacity": [asdict(c) for c in capacities]}
+        args.out.with_suffix(".json").write_text(json.dumps(saved, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
