@@ -3,7 +3,8 @@
 Two policies share one bounded queue:
 - `ContinuousScheduler` (the default, mode "continuous"): before every decoder step, admits queued
   sentences into the running batch while hypothesis rows (decode slots), the sentence cap and the
-  token budget allow, and takes out sentences whose client left or whose deadline passed.
+  token budget allow (the oldest first, then those closest to it in length), and takes out sentences
+  whose client left or whose deadline passed.
 - `RequestScheduler` (mode "request", and "none" = one sentence at a time): cuts whole batches that
   then run to completion; a batch is cut when its padded cost (longest source x sentences x beams)
   would pass the token budget, at max_batch_size sentences, or when its oldest sentence has waited
@@ -25,6 +26,9 @@ from model.search import Hypothesis
 from model.translator import DecodeOptions
 
 Mode = Literal["continuous", "request", "none"]
+# Continuous admission takes the oldest queued sentence, then those closest to it in length (as request
+# mode fills a batch); a module switch so that loadtests/bench_burst.py can run arrival order beside it.
+ADMIT_CLOSEST_LENGTHS = True
 _SEQ = itertools.count()  # one numbering for every queue: items keep their number when moved between modes
 
 
@@ -138,6 +142,19 @@ class Queue:
     def drop_dead(self, now: float) -> None:
         self.queue = deque(it for it in self.queue if not self.expired(it, now))
 
+    def _take(self, chosen: list[WorkItem]) -> None:
+        """Remove the chosen sentences from the queue (they start decoding)."""
+        seqs = {it.seq for it in chosen}
+        self.queue = deque(it for it in self.queue if it.seq not in seqs)
+
+    def closest_to_oldest(self, items: list[WorkItem] | None = None) -> list[WorkItem]:
+        """The oldest queued sentence, then `items` (default: the rest of the queue) by how far their source
+        length is from its, ties in arrival order. Sentences of similar lengths batch with little padding
+        and finish at about the same step; the oldest never waits for a better fit."""
+        oldest = self.queue[0]
+        rest = list(self.queue)[1:] if items is None else [it for it in items if it is not oldest]
+        return [oldest, *sorted(rest, key=lambda it: (abs(len(it.ids) - len(oldest.ids)), it.seq))]
+
     def record(self, batch: list[WorkItem], in_flight: int) -> None:
         s = self.stats
         s.batches += 1
@@ -164,17 +181,17 @@ class RequestScheduler(Queue):
             remaining = cfg.batch_wait_ms / 1000 - (now - oldest.enqueued)
             if remaining > 0:
                 return None, remaining
-        batch = self._fill(oldest, same, size)
-        chosen = {it.seq for it in batch}
-        self.queue = deque(it for it in self.queue if it.seq not in chosen)
+        batch = self._fill(same, size)
+        self._take(batch)
         self.record(batch, len(batch))
         return batch, 0.0
 
-    def _fill(self, oldest: WorkItem, same: list[WorkItem], size: int) -> list[WorkItem]:
+    def _fill(self, same: list[WorkItem], size: int) -> list[WorkItem]:
         """The oldest sentence plus those of closest length while the padded cost fits the budget."""
+        oldest, *others = self.closest_to_oldest(same)
         batch = [oldest]
         longest = len(oldest.ids)
-        for it in sorted(same[1:], key=lambda it: (abs(len(it.ids) - len(oldest.ids)), it.seq)):
+        for it in others:
             width = max(longest, len(it.ids))
             if len(batch) >= size or width * (len(batch) + 1) * it.opts.beam_size > self.config.max_batch_tokens:
                 break
@@ -202,27 +219,27 @@ class ContinuousScheduler(Queue):
         self.admitted_step = 0  # stats.steps at the last admission
 
     def schedule(self, now: float, capacity: int) -> Plan:
-        """Admit queued sentences first come first served while `capacity` rows, max_batch_size and
-        max_batch_tokens allow (a sentence's beams join whole); drop dead running ones."""
+        """Admit queued sentences while `capacity` rows, max_batch_size and max_batch_tokens allow (a
+        sentence's beams join whole): the oldest first, then those closest to it in length, up to the
+        first that does not fit (with ADMIT_CLOSEST_LENGTHS off: in arrival order). Drop dead running ones."""
         leave = [it for it in self.running.values() if self.expired(it, now)]
         for it in leave:
             self._release(it)
         self.drop_dead(now)
         join: list[WorkItem] = []
-        if self.running and self.queue and not self._time_to_admit(capacity):
+        if not self.queue or (self.running and not self._time_to_admit(capacity)):
             return Plan(join, leave)
-        while self.queue:
-            it = self.queue[0]
+        for it in self.closest_to_oldest() if ADMIT_CLOSEST_LENGTHS else list(self.queue):
             idle = not self.running
             if not self._fits(it, self.rows, len(self.running), self.cost, capacity) and not (
                     idle and it.opts.beam_size <= capacity):  # one sentence always runs alone, whatever its cost
                 break
-            self.queue.popleft()
             join.append(it)
             self.running[it.seq] = it
             self.rows += it.opts.beam_size
             self.cost += it.cost
         if join:
+            self._take(join)
             self.record(join, len(self.running))
             self.admitted_step = self.stats.steps
         return Plan(join, leave)

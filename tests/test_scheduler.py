@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from model import DecodeOptions
+from service import scheduler as scheduler_module
 from service.scheduler import (
     GPU_SIZES,
     BatchingConfig,
@@ -26,13 +27,28 @@ def scheduler(**config: object) -> ContinuousScheduler:
     return ContinuousScheduler(BatchingConfig(**{"max_waiting_steps": 0, **config}))  # type: ignore[arg-type]
 
 
-def test_admits_first_come_first_served_while_rows_fit() -> None:
+def test_admits_in_arrival_order_among_equal_lengths_while_rows_fit() -> None:
     s = scheduler()
     items = [item(beam=4), item(beam=4), item(beam=8), item(beam=1)]
     s.admit(items)
     plan = s.schedule(0.0, capacity=10)
     assert plan.join == items[:2] and s.rows == 8
     assert list(s.queue) == items[2:]  # the beam-8 head waits; the beam-1 behind it does not overtake
+
+
+def test_a_backlog_admits_the_oldest_then_the_closest_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [item(tokens=n) for n in (10, 30, 12, 29, 9, 11)]
+    s = scheduler(max_batch_size=4)
+    s.admit(items)
+    assert s.schedule(0.0, capacity=256).join == [items[0], items[4], items[5], items[2]]  # 10, then 9, 11, 12
+    assert list(s.queue) == [items[1], items[3]]  # in arrival order, for the next admission
+    s.finish(items[0].seq)
+    s.finish(items[4].seq)
+    assert s.schedule(0.0, capacity=256).join == [items[1], items[3]]  # 30 is now the oldest: it goes first
+    monkeypatch.setattr(scheduler_module, "ADMIT_CLOSEST_LENGTHS", False)
+    s = scheduler(max_batch_size=4)
+    s.admit(items)
+    assert s.schedule(0.0, capacity=256).join == items[:4]
 
 
 def test_sentence_cap_and_token_budget_bound_admission() -> None:
