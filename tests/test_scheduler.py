@@ -49,6 +49,12 @@ def test_a_backlog_admits_the_oldest_then_the_closest_lengths(monkeypatch: pytes
     s = scheduler(max_batch_size=4)
     s.admit(items)
     assert s.schedule(0.0, capacity=256).join == items[:4]
+    monkeypatch.setattr(scheduler_module, "ADMIT_CLOSEST_LENGTHS", True)
+    monkeypatch.setattr(scheduler_module, "ADMISSION_WINDOW", 3)  # only the 3 oldest are looked at
+    s = scheduler(max_batch_size=2)
+    s.admit(items)
+    assert s.schedule(0.0, capacity=256).join == [items[0], items[2]]  # 10, 12; not 9 or 11, further back
+    assert list(s.queue) == [items[1], *items[3:]]
 
 
 def test_sentence_cap_and_token_budget_bound_admission() -> None:
