@@ -12,8 +12,10 @@ engine, reconfigured between probes as `reconfigure` does for a live replica):
 - none: one sentence at a time (mode "none");
 - request: request-level dynamic batching (mode "request", batch_wait_ms, max_batch_size 64);
 - continuous: continuous batching (mode "continuous": sentences join and leave every decoder step);
-- continuous-arrival: the same, admitting queued sentences in arrival order instead of the oldest and
-  then those closest to it in length (service/scheduler.py ADMIT_CLOSEST_LENGTHS; before session 9).
+- continuous-arrival, request-arrival: the same, taking queued sentences in arrival order instead of
+  the oldest and then those closest to it in length (service/scheduler.py ADMIT_CLOSEST_LENGTHS).
+  Continuous admission was in arrival order before session 9; request-arrival batches as Ray's
+  `@serve.batch` does.
 
 A configuration may override BatchingConfig fields: `--configs continuous,continuous/max_waiting_steps=2`.
 Sizes not overridden are the device's, as a replica takes them (service/scheduler.py `sized_for`);
@@ -58,11 +60,12 @@ from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullEr
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 MODES = ("none", "request", "continuous")  # one at a time, request-level batching, continuous batching
-ARRIVAL = "-arrival"  # continuous-arrival: continuous batching admitting in arrival order, as before session 9
+ARRIVAL = "-arrival"  # continuous-arrival, request-arrival: sentences taken from the queue in arrival order
 
 
 def use_admission(name: str) -> None:
-    """Set continuous admission for configuration `name`'s runs: closest lengths, or arrival order."""
+    """Set how configuration `name`'s runs take sentences from the queue: the oldest, then the closest
+    lengths (service/scheduler.py ADMIT_CLOSEST_LENGTHS), or in arrival order."""
     scheduler.ADMIT_CLOSEST_LENGTHS = not name.split("/")[0].endswith(ARRIVAL)
 
 OTHER_TARGETS = [0.5, 0.75]
@@ -73,7 +76,7 @@ def batching_config(name: str, device_type: str = "cpu") -> BatchingConfig:
     """A configuration by name, with optional overrides: "continuous/max_waiting_steps=2/decode_slots=512".
 
     Sizes not given are the device's (a GPU's bigger batches), as a replica running there takes them.
-    "continuous-arrival" is continuous batching admitting in arrival order (see `use_admission`).
+    A base ending in "-arrival" takes queued sentences in arrival order (see `use_admission`).
     """
     base, *overrides = name.split("/")
     base = base.removesuffix(ARRIVAL)

@@ -26,8 +26,8 @@ from model.search import Hypothesis
 from model.translator import DecodeOptions
 
 Mode = Literal["continuous", "request", "none"]
-# Continuous admission takes the oldest queued sentence, then those closest to it in length (as request
-# mode fills a batch); a module switch so that loadtests/bench_burst.py can run arrival order beside it.
+# Both modes take the oldest queued sentence, then those closest to it in length; a module switch so
+# that loadtests/bench_batching.py and bench_burst.py can run arrival order (Ray's @serve.batch) beside it.
 ADMIT_CLOSEST_LENGTHS = True
 # Admission looks at this many of the oldest queued sentences: enough to fill the GPU sizes' 256
 # sentences, and a bounded sort at each admission however long a backlog grows (4,096 on a GPU).
@@ -192,8 +192,9 @@ class RequestScheduler(Queue):
         return batch, 0.0
 
     def _fill(self, same: list[WorkItem], size: int) -> list[WorkItem]:
-        """The oldest sentence plus those of closest length while the padded cost fits the budget."""
-        oldest, *others = closest_first(same[0], same[1:])
+        """The oldest sentence plus those of closest length (with ADMIT_CLOSEST_LENGTHS off: in arrival
+        order) while the padded cost fits the budget."""
+        oldest, *others = closest_first(same[0], same[1:]) if ADMIT_CLOSEST_LENGTHS else same
         batch = [oldest]
         longest = len(oldest.ids)
         for it in others:

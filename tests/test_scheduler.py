@@ -12,6 +12,7 @@ from service.scheduler import (
     ContinuousScheduler,
     DeadlineExceededError,
     QueueFullError,
+    RequestScheduler,
     WorkItem,
     sized_for,
 )
@@ -55,6 +56,20 @@ def test_a_backlog_admits_the_oldest_then_the_closest_lengths(monkeypatch: pytes
     s.admit(items)
     assert s.schedule(0.0, capacity=256).join == [items[0], items[2]]  # 10, 12; not 9 or 11, further back
     assert list(s.queue) == [items[1], *items[3:]]
+
+
+def test_request_batches_take_the_oldest_then_the_closest_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [item(tokens=n) for n in (10, 30, 12, 29, 9, 11)]
+    s = RequestScheduler(BatchingConfig(mode="request", max_batch_size=3))
+    s.admit(items)
+    batch, _ = s.next_batch(0.0)
+    assert batch == [items[0], items[4], items[5]]  # 10, then 9 and 11
+    batch, _ = s.next_batch(0.0)
+    assert batch == [items[1], items[3], items[2]]  # 30, then 29 and 12
+    monkeypatch.setattr(scheduler_module, "ADMIT_CLOSEST_LENGTHS", False)  # arrival order, as @serve.batch
+    s = RequestScheduler(BatchingConfig(mode="request", max_batch_size=3))
+    s.admit(items)
+    assert s.next_batch(0.0)[0] == items[:3]
 
 
 def test_sentence_cap_and_token_budget_bound_admission() -> None:
