@@ -292,8 +292,8 @@ def sizes_text(name: str, args: argparse.Namespace) -> str:
             f"{c.max_queue} queued")
 
 
-def capacity_lines(capacities: list[Capacity], best: dict[str, float], args: argparse.Namespace) -> list[str]:
-    """The capacity table, and the continuous goal's rate as a share of the sorted burst's throughput."""
+def capacity_lines(capacities: list[Capacity], best: dict[str, float]) -> list[str]:
+    """The capacity table, and the continuous goal's rate as a share of the best burst's median throughput."""
     if not capacities:
         return []
     lines = ["", "## Capacity: the same engine with nothing waiting on arrivals", "",
@@ -350,7 +350,7 @@ def report(raw: list[Probe], args: argparse.Namespace, seconds: float, capacitie
     for name, ps in probes.items():
         tight = [max((p.rate for p in ps if p.passes(t)), default=0.0) for t in OTHER_TARGETS]
         lines.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in tight) + " |")
-    lines += capacity_lines(capacities or [], best, args)
+    lines += capacity_lines(capacities or [], best)
     lines += ["", "## Every rate (medians of the repetitions; p95 range = lowest..highest repetition)", "",
               "| configuration | offered req/s | completed/s | p50 s | p95 s | p95 range s | p99 s | failed | within "
               "target |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
