@@ -15,7 +15,8 @@ beamserve-bf16; beamserve-glibc (malloc left as glibc sets it, see model/allocat
 (beam candidates ranked by torch.topk over the whole vocabulary, as before the CPU's blockwise ranking);
 beamserve-bmm (decode-step attention as before session 7: ATen's bmm on every shape, cross-attention keys
 stored (B, H, S, D) on CPU too); beamserve-lsm (log_softmax into a new tensor, as before session 8, not
-over the logits); hf; ct2-float32; ct2-int8.
+over the logits); beamserve-softmax (attention's softmax by ATen at every width, as before session 10);
+hf; ct2-float32; ct2-int8.
 
 A suffix -interN (beamserve-inter2, ct2-float32-inter2) decodes N batches in parallel, each worker with
 --threads / N intra-op threads: CTranslate2's inter_threads, and beamserve's (`Translator.load(...,
@@ -221,13 +222,16 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
         search.CHUNK = None
     if system == "beamserve-lsm":  # log_softmax into a new tensor, as before session 8, not over the logits
         search.LOG_SOFTMAX_IN_PLACE = False
+    if system == "beamserve-softmax":  # ATen's softmax at every width, as before session 10 (layers.softmax_)
+        layers.SMALL_SOFTMAX_WIDTH = 0
     if system == "beamserve-bmm":  # no broadcast product for tiny matrices, no transposed cross-attention keys
         layers.NAIVE_BMM_MACS = 0
         transformer.CPU_CROSS_KEYS_TRANSPOSED = False
     if system == "beamserve" and inter > 1:
         pool = Translator.load(own, args.device, dtype=dtype, num_threads=threads, inter_threads=inter)
         return lambda n, B, K: run_beamserve(pool, encoded[:n], B, K, steps)
-    if system in ("beamserve", "beamserve-glibc", "beamserve-topk", "beamserve-bmm", "beamserve-lsm"):
+    if system in ("beamserve", "beamserve-glibc", "beamserve-topk", "beamserve-bmm", "beamserve-lsm",
+                  "beamserve-softmax"):
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
@@ -318,6 +322,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
         pairs.append(("beamserve", "beamserve-topk"))
     if "beamserve-lsm" in workers:
         pairs.append(("beamserve", "beamserve-lsm"))
+    if "beamserve-softmax" in workers:
+        pairs.append(("beamserve", "beamserve-softmax"))
     for system in workers:
         base, inter = split_inter(system)
         if base == "beamserve" and inter > 1:

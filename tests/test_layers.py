@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from model.layers import PositionalEncoding, attention, sinusoidal_table, subsequent_mask
+from model.layers import PositionalEncoding, attention, sinusoidal_table, softmax_, subsequent_mask
 
 
 def test_attention_is_softmax_of_scaled_dot_products() -> None:
@@ -51,3 +51,23 @@ def test_decode_step_attention_equals_sdpa_on_both_sides_of_the_tiny_matmul_path
     # The same keys read through a transposed view (CrossCache's CPU layout).
     k_t = k.transpose(-1, -2).contiguous().transpose(-1, -2)
     torch.testing.assert_close(attention(q, k_t, v, mask), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("width", [1, 5, 15, 16, 17])
+def test_softmax_matches_aten_on_both_sides_of_the_narrow_row_path(width: int) -> None:
+    # Rows narrower than 16 are computed by softmax_'s own passes (layers.SMALL_SOFTMAX_WIDTH).
+    torch.manual_seed(width)
+    scores = torch.randn(64, 4, 4, width) * 4
+    scores[..., 1:] = scores[..., 1:].masked_fill(torch.rand(64, 1, 1, width - 1) > 0.6, float("-inf"))
+    expected = torch.softmax(scores, dim=-1)
+    got = softmax_(scores.clone())
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    assert bool((got[scores == float("-inf")] == 0).all())
+
+
+def test_softmax_keeps_autograd_working_on_narrow_rows() -> None:
+    # Training's cross-attention of short targets takes the decode path; in-place passes would break backward.
+    scores = torch.randn(2, 3, 5, requires_grad=True)
+    softmax_(scores * 1.0)[..., 0].sum().backward()
+    expected = torch.func.grad(lambda s: torch.softmax(s, -1)[..., 0].sum())(scores.detach())
+    torch.testing.assert_close(scores.grad, expected)
