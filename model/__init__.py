@@ -1,6 +1,8 @@
 """beamserve's model: an encoder-decoder Transformer, search, tokenization, checkpoints, training."""
 
 from model.config import ModelConfig
-from model.translator import DecodeOptions, InputTooLongError, TranslationResult, Translator
+from model.translator import DecodeOptions, InputTooLongError, InvalidTextError, TranslationResult, Translator
 
-__all__ = ["DecodeOptions", "InputTooLongError", "ModelConfig", "TranslationResult", "Translator"]
+__all__ = [
+    "DecodeOptions", "InputTooLongError", "InvalidTextError", "ModelConfig", "TranslationResult", "Translator",
+]

@@ -28,6 +28,22 @@ class InputTooLongError(ValueError):
     """A source sentence has more tokens than the model accepts (and truncation was not asked for)."""
 
 
+class InvalidTextError(ValueError):
+    """A source text that is not valid Unicode: a lone surrogate, which no UTF-8 tokenizer can take."""
+
+
+def check_text(text: str) -> None:
+    """Raise InvalidTextError when text cannot be encoded as UTF-8 (JSON's "\\ud800" decodes to such a str)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        # Python decodes bytes that are not UTF-8 to U+DC80-U+DCFF under errors="surrogateescape" (stdin, often).
+        byte = f" (byte 0x{code - 0xDC00:02x} of input that is not UTF-8)" if 0xDC80 <= code <= 0xDCFF else ""
+        raise InvalidTextError(
+            f"character {exc.start} is a lone surrogate U+{code:04X}{byte}: not valid Unicode") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class DecodeOptions:
     """Decoding options, named as in CTranslate2 / Hugging Face."""
@@ -145,9 +161,10 @@ class Translator:
         return self.model.cfg.max_position_embeddings
 
     def encode(self, text: str, *, truncate: bool = False) -> list[int]:
-        """Source text -> ids ending in </s>; [] for empty text. Raises InputTooLongError."""
+        """Source text -> ids ending in </s>; [] for empty text. Raises InputTooLongError, InvalidTextError."""
         if not text.strip():
             return []
+        check_text(text)
         ids = self.tokenizer.encode(text)
         limit = self.max_source_tokens
         if len(ids) > limit:
@@ -163,7 +180,12 @@ class Translator:
         """Translate texts; options as a DecodeOptions or keyword arguments (beam_size=4, ...)."""
         opts = replace(options or DecodeOptions(), **kwargs)  # type: ignore[arg-type]
         opts.validate()
-        sources = [self.encode(t, truncate=opts.truncate) for t in texts]
+        sources = []
+        for i, text in enumerate(texts):
+            try:
+                sources.append(self.encode(text, truncate=opts.truncate))
+            except (InputTooLongError, InvalidTextError) as exc:  # say which text
+                raise type(exc)(f"texts[{i}]: {exc}") from None
         hyps = self.translate_ids(sources, opts, progress)
         return [self._result(h, len(src)) for h, src in zip(hyps, sources, strict=True)]
 

@@ -22,7 +22,14 @@ from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from model.translator import DecodeOptions, InputTooLongError, Translator, resolve_model_path
+from model.translator import (
+    DecodeOptions,
+    InputTooLongError,
+    InvalidTextError,
+    Translator,
+    check_text,
+    resolve_model_path,
+)
 from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError, RequestTooLargeError
 from service.metrics import ModelMetrics, gateway_metrics
 from service.scheduler import batching_knobs, sized_for
@@ -89,6 +96,8 @@ class PairModel:
             sources = [self.translator.encode(t) for t in texts]
         except InputTooLongError as exc:
             return {"status": 422, "error": "input_too_long", "detail": str(exc)}
+        except InvalidTextError as exc:  # the gateway checks first; this keeps the replica's own answer a 422
+            return {"status": 422, "error": "invalid_text", "detail": str(exc)}
         try:
             hyps = await self.engine.translate(sources, opts, timeout_s)
         except RequestTooLargeError as exc:
@@ -321,6 +330,10 @@ class Gateway:
             if len(text) > s.max_text_chars:
                 raise ApiError(422, "text_too_long",
                                f"texts[{i}] has {len(text)} characters; at most {s.max_text_chars}")
+            try:
+                check_text(text)
+            except InvalidTextError as exc:
+                raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
         if req.beam_size > s.max_beam_size:
             raise ApiError(422, "invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
         if req.num_hypotheses > req.beam_size:

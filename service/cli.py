@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 
@@ -31,12 +32,33 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                          max_batch_size=args.max_batch_size)
 
 
+def _first_unusable(tr, lines: list[str], truncate: bool = False, too_long_hint: str = "") -> str | None:  # type: ignore[no-untyped-def]
+    """"line N: why" for the first source line the model cannot take (too long, not valid Unicode), else None."""
+    from model import InputTooLongError, InvalidTextError
+
+    for n, line in enumerate(lines, 1):
+        try:
+            tr.encode(line, truncate=truncate)
+        except InputTooLongError as exc:
+            return f"line {n}: {exc}{too_long_hint}"
+        except InvalidTextError as exc:
+            return f"line {n}: {exc}"
+    return None
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     from model import Translator
 
     tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
                          inter_threads=args.inter_threads)
-    lines = [line.rstrip("\n") for line in sys.stdin]
+    # UTF-8 whatever the locale; bytes that are not UTF-8 come through as lone surrogates, which
+    # _first_unusable reports with their line instead of a UnicodeDecodeError traceback.
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
+    lines = [line.rstrip("\n") for line in stdin]
+    if (problem := _first_unusable(tr, lines, args.truncate, " (--truncate cuts such sources to fit)")) is not None:
+        tr.close()
+        print(f"beamserve translate: stdin {problem}", file=sys.stderr)
+        return 2
     try:
         with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.quiet) as bar:
             results = tr.translate(lines, _options(args), progress=bar.update, truncate=args.truncate)
@@ -54,8 +76,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
                          inter_threads=args.inter_threads)
+    sources = read_text(Path(args.src))
+    if (problem := _first_unusable(tr, sources)) is not None:
+        tr.close()
+        print(f"beamserve evaluate: {args.src} {problem}", file=sys.stderr)
+        return 2
     try:
-        ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), _options(args))
+        ev, hyps = evaluate(tr, sources, read_text(Path(args.ref)), _options(args))
     finally:
         tr.close()
     print(ev.report())

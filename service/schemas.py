@@ -11,11 +11,13 @@ class TranslateRequest(BaseModel):
     texts: list[str] = Field(min_length=1, description="sentences to translate")
     source: str = Field(min_length=2, max_length=16, examples=["en"])
     target: str = Field(min_length=2, max_length=16, examples=["de"])
-    beam_size: int = Field(4, ge=1)
-    num_hypotheses: int = Field(1, ge=1)
-    length_penalty: float = Field(1.0, ge=-5.0, le=5.0)
-    max_decoding_length: int | None = Field(None, ge=1)
-    timeout_s: float | None = Field(None, gt=0, description="answer 504 after this long (capped by the server)")
+    # Integers strictly: JSON true or "4" is a client's mistake, not beam size 1 or 4.
+    beam_size: int = Field(4, ge=1, strict=True)
+    num_hypotheses: int = Field(1, ge=1, strict=True)
+    length_penalty: float = Field(1.0, ge=-5.0, le=5.0, allow_inf_nan=False)
+    max_decoding_length: int | None = Field(None, ge=1, strict=True)
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                    description="answer 504 after this long (capped by the server)")
 
 
 class Translation(BaseModel):

@@ -1,5 +1,6 @@
 """The shipped Multi30k models translate out of the box."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,21 @@ def test_translate_command_with_worker_processes_writes_the_same_lines() -> None
     pooled = subprocess.run([*base, "--inter-threads", "2"], input=text, capture_output=True, text=True, check=True,
                             cwd=REPO, timeout=120).stdout
     assert pooled == alone and len(pooled.splitlines()) == 4
+
+
+@pytest.mark.parametrize(
+    ("stdin", "needle"),
+    [
+        (b"A dog.\n" + b"dog " * 600 + b"\n", "stdin line 2: source has"),
+        (b"A dog.\n\xff\xfe bytes that are not UTF-8\n", "stdin line 2: character 0 is a lone surrogate U+DCFF"),
+    ],
+)
+def test_translate_command_names_the_line_it_cannot_take_and_exits_2(stdin: bytes, needle: str) -> None:
+    env = {**os.environ, "LC_ALL": "C.UTF-8"}  # a UTF-8 locale, where Python's own stdin would raise
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--quiet"],
+        input=stdin, capture_output=True, cwd=REPO, env=env, timeout=120,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and needle in err, err
+    assert "Traceback" not in err and proc.stdout == b""

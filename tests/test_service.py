@@ -77,6 +77,8 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
         ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": 2, "num_hypotheses": 3}, 422,
          "num_hypotheses"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "unknown": 1}, 422, "unknown"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": True}, 422, "valid integer"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": "4"}, 422, "valid integer"),
     ],
 )
 def test_bad_requests_get_clear_4xx(client: httpx.Client, body: dict[str, object], status: int, needle: str) -> None:
@@ -95,12 +97,26 @@ def test_invalid_json_invalid_utf8_and_oversized_bodies(client: httpx.Client) ->
     headers = {"content-type": "application/json"}
     r = client.post("/v1/translate", content=b'{"texts": [', headers=headers)
     assert r.status_code == 422 and "json" in r.text.lower()
+    nan = b'{"texts": ["A dog."], "source": "en", "target": "de", "length_penalty": NaN}'  # Python's json reads NaN
+    r = client.post("/v1/translate", content=nan, headers=headers)
+    assert r.status_code == 422 and "finite" in r.text, r.text
     bad_utf8 = b'{"texts": ["\xff\xfe"], "source": "en", "target": "de"}'
     r = client.post("/v1/translate", content=bad_utf8, headers=headers)
     assert 400 <= r.status_code < 500, r.text
     big = json.dumps({"texts": ["a" * 1000] * 1200, "source": "en", "target": "de"}).encode()
     r = client.post("/v1/translate", content=big, headers=headers)
     assert r.status_code == 413 and "bytes" in r.text
+
+
+def test_a_lone_surrogate_is_a_4xx_naming_the_text(client: httpx.Client) -> None:
+    # Valid JSON ("\\ud800" is a legal escape) that decodes to a str no UTF-8 tokenizer can take.
+    body = b'{"texts": ["A dog.", "A \\ud800 dog."], "source": "en", "target": "de"}'
+    r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_text", r.text
+    assert "texts[1]" in r.json()["detail"] and "surrogate" in r.json()["detail"]
+    r = client.post("/translate", content=b'{"q": "\\udfff", "source": "en", "target": "de"}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "surrogate" in r.text, r.text
 
 
 def test_libretranslate_json_form_lists_and_alternatives(client: httpx.Client) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import DecodeOptions, InputTooLongError, Translator
+from model import DecodeOptions, InputTooLongError, InvalidTextError, Translator
 from model.decoding import CachedStepper, generate, pad_batch
 from model.search import beam_search
 
@@ -60,10 +60,17 @@ def test_empty_input_translates_to_empty_output(tr: Translator) -> None:
 def test_over_long_source_is_rejected_or_truncated_on_request(tr: Translator) -> None:
     limit = tr.max_source_tokens
     text = "dog " * (limit + 10)
-    with pytest.raises(InputTooLongError, match=f"at most {limit}"):
-        tr.translate([text])
+    with pytest.raises(InputTooLongError, match=rf"texts\[1\]: .*at most {limit}"):
+        tr.translate(["A dog.", text])
     result = tr.translate([text], truncate=True, max_decoding_length=5)[0]
     assert result.source_tokens == limit
+
+
+def test_text_that_is_not_unicode_is_a_clear_error(tr: Translator) -> None:
+    # A lone surrogate: what JSON's "\\ud800" or undecodable bytes read with surrogateescape become.
+    with pytest.raises(InvalidTextError, match=r"texts\[1\]: character 2 is a lone surrogate U\+D800"):
+        tr.translate(["A dog.", "A \ud800 dog."])
+    assert tr.translate(["A \u00e9t\u00e9 \U0001f6b2 dog."])[0].hypotheses[0]  # valid non-ASCII is fine
 
 
 def test_max_decoding_length_caps_output(tr: Translator, sources: list[str]) -> None:
