@@ -31,6 +31,7 @@ from model.translator import (
     resolve_model_path,
 )
 from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError, RequestTooLargeError
+from service.html_text import HtmlDocument, join_nbest
 from service.metrics import ModelMetrics, gateway_metrics
 from service.scheduler import batching_knobs, sized_for
 from service.schemas import (
@@ -256,6 +257,9 @@ class Gateway:
             raise ApiError(400, "invalid_request", "language detection is not supported: pass source explicitly")
         if body.get("format", "text") not in ("text", "html"):
             raise ApiError(400, "invalid_request", "format must be 'text' or 'html'")
+        # HTML: only text nodes are translated, each on its own; the markup comes back as it was.
+        docs = [HtmlDocument(t) for t in texts] if body.get("format") == "html" else None
+        segments = [node for doc in docs for node in doc.texts] if docs is not None else texts
         try:
             alternatives = int(body.get("alternatives", 0) or 0)
         except (TypeError, ValueError):
@@ -265,7 +269,9 @@ class Gateway:
             raise ApiError(400, "invalid_request", f"alternatives must be between 0 and {limit}")
         try:
             req = TranslateRequest.model_validate({
-                "texts": texts, "source": str(body.get("source", "")), "target": str(body.get("target", "")),
+                # A document of markup alone still goes through the checks (with one empty text).
+                "texts": segments or [""], "source": str(body.get("source", "")),
+                "target": str(body.get("target", "")),
                 "beam_size": max(4, alternatives + 1), "num_hypotheses": alternatives + 1,
             })
         except ValidationError as exc:
@@ -273,8 +279,11 @@ class Gateway:
             raise ApiError(400, "invalid_request", problems) from None
         pair, opts = self._check(req, request)
         out = await self._call(pair, req.texts, opts)
-        best = [hs[0][0] for hs in out["translations"]]
-        alts = [[h[0] for h in hs[1:]] for hs in out["translations"]]
+        nbest = [[h[0] for h in hs] for hs in out["translations"]]
+        if docs is not None:
+            nbest = join_nbest(docs, nbest, alternatives + 1)
+        best = [n[0] for n in nbest]
+        alts = [n[1:] for n in nbest]
         result: dict[str, Any] = {"translatedText": best[0] if isinstance(q, str) else best}
         if alternatives:
             result["alternatives"] = alts[0] if isinstance(q, str) else alts

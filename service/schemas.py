@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TranslateRequest(BaseModel):
@@ -11,6 +11,11 @@ class TranslateRequest(BaseModel):
     texts: list[str] = Field(min_length=1, description="sentences to translate")
     source: str = Field(min_length=2, max_length=16, examples=["en"])
     target: str = Field(min_length=2, max_length=16, examples=["de"])
+
+    @field_validator("source", "target")
+    @classmethod
+    def _language_code(cls, code: str) -> str:
+        return code.strip().lower()  # language codes are case-insensitive: "EN" is "en"
     # Integers strictly: JSON true or "4" is a client's mistake, not beam size 1 or 4.
     beam_size: int = Field(4, ge=1, strict=True)
     num_hypotheses: int = Field(1, ge=1, strict=True)

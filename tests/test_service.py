@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import html
 import json
 import os
 import subprocess
@@ -133,6 +134,20 @@ def test_libretranslate_json_form_lists_and_alternatives(client: httpx.Client) -
     assert r.status_code == 400 and "served pairs" in r.text
     langs = client.get("/languages").json()
     assert {"code": "en", "name": "English", "targets": ["de", "fr"]} in langs
+
+
+def test_libretranslate_html_keeps_markup_and_translates_each_text_node(client: httpx.Client) -> None:
+    plain = client.post("/v1/translate", json={"texts": ["A dog is running.", "Two men"], "source": "en",
+                                               "target": "de", "beam_size": 4}).json()["translations"]
+    fragment = '<p class="x">A dog is running.</p><script>if (a < b) {}</script> <b>Two men</b>'
+    r = client.post("/translate", json={"q": [fragment, "<hr>"], "source": "en", "target": "de", "format": "html"})
+    assert r.status_code == 200, r.text
+    out, markup_only = r.json()["translatedText"]
+    assert out == (f'<p class="x">{html.escape(plain[0]["text"], quote=False)}</p><script>if (a < b) {{}}</script> '
+                   f'<b>{html.escape(plain[1]["text"], quote=False)}</b>')
+    assert markup_only == "<hr>"
+    r = client.post("/translate", json={"q": "<br/>", "source": "EN", "target": "De", "format": "html"})
+    assert r.status_code == 200 and r.json()["translatedText"] == "<br/>"  # language codes in any case
 
 
 def test_libretranslatepy_client_works_unchanged(server: str) -> None:
