@@ -49,6 +49,8 @@ def _first_unusable(tr, lines: list[str], truncate: bool = False, too_long_hint:
 def cmd_translate(args: argparse.Namespace) -> int:
     from model import Translator
 
+    opts = _options(args)
+    opts.validate()  # before the model loads
     tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
                          inter_threads=args.inter_threads)
     # UTF-8 whatever the locale; bytes that are not UTF-8 come through as lone surrogates, which
@@ -61,7 +63,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         return 2
     try:
         with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.quiet) as bar:
-            results = tr.translate(lines, _options(args), progress=bar.update, truncate=args.truncate)
+            results = tr.translate(lines, opts, progress=bar.update, truncate=args.truncate)
     finally:
         tr.close()
     for r in results:
@@ -74,6 +76,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from model.data import read_text
     from model.evaluate import evaluate
 
+    opts = _options(args)
+    opts.validate()  # before the model loads
     tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
                          inter_threads=args.inter_threads)
     sources = read_text(Path(args.src))
@@ -82,7 +86,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"beamserve evaluate: {args.src} {problem}", file=sys.stderr)
         return 2
     try:
-        ev, hyps = evaluate(tr, sources, read_text(Path(args.ref)), _options(args))
+        ev, hyps = evaluate(tr, sources, read_text(Path(args.ref)), opts)
     finally:
         tr.close()
     print(ev.report())
@@ -200,8 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (FileNotFoundError, ValueError) as exc:  # a wrong path, model, option or input: no traceback
+        print(f"beamserve {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

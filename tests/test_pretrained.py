@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from model import Translator
 from model.translator import shipped_models
@@ -94,3 +95,27 @@ def test_translate_command_names_the_line_it_cannot_take_and_exits_2(stdin: byte
     err = proc.stderr.decode()
     assert proc.returncode == 2 and needle in err, err
     assert "Traceback" not in err and proc.stdout == b""
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["translate", "--model", "no-such-model"], "beamserve translate: error: no model directory 'no-such-model'"),
+        (["translate", "--model", "en-de", "--beam-size", "2", "--num-hypotheses", "3"],
+         "beamserve translate: error: num_hypotheses must be between 1 and beam_size (2)"),
+        (["evaluate", "--model", "en-de", "--src", "/no/such.en", "--ref", "/no/such.de"],
+         "beamserve evaluate: error: [Errno 2] No such file or directory: '/no/such.en'"),
+    ],
+)
+def test_commands_report_user_errors_in_one_line_with_exit_2(args: list[str], needle: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "service.cli", *args], input="A dog.\n", capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_asking_for_cuda_without_a_gpu_is_a_clear_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: nothing to refuse")
+    with pytest.raises(ValueError, match="sees no CUDA GPU"):
+        Translator.load("en-de", "cuda")
