@@ -29,13 +29,13 @@ lint: install
 	$(VENV)/bin/mypy model service
 
 bench-decode: install
-	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_decode.py --out loadtests/DECODE_BENCH.md
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_decode.py --out loadtests/results/decode_latest.md
 
 bench-gemm: install
 	$(PY) loadtests/bench_gemm.py
 
 bench-batching: install
-	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_batching.py --out loadtests/BATCHING_BENCH.md
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_batching.py --out loadtests/results/batching_latest.md
 
 loadtest: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out loadtests/results --external http://127.0.0.1:8000
