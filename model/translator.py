@@ -116,10 +116,10 @@ class Translator:
         start = time.perf_counter()
         directory = resolve_model_path(path)
         dev = torch.device(device) if device is not None else default_device()
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {str(dev)!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU")
         if inter_threads > 1 and dev.type != "cpu":
             raise ValueError(f"inter_threads > 1 runs on CPU only (device=\"cpu\"), not {dev.type}")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(dev)!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU")
         torch_dtype = resolve_dtype(dtype, dev)
         cpus = len(os.sched_getaffinity(0))
         pool = None
