@@ -44,6 +44,8 @@ from service.schemas import (
     Translation,
     Usage,
 )
+from service.sentences import join_nbest as join_sentence_nbest
+from service.sentences import split_sentences
 from service.settings import BODY_LIMIT, Settings
 
 LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
@@ -235,7 +237,7 @@ class Gateway:
               responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 503, 504)})
     async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
         pair, opts = self._check(req, request)
-        out = await self._call(pair, req.texts, opts, req.timeout_s)
+        out = await self._call(pair, req.texts, opts, req.timeout_s, split=req.split_sentences)
         translations = [
             Translation(text=hs[0][0], score=hs[0][1],
                         hypotheses=[h[0] for h in hs] if req.num_hypotheses > 1 else None,
@@ -353,10 +355,18 @@ class Gateway:
         return pair, opts
 
     async def _call(
-        self, pair: str, texts: list[str], opts: dict[str, Any], timeout_s: float | None = None,
+        self, pair: str, texts: list[str], opts: dict[str, Any], timeout_s: float | None = None, *,
+        split: bool = True,
     ) -> dict[str, Any]:
+        """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
+        "translations" holds each text's n-best list of (text, score), its sentences joined back."""
         timeout = min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
-        response = self.pairs[pair].translate.remote(texts, opts, timeout)
+        pieces = [split_sentences(t) if split else ([t], []) for t in texts]
+        # A text that is one sentence goes as it came (what the library gets for it).
+        pieces = [(sents, seps) if len(sents) > 1 else ([t], [])
+                  for t, (sents, seps) in zip(texts, pieces, strict=True)]
+        sentences = [sentence for sents, _ in pieces for sentence in sents]
+        response = self.pairs[pair].translate.remote(sentences, opts, timeout)
 
         async def answer() -> dict[str, Any]:
             return await response
@@ -369,6 +379,10 @@ class Gateway:
         if out["status"] != 200:
             headers = {"Retry-After": str(math.ceil(out["retry_after"]))} if "retry_after" in out else None
             raise ApiError(out["status"], out["error"], out["detail"], headers)
+        per_sentence, joined = iter(out["translations"]), []
+        for sents, seps in pieces:
+            joined.append(join_sentence_nbest([next(per_sentence) for _ in sents], seps))
+        out["translations"] = joined
         return out
 
 

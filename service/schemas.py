@@ -23,6 +23,9 @@ class TranslateRequest(BaseModel):
     max_decoding_length: int | None = Field(None, ge=1, strict=True)
     timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,
                                     description="answer 504 after this long (capped by the server)")
+    split_sentences: bool = Field(True, strict=True, description=(
+        "translate each sentence of a text on its own and join them back (DeepL's option); false sends "
+        "each text to the model whole"))
 
 
 class Translation(BaseModel):

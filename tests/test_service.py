@@ -109,6 +109,24 @@ def test_invalid_json_invalid_utf8_and_oversized_bodies(client: httpx.Client) ->
     assert r.status_code == 413 and "bytes" in r.text
 
 
+def test_a_paragraph_is_translated_sentence_by_sentence_unless_asked_not_to(client: httpx.Client) -> None:
+    def post(texts: list[str], **options: object) -> list[dict[str, object]]:
+        r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", **options})
+        assert r.status_code == 200, r.text
+        return list(r.json()["translations"])
+
+    first, second = "A dog is running in the snow.", "Two men are sitting on a bench."
+    alone = post([first, second], num_hypotheses=2, beam_size=4)
+    joined = post([f"{first}  {second}", first], num_hypotheses=2, beam_size=4)
+    assert joined[0]["text"] == f"{alone[0]['text']}  {alone[1]['text']}"  # the separator kept
+    assert joined[0]["score"] == pytest.approx((alone[0]["score"] + alone[1]["score"]) / 2, abs=1e-5)  # batch rounding
+    assert joined[0]["hypotheses"][1] == f"{alone[0]['hypotheses'][1]}  {alone[1]['hypotheses'][1]}"
+    assert joined[1]["hypotheses"] == alone[0]["hypotheses"]  # a one-sentence text is untouched
+    assert joined[1]["scores"] == pytest.approx(alone[0]["scores"], abs=1e-5)
+    whole = post([f"{first}  {second}"], split_sentences=False)[0]["text"]
+    assert whole != joined[0]["text"]  # the model given both at once (it drops or merges one, untrained on pairs)
+
+
 def test_a_lone_surrogate_is_a_4xx_naming_the_text(client: httpx.Client) -> None:
     # Valid JSON ("\\ud800" is a legal escape) that decodes to a str no UTF-8 tokenizer can take.
     body = b'{"texts": ["A dog.", "A \\ud800 dog."], "source": "en", "target": "de"}'
@@ -207,7 +225,8 @@ def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, clien
         async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
             async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
                 busy = asyncio.create_task(ac.post("/v1/translate", json={
-                    "texts": [LONG, LONG + " Two", LONG + " Three"], "source": "en", "target": "de", "beam_size": 8}))
+                    "texts": [LONG, LONG[:-1] + " today.", LONG[:-1] + " again."], "source": "en", "target": "de",
+                    "beam_size": 8}))
                 # One of busy's sentences decodes, two wait: the queue holds 2 of 3 (polled, not slept on,
                 # so a slow proxy hop or a fast decoder cannot move the moment the queue is full).
                 deadline = time.monotonic() + 10
@@ -237,7 +256,7 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
         async def scenario() -> None:
             async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
                 busy = asyncio.create_task(ac.post("/v1/translate", json={
-                    "texts": [LONG, LONG + " Two"], "source": "en", "target": "de", "beam_size": 8}))
+                    "texts": [LONG, LONG[:-1] + " today."], "source": "en", "target": "de", "beam_size": 8}))
                 await asyncio.sleep(0.1)
                 with pytest.raises(httpx.TimeoutException):
                     await ac.post("/v1/translate", json={"texts": ["A dog.", "A cat."], "source": "en", "target": "de"},
@@ -261,8 +280,8 @@ def test_client_that_disconnects_mid_decode_frees_its_slots(server: str, client:
     steps_needed = [len(r.token_ids[0]) + 1 for r in alone]  # decoder steps each sentence needs in continuous mode
     before = client.get("/v1/stats").json()["en-de"]
     with pytest.raises(httpx.TimeoutException):  # gone after a few decoder steps
-        client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8},
-                    timeout=0.3)
+        client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8,
+                                           "split_sentences": False}, timeout=0.3)  # each text whole, as `alone`
     for _ in range(100):
         after = client.get("/v1/stats").json()["en-de"]
         if after["active"] == 0 and after["cancelled"] > before["cancelled"]:
