@@ -44,8 +44,7 @@ from service.schemas import (
     Translation,
     Usage,
 )
-from service.sentences import join_nbest as join_sentence_nbest
-from service.sentences import split_sentences
+from service.sentences import join_translations, split_sentences
 from service.settings import BODY_LIMIT, Settings
 
 LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
@@ -361,10 +360,8 @@ class Gateway:
         """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
         "translations" holds each text's n-best list of (text, score), its sentences joined back."""
         timeout = min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
+        # A one-sentence text goes as it came (what the library gets for it).
         pieces = [split_sentences(t) if split else ([t], []) for t in texts]
-        # A text that is one sentence goes as it came (what the library gets for it).
-        pieces = [(sents, seps) if len(sents) > 1 else ([t], [])
-                  for t, (sents, seps) in zip(texts, pieces, strict=True)]
         sentences = [sentence for sents, _ in pieces for sentence in sents]
         response = self.pairs[pair].translate.remote(sentences, opts, timeout)
 
@@ -381,7 +378,7 @@ class Gateway:
             raise ApiError(out["status"], out["error"], out["detail"], headers)
         per_sentence, joined = iter(out["translations"]), []
         for sents, seps in pieces:
-            joined.append(join_sentence_nbest([next(per_sentence) for _ in sents], seps))
+            joined.append(join_translations([next(per_sentence) for _ in sents], seps))
         out["translations"] = joined
         return out
 

@@ -204,8 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except (FileNotFoundError, ValueError) as exc:  # a wrong path, model, option or input: no traceback

@@ -25,9 +25,10 @@ _LAST_WORD = re.compile(rf"(\S+?)[.!?\u2026]+{_CLOSE}$")
 
 
 def split_sentences(text: str) -> tuple[list[str], list[str]]:
-    """text -> (sentences, separators) with text.strip() == s[0] + sep[0] + s[1] + ... + s[-1].
+    """text -> (sentences, separators) with text == s[0] + sep[0] + s[1] + ... + s[-1].
 
-    A text without a boundary (or a blank one) comes back whole, as one sentence.
+    A text without a boundary (or a blank one) comes back whole, as one sentence. The text's leading
+    and trailing whitespace stay on its first and last sentences (a tokenizer ignores them).
     """
     body = text.strip()
     cuts: list[tuple[int, int]] = []  # (sentence end, next sentence start)
@@ -48,6 +49,9 @@ def split_sentences(text: str) -> tuple[list[str], list[str]]:
         separators.append(body[end:nxt])
         start = nxt
     sentences.append(body[start:])
+    lead = text[: len(text) - len(text.lstrip())]
+    sentences[0] = lead + sentences[0]
+    sentences[-1] += text[len(lead) + len(body):]
     return sentences, separators
 
 
@@ -56,7 +60,7 @@ def _abbreviation(word: str) -> bool:
     return len(word.replace(".", "")) == 1 or word in ABBREVIATIONS or ("." in word and len(word) <= 6)
 
 
-def join_nbest(
+def join_translations(
     nbest: list[list[tuple[str, float]]], separators: list[str],
 ) -> list[tuple[str, float]]:
     """A text's n-best from its sentences' n-best lists (text, score): rank r joins every sentence's r-th
@@ -71,7 +75,7 @@ def join_nbest(
 
 
 def join_sentences(translations: list[str], separators: list[str]) -> str:
-    """The inverse of split_sentences for translated sentences: the original separators between them."""
+    """Translated sentences with the original separators between them (split_sentences' inverse)."""
     out = [translations[0]]
     for sep, sentence in zip(separators, translations[1:], strict=True):
         out += [sep, sentence]
