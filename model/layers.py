@@ -32,7 +32,7 @@ def attention(
 # ATen's CPU softmax over a last dimension narrower than one AVX-512 vector of floats (16) runs a
 # scalar loop: 234 us on (1024 rows x 15) against 16 us at 16 wide (1 thread). A decode step meets such
 # widths in every cross-attention (sources are mostly under 16 tokens) and in self-attention's first 15
-# steps. 0 sends every width to torch.softmax (a switch for loadtests/bench_decode.py).
+# steps. 0 sends every width to torch.softmax (bench_decode.py's beamserve-softmax; bench_switch.py).
 SMALL_SOFTMAX_WIDTH = 16
 
 

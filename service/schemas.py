@@ -8,14 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    texts: list[str] = Field(min_length=1, description="sentences to translate")
+    texts: list[str] = Field(min_length=1, description="texts to translate (a paragraph is split into sentences)")
     source: str = Field(min_length=2, max_length=16, examples=["en"])
     target: str = Field(min_length=2, max_length=16, examples=["de"])
-
-    @field_validator("source", "target")
-    @classmethod
-    def _language_code(cls, code: str) -> str:
-        return code.strip().lower()  # language codes are case-insensitive: "EN" is "en"
     # Integers strictly: JSON true or "4" is a client's mistake, not beam size 1 or 4.
     beam_size: int = Field(4, ge=1, strict=True)
     num_hypotheses: int = Field(1, ge=1, strict=True)
@@ -26,6 +21,11 @@ class TranslateRequest(BaseModel):
     split_sentences: bool = Field(True, strict=True, description=(
         "translate each sentence of a text on its own and join them back (DeepL's option); false sends "
         "each text to the model whole"))
+
+    @field_validator("source", "target")
+    @classmethod
+    def _language_code(cls, code: str) -> str:
+        return code.strip().lower()  # language codes are case-insensitive: "EN" is "en"
 
 
 class Translation(BaseModel):
