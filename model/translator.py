@@ -24,11 +24,22 @@ PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class InputTooLongError(ValueError):
+class SourceError(ValueError):
+    """A source text the model cannot take; `index` is its place among the texts given to translate()."""
+
+    def __init__(self, reason: str, index: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.index = reason, index
+
+    def __str__(self) -> str:
+        return self.reason if self.index is None else f"texts[{self.index}]: {self.reason}"
+
+
+class InputTooLongError(SourceError):
     """A source sentence has more tokens than the model accepts (and truncation was not asked for)."""
 
 
-class InvalidTextError(ValueError):
+class InvalidTextError(SourceError):
     """A source text that is not valid Unicode: a lone surrogate, which no UTF-8 tokenizer can take."""
 
 
@@ -186,8 +197,8 @@ class Translator:
         for i, text in enumerate(texts):
             try:
                 sources.append(self.encode(text, truncate=opts.truncate))
-            except (InputTooLongError, InvalidTextError) as exc:  # say which text
-                raise type(exc)(f"texts[{i}]: {exc}") from None
+            except SourceError as exc:  # say which text
+                raise type(exc)(exc.reason, i) from None
         hyps = self.translate_ids(sources, opts, progress)
         return [self._result(h, len(src)) for h, src in zip(hyps, sources, strict=True)]
 

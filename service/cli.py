@@ -6,8 +6,12 @@ import argparse
 import io
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from model.translator import SourceError
 
 
 def _decode_args(p: argparse.ArgumentParser) -> None:
@@ -32,38 +36,30 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                          max_batch_size=args.max_batch_size)
 
 
-def _first_unusable(tr, lines: list[str], truncate: bool = False, too_long_hint: str = "") -> str | None:  # type: ignore[no-untyped-def]
-    """"line N: why" for the first source line the model cannot take (too long, not valid Unicode), else None."""
-    from model import InputTooLongError, InvalidTextError
-
-    for n, line in enumerate(lines, 1):
-        try:
-            tr.encode(line, truncate=truncate)
-        except InputTooLongError as exc:
-            return f"line {n}: {exc}{too_long_hint}"
-        except InvalidTextError as exc:
-            return f"line {n}: {exc}"
-    return None
+def _line_problem(source: str, exc: SourceError) -> str:
+    """"stdin line 3: why" for a source text the model refused (translate() numbers texts from 0)."""
+    return f"{source} line {(exc.index or 0) + 1}: {exc.reason}"
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from model import Translator
+    from model import InputTooLongError, SourceError, Translator
 
     opts = _options(args)
     opts.validate()  # before the model loads
     tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
                          inter_threads=args.inter_threads)
     # UTF-8 whatever the locale; bytes that are not UTF-8 come through as lone surrogates, which
-    # _first_unusable reports with their line instead of a UnicodeDecodeError traceback.
+    # translate() refuses (InvalidTextError) instead of a UnicodeDecodeError traceback here.
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
     lines = [line.rstrip("\n") for line in stdin]
-    if (problem := _first_unusable(tr, lines, args.truncate, " (--truncate cuts such sources to fit)")) is not None:
-        tr.close()
-        print(f"beamserve translate: stdin {problem}", file=sys.stderr)
-        return 2
     try:
+        # translate() encodes every line before it decodes any, so a bad line stops it at once.
         with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.quiet) as bar:
             results = tr.translate(lines, opts, progress=bar.update, truncate=args.truncate)
+    except SourceError as exc:
+        hint = " (--truncate cuts such sources to fit)" if isinstance(exc, InputTooLongError) else ""
+        print(f"beamserve translate: {_line_problem('stdin', exc)}{hint}", file=sys.stderr)
+        return 2
     finally:
         tr.close()
     for r in results:
@@ -72,7 +68,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from model import Translator
+    from model import SourceError, Translator
     from model.data import read_text
     from model.evaluate import evaluate
 
@@ -80,13 +76,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     opts.validate()  # before the model loads
     tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
                          inter_threads=args.inter_threads)
-    sources = read_text(Path(args.src))
-    if (problem := _first_unusable(tr, sources)) is not None:
-        tr.close()
-        print(f"beamserve evaluate: {args.src} {problem}", file=sys.stderr)
-        return 2
     try:
-        ev, hyps = evaluate(tr, sources, read_text(Path(args.ref)), opts)
+        ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), opts)
+    except SourceError as exc:
+        print(f"beamserve evaluate: {_line_problem(args.src, exc)}", file=sys.stderr)
+        return 2
     finally:
         tr.close()
     print(ev.report())
