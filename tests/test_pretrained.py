@@ -69,6 +69,18 @@ def test_translate_command_reads_stdin_and_writes_one_line_each() -> None:
     assert "sent" in proc.stderr  # the progress bar
 
 
+def test_translate_command_decoding_options_give_the_library_s_n_best(en_de: Translator) -> None:
+    lines = ["A dog.", "A man is sleeping."]
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--quiet",
+         "--num-hypotheses", "2", "--min-decoding-length", "8", "--early-stopping"],
+        input="\n".join(lines) + "\n", capture_output=True, text=True, check=True, cwd=REPO, timeout=120,
+    )
+    want = en_de.translate(lines, beam_size=4, num_hypotheses=2, min_decoding_length=8, early_stopping=True)
+    assert proc.stdout.splitlines() == [" ||| ".join(r.hypotheses) for r in want]
+    assert all(len(ids) >= 8 for r in want for ids in r.token_ids)  # the option reached the search
+
+
 def test_translate_command_with_worker_processes_writes_the_same_lines() -> None:
     text = "A dog.\n\nA man is sleeping.\nTwo children play football in a park.\n"
     base = [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--threads", "1",
