@@ -197,7 +197,7 @@ class InflightBatch:
         for g in groups:
             b, K = g.rows.shape
             lp = constrain(log_probs[start : start + b * K], g.pos.repeat_interleave(K),
-                           g.max_lengths.repeat_interleave(K), g.opts)  # (b*K, V)
+                           g.max_lengths.repeat_interleave(K), g.opts, g.state.run_tokens.view(b * K, -1))  # (b*K, V)
             start += b * K
             if g.state.width < self.cache.length:  # a beam step writes at its sentences' positions (< length)
                 g.state.widen(min(self.max_length, max(self.cache.length, 2 * g.state.width)))

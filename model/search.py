@@ -47,6 +47,7 @@ class SearchOptions:
     start_token_id: int = 0
     suppressed_token_ids: tuple[int, ...] = ()  # never generated (the padding token)
     forced_eos_token_id: int | None = None  # forced as the last token a sentence may have
+    no_repeat_ngram_size: int = 0  # > 0: a hypothesis never holds the same n-gram of this size twice
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,16 @@ class Hypothesis:
 
 def constrain(
     log_probs: torch.Tensor, pos: int | torch.Tensor, max_lengths: torch.Tensor, opts: SearchOptions,
+    history: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply the decoding constraints to log_probs (N, V) of generating token number pos + 1.
 
     pos is the tokens generated so far, one int for all rows or (N,) per row; max_lengths (N,) is
-    each row's limit on generated tokens (</s> included).
+    each row's limit on generated tokens (</s> included); history (N, T), each row's generated tokens
+    (positions from pos on are ignored), is needed for no_repeat_ngram_size.
     """
+    if opts.no_repeat_ngram_size and history is not None:
+        ban_repeated_ngrams(log_probs, history, pos, opts.no_repeat_ngram_size)
     if opts.suppressed_token_ids:
         log_probs[:, list(opts.suppressed_token_ids)] = float("-inf")
     if isinstance(pos, int):
@@ -76,6 +81,30 @@ def constrain(
             log_probs[last] = float("-inf")
             log_probs[last, opts.forced_eos_token_id] = 0.0
     return log_probs
+
+
+def ban_repeated_ngrams(log_probs: torch.Tensor, history: torch.Tensor, pos: int | torch.Tensor, n: int) -> None:
+    """Set to -inf, in place, every token that would complete an n-gram its row has already generated.
+
+    log_probs (N, V); history (N, T) generated tokens, row r's first pos[r] real; pos an int or (N,).
+    Hugging Face's NoRepeatNGramLogitsProcessor and CTranslate2's no_repeat_ngram_size: the same bans
+    (HF also counts the decoder start token, which never recurs, so no n-gram holding it can match).
+    """
+    N, T = history.shape
+    if n > T or (isinstance(pos, int) and pos < n):
+        return
+    pos_t = torch.as_tensor(pos, device=history.device).expand(N)  # (N,)
+    starts = torch.arange(T - n + 1, device=history.device)  # (J,) where each earlier n-gram starts
+    # The last n - 1 tokens generated: an earlier n-gram that begins with them bans its last token.
+    match = starts[None, :] <= pos_t[:, None] - n  # (N, J) n-grams wholly generated
+    if n > 1:
+        tail = history.gather(1, (pos_t[:, None] - (n - 1) + torch.arange(n - 1, device=history.device)).clamp(min=0))
+        windows = history.unfold(1, n - 1, 1)[:, : T - n + 1]  # (N, J, n-1): tokens at j .. j+n-2
+        match &= (windows == tail[:, None, :]).all(-1)
+    # min(x, -inf) bans a token, min(x, +inf) leaves it: touches (N, J) entries, not all (N, V).
+    bans = torch.full(match.shape, float("inf"), dtype=log_probs.dtype, device=log_probs.device).masked_fill_(
+        match, float("-inf"))
+    log_probs.scatter_reduce_(1, history[:, n - 1 :].clamp(min=0), bans, reduce="amin")
 
 
 def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
@@ -105,7 +134,7 @@ def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptio
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for n in range(int(max_lengths.max())):
         log_probs = log_softmax_(stepper.step(tokens, n))  # (b, V)
-        log_probs = constrain(log_probs, n, max_lengths[alive], opts)
+        log_probs = constrain(log_probs, n, max_lengths[alive], opts, history)
         tokens = log_probs.argmax(-1)  # (b,)
         scores = scores + log_probs.gather(1, tokens[:, None])[:, 0]
         history = torch.cat([history, tokens[:, None]], dim=1)
@@ -283,7 +312,8 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
         log_probs = log_softmax_(stepper.step(tokens, n))  # (b*K, V); (b, V) at step 0
         if n == 0:
             log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
-        log_probs = constrain(log_probs, n, max_lengths[alive].repeat_interleave(K), opts)
+        log_probs = constrain(log_probs, n, max_lengths[alive].repeat_interleave(K), opts,
+                              state.run_tokens.view(b * K, -1))
         pos = torch.full((b,), n, device=device)
         src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, max_lengths[alive], opts)
         for i in done.nonzero()[:, 0].tolist():

@@ -67,6 +67,7 @@ class DecodeOptions:
     max_length_offset: int = 10
     min_decoding_length: int = 0  # tokens before </s> may be generated
     early_stopping: bool = False  # stop a sentence as soon as it has beam_size finished hypotheses
+    no_repeat_ngram_size: int = 0  # > 0: no hypothesis repeats an n-gram of this many tokens
     truncate: bool = False  # cut sources longer than the model's maximum instead of raising
     max_batch_size: int = 64  # sentences decoded together (sorted by length first)
 
@@ -81,6 +82,8 @@ class DecodeOptions:
             raise ValueError(f"max_decoding_length must be >= 1, got {self.max_decoding_length}")
         if self.min_decoding_length < 0 or self.min_decoding_length >= self.max_decoding_length:
             raise ValueError("min_decoding_length must be >= 0 and below max_decoding_length")
+        if self.no_repeat_ngram_size < 0:
+            raise ValueError(f"no_repeat_ngram_size must be >= 0, got {self.no_repeat_ngram_size}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not math.isfinite(self.length_penalty):
@@ -259,6 +262,7 @@ class Translator:
             min_decoding_length=opts.min_decoding_length, early_stopping=opts.early_stopping,
             eos_token_id=cfg.eos_token_id, start_token_id=cfg.decoder_start_token_id,
             suppressed_token_ids=(cfg.pad_token_id,), forced_eos_token_id=cfg.forced_eos_token_id,
+            no_repeat_ngram_size=opts.no_repeat_ngram_size,
         )
 
     def _result(self, hyps: list[Hypothesis], source_tokens: int) -> TranslationResult:

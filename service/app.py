@@ -350,7 +350,7 @@ class Gateway:
             raise ApiError(422, "invalid_request", "num_hypotheses must not exceed beam_size")
         max_len = min(req.max_decoding_length or s.max_decoding_length, s.max_decoding_length)
         opts = dict(beam_size=req.beam_size, num_hypotheses=req.num_hypotheses, length_penalty=req.length_penalty,
-                    max_decoding_length=max_len)
+                    max_decoding_length=max_len, no_repeat_ngram_size=req.no_repeat_ngram_size)
         return pair, opts
 
     async def _call(

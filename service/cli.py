@@ -20,6 +20,8 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--max-decoding-length", type=int, default=256, help="generated tokens, </s> included")
     p.add_argument("--min-decoding-length", type=int, default=0, help="tokens generated before </s> is allowed")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0,
+                   help="> 0: no translation repeats a run of this many tokens")
     p.add_argument("--early-stopping", action="store_true",
                    help="stop a sentence once it has beam_size finished hypotheses (CTranslate2's rule)")
     p.add_argument("--max-batch-size", type=int, default=64)
@@ -37,6 +39,7 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return DecodeOptions(beam_size=args.beam_size, num_hypotheses=args.num_hypotheses,
                          length_penalty=args.length_penalty, max_decoding_length=args.max_decoding_length,
                          min_decoding_length=args.min_decoding_length, early_stopping=args.early_stopping,
+                         no_repeat_ngram_size=args.no_repeat_ngram_size,
                          max_batch_size=args.max_batch_size)
 
 

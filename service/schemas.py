@@ -16,6 +16,8 @@ class TranslateRequest(BaseModel):
     num_hypotheses: int = Field(1, ge=1, strict=True)
     length_penalty: float = Field(1.0, ge=-5.0, le=5.0, allow_inf_nan=False)
     max_decoding_length: int | None = Field(None, ge=1, strict=True)
+    no_repeat_ngram_size: int = Field(0, ge=0, strict=True,
+                                      description="> 0: no translation repeats a run of this many tokens")
     timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,
                                     description="answer 504 after this long (capped by the server)")
     split_sentences: bool = Field(True, strict=True, description=(

@@ -83,6 +83,34 @@ def test_min_decoding_length_matches_min_new_tokens(hf, ours: Translator, source
     assert [r.hypotheses[0] for r in mine] == tok.batch_decode(out, skip_special_tokens=True)
 
 
+@pytest.mark.parametrize(("ngram", "beam_size", "num_hypotheses"), [(1, 1, 1), (2, 1, 1), (2, 4, 2), (3, 3, 3)])
+def test_no_repeat_ngram_size_matches_hf(  # type: ignore[no-untyped-def]
+    hf, ours: Translator, sources: list[str], ngram: int, beam_size: int, num_hypotheses: int,
+) -> None:
+    model, tok = hf
+    enc = tok(sources, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = model.generate(
+            **enc, num_beams=beam_size, num_return_sequences=num_hypotheses, no_repeat_ngram_size=ngram,
+            max_new_tokens=30, do_sample=False, output_scores=True, return_dict_in_generate=True,
+        )
+    mine = ours.translate(sources, beam_size=beam_size, num_hypotheses=num_hypotheses, no_repeat_ngram_size=ngram,
+                          max_decoding_length=30, max_length_ratio=None)
+    plain = ours.translate(sources, beam_size=beam_size, max_decoding_length=30, max_length_ratio=None)
+    # The random model repeats itself, so the option has something to change.
+    assert [r.token_ids[0] for r in mine] != [r.token_ids[0] for r in plain]
+    eos, pad = ours.model.cfg.eos_token_id, ours.model.cfg.pad_token_id
+    for i, result in enumerate(mine):
+        for j in range(num_hypotheses):
+            seq = [t for t in out.sequences[i * num_hypotheses + j].tolist()[1:] if t != pad]
+            assert result.token_ids[j] == (seq[:-1] if seq and seq[-1] == eos else seq)
+            if beam_size > 1:
+                assert result.scores[j] == pytest.approx(float(out.sequences_scores[i * num_hypotheses + j]), abs=1e-4)
+            ids = result.token_ids[j]
+            grams = [tuple(ids[k : k + ngram]) for k in range(len(ids) - ngram + 1)]
+            assert len(grams) == len(set(grams))
+
+
 def test_hf_directory_loads_and_round_trips_losslessly(hf_dir: Path, tmp_path: Path, sources: list[str]) -> None:
     imported = Translator.load(hf_dir, "cpu")
     checkpoint.export_hf(hf_dir, tmp_path / "again")

@@ -57,7 +57,8 @@ def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(
     arrivals: list[Arrival] = []
     for key, text in enumerate(texts):
         beam = rng.choice([1, 2, 4, 5])
-        opts = DecodeOptions(beam_size=beam, num_hypotheses=min(2, beam), length_penalty=rng.choice([1.0, 0.6]))
+        opts = DecodeOptions(beam_size=beam, num_hypotheses=min(2, beam), length_penalty=rng.choice([1.0, 0.6]),
+                             no_repeat_ngram_size=2 * (key % 4 == 0))
         arrivals.append((rng.randrange(0, 40), key, tr.encode(text), opts))
     batch = InflightBatch(tr.model, rows=128, max_length=256)
     results, most = run(tr, batch, arrivals)
@@ -76,13 +77,20 @@ def test_random_model_running_to_each_sentences_own_limit() -> None:
     for key in range(12):
         ids = [rng.randrange(2, 299) for _ in range(rng.randrange(2, 20))] + [0]
         cap = rng.randrange(5, 80)
-        opts = DecodeOptions(beam_size=rng.choice([1, 3]), max_decoding_length=cap, max_length_ratio=None)
+        # Every third sentence bans repeated bigrams, every third trigrams: random weights repeat themselves.
+        opts = DecodeOptions(beam_size=rng.choice([1, 3]), max_decoding_length=cap, max_length_ratio=None,
+                             no_repeat_ngram_size=(0, 2, 3)[key % 3])
         arrivals.append((rng.randrange(0, 30), key, ids, opts))
     batch = InflightBatch(model, rows=64, max_length=100)
     results, _ = run(tr, batch, arrivals)
     assert batch.cache.max_length > 64  # the cache grew past its first 64 positions while rows decoded
     assert max(len(h[0].tokens) for h in results.values()) > 2 * TOKEN_WIDTH  # token buffers widened twice
     assert_same_as_alone(tr, arrivals, results)
+    for _, key, _, opts in arrivals:  # the bans held, mid-batch too
+        n, ids = opts.no_repeat_ngram_size, results[key][0].tokens
+        if n:
+            grams = [tuple(ids[k : k + n]) for k in range(len(ids) - n + 1)]
+            assert len(grams) == len(set(grams)), key
 
 
 def test_removed_sentences_free_their_rows_and_leave_the_others_unchanged(tr: Translator) -> None:

@@ -73,10 +73,11 @@ def test_translate_command_decoding_options_give_the_library_s_n_best(en_de: Tra
     lines = ["A dog.", "A man is sleeping."]
     proc = subprocess.run(
         [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--quiet",
-         "--num-hypotheses", "2", "--min-decoding-length", "8", "--early-stopping"],
+         "--num-hypotheses", "2", "--min-decoding-length", "8", "--early-stopping", "--no-repeat-ngram-size", "3"],
         input="\n".join(lines) + "\n", capture_output=True, text=True, check=True, cwd=REPO, timeout=120,
     )
-    want = en_de.translate(lines, beam_size=4, num_hypotheses=2, min_decoding_length=8, early_stopping=True)
+    want = en_de.translate(lines, beam_size=4, num_hypotheses=2, min_decoding_length=8, early_stopping=True,
+                           no_repeat_ngram_size=3)
     assert proc.stdout.splitlines() == [" ||| ".join(r.hypotheses) for r in want]
     assert all(len(ids) >= 8 for r in want for ids in r.token_ids)  # the option reached the search
 

@@ -55,6 +55,20 @@ def test_service_equals_the_library(client: httpx.Client) -> None:
     assert [t["text"] for t in r.json()["translations"]] == expected
 
 
+def test_no_repeat_ngram_size_reaches_the_search(client: httpx.Client) -> None:
+    from model import Translator
+
+    texts = ["dog " * 30, "A dog is running in the snow."]  # the first makes the model stutter
+    tr = Translator.load("en-de", "cpu")
+    expected = [r.hypotheses[0] for r in tr.translate(texts, beam_size=4, no_repeat_ngram_size=2)]
+    stutter = tr.translate(texts[:1], beam_size=4)[0].hypotheses[0]
+    r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de",
+                                            "no_repeat_ngram_size": 2})
+    assert r.status_code == 200, r.text
+    assert [t["text"] for t in r.json()["translations"]] == expected
+    assert expected[0] != stutter and "Hund Hund" in stutter
+
+
 def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
     models = client.get("/v1/models").json()["models"]
     assert {m["name"] for m in models} == {"en-de", "en-fr"} and all(m["ready"] for m in models)
@@ -80,6 +94,8 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
         ({"texts": ["A dog."], "source": "en", "target": "de", "unknown": 1}, 422, "unknown"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": True}, 422, "valid integer"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": "4"}, 422, "valid integer"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "no_repeat_ngram_size": -1}, 422,
+         "no_repeat_ngram_size"),
     ],
 )
 def test_bad_requests_get_clear_4xx(client: httpx.Client, body: dict[str, object], status: int, needle: str) -> None:
