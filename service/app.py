@@ -349,8 +349,12 @@ class Gateway:
         if req.num_hypotheses > req.beam_size:
             raise ApiError(422, "invalid_request", "num_hypotheses must not exceed beam_size")
         max_len = min(req.max_decoding_length or s.max_decoding_length, s.max_decoding_length)
+        if req.min_decoding_length >= max_len:
+            raise ApiError(422, "invalid_request", f"min_decoding_length must be below max_decoding_length "
+                                                   f"({max_len}), got {req.min_decoding_length}")
         opts = dict(beam_size=req.beam_size, num_hypotheses=req.num_hypotheses, length_penalty=req.length_penalty,
-                    max_decoding_length=max_len, no_repeat_ngram_size=req.no_repeat_ngram_size)
+                    max_decoding_length=max_len, min_decoding_length=req.min_decoding_length,
+                    early_stopping=req.early_stopping, no_repeat_ngram_size=req.no_repeat_ngram_size)
         return pair, opts
 
     async def _call(

@@ -16,6 +16,10 @@ class TranslateRequest(BaseModel):
     num_hypotheses: int = Field(1, ge=1, strict=True)
     length_penalty: float = Field(1.0, ge=-5.0, le=5.0, allow_inf_nan=False)
     max_decoding_length: int | None = Field(None, ge=1, strict=True)
+    min_decoding_length: int = Field(0, ge=0, strict=True,
+                                     description="tokens generated before </s> is allowed (below max_decoding_length)")
+    early_stopping: bool = Field(False, strict=True,
+                                 description="stop a sentence once it has beam_size finished hypotheses")
     no_repeat_ngram_size: int = Field(0, ge=0, strict=True,
                                       description="> 0: no translation repeats a run of this many tokens")
     timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,

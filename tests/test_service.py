@@ -69,6 +69,18 @@ def test_no_repeat_ngram_size_reaches_the_search(client: httpx.Client) -> None:
     assert expected[0] != stutter and "Hund Hund" in stutter
 
 
+def test_min_decoding_length_and_early_stopping_reach_the_search(client: httpx.Client) -> None:
+    from model import Translator
+
+    texts = ["A dog.", "A man is sleeping."]
+    results = Translator.load("en-de", "cpu").translate(texts, beam_size=4, min_decoding_length=8, early_stopping=True)
+    r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de",
+                                            "min_decoding_length": 8, "early_stopping": True})
+    assert r.status_code == 200, r.text
+    assert [t["text"] for t in r.json()["translations"]] == [x.hypotheses[0] for x in results]
+    assert all(len(x.token_ids[0]) >= 8 for x in results)
+
+
 def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
     models = client.get("/v1/models").json()["models"]
     assert {m["name"] for m in models} == {"en-de", "en-fr"} and all(m["ready"] for m in models)
@@ -96,6 +108,9 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
         ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": "4"}, 422, "valid integer"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "no_repeat_ngram_size": -1}, 422,
          "no_repeat_ngram_size"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "min_decoding_length": 20, "max_decoding_length": 20},
+         422, "min_decoding_length must be below max_decoding_length (20)"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "early_stopping": "yes"}, 422, "valid boolean"),
     ],
 )
 def test_bad_requests_get_clear_4xx(client: httpx.Client, body: dict[str, object], status: int, needle: str) -> None:
