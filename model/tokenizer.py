@@ -45,10 +45,36 @@ class Tokenizer:
         # A lone word-boundary piece survives decode_pieces; Marian's tokenizer maps it to a space and strips.
         return str(self.target.decode_pieces(pieces)).replace("\u2581", " ").strip()
 
+    def spans(self, text: str, *, target: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids of text as `encode` (or `encode_target`) gives them, </s> left off, and each token's character
+        span in text without the whitespace before it; a lone word-boundary token has an empty span."""
+        code: list[tuple[int, int]] = []
+        offset = 0
+        if not target and text.startswith(">>") and (end := text.find("<<")) != -1:
+            code, offset = [(0, end + 2)], end + 2
+        rest = text[offset:]
+        proto = (self.target if target else self.source).encode(rest, return_type="proto")
+        chars = _char_index(rest)
+        ids = [self.vocab.get(text[:offset], self.unk_id)] if code else []
+        spans = list(code)
+        for piece in proto.pieces:
+            ids.append(self.vocab.get(piece.piece, self.unk_id))
+            begin, end = chars[piece.begin], chars[piece.end]
+            spans.append((offset + begin + len(rest[begin:end]) - len(rest[begin:end].lstrip()), offset + end))
+        return ids, spans
+
     def encode_target(self, text: str) -> list[int]:
         """Target text -> ids ending in </s> (training labels)."""
         pieces = self.target.encode(text, out_type=str)
         return [self.vocab.get(p, self.unk_id) for p in pieces] + [self.eos_id]
+
+
+def _char_index(text: str) -> list[int]:
+    """UTF-8 byte offset -> character offset in text (SentencePiece reports byte offsets)."""
+    index = []
+    for i, ch in enumerate(text):
+        index += [i] * len(ch.encode("utf-8", "surrogatepass"))
+    return [*index, len(text)]
 
 
 def train_joint_spm(texts: list[str], prefix: Path, vocab_size: int) -> tuple[Path, dict[str, int]]:

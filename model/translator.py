@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from model import checkpoint
+from model.align import Link, attention_alignment
 from model.allocator import retain_freed_memory
 from model.decoding import generate, pad_batch
 from model.search import Hypothesis, SearchOptions
@@ -188,6 +189,34 @@ class Translator:
                 raise InputTooLongError(f"source has {len(ids)} tokens; this model accepts at most {limit}")
             ids = [*ids[:limit - 1], self.tokenizer.eos_id]
         return ids
+
+    def align(self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64) -> list[list[Link]]:
+        """Each target token of each (source, translation) pair linked to the source token it attends to most
+        (model/align.py); a pair with a blank side gets no links. Raises SourceError as `encode` does."""
+        out: list[list[Link]] = [[] for _ in pairs]
+        eos, limit = self.tokenizer.eos_id, self.max_source_tokens
+        live = []
+        for i, (source, target) in enumerate(pairs):
+            if not source.strip() or not target.strip():
+                continue
+            try:
+                check_text(source)
+                check_text(target)
+            except SourceError as exc:
+                raise type(exc)(exc.reason, i) from None
+            src_ids, src_spans = self.tokenizer.spans(source)
+            tgt_ids, tgt_spans = self.tokenizer.spans(target, target=True)
+            if max(len(src_ids) + 1, len(tgt_ids)) > limit:
+                raise InputTooLongError(f"pair has {len(src_ids) + 1} source and {len(tgt_ids)} target tokens; "
+                                        f"this model accepts at most {limit}", i)
+            live.append((i, [*src_ids, eos], [*src_spans, (len(source), len(source))], tgt_ids, tgt_spans))
+        with torch.inference_mode():
+            for start in range(0, len(live), batch_size):
+                chunk = live[start : start + batch_size]
+                best = attention_alignment(self.model, [c[1] for c in chunk], [c[3] for c in chunk])
+                for (i, _, src_spans, _, tgt_spans), picks in zip(chunk, best, strict=True):
+                    out[i] = [Link(t, src_spans[s]) for t, s in zip(tgt_spans, picks, strict=True) if t[0] < t[1]]
+        return out
 
     def translate(
         self, texts: Sequence[str], options: DecodeOptions | None = None,
