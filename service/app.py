@@ -31,7 +31,7 @@ from model.translator import (
     resolve_model_path,
 )
 from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError, RequestTooLargeError
-from service.html_text import HtmlDocument, join_nbest
+from service.html_text import HtmlDocument, join_aligned
 from service.metrics import ModelMetrics, gateway_metrics
 from service.scheduler import batching_knobs, sized_for
 from service.schemas import (
@@ -115,6 +115,15 @@ class PairModel:
             "source_tokens": sum(len(s) for s in sources),
             "target_tokens": sum(len(hs[0].tokens) + 1 for hs, s in zip(hyps, sources, strict=True) if s),
         }
+
+    async def align(self, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+        """Per (source, translation) pair, each target token's character span and that of the source token
+        it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread."""
+        try:
+            links = await asyncio.wrap_future(self.engine.call(lambda: self.translator.align(pairs)))
+        except (InputTooLongError, InvalidTextError) as exc:
+            return {"status": 422, "error": "invalid_text", "detail": str(exc)}
+        return {"status": 200, "links": [[[*k.target, *k.source] for k in pair] for pair in links]}
 
     def info(self) -> dict[str, Any]:
         tr = self.translator
@@ -258,7 +267,7 @@ class Gateway:
             raise ApiError(400, "invalid_request", "language detection is not supported: pass source explicitly")
         if body.get("format", "text") not in ("text", "html"):
             raise ApiError(400, "invalid_request", "format must be 'text' or 'html'")
-        # HTML: only text nodes are translated, each on its own; the markup comes back as it was.
+        # HTML: runs of prose are translated, inline markup carried over by alignment (service/html_text.py).
         docs = [HtmlDocument(t) for t in texts] if body.get("format") == "html" else None
         segments = [node for doc in docs for node in doc.texts] if docs is not None else texts
         try:
@@ -279,10 +288,10 @@ class Gateway:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise ApiError(400, "invalid_request", problems) from None
         pair, opts = self._check(req, request)
-        out = await self._call(pair, req.texts, opts)
-        nbest = [[h[0] for h in hs] for hs in out["translations"]]
         if docs is not None:
-            nbest = join_nbest(docs, nbest, alternatives + 1)
+            nbest = await self._html(pair, docs, opts, alternatives + 1)
+        else:
+            nbest = [[h[0] for h in hs] for hs in (await self._call(pair, req.texts, opts))["translations"]]
         best = [n[0] for n in nbest]
         alts = [n[1:] for n in nbest]
         result: dict[str, Any] = {"translatedText": best[0] if isinstance(q, str) else best}
@@ -363,11 +372,58 @@ class Gateway:
     ) -> dict[str, Any]:
         """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
         "translations" holds each text's n-best list of (text, score), its sentences joined back."""
-        timeout = min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
         # A one-sentence text goes as it came (what the library gets for it).
         pieces = [split_sentences(t) if split else ([t], []) for t in texts]
         sentences = [sentence for sents, _ in pieces for sentence in sents]
-        response = self.pairs[pair].translate.remote(sentences, opts, timeout)
+        out = await self._remote(pair, "translate", sentences, opts, timeout_s=timeout_s)
+        per_sentence, joined = iter(out["translations"]), []
+        for sents, seps in pieces:
+            joined.append(join_translations([next(per_sentence) for _ in sents], seps))
+        out["translations"] = joined
+        return out
+
+    async def _html(self, pair: str, docs: list[HtmlDocument], opts: dict[str, Any], n: int) -> list[list[str]]:
+        """Each document's n renderings, best first: its runs translated sentence by sentence, and the
+        sentences of runs holding inline markup aligned to their translations (rank r: r-th hypotheses)."""
+        runs = [(doc, i) for doc in docs for i in range(len(doc.texts))]
+        pieces = [split_sentences(doc.texts[i]) for doc, i in runs]
+        out = await self._remote(pair, "translate", [s for sents, _ in pieces for s in sents], opts)
+        per_sentence = iter(out["translations"])
+        nbest = [[[t for t, _ in next(per_sentence)] for _ in sents] for sents, _ in pieces]  # run, sentence, rank
+
+        def ranked(hyps: list[list[str]], r: int) -> list[str]:
+            return [h[min(r, len(h) - 1)] for h in hyps]
+
+        wanted: dict[tuple[str, str], int] = {}
+        for (doc, i), (sents, _), hyps in zip(runs, pieces, nbest, strict=True):
+            if doc.needs_alignment[i]:
+                for r in range(n):
+                    for pair_ in zip(sents, ranked(hyps, r), strict=True):
+                        wanted.setdefault(pair_, len(wanted))
+        links = (await self._remote(pair, "align", list(wanted)))["links"] if wanted else []
+        renders, k = [], 0
+        for doc in docs:
+            ranks = []
+            for r in range(n):
+                texts, run_links = [], []
+                for j, needs in enumerate(doc.needs_alignment):
+                    (sents, seps), picked = pieces[k + j], ranked(nbest[k + j], r)
+                    found = [links[wanted[p]] for p in zip(sents, picked, strict=True)] if needs else []
+                    text, joined = join_aligned(sents, seps, picked, found or [[] for _ in sents])
+                    texts.append(text)
+                    run_links.append(joined)
+                ranks.append(doc.render(texts, run_links))
+            renders.append(ranks)
+            k += len(doc.texts)
+        return renders
+
+    async def _remote(
+        self, pair: str, method: str, *args: Any, timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Call the pair's replica (translate or align) within the request timeout; its error as an ApiError."""
+        timeout = min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
+        handle = getattr(self.pairs[pair], method)
+        response = handle.remote(*args, timeout) if method == "translate" else handle.remote(*args)
 
         async def answer() -> dict[str, Any]:
             return await response
@@ -375,15 +431,11 @@ class Gateway:
         try:
             out = await asyncio.wait_for(answer(), timeout + 2.0)
         except TimeoutError:
-            response.cancel()  # type: ignore[no-untyped-call]
+            response.cancel()
             raise ApiError(504, "timeout", f"no answer within {timeout:.0f}s") from None
         if out["status"] != 200:
             headers = {"Retry-After": str(math.ceil(out["retry_after"]))} if "retry_after" in out else None
             raise ApiError(out["status"], out["error"], out["detail"], headers)
-        per_sentence, joined = iter(out["translations"]), []
-        for sents, seps in pieces:
-            joined.append(join_translations([next(per_sentence) for _ in sents], seps))
-        out["translations"] = joined
         return out
 
 

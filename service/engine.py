@@ -14,8 +14,9 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -37,6 +38,8 @@ from service.scheduler import (
 
 __all__ = ["BatchingConfig", "DeadlineExceededError", "Engine", "QueueFullError", "RequestTooLargeError"]
 
+R = TypeVar("R")
+
 
 class EngineObserver(Protocol):
     """Receives what the engine does (service/metrics.py records it); called from the engine thread."""
@@ -48,6 +51,15 @@ class EngineObserver(Protocol):
     def on_generated(self, tokens: int) -> None: ...
 
     def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int) -> None: ...
+
+
+def _run_job(fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+    if not future.set_running_or_notify_cancel():  # cancelled while queued
+        return
+    try:
+        future.set_result(fn())
+    except Exception as exc:
+        future.set_exception(exc)
 
 
 def _resolve(item: WorkItem, hyps: list[Hypothesis]) -> int:
@@ -123,6 +135,7 @@ class Engine:
         self.batch_runner = BatchRunner(translator)
         self.step_runner: StepRunner
         self._cv = threading.Condition()
+        self._jobs: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()  # call()'s
         self._active = 0
         self._stop = False
         # All of the model's work, the step runner's buffers included, happens on the engine's thread:
@@ -192,6 +205,15 @@ class Engine:
         results = dict(zip(futures, done, strict=True))
         return [results.get(i, [Hypothesis([], 0.0)]) for i in range(len(sources))]
 
+    def call(self, fn: Callable[[], R]) -> concurrent.futures.Future[R]:
+        """Run fn on the engine's thread between two turns (a decoder step or a batch): other work with
+        the model (alignment) without a second thread running torch ops. Its exception goes to the future."""
+        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        with self._cv:
+            self._jobs.append((fn, future))
+            self._cv.notify()
+        return future
+
     def warm_up(self, sources: list[list[int]], beam_sizes: tuple[int, ...] = (1, 4), timeout_s: float = 300.0) -> None:
         """Decode `sources` once per beam size through the engine (its first calls allocate and pick
         kernels), blocking until done; on the engine's thread, as every decode is."""
@@ -237,6 +259,9 @@ class Engine:
 
     def _schedule(self, now: float) -> tuple[Callable[[], None] | None, float]:
         """The next unit of work, run outside the lock; or None and how long to wait for some."""
+        if self._jobs:
+            fn, future = self._jobs.popleft()
+            return (lambda: _run_job(fn, future)), 0.0
         if self.continuous.running or self.continuous.queue:
             if not self.continuous.running and self.step_runner.batch.capacity != self.config.decode_slots:
                 self.step_runner = self._step_runner(self.config)  # resize the pool while it is empty

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import random
+import threading
 import time
 from collections.abc import Iterator
 
@@ -178,3 +179,21 @@ def test_engine_survives_a_failing_step_and_refuses_beams_past_its_slots(engine:
     good = asyncio.run(scenario())
     assert good[0][0].tokens == reference.decode_batch([reference.encode("A dog.")], DecodeOptions())[0][0].tokens
     assert engine.active == 0 and engine.step_runner.batch.rows == 0
+
+
+def test_call_runs_on_the_engine_thread_between_steps_and_reports_failures(engine: Engine,
+                                                                           reference: Translator) -> None:
+    async def scenario() -> tuple[str, list[list[Hypothesis]]]:
+        long = asyncio.create_task(engine.translate([reference.encode(LONG)], DecodeOptions(beam_size=4), 60))
+        while engine.stats.steps < 2:
+            await asyncio.sleep(0.005)
+        name = await asyncio.wrap_future(engine.call(lambda: threading.current_thread().name))
+        assert not long.done()  # it did not wait for the long sentence to finish
+        with pytest.raises(ZeroDivisionError):
+            await asyncio.wrap_future(engine.call(lambda: 1 // 0))
+        return name, [await long]
+
+    name, results = asyncio.run(scenario())
+    assert name == "beamserve-engine"
+    alone = reference.decode_batch([reference.encode(LONG)], DecodeOptions(beam_size=4))[0]
+    assert [h.tokens for h in results[0][0]] == [h.tokens for h in alone]  # the decode went on unharmed

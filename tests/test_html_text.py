@@ -1,29 +1,93 @@
-"""service.html_text: LibreTranslate's format="html" keeps markup and translates only text nodes."""
+"""service.html_text: LibreTranslate's format="html" translates runs of prose and carries inline markup over."""
 
 from __future__ import annotations
 
-from service.html_text import HtmlDocument, join_nbest
+from service.html_text import HtmlDocument, Link, join_aligned
 
 
-def test_text_nodes_are_split_from_markup_and_put_back_in_place() -> None:
-    doc = HtmlDocument('<p class="lead">A dog &amp; a cat.</p>\n<br/><!-- note --><b> Two men </b>')
-    assert doc.texts == ["A dog & a cat.", "Two men"]  # entities decoded, whitespace-only nodes left alone
-    out = doc.join(["Ein Hund & eine Katze.", "Zwei Männer"])
-    assert out == '<p class="lead">Ein Hund &amp; eine Katze.</p>\n<br/><!-- note --><b> Zwei Männer </b>'
+def links(source: str, target: str, pairs: list[tuple[str, str]]) -> list[Link]:
+    """Hand-written alignment: each (target word, source word) by their first occurrences."""
+    out = []
+    for t, s in pairs:
+        t0, s0 = target.index(t), source.index(s)
+        out.append((t0, t0 + len(t), s0, s0 + len(s)))
+    return out
+
+
+def test_runs_are_cut_at_block_markup_and_inline_elements_stay_inside() -> None:
+    doc = HtmlDocument('<p class="lead">A dog &amp; a <b>cat</b>.</p>\n<br/><i> Two men </i><hr>')
+    assert doc.texts == ["A dog & a cat.", "Two men"]  # entities decoded, whitespace-only runs left alone
+    assert doc.needs_alignment == [True, True]
+    out = doc.render(["Ein Hund & eine Katze.", "Zwei Männer"], [
+        links("A dog & a cat.", "Ein Hund & eine Katze.", [("Katze", "cat"), ("eine", "cat")]),
+        links("Two men", "Zwei Männer", [("Zwei", "Two"), ("Männer", "men")])])
+    assert out == '<p class="lead">Ein Hund &amp; <b>eine Katze</b>.</p>\n<br/><i> Zwei Männer </i><hr>'
+
+
+def test_elements_follow_their_words_nest_and_stay_clear_of_each_other() -> None:
+    source = "A woman with a blue hat sings."
+    doc = HtmlDocument("<i>A woman with a <b>blue</b> hat</i> <u>sings</u>.")
+    target = "Eine Frau singt mit einem blauen Hut."  # the verb moved before the hat
+    out = doc.render([target], [links(source, target, [
+        ("Eine", "woman"), ("Frau", "woman"), ("singt", "sings"), ("mit", "with"), ("blauen", "blue"),
+        ("Hut", "hat")])])
+    # <i> spans its source words' translations and so holds "singt": its sibling <u> is left empty after it.
+    assert out == "<i>Eine Frau singt mit einem <b>blauen</b> Hut</i><u></u>."
+
+
+def test_a_sibling_s_words_inside_another_s_span_do_not_cross_it() -> None:
+    source = "A red and blue car."
+    doc = HtmlDocument("A <b>red</b> and <i>blue</i> car.")
+    target = "Ein rot-blaues Auto."  # both colours linked to one word
+    out = doc.render([target], [links(source, target, [("rot-blaues", "red"), ("rot-blaues", "blue"),
+                                                      ("Auto", "car")])])
+    assert out == "Ein <b>rot-blaues</b><i></i> Auto."
+
+
+def test_unlinked_elements_images_and_comments_go_before_the_next_word() -> None:
+    source = " A cat  sleeps."
+    doc = HtmlDocument('<img src=x> A cat <!-- c --> sleeps.')
+    target = "Eine Katze schläft."
+    assert doc.texts == ["A cat  sleeps."]
+    out = doc.render([target], [[(t0, t1, s0 - 1, s1 - 1) for t0, t1, s0, s1 in links(
+        source, target, [("Katze", "cat"), ("schläft", "sleeps")])]])
+    assert out == "<img src=x> Eine Katze <!-- c -->schläft."
+
+
+def test_broken_markup_comes_back_as_it_was_written() -> None:
+    doc = HtmlDocument("<p>A dog <b>runs</b></b> in <i>the park.")
+    assert doc.texts == ["A dog runs in the park."]
+    target = "Ein Hund rennt im Park."
+    out = doc.render([target], [links("A dog runs in the park.", target, [
+        ("Hund", "dog"), ("rennt", "runs"), ("im", "in"), ("Park", "park")])])
+    assert out == "<p>Ein Hund <b>rennt</b></b> im <i>Park."  # "the" has no word of its own; <i> never closed
 
 
 def test_scripts_styles_and_code_are_not_translated_or_re_escaped() -> None:
-    fragment = "<style>p > a {}</style><script>if (a < b && c) {}</script><pre>x &amp; y</pre><p>Hi</p>"
+    fragment = "<style>p > a {}</style><script>if (a < b && c) {}</script><pre>x &amp; <b>y</b></pre><p>Hi</p>"
     doc = HtmlDocument(fragment)
-    assert doc.texts == ["Hi"]
-    assert doc.join(["Hallo"]) == fragment.replace("Hi", "Hallo")
+    assert doc.texts == ["Hi"] and doc.needs_alignment == [False]
+    assert doc.render(["Hallo"]) == fragment.replace("Hi", "Hallo")
 
 
-def test_nbest_ranks_put_each_nodes_hypothesis_of_that_rank_back() -> None:
-    docs = [HtmlDocument("<i>one</i> <b>two</b>"), HtmlDocument("<hr>"), HtmlDocument("three")]
-    nbest = [["eins", "1"], ["zwei"], ["drei", "3"]]  # "two" has one hypothesis only
-    assert join_nbest(docs, nbest, 2) == [
-        ["<i>eins</i> <b>zwei</b>", "<i>1</i> <b>zwei</b>"],
-        ["<hr>", "<hr>"],
-        ["drei", "3"],
-    ]
+def test_blank_runs_come_back_verbatim() -> None:
+    fragment = '<a href="x"><div>A dog.</div></a> <b> </b>'
+    doc = HtmlDocument(fragment)
+    assert doc.texts == ["A dog."]
+    assert doc.render(["Ein Hund."]) == fragment.replace("A dog.", "Ein Hund.")
+
+
+def test_join_aligned_moves_sentence_links_into_the_run() -> None:
+    text, moved = join_aligned(["A dog.", "A cat."], [" "], ["Ein Hund.", "Eine Katze."],
+                               [[(4, 8, 2, 5)], [(5, 10, 2, 5)]])
+    assert text == "Ein Hund. Eine Katze."
+    assert moved == [(4, 8, 2, 5), (15, 20, 9, 12)]
+    assert text[15:20] == "Katze" and "A dog. A cat."[9:12] == "cat"
+
+
+def test_a_token_linked_to_the_sentence_end_goes_with_an_element_that_reaches_it() -> None:
+    target = "Zwei Männer."
+    words = [(0, 4, 0, 3), (5, 11, 4, 7)]  # Zwei -> Two, Männer -> men
+    # The full stop is linked to </s>, an empty span at the source's end.
+    assert HtmlDocument("<i>Two men</i>").render([target], [[*words, (11, 12, 7, 7)]]) == "<i>Zwei Männer.</i>"
+    assert HtmlDocument("<i>Two men</i>.").render([target], [[*words, (11, 12, 8, 8)]]) == "<i>Zwei Männer</i>."

@@ -7,6 +7,7 @@ import csv
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -185,16 +186,24 @@ def test_libretranslate_json_form_lists_and_alternatives(client: httpx.Client) -
     assert {"code": "en", "name": "English", "targets": ["de", "fr"]} in langs
 
 
-def test_libretranslate_html_keeps_markup_and_translates_each_text_node(client: httpx.Client) -> None:
-    plain = client.post("/v1/translate", json={"texts": ["A dog is running.", "Two men"], "source": "en",
-                                               "target": "de", "beam_size": 4}).json()["translations"]
-    fragment = '<p class="x">A dog is running.</p><script>if (a < b) {}</script> <b>Two men</b>'
-    r = client.post("/translate", json={"q": [fragment, "<hr>"], "source": "en", "target": "de", "format": "html"})
+def test_libretranslate_html_translates_sentences_whole_and_carries_inline_markup_over(client: httpx.Client) -> None:
+    sentence = "A man in a red shirt is riding a bike."
+    plain = client.post("/v1/translate", json={"texts": [sentence, "Two men"], "source": "en",
+                                               "target": "de"}).json()["translations"]
+    fragment = ('<p class="x">A man in a <b>red shirt</b> is riding a <a href="y">bike</a>.</p>'
+                '<script>if (a < b) {}</script> <i>Two men</i>')
+    r = client.post("/translate", json={"q": [fragment, "<hr>"], "source": "en", "target": "de", "format": "html",
+                                        "alternatives": 1})
     assert r.status_code == 200, r.text
-    out, markup_only = r.json()["translatedText"]
-    assert out == (f'<p class="x">{html.escape(plain[0]["text"], quote=False)}</p><script>if (a < b) {{}}</script> '
-                   f'<b>{html.escape(plain[1]["text"], quote=False)}</b>')
-    assert markup_only == "<hr>"
+    (out, markup_only), alternatives = r.json()["translatedText"], r.json()["alternatives"]
+    paragraph = out[out.index("<p") : out.index("</p>") + 4]
+    # The sentence reached the model whole: without its markup it is the plain translation ...
+    assert re.sub(r"<[^>]+>", "", paragraph) == plain[0]["text"] == "Ein Mann in einem roten Hemd fährt Fahrrad."
+    # ... and each element wraps the words aligned to its own.
+    assert paragraph == '<p class="x">Ein Mann in <b>einem roten Hemd</b> fährt <a href="y">Fahrrad</a>.</p>'
+    assert out.endswith(f"</p><script>if (a < b) {{}}</script> <i>{html.escape(plain[1]['text'], quote=False)}</i>")
+    assert markup_only == "<hr>" and alternatives[1] == ["<hr>"]
+    assert alternatives[0][0].count("<b>") == 1 and alternatives[0][0].count('<a href="y">') == 1
     r = client.post("/translate", json={"q": "<br/>", "source": "EN", "target": "De", "format": "html"})
     assert r.status_code == 200 and r.json()["translatedText"] == "<br/>"  # language codes in any case
 
