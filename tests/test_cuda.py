@@ -1,5 +1,6 @@
 """The CUDA path: fp16/bf16 decoding with the KV cache on the GPU (skipped without a GPU)."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,14 @@ def test_loading_on_gpu_turns_off_cudnn_attention(tiny_dir: Path) -> None:
     torch.backends.cuda.enable_cudnn_sdp(True)
     Translator.load(tiny_dir, "cuda")
     assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@cuda
+def test_no_repeat_ngrams_and_alignment_run_on_gpu() -> None:
+    tr = Translator.load("en-de", "cuda", dtype="float16")
+    ids = tr.translate(["dog " * 30], beam_size=4, no_repeat_ngram_size=2)[0].token_ids[0]
+    bigrams = list(itertools.pairwise(ids))
+    assert len(ids) > 4 and len(bigrams) == len(set(bigrams))
+    src, tgt = "A man in a red shirt is riding a bike.", "Ein Mann in einem roten Hemd fährt Fahrrad."
+    words = {tgt[slice(*k.target)]: src[slice(*k.source)] for k in tr.align([(src, tgt)])[0]}
+    assert words["roten"] == "red" and words["Hemd"] == "shirt" and words["Fahrrad"] == "bike"
