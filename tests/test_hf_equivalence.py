@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model import Translator, checkpoint
+from model import TranslationResult, Translator, checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -47,22 +47,20 @@ def test_logits_match(hf, ours: Translator, sources: list[str]) -> None:  # type
     torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize(
-    ("beam_size", "num_hypotheses", "length_penalty"),
-    [(1, 1, 1.0), (2, 1, 1.0), (4, 1, 1.0), (4, 4, 0.6), (5, 3, 2.0), (3, 2, 0.0)],
-)
-def test_generate_outputs_and_scores_match(  # type: ignore[no-untyped-def]
-    hf, ours: Translator, sources: list[str], beam_size: int, num_hypotheses: int, length_penalty: float,
-) -> None:
+def assert_same_as_generate(  # type: ignore[no-untyped-def]
+    hf, ours: Translator, sources: list[str], beam_size: int, num_hypotheses: int, **options: object,
+) -> list[TranslationResult]:
+    """Ours and HF `generate` with the same options (both take these names): equal n-best tokens, texts
+    and scores; returns ours."""
     model, tok = hf
     enc = tok(sources, return_tensors="pt", padding=True)
     with torch.inference_mode():
         out = model.generate(
-            **enc, num_beams=beam_size, num_return_sequences=num_hypotheses, length_penalty=length_penalty,
+            **enc, num_beams=beam_size, num_return_sequences=num_hypotheses, **options,
             max_new_tokens=30, do_sample=False, output_scores=True, return_dict_in_generate=True,
         )
-    mine = ours.translate(sources, beam_size=beam_size, num_hypotheses=num_hypotheses,
-                          length_penalty=length_penalty, max_decoding_length=30, max_length_ratio=None)
+    mine = ours.translate(sources, beam_size=beam_size, num_hypotheses=num_hypotheses, **options,
+                          max_decoding_length=30, max_length_ratio=None)
     eos, pad = ours.model.cfg.eos_token_id, ours.model.cfg.pad_token_id
     for i, result in enumerate(mine):
         for j in range(num_hypotheses):
@@ -72,6 +70,17 @@ def test_generate_outputs_and_scores_match(  # type: ignore[no-untyped-def]
                 assert result.scores[j] == pytest.approx(float(out.sequences_scores[i * num_hypotheses + j]), abs=1e-4)
         texts = tok.batch_decode(out.sequences[i * num_hypotheses : (i + 1) * num_hypotheses], skip_special_tokens=True)
         assert result.hypotheses == texts
+    return mine
+
+
+@pytest.mark.parametrize(
+    ("beam_size", "num_hypotheses", "length_penalty"),
+    [(1, 1, 1.0), (2, 1, 1.0), (4, 1, 1.0), (4, 4, 0.6), (5, 3, 2.0), (3, 2, 0.0)],
+)
+def test_generate_outputs_and_scores_match(  # type: ignore[no-untyped-def]
+    hf, ours: Translator, sources: list[str], beam_size: int, num_hypotheses: int, length_penalty: float,
+) -> None:
+    assert_same_as_generate(hf, ours, sources, beam_size, num_hypotheses, length_penalty=length_penalty)
 
 
 def test_min_decoding_length_matches_min_new_tokens(hf, ours: Translator, sources: list[str]) -> None:  # type: ignore[no-untyped-def]
@@ -87,28 +96,13 @@ def test_min_decoding_length_matches_min_new_tokens(hf, ours: Translator, source
 def test_no_repeat_ngram_size_matches_hf(  # type: ignore[no-untyped-def]
     hf, ours: Translator, sources: list[str], ngram: int, beam_size: int, num_hypotheses: int,
 ) -> None:
-    model, tok = hf
-    enc = tok(sources, return_tensors="pt", padding=True)
-    with torch.inference_mode():
-        out = model.generate(
-            **enc, num_beams=beam_size, num_return_sequences=num_hypotheses, no_repeat_ngram_size=ngram,
-            max_new_tokens=30, do_sample=False, output_scores=True, return_dict_in_generate=True,
-        )
-    mine = ours.translate(sources, beam_size=beam_size, num_hypotheses=num_hypotheses, no_repeat_ngram_size=ngram,
-                          max_decoding_length=30, max_length_ratio=None)
+    mine = assert_same_as_generate(hf, ours, sources, beam_size, num_hypotheses, no_repeat_ngram_size=ngram)
     plain = ours.translate(sources, beam_size=beam_size, max_decoding_length=30, max_length_ratio=None)
     # The random model repeats itself, so the option has something to change.
     assert [r.token_ids[0] for r in mine] != [r.token_ids[0] for r in plain]
-    eos, pad = ours.model.cfg.eos_token_id, ours.model.cfg.pad_token_id
-    for i, result in enumerate(mine):
-        for j in range(num_hypotheses):
-            seq = [t for t in out.sequences[i * num_hypotheses + j].tolist()[1:] if t != pad]
-            assert result.token_ids[j] == (seq[:-1] if seq and seq[-1] == eos else seq)
-            if beam_size > 1:
-                assert result.scores[j] == pytest.approx(float(out.sequences_scores[i * num_hypotheses + j]), abs=1e-4)
-            ids = result.token_ids[j]
-            grams = [tuple(ids[k : k + ngram]) for k in range(len(ids) - ngram + 1)]
-            assert len(grams) == len(set(grams))
+    for ids in (ids for r in mine for ids in r.token_ids):
+        grams = [tuple(ids[k : k + ngram]) for k in range(len(ids) - ngram + 1)]
+        assert len(grams) == len(set(grams))
 
 
 def test_hf_directory_loads_and_round_trips_losslessly(hf_dir: Path, tmp_path: Path, sources: list[str]) -> None:
