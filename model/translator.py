@@ -210,12 +210,11 @@ class Translator:
                 raise InputTooLongError(f"pair has {len(src_ids) + 1} source and {len(tgt_ids)} target tokens; "
                                         f"this model accepts at most {limit}", i)
             live.append((i, [*src_ids, eos], [*src_spans, (len(source), len(source))], tgt_ids, tgt_spans))
-        with torch.inference_mode():
-            for start in range(0, len(live), batch_size):
-                chunk = live[start : start + batch_size]
-                best = attention_alignment(self.model, [c[1] for c in chunk], [c[3] for c in chunk])
-                for (i, _, src_spans, _, tgt_spans), picks in zip(chunk, best, strict=True):
-                    out[i] = [Link(t, src_spans[s]) for t, s in zip(tgt_spans, picks, strict=True) if t[0] < t[1]]
+        for start in range(0, len(live), batch_size):
+            chunk = live[start : start + batch_size]
+            best = attention_alignment(self.model, [c[1] for c in chunk], [c[3] for c in chunk])
+            for (i, _, src_spans, _, tgt_spans), picks in zip(chunk, best, strict=True):
+                out[i] = [Link(t, src_spans[s]) for t, s in zip(tgt_spans, picks, strict=True) if t[0] < t[1]]
         return out
 
     def translate(

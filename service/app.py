@@ -372,43 +372,47 @@ class Gateway:
     ) -> dict[str, Any]:
         """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
         "translations" holds each text's n-best list of (text, score), its sentences joined back."""
+        out, pieces, per_text = await self._sentences(pair, texts, opts, timeout_s, split=split)
+        out["translations"] = [join_translations(hyps, seps) for hyps, (_, seps) in zip(per_text, pieces, strict=True)]
+        return out
+
+    async def _sentences(
+        self, pair: str, texts: list[str], opts: dict[str, Any], timeout_s: float | None = None, *,
+        split: bool = True,
+    ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
+        """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
         # A one-sentence text goes as it came (what the library gets for it).
         pieces = [split_sentences(t) if split else ([t], []) for t in texts]
+        timeout = self._timeout(timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
-        out = await self._remote(pair, "translate", sentences, opts, timeout_s=timeout_s)
-        per_sentence, joined = iter(out["translations"]), []
-        for sents, seps in pieces:
-            joined.append(join_translations([next(per_sentence) for _ in sents], seps))
-        out["translations"] = joined
-        return out
+        out = await self._remote(pair, "translate", sentences, opts, timeout, timeout=timeout)
+        per_sentence = iter(out["translations"])
+        return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 
     async def _html(self, pair: str, docs: list[HtmlDocument], opts: dict[str, Any], n: int) -> list[list[str]]:
         """Each document's n renderings, best first: its runs translated sentence by sentence, and the
         sentences of runs holding inline markup aligned to their translations (rank r: r-th hypotheses)."""
-        runs = [(doc, i) for doc in docs for i in range(len(doc.texts))]
-        pieces = [split_sentences(doc.texts[i]) for doc, i in runs]
-        out = await self._remote(pair, "translate", [s for sents, _ in pieces for s in sents], opts)
-        per_sentence = iter(out["translations"])
-        nbest = [[[t for t, _ in next(per_sentence)] for _ in sents] for sents, _ in pieces]  # run, sentence, rank
+        _, pieces, per_run = await self._sentences(pair, [text for doc in docs for text in doc.texts], opts)
+        nbest = [[[t for t, _ in hyps] for hyps in run] for run in per_run]  # run, sentence, rank
 
         def ranked(hyps: list[list[str]], r: int) -> list[str]:
             return [h[min(r, len(h) - 1)] for h in hyps]
 
+        needs = [needs for doc in docs for needs in doc.needs_alignment]
         wanted: dict[tuple[str, str], int] = {}
-        for (doc, i), (sents, _), hyps in zip(runs, pieces, nbest, strict=True):
-            if doc.needs_alignment[i]:
-                for r in range(n):
-                    for pair_ in zip(sents, ranked(hyps, r), strict=True):
-                        wanted.setdefault(pair_, len(wanted))
-        links = (await self._remote(pair, "align", list(wanted)))["links"] if wanted else []
+        for aligned, (sents, _), hyps in zip(needs, pieces, nbest, strict=True):
+            for r in range(n if aligned else 0):
+                for pair_ in zip(sents, ranked(hyps, r), strict=True):
+                    wanted.setdefault(pair_, len(wanted))
+        links = (await self._remote(pair, "align", list(wanted), timeout=self._timeout()))["links"] if wanted else []
         renders, k = [], 0
         for doc in docs:
             ranks = []
             for r in range(n):
                 texts, run_links = [], []
-                for j, needs in enumerate(doc.needs_alignment):
-                    (sents, seps), picked = pieces[k + j], ranked(nbest[k + j], r)
-                    found = [links[wanted[p]] for p in zip(sents, picked, strict=True)] if needs else []
+                for j in range(k, k + len(doc.texts)):
+                    (sents, seps), picked = pieces[j], ranked(nbest[j], r)
+                    found = [links[wanted[p]] for p in zip(sents, picked, strict=True)] if needs[j] else []
                     text, joined = join_aligned(sents, seps, picked, found or [[] for _ in sents])
                     texts.append(text)
                     run_links.append(joined)
@@ -417,13 +421,13 @@ class Gateway:
             k += len(doc.texts)
         return renders
 
-    async def _remote(
-        self, pair: str, method: str, *args: Any, timeout_s: float | None = None,
-    ) -> dict[str, Any]:
-        """Call the pair's replica (translate or align) within the request timeout; its error as an ApiError."""
-        timeout = min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
-        handle = getattr(self.pairs[pair], method)
-        response = handle.remote(*args, timeout) if method == "translate" else handle.remote(*args)
+    def _timeout(self, timeout_s: float | None = None) -> float:
+        """A request's timeout: its own when shorter than the server's."""
+        return min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
+
+    async def _remote(self, pair: str, method: str, *args: Any, timeout: float) -> dict[str, Any]:
+        """pair's replica.method(*args), answered within timeout (+2 s); its error answer as an ApiError."""
+        response = getattr(self.pairs[pair], method).remote(*args)
 
         async def answer() -> dict[str, Any]:
             return await response
