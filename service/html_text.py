@@ -184,9 +184,9 @@ def _render_run(run: Run, translation: str, links: list[Link]) -> str:
     text, shift = lead + translation + trail, len(lead)
     # Links in the run's coordinates: target spans in `text`, source spans in run.text.
     spans = sorted((t0 + shift, t1 + shift, s0 + shift, s1 + shift) for t0, t1, s0, s1 in links)
+    parents = [_parent(run.elements, e) for e in run.elements]
     placed: dict[int, tuple[int, int]] = {}  # element order -> its target span
-    for element in run.elements:  # document order: a parent is placed before its children
-        parent = _parent(run.elements, element)
+    for element, parent in zip(run.elements, parents, strict=True):  # document order: parents first
         lo, hi = placed[parent.order] if parent is not None else (0, len(text))
         # A token linked to the sentence end (</s>, an empty span: often the full stop) belongs to an
         # element that reaches that end.
@@ -200,13 +200,12 @@ def _render_run(run: Run, translation: str, links: list[Link]) -> str:
                 start = element.start
             if end == len(lead) + len(translation) and element.end >= len(run.text.rstrip()):
                 end = len(text) - (len(run.text) - element.end)
-            start, end = max(lo, start), min(hi, end)
         elif element.start <= len(lead):  # before the first word: where it was in the leading whitespace
             start = end = element.start
         else:
             start = end = _anchor(spans, element.start, len(lead) + len(translation))
         start, end = min(max(start, lo), hi), max(min(end, hi), lo)
-        siblings = [placed[o.order] for o in run.elements[: element.order] if _parent(run.elements, o) is parent]
+        siblings = [placed[o.order] for o in run.elements[: element.order] if parents[o.order] is parent]
         for a, b in siblings:  # clear of siblings already placed
             if a < b and start < b and end > a:
                 start, end = (b, max(end, b)) if start >= a else (start, min(end, a))
