@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import re
+
 from service.html_text import HtmlDocument, Link, join_aligned
 
 
@@ -91,3 +94,57 @@ def test_a_token_linked_to_the_sentence_end_goes_with_an_element_that_reaches_it
     # The full stop is linked to </s>, an empty span at the source's end.
     assert HtmlDocument("<i>Two men</i>").render([target], [[*words, (11, 12, 7, 7)]]) == "<i>Zwei Männer.</i>"
     assert HtmlDocument("<i>Two men</i>.").render([target], [[*words, (11, 12, 8, 8)]]) == "<i>Zwei Männer</i>."
+
+
+def _random_fragment(rng: random.Random) -> str:
+    """Blocks of words with (nested) inline elements around whole words."""
+
+    def phrase(depth: int) -> str:
+        out = []
+        for _ in range(rng.randint(1, 4)):
+            if depth < 3 and rng.random() < 0.35:
+                tag = rng.choice(["b", "i", "em", "a", "span"])
+                attr = ' href="x"' if tag == "a" else ""
+                out.append(f"<{tag}{attr}>{phrase(depth + 1)}</{tag}>")
+            else:
+                out.append(rng.choice(["a", "dog", "runs", "in", "the", "park", "two", "men", "play"]))
+        return " ".join(out)
+
+    return "\n".join(f"<{b}>{phrase(0)}.</{b}>" for b in rng.choices(["p", "div", "li"], k=rng.randint(1, 3)))
+
+
+def _tokens(text: str) -> list[tuple[int, int]]:
+    return [m.span() for m in re.finditer(r"\w+|[^\w\s]", text)]
+
+
+def test_an_identity_translation_gives_the_fragment_back() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        fragment = _random_fragment(rng)
+        doc = HtmlDocument(fragment)
+        assert doc.render(doc.texts, [[(a, b, a, b) for a, b in _tokens(t)] for t in doc.texts]) == fragment
+
+
+def test_any_word_order_and_unlinked_words_keep_the_markup_whole_and_well_nested() -> None:
+    rng = random.Random(1)
+    for _ in range(300):
+        doc = HtmlDocument(fragment := _random_fragment(rng))
+        translations, links = [], []
+        for text in doc.texts:  # the words shuffled; some linked to </s> only
+            out, run = "", []
+            for s0, s1 in rng.sample(_tokens(text), k=len(_tokens(text))):
+                out += " " * bool(out)
+                run.append((len(out), len(out) + s1 - s0, *((s0, s1) if rng.random() > 0.15 else (len(text),) * 2)))
+                out += text[s0:s1]
+            translations.append(out)
+            links.append(run)
+        rendered = doc.render(translations, links)
+        assert sorted(re.findall(r"<[^>]+>", rendered)) == sorted(re.findall(r"<[^>]+>", fragment))
+        assert re.sub(r"<[^>]+>", "", rendered) == re.sub(r"<[^>]+>", "", doc.render(translations))
+        stack = []
+        for closing, tag in re.findall(r"<(/?)(\w+)[^>]*>", rendered):
+            if closing:
+                assert stack.pop() == tag, rendered
+            else:
+                stack.append(tag)
+        assert not stack
