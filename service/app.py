@@ -13,6 +13,7 @@ import json
 import math
 import re
 import time
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,6 +50,9 @@ from service.settings import BODY_LIMIT, Settings
 
 LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
 WARMUP = "A man in a blue shirt is standing on a ladder."
+# Alignment runs between decoder steps; 16 pairs took 57 ms on one CPU thread (about 3 steps of a full
+# batch), 64 pairs 236 ms.
+ALIGN_PAIRS_PER_TURN = 16
 
 
 class ApiError(Exception):
@@ -118,9 +122,13 @@ class PairModel:
 
     async def align(self, pairs: list[tuple[str, str]]) -> dict[str, Any]:
         """Per (source, translation) pair, each target token's character span and that of the source token
-        it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread."""
+        it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread, a
+        few pairs a turn so that decoder steps go on in between."""
+        links: list[list[Any]] = []
         try:
-            links = await asyncio.wrap_future(self.engine.call(lambda: self.translator.align(pairs)))
+            for start in range(0, len(pairs), ALIGN_PAIRS_PER_TURN):
+                chunk = pairs[start : start + ALIGN_PAIRS_PER_TURN]
+                links += await asyncio.wrap_future(self.engine.call(partial(self.translator.align, chunk)))
         except (InputTooLongError, InvalidTextError) as exc:
             return {"status": 422, "error": "invalid_text", "detail": str(exc)}
         return {"status": 200, "links": [[[*k.target, *k.source] for k in pair] for pair in links]}

@@ -208,6 +208,28 @@ def test_libretranslate_html_translates_sentences_whole_and_carries_inline_marku
     assert r.status_code == 200 and r.json()["translatedText"] == "<br/>"  # language codes in any case
 
 
+def test_libretranslate_html_of_many_runs_equals_the_library_s_alignment(client: httpx.Client) -> None:
+    from model import Translator
+    from service.html_text import HtmlDocument
+
+    captions = [c for c in read_lines("test_2016_flickr.en.gz", 40) if len(c.split()) > 3][:20]
+    items = []
+    for caption in captions:  # the second word of each in <b>: 20 runs to align, more than one engine turn's
+        first, second, rest = caption.split(" ", 2)
+        items.append(f"<li>{html.escape(first)} <b>{html.escape(second)}</b> {html.escape(rest)}</li>")
+    fragment = "<ul>" + "".join(items) + "</ul>"
+    r = client.post("/translate", json={"q": fragment, "source": "en", "target": "de", "format": "html"})
+    assert r.status_code == 200, r.text
+    tr = Translator.load("en-de", "cpu")
+    doc = HtmlDocument(fragment)
+    assert doc.texts == captions  # one sentence a run
+    translations = [x.hypotheses[0] for x in tr.translate(captions)]
+    aligned = tr.align(list(zip(captions, translations, strict=True)))
+    links = [[(*k.target, *k.source) for k in pair] for pair in aligned]
+    assert r.json()["translatedText"] == doc.render(translations, links)
+    assert r.json()["translatedText"].count("<b>") == 20
+
+
 def test_libretranslatepy_client_works_unchanged(server: str) -> None:
     from libretranslatepy import LibreTranslateAPI
 
