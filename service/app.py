@@ -400,6 +400,7 @@ class Gateway:
     async def _html(self, pair: str, docs: list[HtmlDocument], opts: dict[str, Any], n: int) -> list[list[str]]:
         """Each document's n renderings, best first: its runs translated sentence by sentence, and the
         sentences of runs holding inline markup aligned to their translations (rank r: r-th hypotheses)."""
+        deadline = time.monotonic() + self._timeout()
         _, pieces, per_run = await self._sentences(pair, [text for doc in docs for text in doc.texts], opts)
         nbest = [[[t for t, _ in hyps] for hyps in run] for run in per_run]  # run, sentence, rank
 
@@ -412,7 +413,9 @@ class Gateway:
             for r in range(n if aligned else 0):
                 for pair_ in zip(sents, ranked(hyps, r), strict=True):
                     wanted.setdefault(pair_, len(wanted))
-        links = (await self._remote(pair, "align", list(wanted), timeout=self._timeout()))["links"] if wanted else []
+        # The alignment gets what is left of the request's time.
+        left = max(0.1, deadline - time.monotonic())
+        links = (await self._remote(pair, "align", list(wanted), timeout=left))["links"] if wanted else []
         renders, k = [], 0
         for doc in docs:
             ranks = []
