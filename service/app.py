@@ -253,7 +253,13 @@ class Gateway:
               responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 503, 504)})
     async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
         pair, opts = self._check(req, request)
-        out = await self._call(pair, req.texts, opts, req.timeout_s, split=req.split_sentences)
+        if req.tag_handling == "html":
+            docs = [HtmlDocument(t) for t in req.texts]
+            out, nbest = await self._html(pair, docs, opts, req.num_hypotheses, req.timeout_s,
+                                          split=req.split_sentences)
+            out["translations"] = nbest
+        else:
+            out = await self._call(pair, req.texts, opts, req.timeout_s, split=req.split_sentences)
         translations = [
             Translation(text=hs[0][0], score=hs[0][1],
                         hypotheses=[h[0] for h in hs] if req.num_hypotheses > 1 else None,
@@ -297,7 +303,7 @@ class Gateway:
             raise ApiError(400, "invalid_request", problems) from None
         pair, opts = self._check(req, request)
         if docs is not None:
-            nbest = await self._html(pair, docs, opts, alternatives + 1)
+            nbest = [[t for t, _ in ranks] for ranks in (await self._html(pair, docs, opts, alternatives + 1))[1]]
         else:
             nbest = [[h[0] for h in hs] for hs in (await self._call(pair, req.texts, opts))["translations"]]
         best = [n[0] for n in nbest]
@@ -397,22 +403,26 @@ class Gateway:
         per_sentence = iter(out["translations"])
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 
-    async def _html(self, pair: str, docs: list[HtmlDocument], opts: dict[str, Any], n: int) -> list[list[str]]:
-        """Each document's n renderings, best first: its runs translated sentence by sentence, and the
-        sentences of runs holding inline markup aligned to their translations (rank r: r-th hypotheses)."""
-        deadline = time.monotonic() + self._timeout()
-        _, pieces, per_run = await self._sentences(pair, [text for doc in docs for text in doc.texts], opts)
-        nbest = [[[t for t, _ in hyps] for hyps in run] for run in per_run]  # run, sentence, rank
+    async def _html(
+        self, pair: str, docs: list[HtmlDocument], opts: dict[str, Any], n: int, timeout_s: float | None = None,
+        *, split: bool = True,
+    ) -> tuple[dict[str, Any], list[list[tuple[str, float]]]]:
+        """The replica's answer, and each document's n renderings with scores, best first: its runs translated
+        sentence by sentence, the sentences of runs holding inline markup aligned to their translations (rank
+        r: every sentence's r-th hypothesis; its score the mean of theirs, as for a paragraph)."""
+        deadline = time.monotonic() + self._timeout(timeout_s)
+        texts = [text for doc in docs for text in doc.texts]
+        out, pieces, per_run = await self._sentences(pair, texts, opts, timeout_s, split=split)
 
-        def ranked(hyps: list[list[str]], r: int) -> list[str]:
+        def ranked(hyps: list[list[tuple[str, float]]], r: int) -> list[tuple[str, float]]:
             return [h[min(r, len(h) - 1)] for h in hyps]
 
         needs = [needs for doc in docs for needs in doc.needs_alignment]
         wanted: dict[tuple[str, str], int] = {}
-        for aligned, (sents, _), hyps in zip(needs, pieces, nbest, strict=True):
+        for aligned, (sents, _), hyps in zip(needs, pieces, per_run, strict=True):
             for r in range(n if aligned else 0):
-                for pair_ in zip(sents, ranked(hyps, r), strict=True):
-                    wanted.setdefault(pair_, len(wanted))
+                for sentence, (translation, _) in zip(sents, ranked(hyps, r), strict=True):
+                    wanted.setdefault((sentence, translation), len(wanted))
         # The alignment gets what is left of the request's time.
         left = max(0.1, deadline - time.monotonic())
         links = (await self._remote(pair, "align", list(wanted), timeout=left))["links"] if wanted else []
@@ -420,17 +430,19 @@ class Gateway:
         for doc in docs:
             ranks = []
             for r in range(n):
-                texts, run_links = [], []
+                run_texts, run_links, scores = [], [], []
                 for j in range(k, k + len(doc.texts)):
-                    (sents, seps), picked = pieces[j], ranked(nbest[j], r)
-                    found = [links[wanted[p]] for p in zip(sents, picked, strict=True)] if needs[j] else []
-                    text, joined = join_aligned(sents, seps, picked, found or [[] for _ in sents])
-                    texts.append(text)
+                    (sents, seps), picked = pieces[j], ranked(per_run[j], r)
+                    words = [t for t, _ in picked]
+                    found = [links[wanted[p]] for p in zip(sents, words, strict=True)] if needs[j] else []
+                    text, joined = join_aligned(sents, seps, words, found or [[] for _ in sents])
+                    run_texts.append(text)
                     run_links.append(joined)
-                ranks.append(doc.render(texts, run_links))
+                    scores += [score for _, score in picked]
+                ranks.append((doc.render(run_texts, run_links), sum(scores) / len(scores) if scores else 0.0))
             renders.append(ranks)
             k += len(doc.texts)
-        return renders
+        return out, renders
 
     def _timeout(self, timeout_s: float | None = None) -> float:
         """A request's timeout: its own when shorter than the server's."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -24,6 +26,8 @@ class TranslateRequest(BaseModel):
                                       description="> 0: no translation repeats a run of this many tokens")
     timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,
                                     description="answer 504 after this long (capped by the server)")
+    tag_handling: Literal["html"] | None = Field(None, description=(
+        "html: texts are HTML; prose is translated and inline markup carried over by alignment (DeepL's option)"))
     split_sentences: bool = Field(True, strict=True, description=(
         "translate each sentence of a text on its own and join them back (DeepL's option); false sends "
         "each text to the model whole"))

@@ -230,6 +230,23 @@ def test_libretranslate_html_of_many_runs_equals_the_library_s_alignment(client:
     assert r.json()["translatedText"].count("<b>") == 20
 
 
+def test_v1_translate_takes_html_with_deepl_s_tag_handling(client: httpx.Client) -> None:
+    fragment = '<p>A man in a <b>red shirt</b> is riding a bike. Two <i>dogs</i> play.</p><hr>'
+    libre = client.post("/translate", json={"q": fragment, "source": "en", "target": "de", "format": "html",
+                                            "alternatives": 1}).json()
+    r = client.post("/v1/translate", json={"texts": [fragment, "<br>"], "source": "en", "target": "de",
+                                            "tag_handling": "html", "num_hypotheses": 2})
+    assert r.status_code == 200, r.text
+    first, markup_only = r.json()["translations"]
+    assert first["text"] == libre["translatedText"] and first["hypotheses"] == [first["text"], *libre["alternatives"]]
+    assert "<b>" in first["text"] and "<i>" in first["text"] and first["text"].endswith("</p><hr>")
+    assert first["scores"][0] == first["score"] < 0 and first["scores"] == sorted(first["scores"], reverse=True)
+    assert markup_only["text"] == "<br>" and r.json()["usage"]["source_tokens"] > 10
+    r = client.post("/v1/translate", json={"texts": ["<b>A</b>"], "source": "en", "target": "de",
+                                            "tag_handling": "xml"})
+    assert r.status_code == 422 and "tag_handling" in r.text
+
+
 def test_libretranslatepy_client_works_unchanged(server: str) -> None:
     from libretranslatepy import LibreTranslateAPI
 
