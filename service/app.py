@@ -45,7 +45,7 @@ from service.schemas import (
     Translation,
     Usage,
 )
-from service.sentences import join_translations, split_sentences
+from service.sentences import join_translations, ranked, split_sentences
 from service.settings import BODY_LIMIT, Settings
 
 LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
@@ -129,7 +129,9 @@ class PairModel:
             for start in range(0, len(pairs), ALIGN_PAIRS_PER_TURN):
                 chunk = pairs[start : start + ALIGN_PAIRS_PER_TURN]
                 links += await asyncio.wrap_future(self.engine.call(partial(self.translator.align, chunk)))
-        except (InputTooLongError, InvalidTextError) as exc:
+        except InputTooLongError as exc:
+            return {"status": 422, "error": "input_too_long", "detail": str(exc)}
+        except InvalidTextError as exc:
             return {"status": 422, "error": "invalid_text", "detail": str(exc)}
         return {"status": 200, "links": [[[*k.target, *k.source] for k in pair] for pair in links]}
 
@@ -413,9 +415,6 @@ class Gateway:
         deadline = time.monotonic() + self._timeout(timeout_s)
         texts = [text for doc in docs for text in doc.texts]
         out, pieces, per_run = await self._sentences(pair, texts, opts, timeout_s, split=split)
-
-        def ranked(hyps: list[list[tuple[str, float]]], r: int) -> list[tuple[str, float]]:
-            return [h[min(r, len(h) - 1)] for h in hyps]
 
         needs = [needs for doc in docs for needs in doc.needs_alignment]
         wanted: dict[tuple[str, str], int] = {}

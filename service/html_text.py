@@ -16,6 +16,8 @@ import html
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
+from service.sentences import join_sentences
+
 # Phrasing elements that may sit inside a sentence; any other tag ends a run.
 INLINE_ELEMENTS = frozenset({
     "a", "abbr", "b", "bdi", "bdo", "cite", "data", "del", "dfn", "em", "font", "i", "ins", "kbd", "mark", "q",
@@ -249,12 +251,10 @@ def join_aligned(
 ) -> tuple[str, list[Link]]:
     """A run's translation from its sentences' (split_sentences' pieces, each translated and aligned on its
     own), with the links moved from sentence coordinates into the run's."""
-    text, out, src_at, tgt_at = "", [], 0, 0
-    for i, (sentence, translation) in enumerate(zip(sentences, translations, strict=True)):
-        out += [(t0 + tgt_at, t1 + tgt_at, s0 + src_at, s1 + src_at) for t0, t1, s0, s1 in links[i]]
-        text += translation
-        sep = separators[i] if i < len(separators) else ""
-        text += sep
+    out: list[Link] = []
+    src_at = tgt_at = 0
+    for sentence, translation, sep, found in zip(sentences, translations, [*separators, ""], links, strict=True):
+        out += [(t0 + tgt_at, t1 + tgt_at, s0 + src_at, s1 + src_at) for t0, t1, s0, s1 in found]
         src_at += len(sentence) + len(sep)
         tgt_at += len(translation) + len(sep)
-    return text, out
+    return join_sentences(translations, separators), out

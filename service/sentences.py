@@ -10,6 +10,7 @@ behind an opening quote or bracket). Not after an initial ("J. Smith") or a comm
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
 ABBREVIATIONS = frozenset({
     "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "vs", "etc", "e.g", "i.e", "cf", "fig", "no",
@@ -17,6 +18,7 @@ ABBREVIATIONS = frozenset({
     "oct", "nov", "dec", "approx", "dept", "est", "gen", "gov", "lt", "col", "sgt", "capt", "rev", "ave",
     "blvd", "rd", "hr", "min", "sec", "p.m", "a.m", "u.s", "u.k", "z.b", "bzw", "usw", "ca", "nr", "str",
 })
+T = TypeVar("T")
 _CLOSE = r"[\"'\u201d\u2019)\]]*"  # closing quotes and brackets after the full stop
 _OPEN = r"[\"'\u201c\u201e\u2018(\[\u00bf\u00a1]*"  # opening ones before the next sentence's first letter
 _END = re.compile(rf"[.!?\u2026]+{_CLOSE}(?P<ws>\s+)(?={_OPEN}(?P<next>\w))")
@@ -69,9 +71,14 @@ def join_translations(
         return nbest[0]
     out = []
     for r in range(max(map(len, nbest))):
-        picked = [hyps[min(r, len(hyps) - 1)] for hyps in nbest]
+        picked = ranked(nbest, r)
         out.append((join_sentences([t for t, _ in picked], separators), sum(s for _, s in picked) / len(picked)))
     return out
+
+
+def ranked(nbest: list[list[T]], r: int) -> list[T]:
+    """Each sentence's r-th hypothesis, or its last where its list is shorter."""
+    return [hyps[min(r, len(hyps) - 1)] for hyps in nbest]
 
 
 def join_sentences(translations: list[str], separators: list[str]) -> str:
