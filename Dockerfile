@@ -25,8 +25,11 @@ COPY --chown=ray:users deploy ./deploy
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[serve]"
 
+# The HTTP API and the metrics (through beamserve's relay) on the container's interfaces; Ray's own
+# ports stay on loopback inside the container with its token authentication on (README "Security").
 ENV BEAMSERVE_HOST=0.0.0.0 \
     BEAMSERVE_PORT=8000 \
+    BEAMSERVE_METRICS_HOST=0.0.0.0 \
     BEAMSERVE_METRICS_PORT=8080 \
     PYTHONUNBUFFERED=1
 EXPOSE 8000 8080

@@ -31,6 +31,7 @@ from model.translator import (
     check_text,
     resolve_model_path,
 )
+from service import local_ray
 from service.engine import BatchingConfig, DeadlineExceededError, Engine, QueueFullError, RequestTooLargeError
 from service.html_text import HtmlDocument, join_aligned
 from service.metrics import ModelMetrics, gateway_metrics
@@ -77,6 +78,7 @@ class PairModel:
     """One language pair's model and batching engine on one replica (GPU-resident when there is one)."""
 
     def __init__(self, model: str, settings: dict[str, Any]) -> None:
+        local_ray.pin_replica_grpc()
         s = Settings(**settings)
         threads = s.threads or max(1, math.ceil(s.replica_cpus))
         self.pair = pair_of(model)
@@ -246,6 +248,7 @@ class Gateway:
     """HTTP ingress: validates, routes by (source, target) to the pair's deployment, maps errors."""
 
     def __init__(self, pairs: dict[str, DeploymentHandle[Any]], settings: dict[str, Any]) -> None:
+        local_ray.pin_replica_grpc()
         self.pairs = pairs
         self.settings = Settings(**settings)
         BODY_LIMIT["bytes"] = self.settings.max_body_bytes

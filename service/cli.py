@@ -130,13 +130,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from service.settings import Settings
 
     overrides = {k: v for k, v in {"models": args.models, "host": args.host, "port": args.port,
+                                   "metrics_host": args.metrics_host,
                                    "metrics_port": args.metrics_port, "num_cpus": args.num_cpus}.items() if v}
     settings = Settings(**overrides)
     print(f"starting Ray ({settings.num_cpus or 'all'} CPUs) and the Serve app for {settings.model_list()} ...",
           file=sys.stderr, flush=True)
     runtime.start(settings)
+    metrics = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
     print(f"beamserve listening on http://{settings.host}:{settings.port} (API docs at /docs); "
-          f"Prometheus metrics on http://127.0.0.1:{settings.metrics_port}/metrics; Ctrl-C stops it", flush=True)
+          f"Prometheus metrics on {metrics}; Ctrl-C stops it", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -154,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", help="comma-separated model names or directories (default: en-de,en-fr)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
-    p.add_argument("--metrics-port", type=int, help="Ray metrics export port (default 8080)")
+    p.add_argument("--metrics-host", help="Prometheus metrics address (default 127.0.0.1)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus metrics port (default 8080)")
     p.add_argument("--num-cpus", type=int, help="CPUs given to Ray (default: all usable)")
     p.set_defaults(func=cmd_serve)
 

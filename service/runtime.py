@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any
 
+from service import local_ray
+from service.metrics_relay import MetricsRelay
 from service.settings import Settings
 
 OBJECT_STORE_BYTES = 100 * 1024 * 1024  # requests are small; the models load from disk in each replica
+_RELAY: list[MetricsRelay] = []  # the metrics relay of the instance this process started, if any
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def start(settings: Settings, *, app_name: str = "beamserve") -> None:
     """ray.init sized for this machine, Serve's HTTP proxy on settings.host:port, the app deployed."""
-    # Local use: Ray 2.59+ turns token authentication on for local clusters; this server binds to
-    # loopback by default and needs none (a cluster deployment sets RAY_AUTH_MODE itself).
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Every port Ray opens on loopback, its token authentication on (service/local_ray.py).
+    local_ray.enter_local_only()
     import ray
     from ray import serve
-
 
     cpus = settings.num_cpus or len(os.sched_getaffinity(0))
     pairs = len(settings.model_list())
@@ -26,11 +34,15 @@ def start(settings: Settings, *, app_name: str = "beamserve") -> None:
         # Asking Ray for more CPUs than exist leaves replicas pending forever and serve.run hangs.
         raise ValueError(f"{pairs} model replicas x {settings.replica_cpus} CPUs exceed the {cpus} CPUs given to Ray; "
                          "lower BEAMSERVE_REPLICA_CPUS or raise BEAMSERVE_NUM_CPUS")
+    # Ray exports metrics on loopback only; another metrics host gets a relay (service/metrics_relay.py).
+    relayed = settings.metrics_host != "127.0.0.1"
+    export_port = free_loopback_port() if relayed else settings.metrics_port
     ray.init(
         num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
-        _metrics_export_port=settings.metrics_port, configure_logging=True, logging_level=logging.WARNING,
-        runtime_env={"env_vars": {"RAY_AUTH_MODE": os.environ["RAY_AUTH_MODE"]}},
+        _metrics_export_port=export_port, configure_logging=True, logging_level=logging.WARNING,
     )
+    if relayed:
+        _RELAY.append(MetricsRelay(settings.metrics_host, settings.metrics_port, export_port).start())
     serve.start(http_options={"host": settings.host, "port": settings.port})
     deploy(settings, app_name=app_name)
 
@@ -51,3 +63,5 @@ def stop() -> None:
 
     serve.shutdown()  # type: ignore[no-untyped-call]
     ray.shutdown()
+    while _RELAY:
+        _RELAY.pop().stop()

@@ -14,7 +14,8 @@ class Settings(BaseSettings):
     models: str = Field("en-de,en-fr", description="comma-separated model names or directories, one per pair")
     host: str = "127.0.0.1"
     port: int = 8000
-    metrics_port: int = 8080  # Ray's metrics export port
+    metrics_host: str = "127.0.0.1"  # where Prometheus metrics are served (elsewhere than loopback: a relay)
+    metrics_port: int = 8080  # Prometheus metrics port
     num_cpus: int | None = None  # CPUs given to the local Ray instance (default: all usable)
     replica_cpus: float = 1.0  # Ray CPUs each model replica asks for
     replica_gpus: float | None = None  # GPUs per model replica (default: 1 when CUDA is present, else 0)

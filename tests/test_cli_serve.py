@@ -1,5 +1,7 @@
-"""`beamserve serve`: starts Ray and the app on 127.0.0.1, says where it listens, stops cleanly on SIGTERM."""
+"""`beamserve serve`: starts Ray and the app on 127.0.0.1, opens nothing another host can reach, says where
+it listens, stops cleanly on SIGTERM."""
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -7,15 +9,35 @@ import sys
 import time
 
 import httpx
+import psutil
 
 from .conftest import REPO, free_port
 
 
+def listening(root: int) -> list[tuple[str, str, int]]:
+    """(process name, address, port) of every TCP socket listening in the process tree under root."""
+    procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    found = []
+    for p in procs:
+        try:
+            found += [(p.name(), c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="inet")
+                      if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # [::ffff:127.0.0.1]
+    return (mapped or address).is_loopback
+
+
 def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {**os.environ, "BEAMSERVE_MODELS": "en-de", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port()),
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
          "--num-cpus", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     try:
@@ -29,6 +51,13 @@ def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
         r = httpx.post(f"http://127.0.0.1:{port}/v1/translate",
                        json={"texts": ["A dog."], "source": "en", "target": "de"}, timeout=30)
         assert r.status_code == 200 and "Hund" in r.json()["translations"][0]["text"]
+        # Ray's GCS, raylet, workers, agents, Serve's replicas and the metrics exporter: loopback only.
+        sockets = listening(proc.pid)
+        assert {"gcs_server", "raylet"} <= {name for name, _, _ in sockets}, sockets
+        exposed = [s for s in sockets if not is_loopback(s[1])]
+        assert not exposed, f"listening beyond loopback: {exposed}"
+        assert ("127.0.0.1", metrics_port) in {(ip, p) for _, ip, p in sockets}
+        assert "ray_" in httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:

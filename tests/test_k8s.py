@@ -50,6 +50,7 @@ def test_dockerfile_passes_hadolint_and_has_what_an_operator_needs() -> None:
     assert "FROM rayproject/ray:${RAY_VERSION}-py311-${FLAVOR}" in text and "ARG FLAVOR=gpu" in text
     assert "EXPOSE 8000 8080" in text and "/healthz" in text and "USER 1000" in text
     assert 'CMD ["beamserve", "serve"]' in text
+    assert "RAY_AUTH_MODE" not in text and "BEAMSERVE_METRICS_HOST=0.0.0.0" in text  # Ray stays on loopback
     assert ".venv" in (REPO / ".dockerignore").read_text()
 
 
@@ -102,6 +103,7 @@ def test_overlays_set_gpu_drain_probes_and_shared_memory(rendered: Rendered) -> 
     rs = by_kind(docs, "RayService")
     cluster = rs["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["authOptions"] == {"mode": "token"}  # KubeRay makes the token Secret and sets it everywhere
     head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
     worker_group = cluster["workerGroupSpecs"][0]
     pod = worker_group["template"]["spec"]
