@@ -47,8 +47,8 @@ def measure(setup: str, requests: int, threads: int, seed: int) -> dict[str, flo
     """Runs in a fresh process: one setup's sequential latency and burst throughput."""
     sys.path.insert(0, str(REPO))
     from model import DecodeOptions, Translator
-    from service.app import WARMUP
     from service.engine import Engine
+    from service.replica import WARMUP
     from service.scheduler import BatchingConfig
 
     tr = Translator.load("en-de", "cpu", num_threads=threads)

@@ -8,6 +8,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,79 +17,20 @@ from model import checkpoint
 from model.align import Link, attention_alignment
 from model.allocator import retain_freed_memory
 from model.decoding import generate, pad_batch
+from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
+from model.options import DecodeOptions
 from model.search import Hypothesis, SearchOptions
 from model.tokenizer import Tokenizer
 from model.transformer import Seq2Seq
 from model.workers import WorkerPool
 
+__all__ = [
+    "DecodeOptions", "InputTooLongError", "InvalidTextError", "SourceError", "TranslationResult", "Translator",
+    "check_text",
+]
+
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class SourceError(ValueError):
-    """A source text the model cannot take; `index` is its place among the texts given to translate()."""
-
-    def __init__(self, reason: str, index: int | None = None) -> None:
-        super().__init__(reason)
-        self.reason, self.index = reason, index
-
-    def __str__(self) -> str:
-        return self.reason if self.index is None else f"texts[{self.index}]: {self.reason}"
-
-
-class InputTooLongError(SourceError):
-    """A source sentence has more tokens than the model accepts (and truncation was not asked for)."""
-
-
-class InvalidTextError(SourceError):
-    """A source text that is not valid Unicode: a lone surrogate, which no UTF-8 tokenizer can take."""
-
-
-def check_text(text: str) -> None:
-    """Raise InvalidTextError when text cannot be encoded as UTF-8 (JSON's "\\ud800" decodes to such a str)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        code = ord(text[exc.start])
-        # Python decodes bytes that are not UTF-8 to U+DC80-U+DCFF under errors="surrogateescape" (stdin, often).
-        byte = f" (byte 0x{code - 0xDC00:02x} of input that is not UTF-8)" if 0xDC80 <= code <= 0xDCFF else ""
-        raise InvalidTextError(
-            f"character {exc.start} is a lone surrogate U+{code:04X}{byte}: not valid Unicode") from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeOptions:
-    """Decoding options, named as in CTranslate2 / Hugging Face."""
-
-    beam_size: int = 4  # 1 is greedy search
-    num_hypotheses: int = 1  # n-best list size, at most beam_size
-    length_penalty: float = 1.0  # score = sum(log p) / generated_length ** length_penalty (HF's formula)
-    max_decoding_length: int = 256  # generated tokens, </s> included
-    max_length_ratio: float | None = 2.0  # also cap at ratio * source tokens + max_length_offset (None: off)
-    max_length_offset: int = 10
-    min_decoding_length: int = 0  # tokens before </s> may be generated
-    early_stopping: bool = False  # stop a sentence as soon as it has beam_size finished hypotheses
-    no_repeat_ngram_size: int = 0  # > 0: no hypothesis repeats an n-gram of this many tokens
-    truncate: bool = False  # cut sources longer than the model's maximum instead of raising
-    max_batch_size: int = 64  # sentences decoded together (sorted by length first)
-
-    def validate(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
-        if not 1 <= self.num_hypotheses <= self.beam_size:
-            raise ValueError(
-                f"num_hypotheses must be between 1 and beam_size ({self.beam_size}), got {self.num_hypotheses}"
-            )
-        if self.max_decoding_length < 1:
-            raise ValueError(f"max_decoding_length must be >= 1, got {self.max_decoding_length}")
-        if self.min_decoding_length < 0 or self.min_decoding_length >= self.max_decoding_length:
-            raise ValueError("min_decoding_length must be >= 0 and below max_decoding_length")
-        if self.no_repeat_ngram_size < 0:
-            raise ValueError(f"no_repeat_ngram_size must be >= 0, got {self.no_repeat_ngram_size}")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if not math.isfinite(self.length_penalty):
-            raise ValueError("length_penalty must be a finite number")
 
 
 @dataclass(frozen=True)
@@ -139,8 +81,9 @@ class Translator:
         cpus = len(os.sched_getaffinity(0))
         pool = None
         if inter_threads > 1:  # started first: the workers load their copies while this process loads its own
-            pool = WorkerPool(directory, workers=inter_threads, threads=num_threads or max(1, cpus // inter_threads),
-                              dtype=str(torch_dtype).removeprefix("torch."))
+            threads = num_threads or max(1, cpus // inter_threads)
+            pool = WorkerPool(partial(cls.load, directory, "cpu", dtype=torch_dtype, num_threads=threads),
+                              workers=inter_threads)
         # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly (below).
         # Until then build on one thread, so that loading starts no OpenMP team in this thread: a server
         # decodes in another thread (service/engine.py), and with two teams libgomp counts more threads

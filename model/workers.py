@@ -22,13 +22,10 @@ import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from model.options import DecodeOptions
 from model.search import Hypothesis
-
-if TYPE_CHECKING:  # translator.py imports this module
-    from model.translator import DecodeOptions
 
 POLL_SECONDS = 1.0  # how often a waiting parent checks that its workers are alive
 
@@ -37,18 +34,23 @@ class WorkerError(RuntimeError):
     """A worker could not load the model, failed on a batch, or died."""
 
 
-class WorkerPool:
-    """`workers` processes, each holding the model at `path` on CPU with `threads` intra-op threads."""
+class BatchDecoder(Protocol):
+    def decode_batch(self, batch: list[list[int]], opts: DecodeOptions) -> list[list[Hypothesis]]: ...
 
-    def __init__(self, path: Path, *, workers: int, threads: int, dtype: str) -> None:
-        if workers < 1 or threads < 1:
-            raise ValueError(f"workers and threads must be >= 1, got {workers} and {threads}")
+
+class WorkerPool:
+    """`workers` processes, each holding what `load()` returns (a Translator on CPU, see Translator.load);
+    `load` is pickled into each process, so it must be a module-level callable or a partial of one."""
+
+    def __init__(self, load: Callable[[], BatchDecoder], *, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         ctx = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()  # one call at a time: calls share the result queue
         self._tasks: multiprocessing.Queue[Any] = ctx.Queue()
         self._results: multiprocessing.Queue[Any] = ctx.Queue()
         self._processes: list[BaseProcess] = [
-            ctx.Process(target=_work, args=(str(path), dtype, threads, self._tasks, self._results),
+            ctx.Process(target=_work, args=(load, self._tasks, self._results),
                         name=f"beamserve-worker-{i}", daemon=True)
             for i in range(workers)
         ]
@@ -107,16 +109,14 @@ class WorkerPool:
                 p.join()
 
 
-def _work(path: str, dtype: str, threads: int, tasks: multiprocessing.Queue[Any],
+def _work(load: Callable[[], BatchDecoder], tasks: multiprocessing.Queue[Any],
           results: multiprocessing.Queue[Any]) -> None:
     """A worker process: load the model once, then decode batches until told to stop (None)."""
-    from model.translator import Translator
-
     # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     try:
-        tr = Translator.load(path, "cpu", dtype=dtype, num_threads=threads)
+        tr = load()
     except Exception:
         # Every task fails with the reason, rather than the parent waiting for a worker that never comes.
         reason = traceback.format_exc()

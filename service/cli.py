@@ -15,16 +15,18 @@ if TYPE_CHECKING:
 
 
 def _decode_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--beam-size", type=int, default=4)
-    p.add_argument("--num-hypotheses", type=int, default=1)
-    p.add_argument("--length-penalty", type=float, default=1.0)
-    p.add_argument("--max-decoding-length", type=int, default=256, help="generated tokens, </s> included")
-    p.add_argument("--min-decoding-length", type=int, default=0, help="tokens generated before </s> is allowed")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=0,
-                   help="> 0: no translation repeats a run of this many tokens")
-    p.add_argument("--early-stopping", action="store_true",
-                   help="stop a sentence once it has beam_size finished hypotheses (CTranslate2's rule)")
-    p.add_argument("--max-batch-size", type=int, default=64)
+    """The decoding options the CLI offers (model/options.py), then the device and thread flags."""
+    from typing import get_type_hints
+
+    from model.options import DecodeOptions, user_options
+
+    hints = get_type_hints(DecodeOptions)
+    for f in user_options("cli"):
+        flag = "--" + f.name.replace("_", "-")
+        if hints[f.name] is bool:
+            p.add_argument(flag, action="store_true", help=f.metadata["help"])
+        else:
+            p.add_argument(flag, type=hints[f.name], default=f.default, help=f.metadata["help"])
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
     p.add_argument("--threads", type=int, default=None,
@@ -34,13 +36,9 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from model import DecodeOptions
+    from model.options import DecodeOptions, user_options
 
-    return DecodeOptions(beam_size=args.beam_size, num_hypotheses=args.num_hypotheses,
-                         length_penalty=args.length_penalty, max_decoding_length=args.max_decoding_length,
-                         min_decoding_length=args.min_decoding_length, early_stopping=args.early_stopping,
-                         no_repeat_ngram_size=args.no_repeat_ngram_size,
-                         max_batch_size=args.max_batch_size)
+    return DecodeOptions(**{f.name: getattr(args, f.name) for f in user_options("cli")})
 
 
 def _line_problem(source: str, exc: SourceError) -> str:

@@ -21,8 +21,9 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from model.inflight import InflightBatch
+from model.options import DecodeOptions
 from model.search import Hypothesis
-from model.translator import DecodeOptions, Translator
+from model.translator import Translator
 from service.scheduler import (
     BatchingConfig,
     BatchStats,

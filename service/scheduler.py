@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from model.options import DecodeOptions
 from model.search import Hypothesis
-from model.translator import DecodeOptions
 
 Mode = Literal["continuous", "request", "none"]
 # Both modes take the oldest queued sentence, then those closest to it in length; a module switch so
@@ -40,7 +40,10 @@ class QueueFullError(Exception):
 
     def __init__(self, queued: int, limit: int, retry_after_s: float) -> None:
         super().__init__(f"queue full: {queued} sentences waiting (limit {limit}); retry in {retry_after_s:.0f}s")
-        self.retry_after_s = retry_after_s
+        self.queued, self.limit, self.retry_after_s = queued, limit, retry_after_s
+
+    def __reduce__(self) -> tuple[type[QueueFullError], tuple[int, int, float]]:
+        return type(self), (self.queued, self.limit, self.retry_after_s)  # raised in a replica, read in the gateway
 
 
 class RequestTooLargeError(ValueError):

@@ -2,28 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from model.options import DecodeOptions, user_options
+
+# Bounds the API sets beyond the library's own.
+API_BOUNDS = {"length_penalty": {"ge": -5.0, "le": 5.0}}
 
 
-class TranslateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _decode_fields() -> dict[str, Any]:
+    """The API's decoding options, from model/options.py: name, type, default, bound and description."""
+    hints = get_type_hints(DecodeOptions)
+    out: dict[str, Any] = {}
+    for f in user_options("api"):
+        kind, default = hints[f.name], f.default
+        if f.name == "max_decoding_length":
+            kind, default = int | None, None  # absent: the server's cap
+        # Integers strictly: JSON true or "4" is a client's mistake, not beam size 1 or 4.
+        extra: dict[str, Any] = {"strict": True} if hints[f.name] in (int, bool) else {"allow_inf_nan": False}
+        low = f.metadata["minimum"]
+        extra |= {"ge": low} if low is not None else API_BOUNDS.get(f.name, {})
+        info: Any = Field(default, description=f.metadata["help"], **extra)
+        out[f.name] = (kind, info)
+    return out
 
+
+DecodeFields = create_model("DecodeFields", __config__=ConfigDict(extra="forbid"), __module__=__name__,
+                            **_decode_fields())
+
+
+class TranslateRequest(DecodeFields):
     texts: list[str] = Field(min_length=1, description="texts to translate (a paragraph is split into sentences)")
     source: str = Field(min_length=2, max_length=16, examples=["en"])
     target: str = Field(min_length=2, max_length=16, examples=["de"])
-    # Integers strictly: JSON true or "4" is a client's mistake, not beam size 1 or 4.
-    beam_size: int = Field(4, ge=1, strict=True)
-    num_hypotheses: int = Field(1, ge=1, strict=True)
-    length_penalty: float = Field(1.0, ge=-5.0, le=5.0, allow_inf_nan=False)
-    max_decoding_length: int | None = Field(None, ge=1, strict=True)
-    min_decoding_length: int = Field(0, ge=0, strict=True,
-                                     description="tokens generated before </s> is allowed (below max_decoding_length)")
-    early_stopping: bool = Field(False, strict=True,
-                                 description="stop a sentence once it has beam_size finished hypotheses")
-    no_repeat_ngram_size: int = Field(0, ge=0, strict=True,
-                                      description="> 0: no translation repeats a run of this many tokens")
     timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,
                                     description="answer 504 after this long (capped by the server)")
     tag_handling: Literal["html"] | None = Field(None, description=(

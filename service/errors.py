@@ -1,0 +1,46 @@
+"""Every error a client can get: the typed errors of the library and the engine mapped to HTTP
+statuses in one table, and the JSON body they are answered with."""
+
+from __future__ import annotations
+
+import math
+
+from model.errors import InputTooLongError, InvalidTextError
+from service.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
+
+# Error type -> (HTTP status, error code); the first match wins, so subclasses go before their bases.
+STATUS: dict[type[Exception], tuple[int, str]] = {
+    InputTooLongError: (422, "input_too_long"),
+    InvalidTextError: (422, "invalid_text"),
+    RequestTooLargeError: (422, "too_many_texts"),
+    QueueFullError: (503, "overloaded"),
+    DeadlineExceededError: (504, "timeout"),
+}
+
+
+class ApiError(Exception):
+    """An error answered with `status` and a JSON body {"error": code, "detail": message}."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
+
+    def __reduce__(self) -> tuple[type[ApiError], tuple[int, str, str, dict[str, str]]]:
+        return type(self), (self.status, self.code, self.detail, self.headers)
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.code, "detail": self.detail}
+
+
+def api_error(exc: BaseException) -> ApiError | None:
+    """The answer to a typed error raised in a replica or here (Ray hands a replica's error over as a
+    RayTaskError whose `cause` is the original); None for an error no client should see as such."""
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(cause, ApiError):
+        return cause
+    for kind, (status, code) in STATUS.items():
+        if isinstance(cause, kind):
+            retry = getattr(cause, "retry_after_s", None)
+            headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
+            return ApiError(status, code, str(cause), headers)
+    return None

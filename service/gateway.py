@@ -1,0 +1,231 @@
+"""The HTTP ingress: validates, routes by (source, target) to the pair's deployment, answers errors.
+
+No `from __future__ import annotations` (service/http.py says why).
+"""
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from model.errors import InvalidTextError, check_text
+from model.options import DecodeOptions, user_options
+from service import libretranslate, local_ray
+from service.errors import ApiError, api_error
+from service.html_text import HtmlDocument, join_aligned
+from service.http import app
+from service.metrics import gateway_metrics
+from service.schemas import (
+    ErrorResponse,
+    Language,
+    ModelInfo,
+    ModelsResponse,
+    TranslateRequest,
+    TranslateResponse,
+    Translation,
+    Usage,
+)
+from service.sentences import join_translations, ranked, split_sentences
+from service.settings import BODY_LIMIT, Settings
+
+LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 413, 422, 503, 504)}
+
+
+@serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class Gateway:
+    """HTTP ingress: validates, routes by (source, target) to the pair's deployment, maps errors."""
+
+    def __init__(self, pairs: dict[str, DeploymentHandle[Any]], settings: dict[str, Any]) -> None:
+        local_ray.pin_replica_grpc()
+        self.pairs = pairs
+        self.settings = Settings(**settings)
+        BODY_LIMIT["bytes"] = self.settings.max_body_bytes
+        gateway_metrics()
+
+    @app.post("/v1/translate", response_model=TranslateResponse, responses=ERRORS)
+    async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
+        pair, opts = self._check(req, request)
+        if req.tag_handling == "html":
+            docs = [HtmlDocument(t) for t in req.texts]
+            out, nbest = await self._html(pair, docs, opts, req.timeout_s, split=req.split_sentences)
+            out["translations"] = nbest
+        else:
+            out = await self._call(pair, req.texts, opts, req.timeout_s, split=req.split_sentences)
+        n = opts.num_hypotheses
+        translations = [
+            Translation(text=hs[0][0], score=hs[0][1], hypotheses=[h[0] for h in hs] if n > 1 else None,
+                        scores=[h[1] for h in hs] if n > 1 else None)
+            for hs in out["translations"]
+        ]
+        usage = Usage(source_tokens=out["source_tokens"], target_tokens=out["target_tokens"])
+        return TranslateResponse(model=pair, translations=translations, usage=usage)
+
+    @app.post("/translate", responses=ERRORS)
+    async def libretranslate(self, request: Request) -> dict[str, Any]:
+        """LibreTranslate-compatible: JSON or form body with q (string or list), source, target, alternatives."""
+        call = libretranslate.parse(await libretranslate.read_body(request), self.settings.max_beam_size)
+        pair, opts = self._check(call.request, request)
+        if call.docs is not None:
+            nbest = [[t for t, _ in ranks] for ranks in (await self._html(pair, call.docs, opts))[1]]
+        else:
+            nbest = [[h[0] for h in hs] for hs in (await self._call(pair, call.request.texts, opts))["translations"]]
+        return libretranslate.response(call, nbest)
+
+    @app.get("/languages", response_model=list[Language])
+    async def languages(self) -> list[Language]:
+        targets: dict[str, list[str]] = {}
+        for pair in sorted(self.pairs):
+            src, tgt = pair.split("-")
+            targets.setdefault(src, []).append(tgt)
+            targets.setdefault(tgt, [])
+        return [Language(code=c, name=LANGUAGES.get(c, c), targets=t) for c, t in sorted(targets.items())]
+
+    async def _infos(self) -> list[dict[str, Any]]:
+        """Every pair replica's info() (see PairModel.info)."""
+        return list(await asyncio.gather(*(h.info.remote() for h in self.pairs.values())))
+
+    @app.get("/v1/models", response_model=ModelsResponse)
+    async def models(self) -> ModelsResponse:
+        infos = await self._infos()
+        return ModelsResponse(models=[ModelInfo(**{k: i[k] for k in ModelInfo.model_fields}) for i in infos])
+
+    @app.get("/v1/stats")
+    async def stats(self) -> dict[str, Any]:
+        """Per pair: queue depth, active sentences, batches and their sizes (for operators and tests)."""
+        return {i["name"]: i for i in await self._infos()}
+
+    @app.get("/healthz")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(self) -> JSONResponse:
+        try:
+            infos = await asyncio.wait_for(self._infos(), 5.0)
+        except Exception as exc:  # a replica that cannot answer is not ready
+            return JSONResponse({"status": "not ready", "detail": str(exc)}, status_code=503)
+        ready = all(i["ready"] for i in infos)
+        return JSONResponse({"status": "ready" if ready else "not ready", "models": [i["name"] for i in infos]},
+                            status_code=200 if ready else 503)
+
+    def _check(self, req: TranslateRequest, request: Request) -> tuple[str, DecodeOptions]:
+        """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
+        s = self.settings
+        pair = f"{req.source}-{req.target}"
+        request.state.pair = pair if pair in self.pairs else "unknown"
+        if pair not in self.pairs:
+            raise ApiError(400, "unsupported_pair",
+                           f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}")
+        if len(req.texts) > s.max_texts:
+            raise ApiError(422, "too_many_texts", f"{len(req.texts)} texts; at most {s.max_texts} per request")
+        for i, text in enumerate(req.texts):
+            if len(text) > s.max_text_chars:
+                raise ApiError(422, "text_too_long",
+                               f"texts[{i}] has {len(text)} characters; at most {s.max_text_chars}")
+            try:
+                check_text(text)
+            except InvalidTextError as exc:
+                raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
+        opts = DecodeOptions(**{f.name: getattr(req, f.name) for f in user_options("api")
+                                if getattr(req, f.name) is not None})
+        if opts.beam_size > s.max_beam_size:
+            raise ApiError(422, "invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
+        opts = replace(opts, max_decoding_length=min(opts.max_decoding_length, s.max_decoding_length))
+        try:
+            opts.validate()
+        except ValueError as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from None
+        return pair, opts
+
+    async def _call(
+        self, pair: str, texts: list[str], opts: DecodeOptions, timeout_s: float | None = None, *,
+        split: bool = True,
+    ) -> dict[str, Any]:
+        """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
+        "translations" holds each text's n-best list of (text, score), its sentences joined back."""
+        out, pieces, per_text = await self._sentences(pair, texts, opts, timeout_s, split=split)
+        out["translations"] = [join_translations(hyps, seps) for hyps, (_, seps) in zip(per_text, pieces, strict=True)]
+        return out
+
+    async def _sentences(
+        self, pair: str, texts: list[str], opts: DecodeOptions, timeout_s: float | None = None, *,
+        split: bool = True,
+    ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
+        """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
+        # A one-sentence text goes as it came (what the library gets for it).
+        pieces = [split_sentences(t) if split else ([t], []) for t in texts]
+        timeout = self._timeout(timeout_s)
+        sentences = [sentence for sents, _ in pieces for sentence in sents]
+        options = {f.name: getattr(opts, f.name) for f in user_options("api")}
+        out = await self._remote(pair, "translate", sentences, options, timeout, timeout=timeout)
+        per_sentence = iter(out["translations"])
+        return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
+
+    async def _html(
+        self, pair: str, docs: list[HtmlDocument], opts: DecodeOptions, timeout_s: float | None = None,
+        *, split: bool = True,
+    ) -> tuple[dict[str, Any], list[list[tuple[str, float]]]]:
+        """The replica's answer, and each document's num_hypotheses renderings with scores, best first: its
+        runs translated sentence by sentence, the sentences of runs holding inline markup aligned to their
+        translations (rank r: every sentence's r-th hypothesis; its score the mean of theirs, as for a
+        paragraph)."""
+        n = opts.num_hypotheses
+        deadline = time.monotonic() + self._timeout(timeout_s)
+        texts = [text for doc in docs for text in doc.texts]
+        out, pieces, per_run = await self._sentences(pair, texts, opts, timeout_s, split=split)
+
+        needs = [needs for doc in docs for needs in doc.needs_alignment]
+        wanted: dict[tuple[str, str], int] = {}
+        for aligned, (sents, _), hyps in zip(needs, pieces, per_run, strict=True):
+            for r in range(n if aligned else 0):
+                for sentence, (translation, _) in zip(sents, ranked(hyps, r), strict=True):
+                    wanted.setdefault((sentence, translation), len(wanted))
+        # The alignment gets what is left of the request's time.
+        left = max(0.1, deadline - time.monotonic())
+        links = await self._remote(pair, "align", list(wanted), timeout=left) if wanted else []
+        renders, k = [], 0
+        for doc in docs:
+            ranks = []
+            for r in range(n):
+                run_texts, run_links, scores = [], [], []
+                for j in range(k, k + len(doc.texts)):
+                    (sents, seps), picked = pieces[j], ranked(per_run[j], r)
+                    words = [t for t, _ in picked]
+                    found = [links[wanted[p]] for p in zip(sents, words, strict=True)] if needs[j] else []
+                    text, joined = join_aligned(sents, seps, words, found or [[] for _ in sents])
+                    run_texts.append(text)
+                    run_links.append(joined)
+                    scores += [score for _, score in picked]
+                ranks.append((doc.render(run_texts, run_links), sum(scores) / len(scores) if scores else 0.0))
+            renders.append(ranks)
+            k += len(doc.texts)
+        return out, renders
+
+    def _timeout(self, timeout_s: float | None = None) -> float:
+        """A request's timeout: its own when shorter than the server's."""
+        return min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
+
+    async def _remote(self, pair: str, method: str, *args: Any, timeout: float) -> Any:
+        """pair's replica.method(*args), answered within timeout (+2 s); its typed errors as ApiErrors."""
+        response = getattr(self.pairs[pair], method).remote(*args)
+
+        async def answer() -> Any:
+            return await response
+
+        try:
+            return await asyncio.wait_for(answer(), timeout + 2.0)
+        except TimeoutError:
+            response.cancel()
+            raise ApiError(504, "timeout", f"no answer within {timeout:.0f}s") from None
+        except Exception as exc:
+            known = api_error(exc)
+            if known is None:
+                raise
+            raise known from None
