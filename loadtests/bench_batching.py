@@ -12,10 +12,6 @@ engine, reconfigured between probes as `reconfigure` does for a live replica):
 - none: one sentence at a time (mode "none");
 - request: request-level dynamic batching (mode "request", batch_wait_ms, max_batch_size 64);
 - continuous: continuous batching (mode "continuous": sentences join and leave every decoder step);
-- continuous-arrival, request-arrival: the same, taking queued sentences in arrival order instead of
-  the oldest and then those closest to it in length (service/scheduler.py ADMIT_CLOSEST_LENGTHS).
-  Continuous admission was in arrival order before session 9; request-arrival batches as Ray's
-  `@serve.batch` does.
 
 A configuration may override BatchingConfig fields: `--configs continuous,continuous/max_waiting_steps=2`.
 Sizes not overridden are the device's, as a replica takes them (service/scheduler.py `sized_for`);
@@ -54,19 +50,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model import DecodeOptions, Translator  # noqa: E402
-from service import scheduler  # noqa: E402
 from service.engine import Engine  # noqa: E402
 from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, sized_for  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 MODES = ("none", "request", "continuous")  # one at a time, request-level batching, continuous batching
-ARRIVAL = "-arrival"  # continuous-arrival, request-arrival: sentences taken from the queue in arrival order
-
-
-def use_admission(name: str) -> None:
-    """Set how configuration `name`'s runs take sentences from the queue: the oldest, then the closest
-    lengths (service/scheduler.py ADMIT_CLOSEST_LENGTHS), or in arrival order."""
-    scheduler.ADMIT_CLOSEST_LENGTHS = not name.split("/")[0].endswith(ARRIVAL)
 
 OTHER_TARGETS = [0.5, 0.75]
 RATES = [4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024]
@@ -76,10 +64,8 @@ def batching_config(name: str, device_type: str = "cpu") -> BatchingConfig:
     """A configuration by name, with optional overrides: "continuous/max_waiting_steps=2/decode_slots=512".
 
     Sizes not given are the device's (a GPU's bigger batches), as a replica running there takes them.
-    A base ending in "-arrival" takes queued sentences in arrival order (see `use_admission`).
     """
     base, *overrides = name.split("/")
-    base = base.removesuffix(ARRIVAL)
     if base not in MODES:
         raise SystemExit(f"unknown configuration {base!r}; one of {sorted(MODES)}")
     fields = {f.name: f.type for f in dataclasses.fields(BatchingConfig)}
@@ -130,7 +116,6 @@ def capacity_probe(engine: Engine, kind: str, sources: list[list[int]], args: ar
                    rate: float) -> Capacity:
     """Decode a seeded burst of one-sentence requests in `kind`'s mode, all submitted at once."""
     config = batching_config("continuous" if kind == "continuous" else "request", sizes_device(args))
-    use_admission(kind)
     n = min(args.capacity_sentences, config.max_queue)
     burst = random.Random(args.seed).choices(sources, k=n)
     if kind == "sorted":
@@ -216,7 +201,6 @@ def sweep(
         for repeat in range(args.repeats):
             for name, rate in rates.items():
                 engine.reconfigure(configs[name])
-                use_admission(name)
                 p = asyncio.run(probe(engine, name, rate, sources, args, repeat))
                 runs.append(p)
                 print(f"  {name:10s} {rate:6.1f} req/s #{repeat}: {p.throughput:6.1f} done/s  p50 {p.p50:6.3f}s  "
@@ -227,7 +211,6 @@ def sweep(
     try:
         for name in names:  # warm-up
             engine.reconfigure(configs[name])
-            use_admission(name)
             asyncio.run(engine.translate(sources[:8], DecodeOptions(beam_size=args.beam_size), 60))
         for kind in CAPACITY_KINDS if args.capacity_sentences else ():  # first bursts meet new shapes: not counted
             capacity_probe(engine, kind, sources, args, 0.0)

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_batching import batching_config, use_admission  # noqa: E402
+from bench_batching import batching_config  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
 from service.engine import Engine  # noqa: E402
@@ -39,7 +39,7 @@ DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="request,continuous,offline",
-                    help="batching configurations as in bench_batching.py (continuous-arrival too), and offline")
+                    help="batching configurations as in bench_batching.py, and offline")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--beam-size", type=int, default=4)
@@ -59,7 +59,6 @@ def main() -> None:
         await asyncio.gather(*(engine.translate([ids], opts, 600.0) for ids in sources))
 
     def run(name: str) -> tuple[float, float]:
-        use_admission(name)
         cpu, wall = time.process_time(), time.perf_counter()
         if name == "offline":
             for i in range(0, len(sources), 64):

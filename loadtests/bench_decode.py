@@ -11,12 +11,7 @@ test_2016_flickr sentences sorted by length, identical for every system; each ce
 system runs in its own worker process (see `SystemWorker`), all started before the first pass.
 
 Systems (--systems): beamserve; beamserve-es (early_stopping=True, CTranslate2's stopping rule);
-beamserve-bf16; beamserve-glibc (malloc left as glibc sets it, see model/allocator.py); beamserve-topk
-(beam candidates ranked by torch.topk over the whole vocabulary, as before the CPU's blockwise ranking);
-beamserve-bmm (decode-step attention as before session 7: ATen's bmm on every shape, cross-attention keys
-stored (B, H, S, D) on CPU too); beamserve-lsm (log_softmax into a new tensor, as before session 8, not
-over the logits); beamserve-softmax (attention's softmax by ATen at every width, as before session 10);
-hf; ct2-float32; ct2-int8.
+beamserve-bf16 (dtype bfloat16); hf; ct2-float32; ct2-int8.
 
 A suffix -interN (beamserve-inter2, ct2-float32-inter2) decodes N batches in parallel, each worker with
 --threads / N intra-op threads: CTranslate2's inter_threads, and beamserve's (`Translator.load(...,
@@ -45,7 +40,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model import DecodeOptions, Translator, allocator, checkpoint, layers, search, transformer  # noqa: E402
+from model import DecodeOptions, Translator, checkpoint  # noqa: E402
 from model.config import preset  # noqa: E402
 from model.transformer import Seq2Seq  # noqa: E402
 
@@ -211,27 +206,15 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
     system, inter = split_inter(system)
     threads = max(1, args.threads // inter)
-    if system == "beamserve-glibc":  # malloc as glibc sets it up (model/allocator.py off), for comparison
-        os.environ[allocator.ENV] = "0"
     # Every worker loads a Translator (for the tokenizer), so the hf worker gets the same allocator set-up.
     tr = Translator.load(own, args.device, dtype=dtype, num_threads=args.threads)
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f][: args.sentences]
     encoded = sorted((tr.encode(t) for t in texts), key=len)
-    if system == "beamserve-topk":  # the plain ranking (model/search.py top_candidates without blocks)
-        search.CHUNK = None
-    if system == "beamserve-lsm":  # log_softmax into a new tensor, as before session 8, not over the logits
-        search.LOG_SOFTMAX_IN_PLACE = False
-    if system == "beamserve-softmax":  # ATen's softmax at every width, as before session 10 (layers.softmax_)
-        layers.SMALL_SOFTMAX_WIDTH = 0
-    if system == "beamserve-bmm":  # no broadcast product for tiny matrices, no transposed cross-attention keys
-        layers.NAIVE_BMM_MACS = 0
-        transformer.CPU_CROSS_KEYS_TRANSPOSED = False
     if system == "beamserve" and inter > 1:
         pool = Translator.load(own, args.device, dtype=dtype, num_threads=threads, inter_threads=inter)
         return lambda n, B, K: run_beamserve(pool, encoded[:n], B, K, steps)
-    if system in ("beamserve", "beamserve-glibc", "beamserve-topk", "beamserve-bmm", "beamserve-lsm",
-                  "beamserve-softmax"):
+    if system == "beamserve":
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
@@ -316,14 +299,6 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
     pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
     if "beamserve-es" in workers:
         pairs.append(("beamserve-es", "ct2-float32"))
-    if "beamserve-glibc" in workers:
-        pairs.append(("beamserve", "beamserve-glibc"))
-    if "beamserve-topk" in workers:
-        pairs.append(("beamserve", "beamserve-topk"))
-    if "beamserve-lsm" in workers:
-        pairs.append(("beamserve", "beamserve-lsm"))
-    if "beamserve-softmax" in workers:
-        pairs.append(("beamserve", "beamserve-softmax"))
     for system in workers:
         base, inter = split_inter(system)
         if base == "beamserve" and inter > 1:

@@ -3,14 +3,13 @@
     python loadtests/bench_threads.py --rounds 3
 
 A Serve replica decodes on its engine's thread (service/engine.py). If another thread of the process
-has also run parallel torch ops (before session 7 the replica's constructor warmed the model up on
-its own thread), libgomp holds two thread teams, counts more threads than CPUs, and stops
-spin-waiting between parallel regions: each of the ~1,000 regions of a decoder step then waits for
-a futex wake-up. Each setup runs in a fresh process (teams live as long as their thread), the
-setups take turns round by round:
+has also run parallel torch ops (a warm-up on the constructor's thread, say), libgomp holds two
+thread teams, counts more threads than CPUs, and stops spin-waiting between parallel regions: each
+of the ~1,000 regions of a decoder step then waits for a futex wake-up. Each setup runs in a fresh
+process (teams live as long as their thread), the setups take turns round by round:
 
 - engine: as a replica now starts: Translator.load, Engine, Engine.warm_up on the engine's thread;
-- engine+main-team: the same, plus the model run once on the main thread first (the old warm-up);
+- engine+main-team: the same, plus the model run once on the main thread first;
 - direct: Translator.translate_ids on the main thread, no engine (the same decoding, one thread).
 
 Each process decodes --requests one-sentence requests one after another (latency) and then all at

@@ -33,9 +33,6 @@ from model.search import (
 from model.transformer import Seq2Seq
 
 TOKEN_WIDTH = 32  # starting width of a group's token buffers (BeamState), doubled as sentences get longer
-# On CPU a beam search's first step runs in add(), one row per sentence instead of K identical ones (a
-# module switch so that loadtests can run the other way beside it).
-FIRST_STEP_APART = True
 
 
 @dataclass
@@ -82,6 +79,9 @@ class InflightBatch:
         self.model = model
         weight = model.embed.weight
         self.device, self.dtype = weight.device, weight.dtype
+        # A beam search's first step runs in add() on CPU, one row per sentence instead of K identical
+        # ones; on a GPU, where a step costs the same at any row count, newcomers take K rows at once.
+        self.first_step_apart = self.device.type == "cpu"
         self.max_length = min(max_length, model.cfg.max_position_embeddings)
         # Positions are allocated 64 at a time up to max_length; rows are fixed.
         self.cache = model.new_cache(rows, min(64, self.max_length), self.dtype, self.device, limit=self.max_length,
@@ -134,7 +134,7 @@ class InflightBatch:
         pos = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
         tokens = torch.full((b * K,), opts.start_token_id, dtype=torch.long, device=dev)  # (b*K,)
         written = 0  # positions the newcomers' rows hold
-        if K > 1 and dev.type == "cpu" and FIRST_STEP_APART:
+        if K > 1 and self.first_step_apart:
             first = self._first_step(keys, cross, caps, state, opts)
             if first is None:
                 return

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 NEG = -1.0e9  # "impossible" without the NaNs that -inf arithmetic can produce
 CHUNK = 32  # vocabulary block of the CPU candidate ranking (top_candidates); 32-64 were best on 8,000 ids
-LOG_SOFTMAX_IN_PLACE = True  # CPU log_softmax_ over the logits (a switch for loadtests/bench_decode.py)
 
 
 class Stepper(Protocol):
@@ -118,7 +117,7 @@ def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
     batches, while a new tensor's pages are still being faulted in).
     """
     x = logits.float()
-    if x.device.type == "cpu" and x.is_contiguous() and LOG_SOFTMAX_IN_PLACE:
+    if x.device.type == "cpu" and x.is_contiguous():
         return torch.log_softmax(x, dim=-1, out=x)
     return torch.log_softmax(x, dim=-1)
 

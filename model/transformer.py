@@ -12,10 +12,6 @@ from model.gemm import Linear, linear
 from model.kv_cache import CrossCache, KVCache
 from model.layers import FeedForward, MultiHeadAttention, PositionalEncoding, attention, embedding_scale
 
-# Cross-attention keys stored (B, H, D, S) on CPU (CrossCache.keys_transposed); a module switch so that
-# loadtests/bench_decode.py can run the (B, H, S, D) layout beside it.
-CPU_CROSS_KEYS_TRANSPOSED = True
-
 
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in residual + LayerNorm."""
@@ -172,7 +168,7 @@ class Seq2Seq(nn.Module):
         kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
         # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
         # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
-        transposed = memory.device.type == "cpu" and CPU_CROSS_KEYS_TRANSPOSED
+        transposed = memory.device.type == "cpu"
         keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
         return CrossCache(keys, [v.contiguous() for _, v in kv], src_mask[:, None, None, :], keys_transposed=transposed)
 

@@ -4,8 +4,8 @@ One process decoding a batch with N intra-op threads leaves cores idle whenever 
 an operator too small to split (a decoder step of the shipped model is ~400 ATen calls; the beam
 search's bookkeeping runs on one thread). Whole batches decoded side by side do not share that
 serial part. Threads of one process would: they take turns holding the GIL (two threads of one
-intra-op thread each did 1.03x one thread of two, on the 2-core machine of DECODE_BENCH.md's
-eighth session), so each worker is a process with its own copy of the model.
+intra-op thread each do 1.03x one thread of two on 2 cores, docs/benchmarks.md), so each worker is a
+process with its own copy of the model.
 
 Workers are spawned, not forked: a forked child inherits the parent's OpenMP state, and GNU libgomp
 is not fork-safe (a child whose parent has run a parallel region can hang in its first one). As

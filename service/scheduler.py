@@ -26,9 +26,6 @@ from model.options import DecodeOptions
 from model.search import Hypothesis
 
 Mode = Literal["continuous", "request", "none"]
-# Both modes take the oldest queued sentence, then those closest to it in length; a module switch so
-# that loadtests/bench_batching.py and bench_burst.py can run arrival order (Ray's @serve.batch) beside it.
-ADMIT_CLOSEST_LENGTHS = True
 # Admission looks at this many of the oldest queued sentences: enough to fill the GPU sizes' 256
 # sentences, and a bounded sort at each admission however long a backlog grows (4,096 on a GPU).
 ADMISSION_WINDOW = 256
@@ -195,9 +192,8 @@ class RequestScheduler(Queue):
         return batch, 0.0
 
     def _fill(self, same: list[WorkItem], size: int) -> list[WorkItem]:
-        """The oldest sentence plus those of closest length (with ADMIT_CLOSEST_LENGTHS off: in arrival
-        order) while the padded cost fits the budget."""
-        oldest, *others = closest_first(same[0], same[1:]) if ADMIT_CLOSEST_LENGTHS else same
+        """The oldest sentence plus those of closest length while the padded cost fits the budget."""
+        oldest, *others = closest_first(same[0], same[1:])
         batch = [oldest]
         longest = len(oldest.ids)
         for it in others:
@@ -230,8 +226,7 @@ class ContinuousScheduler(Queue):
     def schedule(self, now: float, capacity: int) -> Plan:
         """Admit queued sentences while `capacity` rows, max_batch_size and max_batch_tokens allow (a
         sentence's beams join whole): the oldest first, then those among the ADMISSION_WINDOW oldest
-        closest to it in length, up to the first that does not fit (with ADMIT_CLOSEST_LENGTHS off: in
-        arrival order). Drop dead running ones."""
+        closest to it in length, up to the first that does not fit. Drop dead running ones."""
         leave = [it for it in self.running.values() if self.expired(it, now)]
         for it in leave:
             self._release(it)
@@ -240,7 +235,7 @@ class ContinuousScheduler(Queue):
         if not self.queue or (self.running and not self._time_to_admit(capacity)):
             return Plan(join, leave)
         head = list(itertools.islice(self.queue, ADMISSION_WINDOW))
-        for it in closest_first(head[0], head[1:]) if ADMIT_CLOSEST_LENGTHS else head:
+        for it in closest_first(head[0], head[1:]):
             idle = not self.running
             if not self._fits(it, self.rows, len(self.running), self.cost, capacity) and not (
                     idle and it.opts.beam_size <= capacity):  # one sentence always runs alone, whatever its cost

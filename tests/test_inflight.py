@@ -8,7 +8,7 @@ from collections.abc import Hashable
 import pytest
 import torch
 
-from model import DecodeOptions, Translator, inflight
+from model import DecodeOptions, Translator
 from model.config import preset
 from model.inflight import TOKEN_WIDTH, InflightBatch
 from model.search import Hypothesis
@@ -47,10 +47,7 @@ def assert_same_as_alone(tr: Translator, arrivals: list[Arrival], results: dict[
 
 
 @pytest.mark.parametrize("first_step_apart", [True, False])  # False: as on a GPU, K rows from the start
-def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(
-    tr: Translator, first_step_apart: bool, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(inflight, "FIRST_STEP_APART", first_step_apart)
+def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(tr: Translator, first_step_apart: bool) -> None:
     rng = random.Random(0)
     texts = read_lines("test_2016_flickr.en.gz", 36)
     texts += [" ".join(texts[i : i + 4]) for i in (0, 8)]  # long sources
@@ -61,6 +58,7 @@ def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(
                              no_repeat_ngram_size=2 * (key % 4 == 0))
         arrivals.append((rng.randrange(0, 40), key, tr.encode(text), opts))
     batch = InflightBatch(tr.model, rows=128, max_length=256)
+    batch.first_step_apart = first_step_apart
     results, most = run(tr, batch, arrivals)
     assert most >= 10  # sentences really shared decoder steps
     assert batch.rows == 0 and batch.sentences == 0 and batch.cross is None

@@ -46,11 +46,6 @@ def test_a_backlog_admits_the_oldest_then_the_closest_lengths(monkeypatch: pytes
     s.finish(items[0].seq)
     s.finish(items[4].seq)
     assert s.schedule(0.0, capacity=256).join == [items[1], items[3]]  # 30 is now the oldest: it goes first
-    monkeypatch.setattr(scheduler_module, "ADMIT_CLOSEST_LENGTHS", False)
-    s = scheduler(max_batch_size=4)
-    s.admit(items)
-    assert s.schedule(0.0, capacity=256).join == items[:4]
-    monkeypatch.setattr(scheduler_module, "ADMIT_CLOSEST_LENGTHS", True)
     monkeypatch.setattr(scheduler_module, "ADMISSION_WINDOW", 3)  # only the 3 oldest are looked at
     s = scheduler(max_batch_size=2)
     s.admit(items)
@@ -58,7 +53,7 @@ def test_a_backlog_admits_the_oldest_then_the_closest_lengths(monkeypatch: pytes
     assert list(s.queue) == [items[1], *items[3:]]
 
 
-def test_request_batches_take_the_oldest_then_the_closest_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_request_batches_take_the_oldest_then_the_closest_lengths() -> None:
     items = [item(tokens=n) for n in (10, 30, 12, 29, 9, 11)]
     s = RequestScheduler(BatchingConfig(mode="request", max_batch_size=3))
     s.admit(items)
@@ -66,10 +61,6 @@ def test_request_batches_take_the_oldest_then_the_closest_lengths(monkeypatch: p
     assert batch == [items[0], items[4], items[5]]  # 10, then 9 and 11
     batch, _ = s.next_batch(0.0)
     assert batch == [items[1], items[3], items[2]]  # 30, then 29 and 12
-    monkeypatch.setattr(scheduler_module, "ADMIT_CLOSEST_LENGTHS", False)  # arrival order, as @serve.batch
-    s = RequestScheduler(BatchingConfig(mode="request", max_batch_size=3))
-    s.admit(items)
-    assert s.next_batch(0.0)[0] == items[:3]
 
 
 def test_sentence_cap_and_token_budget_bound_admission() -> None:
