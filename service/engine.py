@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from collections import deque
@@ -36,6 +37,8 @@ from service.scheduler import (
     WorkItem,
     batch_tokens,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["BatchingConfig", "DeadlineExceededError", "Engine", "QueueFullError", "RequestTooLargeError"]
 
@@ -87,6 +90,7 @@ class BatchRunner:
         try:
             return live, self.translator.decode_batch([it.ids for it in live], live[0].opts)
         except Exception as exc:  # a failed batch fails its requests, never the engine
+            logger.exception("a batch of %d sentences failed (beam_size %d)", len(live), live[0].opts.beam_size)
             return live, exc
 
 
@@ -298,6 +302,8 @@ class Engine:
 
     def _fail_running(self, exc: Exception) -> None:
         """Fail every sentence in flight and start from a fresh pool (its state may be half-updated)."""
+        logger.error("a decoder step failed; failing the %d sentences in flight", len(self.continuous.running),
+                     exc_info=exc)
         with self._cv:
             futures = [self.continuous.finish(seq).future for seq in list(self.continuous.running)]
             self._active = 0

@@ -34,7 +34,7 @@ from service.sentences import join_translations, ranked, split_sentences
 from service.settings import BODY_LIMIT, Settings
 
 LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 413, 422, 503, 504)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 413, 422, 500, 503, 504)}
 
 
 @serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})

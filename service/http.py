@@ -1,11 +1,14 @@
-"""The FastAPI application's HTTP plumbing: the body limit, request metrics, and errors as JSON.
+"""The FastAPI application's HTTP plumbing: the body limit, request ids, request metrics, and every
+error as JSON {"error": code, "detail": message, "request_id": id}.
 
 No `from __future__ import annotations` in the modules that declare routes: Serve pickles the ingress
 class, and FastAPI must see real types (Request, the pydantic models), not strings.
 """
 
 import json
+import logging
 import time
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,6 +19,7 @@ from service.errors import ApiError
 from service.metrics import gateway_metrics
 from service.settings import BODY_LIMIT
 
+logger = logging.getLogger(__name__)
 ENDPOINTS = {"/v1/translate", "/translate", "/languages", "/v1/models", "/v1/stats", "/healthz", "/readyz"}
 
 app = FastAPI(
@@ -40,7 +44,7 @@ class BodyLimit:
         limit = BODY_LIMIT["bytes"]
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await self._reject(send, limit)
+            return await self._reject(scope, send, limit)
         seen = 0
 
         async def limited() -> Any:
@@ -54,17 +58,25 @@ class BodyLimit:
         try:
             await self.inner(scope, limited, send)
         except _BodyTooLargeError:
-            await self._reject(send, limit)
+            await self._reject(scope, send, limit)
 
     @staticmethod
-    async def _reject(send: Any, limit: int) -> None:
-        body = json.dumps({"error": "body_too_large", "detail": f"request body over {limit} bytes"}).encode()
+    async def _reject(scope: dict[str, Any], send: Any, limit: int) -> None:
+        rid = request_id({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
+        body = json.dumps({"error": "body_too_large", "detail": f"request body over {limit} bytes",
+                           "request_id": rid}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
 
 app.add_middleware(BodyLimit)
+
+
+def request_id(headers: Any) -> str:
+    """The request's id. Serve's proxy puts one in every request (the client's X-Request-ID, else a new
+    one) and returns it in the response's X-Request-ID header; outside Serve, a new one."""
+    return str(headers.get("x-request-id") or uuid.uuid4().hex)
 
 
 @app.middleware("http")
@@ -78,12 +90,29 @@ async def _record(request: Request, call_next: Any) -> Any:
     return response
 
 
+def error_response(request: Request, status: int, body: dict[str, Any],
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({**body, "request_id": request_id(request.headers)}, status_code=status, headers=headers)
+
+
 @app.exception_handler(ApiError)
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    if exc.status >= 500:
+        logger.warning("%s %s -> %d %s: %s (request %s)", request.method, request.url.path, exc.status, exc.code,
+                       exc.detail, request_id(request.headers))
+    return error_response(request, exc.status, exc.body(), exc.headers)
 
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = [{"loc": list(e.get("loc", [])), "msg": e.get("msg", "")} for e in exc.errors()]
-    return JSONResponse({"error": "invalid_request", "detail": errors}, status_code=422)
+    return error_response(request, 422, {"error": "invalid_request", "detail": errors})
+
+
+@app.exception_handler(Exception)
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """A bug, not a client's mistake: logged with its traceback, answered as JSON like every error."""
+    rid = request_id(request.headers)
+    logger.error("%s %s failed (request %s)", request.method, request.url.path, rid, exc_info=exc)
+    return error_response(request, 500, {"error": "internal_error",
+                                         "detail": f"the server failed on this request ({type(exc).__name__})"})

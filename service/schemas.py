@@ -84,8 +84,9 @@ class ModelsResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    error: str
-    detail: str | list[object]
+    error: str  # a stable code: invalid_request, unsupported_pair, overloaded, timeout, ...
+    detail: str | list[object]  # what is wrong, for a person
+    request_id: str  # also in the X-Request-ID header; the client's own when it sent one
 
 
 class Language(BaseModel):

@@ -1,4 +1,5 @@
-"""Tiny seeded models built locally from the Multi30k files (nothing is downloaded)."""
+"""Shared fixtures: tiny seeded models built locally from the Multi30k slice in tests/data (nothing is
+downloaded), real sentences, and the real Ray Serve app on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
+DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`cuda` tests skip without a GPU; tests of the running server are `slow` (make test-fast leaves them out)."""
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
+        if "server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 def read_lines(name: str, limit: int | None = None) -> list[str]:

@@ -9,10 +9,10 @@ import torch
 from model import DecodeOptions, Translator
 from model.decoding import CachedStepper, generate, pad_batch
 
-from .conftest import cuda, read_lines
+from .conftest import read_lines
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_cached_equals_uncached_on_gpu(tiny_dir: Path, sources: list[str], dtype: str) -> None:
     tr = Translator.load(tiny_dir, "cuda", dtype=dtype)
@@ -28,7 +28,7 @@ def test_cached_equals_uncached_on_gpu(tiny_dir: Path, sources: list[str], dtype
     assert same == len(batch) if dtype == "float32" else same >= len(batch) - 2
 
 
-@cuda
+@pytest.mark.cuda
 def test_kv_cache_lives_on_the_gpu_in_half_precision(tiny_dir: Path, sources: list[str]) -> None:
     tr = Translator.load(tiny_dir, "cuda", dtype="float16")
     src, mask = pad_batch([tr.encode(s) for s in sources], tr.model.cfg.pad_token_id, tr.device)
@@ -38,7 +38,7 @@ def test_kv_cache_lives_on_the_gpu_in_half_precision(tiny_dir: Path, sources: li
     assert all(k.device.type == "cuda" for k in stepper.cross.k)
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_shipped_model_on_gpu_matches_cpu(dtype: str) -> None:
     texts = read_lines("test_2016_flickr.en.gz", 64)
@@ -49,7 +49,7 @@ def test_shipped_model_on_gpu_matches_cpu(dtype: str) -> None:
     assert "Hund" in Translator.load("en-de", "cuda", dtype=dtype).translate(["A dog runs."])[0].hypotheses[0]
 
 
-@cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_continuous_batching_on_gpu_equals_decoding_alone(dtype: str) -> None:
     from model.inflight import InflightBatch
@@ -74,7 +74,7 @@ def test_continuous_batching_on_gpu_equals_decoding_alone(dtype: str) -> None:
     assert same == len(texts) if dtype == "float32" else same >= len(texts) - 2
 
 
-@cuda
+@pytest.mark.cuda
 def test_loading_on_gpu_turns_off_cudnn_attention(tiny_dir: Path) -> None:
     # cuDNN attention plans each new shape anew and decoding makes new shapes every step: a burst of
     # requests took 15x longer with it on an H100 (README, "How decoding works").
@@ -83,7 +83,7 @@ def test_loading_on_gpu_turns_off_cudnn_attention(tiny_dir: Path) -> None:
     assert not torch.backends.cuda.cudnn_sdp_enabled()
 
 
-@cuda
+@pytest.mark.cuda
 def test_no_repeat_ngrams_and_alignment_run_on_gpu() -> None:
     tr = Translator.load("en-de", "cuda", dtype="float16")
     ids = tr.translate(["dog " * 30], beam_size=4, no_repeat_ngram_size=2)[0].token_ids[0]

@@ -141,6 +141,21 @@ def test_invalid_json_invalid_utf8_and_oversized_bodies(client: httpx.Client) ->
     assert r.status_code == 413 and "bytes" in r.text
 
 
+def test_every_answer_carries_a_request_id_and_every_error_body_repeats_it(client: httpx.Client) -> None:
+    mine = {"X-Request-ID": "client-42"}
+    r = client.post("/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "xx"}, headers=mine)
+    assert r.status_code == 400 and r.headers["x-request-id"] == "client-42"
+    assert r.json() == {"error": "unsupported_pair", "detail": r.json()["detail"], "request_id": "client-42"}
+    r = client.post("/v1/translate", json={"texts": [], "source": "en", "target": "de"})  # no id: one is made
+    assert r.status_code == 422 and len(r.json()["request_id"]) >= 16
+    assert r.headers["x-request-id"] == r.json()["request_id"]
+    ok = client.post("/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de"})
+    assert ok.status_code == 200 and ok.headers["x-request-id"] not in ("", r.json()["request_id"])
+    big = json.dumps({"texts": ["a" * 1000] * 1200, "source": "en", "target": "de"}).encode()
+    r = client.post("/v1/translate", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["request_id"] == r.headers["x-request-id"]
+
+
 def test_a_paragraph_is_translated_sentence_by_sentence_unless_asked_not_to(client: httpx.Client) -> None:
     def post(texts: list[str], **options: object) -> list[dict[str, object]]:
         r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", **options})
