@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: install serve test lint bench-decode bench-gemm bench-batching loadtest clean
+.PHONY: install serve test test-fast lint format bench-decode bench-gemm bench-batching loadtest clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,26 +19,35 @@ install: $(VENV)/.installed
 serve: install
 	$(VENV)/bin/beamserve serve
 
-test: install
-	$(VENV)/bin/ruff check model service tests loadtests
-	$(VENV)/bin/mypy model service
+CODE := model service tests loadtests
+
+test: lint
 	$(PY) -m pytest -q -ra
 
+# The inner loop: everything but the tests that start Ray, a server, worker processes or training.
+test-fast: lint
+	$(PY) -m pytest -q -ra -m "not slow"
+
 lint: install
-	$(VENV)/bin/ruff check model service tests loadtests
+	$(VENV)/bin/ruff check $(CODE)
+	$(VENV)/bin/ruff format --check $(CODE)
 	$(VENV)/bin/mypy model service
 
+format: install
+	$(VENV)/bin/ruff check --fix $(CODE)
+	$(VENV)/bin/ruff format $(CODE)
+
 bench-decode: install
-	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_decode.py --out loadtests/results/decode_latest.md
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_decode.py --out runs/bench/decode_latest.md
 
 bench-gemm: install
 	$(PY) loadtests/bench_gemm.py
 
 bench-batching: install
-	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_batching.py --out loadtests/results/batching_latest.md
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_batching.py --out runs/bench/batching_latest.md
 
 loadtest: install
-	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out loadtests/results --external http://127.0.0.1:8000
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out runs/loadtest --external http://127.0.0.1:8000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -112,8 +112,9 @@ class Capacity:
 CAPACITY_KINDS = ("sorted", "request", "continuous")
 
 
-def capacity_probe(engine: Engine, kind: str, sources: list[list[int]], args: argparse.Namespace,
-                   rate: float) -> Capacity:
+def capacity_probe(
+    engine: Engine, kind: str, sources: list[list[int]], args: argparse.Namespace, rate: float
+) -> Capacity:
     """Decode a seeded burst of one-sentence requests in `kind`'s mode, all submitted at once."""
     config = batching_config("continuous" if kind == "continuous" else "request", sizes_device(args))
     n = min(args.capacity_sentences, config.max_queue)
@@ -138,16 +139,31 @@ def percentile(values: list[float], q: float) -> float:
 
 def median_probe(runs: list[Probe]) -> Probe:
     """One rate's repetitions as one row: median latencies and throughput, failures summed."""
+
     def mid(values: list[float]) -> float:
         return statistics.median(values)
 
-    return Probe(runs[0].config, runs[0].rate, sum(p.sent for p in runs), sum(p.ok for p in runs),
-                 sum(p.failed for p in runs), mid([p.throughput for p in runs]), mid([p.p50 for p in runs]),
-                 mid([p.p95 for p in runs]), mid([p.p99 for p in runs]), len(runs))
+    return Probe(
+        runs[0].config,
+        runs[0].rate,
+        sum(p.sent for p in runs),
+        sum(p.ok for p in runs),
+        sum(p.failed for p in runs),
+        mid([p.throughput for p in runs]),
+        mid([p.p50 for p in runs]),
+        mid([p.p95 for p in runs]),
+        mid([p.p99 for p in runs]),
+        len(runs),
+    )
 
 
 async def probe(
-    engine: Engine, name: str, rate: float, sources: list[list[int]], args: argparse.Namespace, repeat: int,
+    engine: Engine,
+    name: str,
+    rate: float,
+    sources: list[list[int]],
+    args: argparse.Namespace,
+    repeat: int,
 ) -> Probe:
     rng = random.Random(args.seed + repeat)  # the same arrivals and sentences for every configuration
     arrivals: list[tuple[float, list[int]]] = []
@@ -172,13 +188,25 @@ async def probe(
     results = await asyncio.gather(*(one(at, ids) for at, ids in arrivals))
     latencies = [lat for lat, ok, _ in results if ok]
     last = max((end for _, ok, end in results if ok), default=start + args.duration)
-    return Probe(name, rate, len(results), len(latencies), len(results) - len(latencies),
-                 len(latencies) / max(last - start, 1e-9), percentile(latencies, 0.50),
-                 percentile(latencies, 0.95), percentile(latencies, 0.99), repeat)
+    return Probe(
+        name,
+        rate,
+        len(results),
+        len(latencies),
+        len(results) - len(latencies),
+        len(latencies) / max(last - start, 1e-9),
+        percentile(latencies, 0.50),
+        percentile(latencies, 0.95),
+        percentile(latencies, 0.99),
+        repeat,
+    )
 
 
 def sweep(
-    tr: Translator, names: list[str], sources: list[list[int]], args: argparse.Namespace,
+    tr: Translator,
+    names: list[str],
+    sources: list[list[int]],
+    args: argparse.Namespace,
 ) -> tuple[list[Probe], list[Capacity]]:
     """Rising rates until a configuration's median p95 misses the target (or a request fails), then
     bisection between its last pass and that miss. At each rate the configurations take turns within
@@ -196,17 +224,25 @@ def sweep(
         for kind in CAPACITY_KINDS if args.capacity_sentences else ():
             c = capacity_probe(engine, kind, sources, args, max(rates.values()))
             capacities.append(c)
-            print(f"  capacity {kind:10s}: {c.throughput:6.1f} sentences/s ({c.sentences} in {c.seconds:.2f} s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  capacity {kind:10s}: {c.throughput:6.1f} sentences/s ({c.sentences} in {c.seconds:.2f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
         for repeat in range(args.repeats):
             for name, rate in rates.items():
                 engine.reconfigure(configs[name])
                 p = asyncio.run(probe(engine, name, rate, sources, args, repeat))
                 runs.append(p)
-                print(f"  {name:10s} {rate:6.1f} req/s #{repeat}: {p.throughput:6.1f} done/s  p50 {p.p50:6.3f}s  "
-                      f"p95 {p.p95:6.3f}s  p99 {p.p99:6.3f}s  failed {p.failed:4d}", file=sys.stderr, flush=True)
-        return {name: median_probe([p for p in runs if p.config == name and p.rate == rate])
-                for name, rate in rates.items()}
+                print(
+                    f"  {name:10s} {rate:6.1f} req/s #{repeat}: {p.throughput:6.1f} done/s  p50 {p.p50:6.3f}s  "
+                    f"p95 {p.p95:6.3f}s  p99 {p.p99:6.3f}s  failed {p.failed:4d}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return {
+            name: median_probe([p for p in runs if p.config == name and p.rate == rate]) for name, rate in rates.items()
+        }
 
     try:
         for name in names:  # warm-up
@@ -271,35 +307,50 @@ def sizes_device(args: argparse.Namespace) -> str:
 
 def sizes_text(name: str, args: argparse.Namespace) -> str:
     c = batching_config(name, sizes_device(args))
-    return (f"{c.decode_slots} decode slots, {c.max_batch_size} sentences, {c.max_batch_tokens} tokens, "
-            f"{c.max_queue} queued")
+    return (
+        f"{c.decode_slots} decode slots, {c.max_batch_size} sentences, {c.max_batch_tokens} tokens, "
+        f"{c.max_queue} queued"
+    )
 
 
 def capacity_lines(capacities: list[Capacity], best: dict[str, float]) -> list[str]:
     """The capacity table, and the continuous goal's rate as a share of the best burst's median throughput."""
     if not capacities:
         return []
-    lines = ["", "## Capacity: the same engine with nothing waiting on arrivals", "",
-             f"A burst of {capacities[0].sentences} one-sentence requests submitted at once, measured before every "
-             f"rate ({len(capacities) // len(CAPACITY_KINDS)} times); sentences per second, first submission to "
-             "last completion:", "", "| burst | median | lowest | highest |", "|---|---:|---:|---:|"]
+    lines = [
+        "",
+        "## Capacity: the same engine with nothing waiting on arrivals",
+        "",
+        f"A burst of {capacities[0].sentences} one-sentence requests submitted at once, measured before every "
+        f"rate ({len(capacities) // len(CAPACITY_KINDS)} times); sentences per second, first submission to "
+        "last completion:",
+        "",
+        "| burst | median | lowest | highest |",
+        "|---|---:|---:|---:|",
+    ]
     medians = {}
     for kind in CAPACITY_KINDS:
         values = [c.throughput for c in capacities if c.kind == kind]
         if not values:
             continue
-        label = {"sorted": "request mode, sorted by length", "request": "request mode, order drawn",
-                 "continuous": "continuous mode, order drawn"}[kind]
+        label = {
+            "sorted": "request mode, sorted by length",
+            "request": "request mode, order drawn",
+            "continuous": "continuous mode, order drawn",
+        }[kind]
         medians[label] = statistics.median(values)
         lines.append(f"| {label} | {medians[label]:.1f} | {min(values):.1f} | {max(values):.1f} |")
     if medians and best.get("request"):
         need = 1.5 * best["request"]
         label, top = max(medians.items(), key=lambda kv: kv[1])
-        lines += ["", f"Continuous batching at 1.5x request-level's highest sustained rate would be {need:.1f} "
-                  f"requests/s: {need / top:.2f}x the highest median burst throughput ({label}, {top:.1f}). A "
-                  "queue kept full is as large as batches get, so no configuration completes more sentences a "
-                  "second under Poisson arrivals than its bursts do; offered more, its queue, and p95 with it, "
-                  "grows without bound."]
+        lines += [
+            "",
+            f"Continuous batching at 1.5x request-level's highest sustained rate would be {need:.1f} "
+            f"requests/s: {need / top:.2f}x the highest median burst throughput ({label}, {top:.1f}). A "
+            "queue kept full is as large as batches get, so no configuration completes more sentences a "
+            "second under Poisson arrivals than its bursts do; offered more, its queue, and p95 with it, "
+            "grows without bound.",
+        ]
     return lines
 
 
@@ -307,17 +358,23 @@ def report(raw: list[Probe], args: argparse.Namespace, seconds: float, capacitie
     probes = cells(raw)
     best = {name: max((p.rate for p in ps if p.passes(args.p95_target)), default=0.0) for name, ps in probes.items()}
     lines = [
-        "# Batching benchmark: no batching vs request-level vs continuous batching", "",
-        f"Command: `python loadtests/bench_batching.py {' '.join(command_line())}`", "",
+        "# Batching benchmark: no batching vs request-level vs continuous batching",
+        "",
+        f"Command: `python loadtests/bench_batching.py {' '.join(command_line())}`",
+        "",
         f"Shipped {args.model} model, {device_text(args)}, beam {args.beam_size}, one test_2016_flickr sentence per "
         f"request, Poisson arrivals for {args.duration:.0f} s per rate, {args.repeats} repetitions per rate "
         f"(seeds {args.seed}..{args.seed + args.repeats - 1}; medians reported; the configurations take turns "
         f"within each repetition), p95 target "
         f"{args.p95_target:.2f} s, request timeout {args.timeout:.0f} s"
-        + (f"; run took {seconds / 60:.1f} min." if seconds else "."), "",
-        "Sizes: " + "; ".join(f"{name}: {sizes_text(name, args)}" for name in probes) + ".", "",
-        "## Highest rate sustained with median p95 under the target and no failed request", "",
-        "| configuration | max rate (req/s) | vs none | vs request |", "|---|---:|---:|---:|",
+        + (f"; run took {seconds / 60:.1f} min." if seconds else "."),
+        "",
+        "Sizes: " + "; ".join(f"{name}: {sizes_text(name, args)}" for name in probes) + ".",
+        "",
+        "## Highest rate sustained with median p95 under the target and no failed request",
+        "",
+        "| configuration | max rate (req/s) | vs none | vs request |",
+        "|---|---:|---:|---:|",
     ]
     for name in probes:
         ratios = [f"{best[name] / best[base]:.2f}x" if best.get(base) else "n/a" for base in ("none", "request")]
@@ -325,24 +382,37 @@ def report(raw: list[Probe], args: argparse.Namespace, seconds: float, capacitie
     if {"none", "request", "continuous"} <= set(best):
         for base, goal in (("request", 1.5), ("none", 5.0)):
             ratio = best["continuous"] / best[base] if best[base] else math.inf
-            lines.append(f"\nGoal continuous >= {goal:.1f}x {base}: {ratio:.2f}x, "
-                         f"{'met' if ratio >= goal else 'NOT met'}.")
-    lines += ["", "The same probes against tighter p95 targets (highest probed rate that passes; the sweep "
-              "refines only the main target):", "", "| configuration | " + " | ".join(
-                  f"p95 <= {t:.2f} s" for t in OTHER_TARGETS) + " |", "|---|" + "---:|" * len(OTHER_TARGETS)]
+            lines.append(
+                f"\nGoal continuous >= {goal:.1f}x {base}: {ratio:.2f}x, {'met' if ratio >= goal else 'NOT met'}."
+            )
+    lines += [
+        "",
+        "The same probes against tighter p95 targets (highest probed rate that passes; the sweep "
+        "refines only the main target):",
+        "",
+        "| configuration | " + " | ".join(f"p95 <= {t:.2f} s" for t in OTHER_TARGETS) + " |",
+        "|---|" + "---:|" * len(OTHER_TARGETS),
+    ]
     for name, ps in probes.items():
         tight = [max((p.rate for p in ps if p.passes(t)), default=0.0) for t in OTHER_TARGETS]
         lines.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in tight) + " |")
     lines += capacity_lines(capacities or [], best)
-    lines += ["", "## Every rate (medians of the repetitions; p95 range = lowest..highest repetition)", "",
-              "| configuration | offered req/s | completed/s | p50 s | p95 s | p95 range s | p99 s | failed | within "
-              "target |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "## Every rate (medians of the repetitions; p95 range = lowest..highest repetition)",
+        "",
+        "| configuration | offered req/s | completed/s | p50 s | p95 s | p95 range s | p99 s | failed | within "
+        "target |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for ps in probes.values():
         for p in ps:
             spread = [r.p95 for r in raw if r.config == p.config and r.rate == p.rate]
-            lines.append(f"| {p.config} | {p.rate:.1f} | {p.throughput:.1f} | {p.p50:.3f} | {p.p95:.3f} | "
-                         f"{min(spread):.3f}..{max(spread):.3f} | {p.p99:.3f} | {p.failed} | "
-                         f"{'yes' if p.passes(args.p95_target) else 'no'} |")
+            lines.append(
+                f"| {p.config} | {p.rate:.1f} | {p.throughput:.1f} | {p.p50:.3f} | {p.p95:.3f} | "
+                f"{min(spread):.3f}..{max(spread):.3f} | {p.p99:.3f} | {p.failed} | "
+                f"{'yes' if p.passes(args.p95_target) else 'no'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -359,11 +429,18 @@ def main() -> None:
     ap.add_argument("--beam-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--sizes-for", choices=("cpu", "cuda"), help="take this device's batch sizes where a "
-                    "configuration gives none (default: --device's, as a replica does)")
+    ap.add_argument(
+        "--sizes-for",
+        choices=("cpu", "cuda"),
+        help="take this device's batch sizes where a configuration gives none (default: --device's, as a replica does)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--capacity-sentences", type=int, default=512, help="sentences per capacity burst, measured "
-                    "before every rate (0: none)")
+    ap.add_argument(
+        "--capacity-sentences",
+        type=int,
+        default=512,
+        help="sentences per capacity burst, measured before every rate (0: none)",
+    )
     ap.add_argument("--out", type=Path, help="write the markdown report here (and .json beside it)")
     ap.add_argument("--from-json", type=Path, help="rewrite the report from an earlier run's .json (no decoding)")
     args = ap.parse_args()
@@ -374,6 +451,7 @@ def main() -> None:
         text = report([Probe(**p) for p in saved["probes"]], args, 0.0, [Capacity(**c) for c in saved["capacity"]])
         print(text)
         if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(text, encoding="utf-8")
         return
     started = time.perf_counter()

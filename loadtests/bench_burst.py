@@ -38,8 +38,11 @@ DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="request,continuous,offline",
-                    help="batching configurations as in bench_batching.py, and offline")
+    ap.add_argument(
+        "--configs",
+        default="request,continuous,offline",
+        help="batching configurations as in bench_batching.py, and offline",
+    )
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--beam-size", type=int, default=4)
@@ -74,13 +77,19 @@ def main() -> None:
         for name in names if r % 2 == 0 else names[::-1]:
             c, w = run(name)
             cpu[name].append(c)
-            print(f"round {r + 1}/{args.rounds} {name}: {args.requests / c:.1f} sentences per CPU second "
-                  f"({args.requests / w:.1f} per second elapsed)", file=sys.stderr, flush=True)
+            print(
+                f"round {r + 1}/{args.rounds} {name}: {args.requests / c:.1f} sentences per CPU second "
+                f"({args.requests / w:.1f} per second elapsed)",
+                file=sys.stderr,
+                flush=True,
+            )
     for engine in engines.values():
         engine.close()
     base = statistics.median(cpu[names[0]])
-    print(f"\n{args.requests} requests of one sentence, beam {args.beam_size}, {args.threads} thread(s), "
-          f"median of {args.rounds} rounds:\n")
+    print(
+        f"\n{args.requests} requests of one sentence, beam {args.beam_size}, {args.threads} thread(s), "
+        f"median of {args.rounds} rounds:\n"
+    )
     print("| configuration | sentences per CPU second | CPU time vs " + names[0] + " |\n|---|---:|---:|")
     for name in names:
         med = statistics.median(cpu[name])

@@ -81,7 +81,7 @@ def make_base_model(work: Path) -> Path:
 
 
 def split_inter(system: str) -> tuple[str, int]:
-    """"ct2-float32-inter2" -> ("ct2-float32", 2); no suffix -> (system, 1)."""
+    """ "ct2-float32-inter2" -> ("ct2-float32", 2); no suffix -> (system, 1)."""
     base, _, n = system.rpartition("-inter")
     return (base, int(n)) if base and n.isdigit() else (system, 1)
 
@@ -100,10 +100,17 @@ def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict
     return own, hf, ct2
 
 
-def run_beamserve(tr: Translator, srcs: list[list[int]], B: int, K: int, steps: int | None,
-                  early_stopping: bool = False) -> int:
-    opts = DecodeOptions(beam_size=K, max_batch_size=B, max_length_ratio=None, early_stopping=early_stopping,
-                         max_decoding_length=steps or 256, min_decoding_length=(steps - 1) if steps else 0)
+def run_beamserve(
+    tr: Translator, srcs: list[list[int]], B: int, K: int, steps: int | None, early_stopping: bool = False
+) -> int:
+    opts = DecodeOptions(
+        beam_size=K,
+        max_batch_size=B,
+        max_length_ratio=None,
+        early_stopping=early_stopping,
+        max_decoding_length=steps or 256,
+        min_decoding_length=(steps - 1) if steps else 0,
+    )
     return sum(len(h[0].tokens) + 1 for h in tr.translate_ids(srcs, opts))
 
 
@@ -249,9 +256,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="cpu: the worker's CPU time instead of elapsed time; with --threads 1 it does not count "
-                        "time a noisy neighbour takes the core (more threads add their spin-waiting to it)")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the worker's CPU time instead of elapsed time; with --threads 1 it does not count "
+        "time a noisy neighbour takes the core (more threads add their spin-waiting to it)",
+    )
     p.add_argument("--dtype", default=None, help="beamserve/HF dtype on cuda (default float16)")
     p.add_argument("--out", type=Path, help="write the markdown report here")
     args = p.parse_args()
@@ -259,10 +270,11 @@ def main() -> None:
     systems = args.systems.split(",")
     if args.clock == "cpu" and any(split_inter(s)[1] > 1 for s in systems):
         p.error("-interN systems decode in worker processes whose CPU time --clock cpu cannot see; use --clock wall")
-    lines = [f"# Decoding benchmark\n\nCommand: `python loadtests/bench_decode.py {' '.join(sys.argv[1:])}`\n",
-             f"Device: {args.device} ({torch.get_num_threads()} threads){_gpu_name(args.device)}; torch "
-             f"{torch.__version__}" + ("; each worker's CPU time, not elapsed time" if args.clock == "cpu" else "")
-             + ".\n"]
+    lines = [
+        f"# Decoding benchmark\n\nCommand: `python loadtests/bench_decode.py {' '.join(sys.argv[1:])}`\n",
+        f"Device: {args.device} ({torch.get_num_threads()} threads){_gpu_name(args.device)}; torch "
+        f"{torch.__version__}" + ("; each worker's CPU time, not elapsed time" if args.clock == "cpu" else "") + ".\n",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             own, hf_dir, ct2_dirs = prepare(name, Path(tmp), systems)
@@ -270,6 +282,7 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(report + "\n")
 
 
@@ -277,15 +290,21 @@ def _gpu_name(device: str) -> str:
     return f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""
 
 
-def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], systems: list[str],
-                 args: argparse.Namespace) -> str:
+def _bench_model(
+    name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], systems: list[str], args: argparse.Namespace
+) -> str:
     steps = args.steps if name == "base" else None
     workers: dict[str, SystemWorker] = {}
     try:
         for system in systems:
             quant = split_inter(system)[0].removeprefix("ct2-")
-            spec = {"own": str(own), "hf": str(hf_dir), "ct2": str(ct2_dirs.get(quant, "")), "steps": steps,
-                    "args": vars(args)}
+            spec = {
+                "own": str(own),
+                "hf": str(hf_dir),
+                "ct2": str(ct2_dirs.get(quant, "")),
+                "steps": steps,
+                "args": vars(args),
+            }
             workers[system] = SystemWorker(system, spec)
         return _bench_rows(name, workers, steps, args)
     finally:
@@ -294,8 +313,9 @@ def _bench_model(name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], 
 
 
 def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, args: argparse.Namespace) -> str:
-    head = f"\n## {name}" + (f" (random weights, {steps} decoding steps per sentence)" if steps else
-                             " (shipped weights, natural lengths)")
+    head = f"\n## {name}" + (
+        f" (random weights, {steps} decoding steps per sentence)" if steps else " (shipped weights, natural lengths)"
+    )
     pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
     if "beamserve-es" in workers:
         pairs.append(("beamserve-es", "ct2-float32"))
@@ -304,27 +324,43 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
         if base == "beamserve" and inter > 1:
             pairs += [(system, "beamserve"), (system, "hf"), (system, f"ct2-float32-inter{inter}")]
     pairs = [(a, b) for a, b in pairs if a in workers and b in workers]
-    rows = ["| search | batch | " + " | ".join(f"{s} sent/s (tok/s)" for s in workers) + " | "
-            + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
-            "|" + "---|" * (len(workers) + 2 + len(pairs))]
+    rows = [
+        "| search | batch | "
+        + " | ".join(f"{s} sent/s (tok/s)" for s in workers)
+        + " | "
+        + " | ".join(f"{a} / {b}" for a, b in pairs)
+        + " |",
+        "|" + "---|" * (len(workers) + 2 + len(pairs)),
+    ]
     for K in map(int, args.beams.split(",")):
         for B in map(int, args.batch_sizes.split(",")):
             n = max(B, args.sentences // 4) if B == 1 else args.sentences
             cells = timed_round_robin(workers, n, B, K, args.repeats)
             for sys_name, cell in cells.items():
-                print(f"{name} K={K} B={B} {sys_name}: {cell.sent_s:.1f} sent/s {cell.tok_s:.0f} tok/s",
-                      file=sys.stderr, flush=True)
-            ratios = [f"{cells[a].sent_s / cells[b].sent_s:.2f}x" if a in cells and b in cells else "-"
-                      for a, b in pairs]
+                print(
+                    f"{name} K={K} B={B} {sys_name}: {cell.sent_s:.1f} sent/s {cell.tok_s:.0f} tok/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            ratios = [
+                f"{cells[a].sent_s / cells[b].sent_s:.2f}x" if a in cells and b in cells else "-" for a, b in pairs
+            ]
             search = "greedy" if K == 1 else f"beam {K}"
-            rows.append(f"| {search} | {B} | " + " | ".join(f"{c.sent_s:.1f} ({c.tok_s:.0f})" for c in cells.values())
-                        + " | " + " | ".join(ratios) + " |")
+            rows.append(
+                f"| {search} | {B} | "
+                + " | ".join(f"{c.sent_s:.1f} ({c.tok_s:.0f})" for c in cells.values())
+                + " | "
+                + " | ".join(ratios)
+                + " |"
+            )
     note = ""
     if "beamserve-es" in workers:
-        note = ("\n\nbeamserve-es: `early_stopping=True` (Hugging Face's name), a sentence stops once it has "
-                "beam_size finished hypotheses. That is CTranslate2's rule whenever length_penalty != 0 "
-                "(its default is 1); beamserve and hf run Hugging Face's default (`early_stopping=False`: go on "
-                "while a running beam could still beat a finished one), which decodes more steps.")
+        note = (
+            "\n\nbeamserve-es: `early_stopping=True` (Hugging Face's name), a sentence stops once it has "
+            "beam_size finished hypotheses. That is CTranslate2's rule whenever length_penalty != 0 "
+            "(its default is 1); beamserve and hf run Hugging Face's default (`early_stopping=False`: go on "
+            "while a running beam could still beat a finished one), which decodes more steps."
+        )
     return head + "\n\n" + "\n".join(rows) + note
 
 

@@ -79,6 +79,7 @@ def measure(setup: str, requests: int, threads: int, seed: int) -> dict[str, flo
 
         def burst() -> None:
             asyncio.run(all_at_once())
+
     latencies = []
     cpu = time.process_time()
     for ids in sources:
@@ -88,8 +89,12 @@ def measure(setup: str, requests: int, threads: int, seed: int) -> dict[str, flo
     start = time.perf_counter()
     burst()
     burst_s = time.perf_counter() - start
-    return {"latency_ms": 1000 * statistics.median(latencies), "burst_sent_s": requests / burst_s,
-            "cpu_s": time.process_time() - cpu, "native_threads": native_threads()}
+    return {
+        "latency_ms": 1000 * statistics.median(latencies),
+        "burst_sent_s": requests / burst_s,
+        "cpu_s": time.process_time() - cpu,
+        "native_threads": native_threads(),
+    }
 
 
 def main() -> None:
@@ -106,22 +111,46 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in SETUPS}
     for r in range(args.rounds):
         for setup in SETUPS if r % 2 == 0 else SETUPS[::-1]:
-            out = subprocess.run([sys.executable, __file__, "--worker", setup, "--requests", str(args.requests),
-                                  "--threads", str(args.threads), "--seed", str(args.seed)],
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    setup,
+                    "--requests",
+                    str(args.requests),
+                    "--threads",
+                    str(args.threads),
+                    "--seed",
+                    str(args.seed),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             runs[setup].append(json.loads(out.strip().splitlines()[-1]))
             m = runs[setup][-1]
-            print(f"round {r + 1}/{args.rounds} {setup}: request {m['latency_ms']:.0f} ms, burst "
-                  f"{m['burst_sent_s']:.1f} sent/s", file=sys.stderr, flush=True)
-    print(f"\n{args.requests} one-sentence requests (beam 4), {args.threads} threads, median of {args.rounds} "
-          "rounds, each setup in a fresh process:\n")
+            print(
+                f"round {r + 1}/{args.rounds} {setup}: request {m['latency_ms']:.0f} ms, burst "
+                f"{m['burst_sent_s']:.1f} sent/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    print(
+        f"\n{args.requests} one-sentence requests (beam 4), {args.threads} threads, median of {args.rounds} "
+        "rounds, each setup in a fresh process:\n"
+    )
     print("| setup | request latency ms (one at a time) | burst sentences/s | CPU s | native threads |")
     print("|---|---:|---:|---:|---:|")
     for setup, ms in runs.items():
+
         def med(key: str, ms: list[dict[str, float]] = ms) -> float:
             return statistics.median(m[key] for m in ms)
-        print(f"| {setup} | {med('latency_ms'):.0f} | {med('burst_sent_s'):.1f} | {med('cpu_s'):.1f} | "
-              f"{med('native_threads'):.0f} |")
+
+        print(
+            f"| {setup} | {med('latency_ms'):.0f} | {med('burst_sent_s'):.1f} | {med('cpu_s'):.1f} | "
+            f"{med('native_threads'):.0f} |"
+        )
 
 
 if __name__ == "__main__":

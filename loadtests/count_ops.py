@@ -80,11 +80,17 @@ def main() -> None:
     def backlog() -> None:
         decode_backlog(tr, sources, opts, args.join_at)
 
-    print(f"{len(sources)} sentences, beam {args.beam_size}; a backlog joins them {args.join_at} at a time into 64 "
-          "sentences' rows as rows free up (bench_inflight.py):\n")
+    print(
+        f"{len(sources)} sentences, beam {args.beam_size}; a backlog joins them {args.join_at} at a time into 64 "
+        "sentences' rows as rows free up (bench_inflight.py):\n"
+    )
     print("| decoding | steps | operator calls | per step |\n|---|---:|---:|---:|")
-    runs = (("request-level, all at once (translate_ids)", request), ("continuous, all at once (InflightBatch)",
-            continuous), ("request-level, batches of 64", request_batches), ("continuous, a backlog", backlog))
+    runs = (
+        ("request-level, all at once (translate_ids)", request),
+        ("continuous, all at once (InflightBatch)", continuous),
+        ("request-level, batches of 64", request_batches),
+        ("continuous, a backlog", backlog),
+    )
     with torch.inference_mode():
         for name, run in runs:
             run()  # warm-up

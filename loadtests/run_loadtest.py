@@ -45,9 +45,14 @@ def ready(url: str) -> bool:
 
 def start_server(port: int, env_extra: dict[str, str]) -> subprocess.Popen[str]:
     env = {**os.environ, **env_extra, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port",
-                             str(free_port())], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     deadline = time.monotonic() + 180
     while not ready(f"http://127.0.0.1:{port}"):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -58,15 +63,40 @@ def start_server(port: int, env_extra: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def run_locust(url: str, prefix: Path, args: argparse.Namespace) -> int:
-    env = {**os.environ, "BEAMSERVE_STEP_LOAD": "1", "BEAMSERVE_STEP_USERS": str(args.step_users),
-           "BEAMSERVE_STEP_SECONDS": str(args.step_seconds), "BEAMSERVE_MAX_USERS": str(args.max_users),
-           "BEAMSERVE_SLO_P95_MS": str(args.slo_p95_ms)}
+    env = {
+        **os.environ,
+        "BEAMSERVE_STEP_LOAD": "1",
+        "BEAMSERVE_STEP_USERS": str(args.step_users),
+        "BEAMSERVE_STEP_SECONDS": str(args.step_seconds),
+        "BEAMSERVE_MAX_USERS": str(args.max_users),
+        "BEAMSERVE_SLO_P95_MS": str(args.slo_p95_ms),
+    }
     limit = int(args.max_users / args.step_users * args.step_seconds) + 5
-    cmd = [sys.executable, "-m", "locust", "-f", str(REPO / "loadtests" / "locustfile.py"), "--headless",
-           "--host", url, "--csv", str(prefix), "--csv-full-history", "--html", f"{prefix}.html",
-           "--run-time", f"{limit}s", "--stop-timeout", "10", "--only-summary"]
-    print(f"locust: up to {args.max_users} users, +{args.step_users} every {args.step_seconds:.0f}s "
-          f"(at most {limit}s) against {url}", flush=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(REPO / "loadtests" / "locustfile.py"),
+        "--headless",
+        "--host",
+        url,
+        "--csv",
+        str(prefix),
+        "--csv-full-history",
+        "--html",
+        f"{prefix}.html",
+        "--run-time",
+        f"{limit}s",
+        "--stop-timeout",
+        "10",
+        "--only-summary",
+    ]
+    print(
+        f"locust: up to {args.max_users} users, +{args.step_users} every {args.step_seconds:.0f}s "
+        f"(at most {limit}s) against {url}",
+        flush=True,
+    )
     return subprocess.run(cmd, cwd=REPO, env=env, timeout=limit + 120).returncode
 
 
@@ -82,8 +112,15 @@ def steps(prefix: Path) -> list[dict[str, float]]:
     for users, rs in sorted(by_users.items()):
         rps = [float(r["Requests/s"]) for r in rs]
         fails = [float(r["Failures/s"]) for r in rs]
-        out.append({"users": users, "rps": sum(rps) / len(rps), "p50": float(rs[-1]["50%"]),
-                    "p95": float(rs[-1]["95%"]), "fail": sum(fails) / max(sum(rps), 1e-9)})
+        out.append(
+            {
+                "users": users,
+                "rps": sum(rps) / len(rps),
+                "p50": float(rs[-1]["50%"]),
+                "p95": float(rs[-1]["95%"]),
+                "fail": sum(fails) / max(sum(rps), 1e-9),
+            }
+        )
     return out
 
 
@@ -110,20 +147,34 @@ def plot(results: dict[str, list[dict[str, float]]], path: Path, slo: float) -> 
 
 
 def summary(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> str:
-    lines = ["# Load test", "", f"Command: `python loadtests/run_loadtest.py {' '.join(sys.argv[1:])}`", "",
-             f"SLO: p95 <= {args.slo_p95_ms:.0f} ms and failures <= 1%. Traffic: loadtests/locustfile.py "
-             "(test_2016_flickr sentences, 1 or 2-8 per request, beam 1/4/5, en-de and en-fr, LibreTranslate "
-             "route too).", "", "![throughput and latency](loadtest.png)", ""]
+    lines = [
+        "# Load test",
+        "",
+        f"Command: `python loadtests/run_loadtest.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"SLO: p95 <= {args.slo_p95_ms:.0f} ms and failures <= 1%. Traffic: loadtests/locustfile.py "
+        "(test_2016_flickr sentences, 1 or 2-8 per request, beam 1/4/5, en-de and en-fr, LibreTranslate "
+        "route too).",
+        "",
+        "![throughput and latency](loadtest.png)",
+        "",
+    ]
     best: dict[str, float] = {}
     for mode, rows in results.items():
-        lines += [f"## {mode}", "", "| users | req/s | p50 ms | p95 ms | failures | within SLO |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"## {mode}",
+            "",
+            "| users | req/s | p50 ms | p95 ms | failures | within SLO |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in rows:
             ok = r["p95"] <= args.slo_p95_ms and r["fail"] <= 0.01
             if ok:
                 best[mode] = max(best.get(mode, 0.0), r["rps"])
-            lines.append(f"| {r['users']} | {r['rps']:.1f} | {r['p50']:.0f} | {r['p95']:.0f} | {r['fail']:.1%} | "
-                         f"{'yes' if ok else 'no'} |")
+            lines.append(
+                f"| {r['users']} | {r['rps']:.1f} | {r['p50']:.0f} | {r['p95']:.0f} | {r['fail']:.1%} | "
+                f"{'yes' if ok else 'no'} |"
+            )
         lines.append("")
     lines.append("## Verdict")
     lines.append("")

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 _LAZY = {"ModelConfig": "model.config", "TranslationResult": "model.translator", "Translator": "model.translator"}
 
 __all__ = [
-    "DecodeOptions", "InputTooLongError", "InvalidTextError", "ModelConfig", "SourceError", "TranslationResult",
+    "DecodeOptions",
+    "InputTooLongError",
+    "InvalidTextError",
+    "ModelConfig",
+    "SourceError",
+    "TranslationResult",
     "Translator",
 ]
 

@@ -82,17 +82,27 @@ def _config_from_hf(hf: dict[str, Any], vocab: dict[str, int]) -> ModelConfig:
         raise NotImplementedError("Marian models with separate source and target vocabularies are not supported")
     activation = {"silu": "swish"}.get(hf.get("activation_function", "swish"), hf.get("activation_function", "swish"))
     return ModelConfig(
-        vocab_size=vocab_size, d_model=hf["d_model"],
-        encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
-        encoder_attention_heads=hf["encoder_attention_heads"], decoder_attention_heads=hf["decoder_attention_heads"],
-        encoder_ffn_dim=hf["encoder_ffn_dim"], decoder_ffn_dim=hf["decoder_ffn_dim"], activation=activation,
-        normalize_before=False, scale_embedding=hf.get("scale_embedding", True),
-        tie_embeddings=hf.get("tie_word_embeddings", True), final_logits_bias=True,
-        max_position_embeddings=hf.get("max_position_embeddings", 512), pad_token_id=hf["pad_token_id"],
-        eos_token_id=hf["eos_token_id"], unk_token_id=vocab.get("<unk>", 1),
+        vocab_size=vocab_size,
+        d_model=hf["d_model"],
+        encoder_layers=hf["encoder_layers"],
+        decoder_layers=hf["decoder_layers"],
+        encoder_attention_heads=hf["encoder_attention_heads"],
+        decoder_attention_heads=hf["decoder_attention_heads"],
+        encoder_ffn_dim=hf["encoder_ffn_dim"],
+        decoder_ffn_dim=hf["decoder_ffn_dim"],
+        activation=activation,
+        normalize_before=False,
+        scale_embedding=hf.get("scale_embedding", True),
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        final_logits_bias=True,
+        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        pad_token_id=hf["pad_token_id"],
+        eos_token_id=hf["eos_token_id"],
+        unk_token_id=vocab.get("<unk>", 1),
         decoder_start_token_id=hf.get("decoder_start_token_id", hf["pad_token_id"]),
         forced_eos_token_id=hf.get("forced_eos_token_id", hf["eos_token_id"]),
-        dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
+        dropout=hf.get("dropout", 0.1),
+        attention_dropout=hf.get("attention_dropout", 0.0),
         activation_dropout=hf.get("activation_dropout", 0.0),
     )
 
@@ -147,15 +157,28 @@ def export_hf(src: Path, out: Path) -> None:
     save_file({k: v.contiguous() for k, v in hf.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(_hf_config(cfg), indent=2) + "\n")
     generation = {
-        "bad_words_ids": [[cfg.pad_token_id]], "decoder_start_token_id": cfg.decoder_start_token_id,
-        "eos_token_id": cfg.eos_token_id, "forced_eos_token_id": cfg.forced_eos_token_id,
-        "pad_token_id": cfg.pad_token_id, "max_length": cfg.max_position_embeddings, "num_beams": 4,
+        "bad_words_ids": [[cfg.pad_token_id]],
+        "decoder_start_token_id": cfg.decoder_start_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "forced_eos_token_id": cfg.forced_eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "max_length": cfg.max_position_embeddings,
+        "num_beams": 4,
     }
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "MarianTokenizer", "model_max_length": cfg.max_position_embeddings,
-        "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
-    }, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "MarianTokenizer",
+                "model_max_length": cfg.max_position_embeddings,
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "pad_token": "<pad>",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     for name in TOKENIZER_FILES:
         if src.resolve() != out.resolve():
             shutil.copyfile(src / name, out / name)
@@ -163,17 +186,30 @@ def export_hf(src: Path, out: Path) -> None:
 
 def _hf_config(cfg: ModelConfig) -> dict[str, Any]:
     return {
-        "architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": cfg.vocab_size,
-        "decoder_vocab_size": cfg.vocab_size, "d_model": cfg.d_model,
-        "encoder_layers": cfg.encoder_layers, "decoder_layers": cfg.decoder_layers,
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": cfg.vocab_size,
+        "decoder_vocab_size": cfg.vocab_size,
+        "d_model": cfg.d_model,
+        "encoder_layers": cfg.encoder_layers,
+        "decoder_layers": cfg.decoder_layers,
         "encoder_attention_heads": cfg.encoder_attention_heads,
         "decoder_attention_heads": cfg.decoder_attention_heads,
-        "encoder_ffn_dim": cfg.encoder_ffn_dim, "decoder_ffn_dim": cfg.decoder_ffn_dim,
-        "activation_function": cfg.activation, "scale_embedding": cfg.scale_embedding,
-        "max_position_embeddings": cfg.max_position_embeddings, "pad_token_id": cfg.pad_token_id,
-        "eos_token_id": cfg.eos_token_id, "decoder_start_token_id": cfg.decoder_start_token_id,
-        "forced_eos_token_id": cfg.forced_eos_token_id, "bos_token_id": None,
-        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": cfg.tie_embeddings,
-        "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout,
-        "activation_dropout": cfg.activation_dropout, "is_encoder_decoder": True, "torch_dtype": "float32",
+        "encoder_ffn_dim": cfg.encoder_ffn_dim,
+        "decoder_ffn_dim": cfg.decoder_ffn_dim,
+        "activation_function": cfg.activation,
+        "scale_embedding": cfg.scale_embedding,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "pad_token_id": cfg.pad_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "decoder_start_token_id": cfg.decoder_start_token_id,
+        "forced_eos_token_id": cfg.forced_eos_token_id,
+        "bos_token_id": None,
+        "share_encoder_decoder_embeddings": True,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "dropout": cfg.dropout,
+        "attention_dropout": cfg.attention_dropout,
+        "activation_dropout": cfg.activation_dropout,
+        "is_encoder_decoder": True,
+        "torch_dtype": "float32",
     }

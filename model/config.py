@@ -73,12 +73,33 @@ class ModelConfig:
 def preset(name: str, vocab_size: int) -> ModelConfig:
     """Named sizes: `tiny` for tests, `small` for the shipped Multi30k models, `base` = OPUS-MT."""
     presets: dict[str, dict[str, Any]] = {
-        "tiny": dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64),
-        "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024),
-        "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-                     decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048),
+        "tiny": dict(
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+        ),
+        "small": dict(
+            d_model=256,
+            encoder_layers=3,
+            decoder_layers=3,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=1024,
+            decoder_ffn_dim=1024,
+        ),
+        "base": dict(
+            d_model=512,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=8,
+            decoder_attention_heads=8,
+            encoder_ffn_dim=2048,
+            decoder_ffn_dim=2048,
+        ),
     }
     if name not in presets:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(presets)}")

@@ -25,7 +25,11 @@ def split_path(data_dir: Path, split: str, lang: str) -> Path:
 
 
 def token_batches(
-    pairs: list[tuple[list[int], list[int]]], max_tokens: int, *, seed: int, shuffle: bool = True,
+    pairs: list[tuple[list[int], list[int]]],
+    max_tokens: int,
+    *,
+    seed: int,
+    shuffle: bool = True,
 ) -> list[list[int]]:
     """Group pair indices into batches of at most max_tokens padded tokens (the larger side counts)."""
     rng = random.Random(seed)
@@ -50,7 +54,10 @@ def token_batches(
 
 
 def collate(
-    pairs: list[tuple[list[int], list[int]]], pad: int, start: int, device: torch.device,
+    pairs: list[tuple[list[int], list[int]]],
+    pad: int,
+    start: int,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> src_ids (B, S), src_mask (B, S), tgt_in (B, T) starting with the start token, labels (B, T)."""
     B = len(pairs)

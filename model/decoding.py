@@ -88,8 +88,13 @@ def pad_batch(batch: list[list[int]], pad_id: int, device: torch.device) -> tupl
 
 
 def generate(
-    model: Seq2Seq, src_ids: torch.Tensor, src_mask: torch.Tensor, max_lengths: torch.Tensor, opts: SearchOptions,
-    *, cached: bool = True,
+    model: Seq2Seq,
+    src_ids: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_lengths: torch.Tensor,
+    opts: SearchOptions,
+    *,
+    cached: bool = True,
 ) -> list[list[Hypothesis]]:
     """Translate a padded batch: src_ids, src_mask (B, S); max_lengths (B,) generated-token caps."""
     memory = model.encode(src_ids, src_mask)  # (B, S, C)

@@ -34,4 +34,5 @@ def check_text(text: str) -> None:
         # Python decodes bytes that are not UTF-8 to U+DC80-U+DCFF under errors="surrogateescape" (stdin, often).
         byte = f" (byte 0x{code - 0xDC00:02x} of input that is not UTF-8)" if 0xDC80 <= code <= 0xDCFF else ""
         raise InvalidTextError(
-            f"character {exc.start} is a lone surrogate U+{code:04X}{byte}: not valid Unicode") from None
+            f"character {exc.start} is a lone surrogate U+{code:04X}{byte}: not valid Unicode"
+        ) from None

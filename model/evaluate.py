@@ -31,7 +31,10 @@ class Evaluation:
 
 
 def evaluate(
-    translator: Translator, sources: list[str], references: list[str], options: DecodeOptions | None = None,
+    translator: Translator,
+    sources: list[str],
+    references: list[str],
+    options: DecodeOptions | None = None,
 ) -> tuple[Evaluation, list[str]]:
     """Translate sources and score against references -> (scores, hypotheses)."""
     if len(sources) != len(references):
@@ -44,5 +47,6 @@ def evaluate(
     b = bleu.corpus_score(hyps, [references])
     c = chrf.corpus_score(hyps, [references])
     tokens = sum(len(r.token_ids[0]) + 1 for r in results)
-    return Evaluation(b.score, c.score, str(bleu.get_signature()), str(chrf.get_signature()), len(sources),
-                      seconds, tokens), hyps
+    return Evaluation(
+        b.score, c.score, str(bleu.get_signature()), str(chrf.get_signature()), len(sources), seconds, tokens
+    ), hyps

@@ -53,8 +53,15 @@ class SearchGroup:
         K = opts.beam_size
         return cls(opts, BeamState.start(0, K, width, device), [], none.view(0, K), none, none, none)
 
-    def join(self, keys: list[Hashable], rows: torch.Tensor, max_lengths: torch.Tensor, sentence: torch.Tensor,
-             state: BeamState, pos: torch.Tensor) -> None:
+    def join(
+        self,
+        keys: list[Hashable],
+        rows: torch.Tensor,
+        max_lengths: torch.Tensor,
+        sentence: torch.Tensor,
+        state: BeamState,
+        pos: torch.Tensor,
+    ) -> None:
         """Append newly encoded sentences: rows (b, K), max_lengths (b,), sentence (b,), their search
         state and tokens generated so far pos (b,)."""
         self.state.extend(state)
@@ -84,8 +91,9 @@ class InflightBatch:
         self.first_step_apart = self.device.type == "cpu"
         self.max_length = min(max_length, model.cfg.max_position_embeddings)
         # Positions are allocated 64 at a time up to max_length; rows are fixed.
-        self.cache = model.new_cache(rows, min(64, self.max_length), self.dtype, self.device, limit=self.max_length,
-                                     zeroed=True)
+        self.cache = model.new_cache(
+            rows, min(64, self.max_length), self.dtype, self.device, limit=self.max_length, zeroed=True
+        )
         self.cache.resize(0, 0)
         self.cross: CrossCache | None = None
         self.groups: dict[SearchOptions, SearchGroup] = {}
@@ -151,22 +159,30 @@ class InflightBatch:
         else:
             self.cross.extend(cross)
         group = self.groups.setdefault(opts, SearchGroup.empty(opts, state.width, dev))
-        group.join(keys, torch.arange(N, N + b * K, device=dev).view(b, K), caps, torch.arange(B, B + b, device=dev),
-                   state, pos)
+        group.join(
+            keys,
+            torch.arange(N, N + b * K, device=dev).view(b, K),
+            caps,
+            torch.arange(B, B + b, device=dev),
+            state,
+            pos,
+        )
         self.tokens = torch.cat([self.tokens, tokens])
         self.cache.resize(N + b * K, max(self.cache.length, written))
         self._index_rows()
 
-    def _first_step(self, keys: list[Hashable], cross: CrossCache, caps: torch.Tensor, state: BeamState,
-                    opts: SearchOptions) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _first_step(
+        self, keys: list[Hashable], cross: CrossCache, caps: torch.Tensor, state: BeamState, opts: SearchOptions
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Newcomers' first decoder step, one row each, with a cache of their own; their beams' position 0
         is then written to the K rows each will hold (after the rows in use). Returns the sentences that
         go on, keep (b',), and their next tokens (b' * K,); None when none does. Trims `cross` to them."""
         b, K = caps.numel(), opts.beam_size
         dev = self.device
         first = self.model.new_cache(b, 1, self.dtype, dev)
-        logits = self.model.decode_step(torch.full((b,), opts.start_token_id, dtype=torch.long, device=dev), 0,
-                                        first, cross)  # (b, V)
+        logits = self.model.decode_step(
+            torch.full((b,), opts.start_token_id, dtype=torch.long, device=dev), 0, first, cross
+        )  # (b, V)
         log_probs = constrain(log_softmax_(logits).repeat_interleave(K, dim=0), 0, caps.repeat_interleave(K), opts)
         _, token, done = beam_step(log_probs.view(b, K, -1), state, torch.zeros_like(caps), caps, opts)  # (b, K)
         for i in done.nonzero()[:, 0].tolist():
@@ -196,8 +212,13 @@ class InflightBatch:
         start = 0
         for g in groups:
             b, K = g.rows.shape
-            lp = constrain(log_probs[start : start + b * K], g.pos.repeat_interleave(K),
-                           g.max_lengths.repeat_interleave(K), g.opts, g.state.run_tokens.view(b * K, -1))  # (b*K, V)
+            lp = constrain(
+                log_probs[start : start + b * K],
+                g.pos.repeat_interleave(K),
+                g.max_lengths.repeat_interleave(K),
+                g.opts,
+                g.state.run_tokens.view(b * K, -1),
+            )  # (b*K, V)
             start += b * K
             if g.state.width < self.cache.length:  # a beam step writes at its sentences' positions (< length)
                 g.state.widen(min(self.max_length, max(self.cache.length, 2 * g.state.width)))
@@ -237,8 +258,9 @@ class InflightBatch:
         self.tokens = tokens
         self.positions = self.positions + 1
 
-    def _regroup(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                 *, advance: bool) -> None:
+    def _regroup(
+        self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *, advance: bool
+    ) -> None:
         """Keep each group's sentences where keep (b,) is set, beam k continuing from row src (b, K) with
         token (b, K); compact the surviving rows into [0, M) moving as few as possible."""
         dest, src, tok = [], [], []

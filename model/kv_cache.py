@@ -17,8 +17,17 @@ class KVCache:
     """
 
     def __init__(
-        self, layers: int, rows: int, heads: int, max_length: int, head_dim: int,
-        *, dtype: torch.dtype, device: torch.device, limit: int | None = None, zeroed: bool = False,
+        self,
+        layers: int,
+        rows: int,
+        heads: int,
+        max_length: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        limit: int | None = None,
+        zeroed: bool = False,
     ) -> None:
         shape = (layers, rows, heads, max_length, head_dim)  # (L, N, H, T_max, D)
         # Rows at their own positions (zeroed=True) see masked positions they never wrote: a masked
@@ -40,7 +49,11 @@ class KVCache:
         return self.k.shape[1]
 
     def update(
-        self, layer: int, pos: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        self,
+        layer: int,
+        pos: int | torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (N, H, 1, D) at `pos` (an int, or (N,) per row); return positions [0, length) as (N, H, T, D).
 

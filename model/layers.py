@@ -12,8 +12,13 @@ from model.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, Linear, linear
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-    *, causal: bool = False, dropout: float = 0.0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    dropout: float = 0.0,
 ) -> torch.Tensor:
     """Scaled dot-product attention softmax(QK^T / sqrt(D)) V; mask is True where attending is allowed.
 
@@ -94,7 +99,12 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))  # 2 x (B, H, S, D)
 
     def forward(
-        self, x: torch.Tensor, source: torch.Tensor, mask: torch.Tensor | None = None, *, causal: bool = False,
+        self,
+        x: torch.Tensor,
+        source: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        causal: bool = False,
     ) -> torch.Tensor:
         """Full (non-incremental) attention of x (B, T, C) over source (B, S, C) -> (B, T, C)."""
         k, v = self.project_kv(source)

@@ -24,17 +24,21 @@ class DecodeOptions:
     beam_size: int = option(4, "beam width; 1 is greedy search", minimum=1)
     num_hypotheses: int = option(1, "n-best list size, at most beam_size", minimum=1)
     length_penalty: float = option(
-        1.0, "score = sum(log p) / generated_length ** length_penalty (Hugging Face's formula)")
+        1.0, "score = sum(log p) / generated_length ** length_penalty (Hugging Face's formula)"
+    )
     max_decoding_length: int = option(256, "generated tokens, </s> included", minimum=1)
     min_decoding_length: int = option(0, "tokens generated before </s> is allowed", minimum=0)
     no_repeat_ngram_size: int = option(0, "> 0: no translation repeats a run of this many tokens", minimum=0)
     early_stopping: bool = option(
-        False, "stop a sentence once it has beam_size finished hypotheses (CTranslate2's rule)")
+        False, "stop a sentence once it has beam_size finished hypotheses (CTranslate2's rule)"
+    )
     max_length_ratio: float | None = option(
-        2.0, "also cap at ratio x source tokens + max_length_offset (None: off)", api=False, cli=False)
+        2.0, "also cap at ratio x source tokens + max_length_offset (None: off)", api=False, cli=False
+    )
     max_length_offset: int = option(10, "see max_length_ratio", api=False, cli=False)
-    truncate: bool = option(False, "cut sources longer than the model's maximum instead of failing", api=False,
-                            cli=False)
+    truncate: bool = option(
+        False, "cut sources longer than the model's maximum instead of failing", api=False, cli=False
+    )
     max_batch_size: int = option(64, "sentences decoded together (sorted by length first)", minimum=1, api=False)
 
     def validate(self) -> None:
@@ -45,10 +49,13 @@ class DecodeOptions:
                 raise ValueError(f"{f.name} must be >= {low}, got {value}")
         if self.num_hypotheses > self.beam_size:
             raise ValueError(
-                f"num_hypotheses must be between 1 and beam_size ({self.beam_size}), got {self.num_hypotheses}")
+                f"num_hypotheses must be between 1 and beam_size ({self.beam_size}), got {self.num_hypotheses}"
+            )
         if self.min_decoding_length >= self.max_decoding_length:
-            raise ValueError(f"min_decoding_length must be below max_decoding_length ({self.max_decoding_length}), "
-                             f"got {self.min_decoding_length}")
+            raise ValueError(
+                f"min_decoding_length must be below max_decoding_length ({self.max_decoding_length}), "
+                f"got {self.min_decoding_length}"
+            )
         if not math.isfinite(self.length_penalty):
             raise ValueError("length_penalty must be a finite number")
 

@@ -56,7 +56,10 @@ class Hypothesis:
 
 
 def constrain(
-    log_probs: torch.Tensor, pos: int | torch.Tensor, max_lengths: torch.Tensor, opts: SearchOptions,
+    log_probs: torch.Tensor,
+    pos: int | torch.Tensor,
+    max_lengths: torch.Tensor,
+    opts: SearchOptions,
     history: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply the decoding constraints to log_probs (N, V) of generating token number pos + 1.
@@ -102,7 +105,8 @@ def ban_repeated_ngrams(log_probs: torch.Tensor, history: torch.Tensor, pos: int
         match &= (windows == tail[:, None, :]).all(-1)
     # min(x, -inf) bans a token, min(x, +inf) leaves it: touches (N, J) entries, not all (N, V).
     bans = torch.full(match.shape, float("inf"), dtype=log_probs.dtype, device=log_probs.device).masked_fill_(
-        match, float("-inf"))
+        match, float("-inf")
+    )
     log_probs.scatter_reduce_(1, history[:, n - 1 :].clamp(min=0), bans, reduce="amin")
 
 
@@ -173,9 +177,12 @@ class BeamState:
         run_scores = torch.zeros(B, K, device=device)
         run_scores[:, 1:] = NEG  # all beams start identical: expand only the first
         return cls(
-            run_scores, torch.full((B, K, t_max), -1, dtype=torch.long, device=device),
-            torch.full((B, K), NEG, device=device), torch.full((B, K, t_max), -1, dtype=torch.long, device=device),
-            torch.zeros(B, K, dtype=torch.bool, device=device), torch.ones(B, dtype=torch.bool, device=device),
+            run_scores,
+            torch.full((B, K, t_max), -1, dtype=torch.long, device=device),
+            torch.full((B, K), NEG, device=device),
+            torch.full((B, K, t_max), -1, dtype=torch.long, device=device),
+            torch.zeros(B, K, dtype=torch.bool, device=device),
+            torch.ones(B, dtype=torch.bool, device=device),
         )
 
     def select(self, keep: torch.Tensor) -> None:
@@ -204,7 +211,11 @@ class BeamState:
 
 
 def beam_step(
-    log_probs: torch.Tensor, state: BeamState, pos: torch.Tensor, max_lengths: torch.Tensor, opts: SearchOptions,
+    log_probs: torch.Tensor,
+    state: BeamState,
+    pos: torch.Tensor,
+    max_lengths: torch.Tensor,
+    opts: SearchOptions,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Advance every live sentence's beam by one token.
 
@@ -254,7 +265,11 @@ def beam_step(
 
 
 def top_candidates(
-    log_probs: torch.Tensor, run_scores: torch.Tensor, n: int, *, chunk: int | None = None,
+    log_probs: torch.Tensor,
+    run_scores: torch.Tensor,
+    n: int,
+    *,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The n best of run_scores[:, k] + log_probs[:, k, v] over every beam k and token v, best first.
 
@@ -311,8 +326,9 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
         log_probs = log_softmax_(stepper.step(tokens, n))  # (b*K, V); (b, V) at step 0
         if n == 0:
             log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
-        log_probs = constrain(log_probs, n, max_lengths[alive].repeat_interleave(K), opts,
-                              state.run_tokens.view(b * K, -1))
+        log_probs = constrain(
+            log_probs, n, max_lengths[alive].repeat_interleave(K), opts, state.run_tokens.view(b * K, -1)
+        )
         pos = torch.full((b,), n, device=device)
         src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, max_lengths[alive], opts)
         for i in done.nonzero()[:, 0].tolist():

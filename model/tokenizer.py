@@ -81,10 +81,21 @@ def train_joint_spm(texts: list[str], prefix: Path, vocab_size: int) -> tuple[Pa
     """Train one SentencePiece model on both languages; ids follow Marian (</s>=0, <unk>=1, <pad>=last)."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_prefix=str(prefix), vocab_size=vocab_size - 1,
-        model_type="unigram", character_coverage=1.0, eos_id=0, unk_id=1, bos_id=-1, pad_id=-1,
-        eos_piece="</s>", unk_piece="<unk>", input_sentence_size=len(texts), shuffle_input_sentence=True,
-        num_threads=2, minloglevel=2,
+        sentence_iterator=iter(texts),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size - 1,
+        model_type="unigram",
+        character_coverage=1.0,
+        eos_id=0,
+        unk_id=1,
+        bos_id=-1,
+        pad_id=-1,
+        eos_piece="</s>",
+        unk_piece="<unk>",
+        input_sentence_size=len(texts),
+        shuffle_input_sentence=True,
+        num_threads=2,
+        minloglevel=2,
     )
     model = spm.SentencePieceProcessor(model_file=f"{prefix}.model")
     vocab = {model.id_to_piece(i): i for i in range(model.get_piece_size())}

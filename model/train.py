@@ -83,8 +83,11 @@ def loss_fn(model: Seq2Seq, batch: tuple[torch.Tensor, ...], smoothing: float) -
     src, mask, tgt_in, labels = batch
     logits = model(src, mask, tgt_in)  # (B, T, V)
     loss = F.cross_entropy(
-        logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=model.cfg.pad_token_id,
-        label_smoothing=smoothing, reduction="sum",
+        logits.float().view(-1, logits.shape[-1]),
+        labels.view(-1),
+        ignore_index=model.cfg.pad_token_id,
+        label_smoothing=smoothing,
+        reduction="sum",
     )
     tokens = int((labels != model.cfg.pad_token_id).sum())
     return loss, tokens
@@ -115,13 +118,26 @@ def train(cfg: TrainConfig) -> Path:
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tok, train_pairs, val_pairs = prepare_data(cfg)
     overrides = {"dropout": cfg.dropout, **cfg.extra}
-    mcfg = ModelConfig.from_dict({**preset(cfg.preset, len(tok)).to_dict(), **overrides,
-                                  "unk_token_id": tok.unk_id, "pad_token_id": tok.pad_id,
-                                  "decoder_start_token_id": tok.pad_id})
+    mcfg = ModelConfig.from_dict(
+        {
+            **preset(cfg.preset, len(tok)).to_dict(),
+            **overrides,
+            "unk_token_id": tok.unk_id,
+            "pad_token_id": tok.pad_id,
+            "decoder_start_token_id": tok.pad_id,
+        }
+    )
     model = Seq2Seq(mcfg).to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
-    state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best_val": float("inf"), "bad_epochs": 0,
-                             "history": [], "seconds": 0.0}
+    state: dict[str, Any] = {
+        "epoch": 0,
+        "batch": 0,
+        "step": 0,
+        "best_val": float("inf"),
+        "bad_epochs": 0,
+        "history": [],
+        "seconds": 0.0,
+    }
     last = cfg.out_dir / "last.pt"
     if last.exists():
         saved = torch.load(last, map_location=device, weights_only=False)
@@ -131,15 +147,24 @@ def train(cfg: TrainConfig) -> Path:
         torch.set_rng_state(saved["rng"])
         print(f"resumed from {last}: epoch {state['epoch']}, step {state['step']}", flush=True)
     params = sum(p.numel() for p in model.parameters())
-    print(f"model {cfg.preset}: {params / 1e6:.1f}M parameters, vocab {len(tok)}, {len(train_pairs)} training pairs, "
-          f"device {device}", flush=True)
+    print(
+        f"model {cfg.preset}: {params / 1e6:.1f}M parameters, vocab {len(tok)}, {len(train_pairs)} training pairs, "
+        f"device {device}",
+        flush=True,
+    )
     (cfg.out_dir / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
 
     while state["epoch"] < cfg.max_epochs and not _stopped(state, cfg):
         epoch = state["epoch"]
         batches = token_batches(train_pairs, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
-        bar = tqdm(total=len(batches), initial=state["batch"], desc=f"epoch {epoch + 1}", unit="batch",
-                   dynamic_ncols=True, mininterval=2.0)
+        bar = tqdm(
+            total=len(batches),
+            initial=state["batch"],
+            desc=f"epoch {epoch + 1}",
+            unit="batch",
+            dynamic_ncols=True,
+            mininterval=2.0,
+        )
         started, tokens_seen = time.perf_counter(), 0
         for i, idx in iterate(batches, state["batch"]):
             batch = collate([train_pairs[j] for j in idx], mcfg.pad_token_id, mcfg.decoder_start_token_id, device)
@@ -155,8 +180,12 @@ def train(cfg: TrainConfig) -> Path:
             tokens_seen += n
             state["batch"] = i + 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item() / n:.3f}", tok_s=f"{tokens_seen / (time.perf_counter() - started):.0f}",
-                            lr=f"{opt.param_groups[0]['lr']:.2e}", refresh=False)
+            bar.set_postfix(
+                loss=f"{loss.item() / n:.3f}",
+                tok_s=f"{tokens_seen / (time.perf_counter() - started):.0f}",
+                lr=f"{opt.param_groups[0]['lr']:.2e}",
+                refresh=False,
+            )
             if state["step"] % cfg.save_every == 0:  # mid-epoch resume point
                 _save_last(last, model, opt, {**state, "seconds": state["seconds"] + time.perf_counter() - started})
             if cfg.max_steps is not None and state["step"] >= cfg.max_steps:
@@ -164,12 +193,16 @@ def train(cfg: TrainConfig) -> Path:
         bar.close()
         state["seconds"] += time.perf_counter() - started
         val = validate(model, val_pairs, cfg, device)
-        state["history"].append({"epoch": epoch + 1, "step": state["step"], "val_loss": val,
-                                 "seconds": round(state["seconds"], 1)})
+        state["history"].append(
+            {"epoch": epoch + 1, "step": state["step"], "val_loss": val, "seconds": round(state["seconds"], 1)}
+        )
         improved = val < state["best_val"]
         state["best_val"], state["bad_epochs"] = (val, 0) if improved else (state["best_val"], state["bad_epochs"] + 1)
-        print(f"epoch {epoch + 1}: val loss {val:.4f}{' (best)' if improved else ''}, step {state['step']}, "
-              f"{state['seconds']:.0f}s", flush=True)
+        print(
+            f"epoch {epoch + 1}: val loss {val:.4f}{' (best)' if improved else ''}, step {state['step']}, "
+            f"{state['seconds']:.0f}s",
+            flush=True,
+        )
         torch.save(model.state_dict(), cfg.out_dir / f"epoch{epoch + 1:03d}.pt")
         _prune(cfg.out_dir, keep=cfg.average_last)
         state["epoch"], state["batch"] = epoch + 1, 0
@@ -181,8 +214,9 @@ def train(cfg: TrainConfig) -> Path:
 
 def _save_last(path: Path, model: Seq2Seq, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
-                "rng": torch.get_rng_state()}, tmp)
+    torch.save(
+        {"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state, "rng": torch.get_rng_state()}, tmp
+    )
     tmp.replace(path)  # atomic: a kill mid-write never leaves a broken resume point
 
 

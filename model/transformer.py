@@ -53,7 +53,12 @@ class DecoderLayer(nn.Module):
         return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
 
     def step(
-        self, x: torch.Tensor, layer: int, pos: int | torch.Tensor, cache: KVCache, cross: CrossCache,
+        self,
+        x: torch.Tensor,
+        layer: int,
+        pos: int | torch.Tensor,
+        cache: KVCache,
+        cross: CrossCache,
         self_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One new position for every hypothesis row. x: (N, 1, C) -> (N, 1, C)."""
@@ -62,7 +67,12 @@ class DecoderLayer(nn.Module):
         return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
 
     def _self_step(
-        self, h: torch.Tensor, layer: int, pos: int | torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
+        self,
+        h: torch.Tensor,
+        layer: int,
+        pos: int | torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
         k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
         k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, T, D)
@@ -173,17 +183,36 @@ class Seq2Seq(nn.Module):
         return CrossCache(keys, [v.contiguous() for _, v in kv], src_mask[:, None, None, :], keys_transposed=transposed)
 
     def new_cache(
-        self, rows: int, max_length: int, dtype: torch.dtype, device: torch.device, *, limit: int | None = None,
+        self,
+        rows: int,
+        max_length: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        limit: int | None = None,
         zeroed: bool = False,
     ) -> KVCache:
         """A self-attention cache of `rows` rows and `max_length` positions (growing up to `limit`)."""
         cfg = self.cfg
         heads = cfg.decoder_attention_heads
-        return KVCache(cfg.decoder_layers, rows, heads, max_length, cfg.d_model // heads, dtype=dtype,
-                       device=device, limit=limit, zeroed=zeroed)
+        return KVCache(
+            cfg.decoder_layers,
+            rows,
+            heads,
+            max_length,
+            cfg.d_model // heads,
+            dtype=dtype,
+            device=device,
+            limit=limit,
+            zeroed=zeroed,
+        )
 
     def decode_step(
-        self, tokens: torch.Tensor, pos: int | torch.Tensor, cache: KVCache, cross: CrossCache,
+        self,
+        tokens: torch.Tensor,
+        pos: int | torch.Tensor,
+        cache: KVCache,
+        cross: CrossCache,
         order: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decode one position incrementally.

@@ -25,7 +25,12 @@ from model.transformer import Seq2Seq
 from model.workers import WorkerPool
 
 __all__ = [
-    "DecodeOptions", "InputTooLongError", "InvalidTextError", "SourceError", "TranslationResult", "Translator",
+    "DecodeOptions",
+    "InputTooLongError",
+    "InvalidTextError",
+    "SourceError",
+    "TranslationResult",
+    "Translator",
     "check_text",
 ]
 
@@ -58,8 +63,13 @@ class Translator:
 
     @classmethod
     def load(
-        cls, path: str | Path, device: str | torch.device | None = None, *, dtype: str | torch.dtype | None = None,
-        num_threads: int | None = None, inter_threads: int = 1,
+        cls,
+        path: str | Path,
+        device: str | torch.device | None = None,
+        *,
+        dtype: str | torch.dtype | None = None,
+        num_threads: int | None = None,
+        inter_threads: int = 1,
     ) -> Translator:
         """Load an own-format or Hugging Face Marian directory, or a shipped model by name ("en-de").
 
@@ -74,7 +84,7 @@ class Translator:
         directory = resolve_model_path(path)
         dev = torch.device(device) if device is not None else default_device()
         if inter_threads > 1 and dev.type != "cpu":
-            raise ValueError(f"inter_threads > 1 runs on CPU only (device=\"cpu\"), not {dev.type}")
+            raise ValueError(f'inter_threads > 1 runs on CPU only (device="cpu"), not {dev.type}')
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(dev)!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU")
         torch_dtype = resolve_dtype(dtype, dev)
@@ -82,8 +92,9 @@ class Translator:
         pool = None
         if inter_threads > 1:  # started first: the workers load their copies while this process loads its own
             threads = num_threads or max(1, cpus // inter_threads)
-            pool = WorkerPool(partial(cls.load, directory, "cpu", dtype=torch_dtype, num_threads=threads),
-                              workers=inter_threads)
+            pool = WorkerPool(
+                partial(cls.load, directory, "cpu", dtype=torch_dtype, num_threads=threads), workers=inter_threads
+            )
         # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly (below).
         # Until then build on one thread, so that loading starts no OpenMP team in this thread: a server
         # decodes in another thread (service/engine.py), and with two teams libgomp counts more threads
@@ -130,7 +141,7 @@ class Translator:
         if len(ids) > limit:
             if not truncate:
                 raise InputTooLongError(f"source has {len(ids)} tokens; this model accepts at most {limit}")
-            ids = [*ids[:limit - 1], self.tokenizer.eos_id]
+            ids = [*ids[: limit - 1], self.tokenizer.eos_id]
         return ids
 
     def align(self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64) -> list[list[Link]]:
@@ -150,8 +161,11 @@ class Translator:
             src_ids, src_spans = self.tokenizer.spans(source)
             tgt_ids, tgt_spans = self.tokenizer.spans(target, target=True)
             if max(len(src_ids) + 1, len(tgt_ids)) > limit:
-                raise InputTooLongError(f"pair has {len(src_ids) + 1} source and {len(tgt_ids)} target tokens; "
-                                        f"this model accepts at most {limit}", i)
+                raise InputTooLongError(
+                    f"pair has {len(src_ids) + 1} source and {len(tgt_ids)} target tokens; "
+                    f"this model accepts at most {limit}",
+                    i,
+                )
             live.append((i, [*src_ids, eos], [*src_spans, (len(source), len(source))], tgt_ids, tgt_spans))
         for start in range(0, len(live), batch_size):
             chunk = live[start : start + batch_size]
@@ -161,8 +175,11 @@ class Translator:
         return out
 
     def translate(
-        self, texts: Sequence[str], options: DecodeOptions | None = None,
-        progress: Callable[[int], None] | None = None, **kwargs: object,
+        self,
+        texts: Sequence[str],
+        options: DecodeOptions | None = None,
+        progress: Callable[[int], None] | None = None,
+        **kwargs: object,
     ) -> list[TranslationResult]:
         """Translate texts; options as a DecodeOptions or keyword arguments (beam_size=4, ...)."""
         opts = replace(options or DecodeOptions(), **kwargs)  # type: ignore[arg-type]
@@ -177,7 +194,10 @@ class Translator:
         return [self._result(h, len(src)) for h, src in zip(hyps, sources, strict=True)]
 
     def translate_ids(
-        self, sources: Sequence[list[int]], opts: DecodeOptions, progress: Callable[[int], None] | None = None,
+        self,
+        sources: Sequence[list[int]],
+        opts: DecodeOptions,
+        progress: Callable[[int], None] | None = None,
     ) -> list[list[Hypothesis]]:
         """Decode encoded sources in length-sorted batches; empty sources give one empty hypothesis.
 
@@ -222,24 +242,35 @@ class Translator:
     def max_lengths(self, batch: list[list[int]], opts: DecodeOptions) -> torch.Tensor:
         """(B,) generated-token cap per sentence: the absolute cap, the ratio cap, the model's positions."""
         cap = min(opts.max_decoding_length, self.model.cfg.max_position_embeddings)
-        caps = [cap if opts.max_length_ratio is None
-                else min(cap, math.ceil(opts.max_length_ratio * len(s)) + opts.max_length_offset) for s in batch]
+        caps = [
+            cap
+            if opts.max_length_ratio is None
+            else min(cap, math.ceil(opts.max_length_ratio * len(s)) + opts.max_length_offset)
+            for s in batch
+        ]
         return torch.tensor(caps, device=self.device)
 
     def search_options(self, opts: DecodeOptions) -> SearchOptions:
         cfg = self.model.cfg
         return SearchOptions(
-            beam_size=opts.beam_size, num_hypotheses=opts.num_hypotheses, length_penalty=opts.length_penalty,
-            min_decoding_length=opts.min_decoding_length, early_stopping=opts.early_stopping,
-            eos_token_id=cfg.eos_token_id, start_token_id=cfg.decoder_start_token_id,
-            suppressed_token_ids=(cfg.pad_token_id,), forced_eos_token_id=cfg.forced_eos_token_id,
+            beam_size=opts.beam_size,
+            num_hypotheses=opts.num_hypotheses,
+            length_penalty=opts.length_penalty,
+            min_decoding_length=opts.min_decoding_length,
+            early_stopping=opts.early_stopping,
+            eos_token_id=cfg.eos_token_id,
+            start_token_id=cfg.decoder_start_token_id,
+            suppressed_token_ids=(cfg.pad_token_id,),
+            forced_eos_token_id=cfg.forced_eos_token_id,
             no_repeat_ngram_size=opts.no_repeat_ngram_size,
         )
 
     def _result(self, hyps: list[Hypothesis], source_tokens: int) -> TranslationResult:
         return TranslationResult(
-            [self.tokenizer.decode(h.tokens) for h in hyps], [h.score for h in hyps],
-            [h.tokens for h in hyps], source_tokens,
+            [self.tokenizer.decode(h.tokens) for h in hyps],
+            [h.score for h in hyps],
+            [h.tokens for h in hyps],
+            source_tokens,
         )
 
 

@@ -50,8 +50,9 @@ class WorkerPool:
         self._tasks: multiprocessing.Queue[Any] = ctx.Queue()
         self._results: multiprocessing.Queue[Any] = ctx.Queue()
         self._processes: list[BaseProcess] = [
-            ctx.Process(target=_work, args=(load, self._tasks, self._results),
-                        name=f"beamserve-worker-{i}", daemon=True)
+            ctx.Process(
+                target=_work, args=(load, self._tasks, self._results), name=f"beamserve-worker-{i}", daemon=True
+            )
             for i in range(workers)
         ]
         for p in self._processes:
@@ -64,8 +65,9 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes if p.pid is not None]
 
-    def run(self, batches: list[list[list[int]]], opts: DecodeOptions,
-            done: Callable[[int, list[list[Hypothesis]]], None]) -> None:
+    def run(
+        self, batches: list[list[list[int]]], opts: DecodeOptions, done: Callable[[int, list[list[Hypothesis]]], None]
+    ) -> None:
         """Decode batches (each at most opts.max_batch_size sources); done(batch index, its n-best lists)
         is called as each finishes. Longest batches go first, so that the last to start is a short one.
 
@@ -109,8 +111,9 @@ class WorkerPool:
                 p.join()
 
 
-def _work(load: Callable[[], BatchDecoder], tasks: multiprocessing.Queue[Any],
-          results: multiprocessing.Queue[Any]) -> None:
+def _work(
+    load: Callable[[], BatchDecoder], tasks: multiprocessing.Queue[Any], results: multiprocessing.Queue[Any]
+) -> None:
     """A worker process: load the model once, then decode batches until told to stop (None)."""
     # Ctrl-C reaches the whole process group: the parent handles it and stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -29,10 +29,18 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=hints[f.name], default=f.default, help=f.metadata["help"])
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--threads", type=int, default=None,
-                   help="intra-op CPU threads, per worker with --inter-threads (default: the CPUs, shared out)")
-    p.add_argument("--inter-threads", type=int, default=1,
-                   help="CPU only: batches decoded in parallel, each by a worker process (CTranslate2's inter_threads)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op CPU threads, per worker with --inter-threads (default: the CPUs, shared out)",
+    )
+    p.add_argument(
+        "--inter-threads",
+        type=int,
+        default=1,
+        help="CPU only: batches decoded in parallel, each by a worker process (CTranslate2's inter_threads)",
+    )
 
 
 def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -42,7 +50,7 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _line_problem(source: str, exc: SourceError) -> str:
-    """"stdin line 3: why" for a source text the model refused (translate() numbers texts from 0)."""
+    """ "stdin line 3: why" for a source text the model refused (translate() numbers texts from 0)."""
     return f"{source} line {(exc.index or 0) + 1}: {exc.reason}"
 
 
@@ -51,8 +59,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     opts.validate()  # before the model loads
-    tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
-                         inter_threads=args.inter_threads)
+    tr = Translator.load(
+        args.model, args.device, dtype=args.dtype, num_threads=args.threads, inter_threads=args.inter_threads
+    )
     # UTF-8 whatever the locale; bytes that are not UTF-8 come through as lone surrogates, which
     # translate() refuses (InvalidTextError) instead of a UnicodeDecodeError traceback here.
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
@@ -79,8 +88,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     opts.validate()  # before the model loads
-    tr = Translator.load(args.model, args.device, dtype=args.dtype, num_threads=args.threads,
-                         inter_threads=args.inter_threads)
+    tr = Translator.load(
+        args.model, args.device, dtype=args.dtype, num_threads=args.threads, inter_threads=args.inter_threads
+    )
     try:
         ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), opts)
     except SourceError as exc:
@@ -100,12 +110,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     from model.train import TrainConfig, train
 
     cfg = TrainConfig(
-        data_dir=Path(args.data), out_dir=Path(args.out), src_lang=args.src_lang, tgt_lang=args.tgt_lang,
-        preset=args.preset, vocab_size=args.vocab_size, max_tokens=args.max_tokens, lr=args.lr,
-        warmup_steps=args.warmup_steps, dropout=args.dropout, max_epochs=args.max_epochs,
-        max_steps=args.max_steps, max_minutes=args.max_minutes,
-        patience=args.patience, average_last=args.average_last, train_limit=args.train_limit, seed=args.seed,
-        device=args.device, save_dtype=args.save_dtype, extra=json.loads(args.model_config or "{}"),
+        data_dir=Path(args.data),
+        out_dir=Path(args.out),
+        src_lang=args.src_lang,
+        tgt_lang=args.tgt_lang,
+        preset=args.preset,
+        vocab_size=args.vocab_size,
+        max_tokens=args.max_tokens,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        dropout=args.dropout,
+        max_epochs=args.max_epochs,
+        max_steps=args.max_steps,
+        max_minutes=args.max_minutes,
+        patience=args.patience,
+        average_last=args.average_last,
+        train_limit=args.train_limit,
+        seed=args.seed,
+        device=args.device,
+        save_dtype=args.save_dtype,
+        extra=json.loads(args.model_config or "{}"),
     )
     print(f"final model: {train(cfg)}")
     return 0
@@ -127,16 +151,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from service import runtime
     from service.settings import Settings
 
-    overrides = {k: v for k, v in {"models": args.models, "host": args.host, "port": args.port,
-                                   "metrics_host": args.metrics_host,
-                                   "metrics_port": args.metrics_port, "num_cpus": args.num_cpus}.items() if v}
+    overrides = {
+        k: v
+        for k, v in {
+            "models": args.models,
+            "host": args.host,
+            "port": args.port,
+            "metrics_host": args.metrics_host,
+            "metrics_port": args.metrics_port,
+            "num_cpus": args.num_cpus,
+        }.items()
+        if v
+    }
     settings = Settings(**overrides)
-    print(f"starting Ray ({settings.num_cpus or 'all'} CPUs) and the Serve app for {settings.model_list()} ...",
-          file=sys.stderr, flush=True)
+    print(
+        f"starting Ray ({settings.num_cpus or 'all'} CPUs) and the Serve app for {settings.model_list()} ...",
+        file=sys.stderr,
+        flush=True,
+    )
     runtime.start(settings)
     metrics = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
-    print(f"beamserve listening on http://{settings.host}:{settings.port} (API docs at /docs); "
-          f"Prometheus metrics on {metrics}; Ctrl-C stops it", flush=True)
+    print(
+        f"beamserve listening on http://{settings.host}:{settings.port} (API docs at /docs); "
+        f"Prometheus metrics on {metrics}; Ctrl-C stops it",
+        flush=True,
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -125,8 +125,12 @@ class Engine:
     """One model's queue, scheduler and runner; the runner works in its own thread."""
 
     def __init__(
-        self, translator: Translator, config: BatchingConfig, observer: EngineObserver | None = None,
-        *, max_length: int | None = None,
+        self,
+        translator: Translator,
+        config: BatchingConfig,
+        observer: EngineObserver | None = None,
+        *,
+        max_length: int | None = None,
     ) -> None:
         """max_length: the longest output any request may ask for (sizes continuous mode's buffers)."""
         self.translator = translator
@@ -182,18 +186,23 @@ class Engine:
         items = [WorkItem(ids, opts, deadline) for ids in sources if ids]
         config = self.config
         if len(items) > config.max_queue:
-            raise RequestTooLargeError(f"request has {len(items)} sentences; this server queues at most "
-                                       f"{config.max_queue}")
+            raise RequestTooLargeError(
+                f"request has {len(items)} sentences; this server queues at most {config.max_queue}"
+            )
         if config.mode == "continuous" and opts.beam_size > config.decode_slots:
-            raise RequestTooLargeError(f"beam_size {opts.beam_size} is more than the {config.decode_slots} "
-                                       "decode slots this server has")
+            raise RequestTooLargeError(
+                f"beam_size {opts.beam_size} is more than the {config.decode_slots} decode slots this server has"
+            )
         with self._cv:
             self.scheduler.admit(items)
             self._cv.notify()
         return items
 
     async def translate(
-        self, sources: list[list[int]], opts: DecodeOptions, timeout_s: float,
+        self,
+        sources: list[list[int]],
+        opts: DecodeOptions,
+        timeout_s: float,
     ) -> list[list[Hypothesis]]:
         """Decode one request's sources; cancelling the awaiting task withdraws its sentences, queued or running."""
         live = [i for i, ids in enumerate(sources) if ids]
@@ -302,8 +311,9 @@ class Engine:
 
     def _fail_running(self, exc: Exception) -> None:
         """Fail every sentence in flight and start from a fresh pool (its state may be half-updated)."""
-        logger.error("a decoder step failed; failing the %d sentences in flight", len(self.continuous.running),
-                     exc_info=exc)
+        logger.error(
+            "a decoder step failed; failing the %d sentences in flight", len(self.continuous.running), exc_info=exc
+        )
         with self._cv:
             futures = [self.continuous.finish(seq).future for seq in list(self.continuous.running)]
             self._active = 0

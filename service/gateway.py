@@ -60,8 +60,12 @@ class Gateway:
             out = await self._call(pair, req.texts, opts, req.timeout_s, split=req.split_sentences)
         n = opts.num_hypotheses
         translations = [
-            Translation(text=hs[0][0], score=hs[0][1], hypotheses=[h[0] for h in hs] if n > 1 else None,
-                        scores=[h[1] for h in hs] if n > 1 else None)
+            Translation(
+                text=hs[0][0],
+                score=hs[0][1],
+                hypotheses=[h[0] for h in hs] if n > 1 else None,
+                scores=[h[1] for h in hs] if n > 1 else None,
+            )
             for hs in out["translations"]
         ]
         usage = Usage(source_tokens=out["source_tokens"], target_tokens=out["target_tokens"])
@@ -112,8 +116,10 @@ class Gateway:
         except Exception as exc:  # a replica that cannot answer is not ready
             return JSONResponse({"status": "not ready", "detail": str(exc)}, status_code=503)
         ready = all(i["ready"] for i in infos)
-        return JSONResponse({"status": "ready" if ready else "not ready", "models": [i["name"] for i in infos]},
-                            status_code=200 if ready else 503)
+        return JSONResponse(
+            {"status": "ready" if ready else "not ready", "models": [i["name"] for i in infos]},
+            status_code=200 if ready else 503,
+        )
 
     def _check(self, req: TranslateRequest, request: Request) -> tuple[str, DecodeOptions]:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
@@ -121,20 +127,25 @@ class Gateway:
         pair = f"{req.source}-{req.target}"
         request.state.pair = pair if pair in self.pairs else "unknown"
         if pair not in self.pairs:
-            raise ApiError(400, "unsupported_pair",
-                           f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}")
+            raise ApiError(
+                400,
+                "unsupported_pair",
+                f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}",
+            )
         if len(req.texts) > s.max_texts:
             raise ApiError(422, "too_many_texts", f"{len(req.texts)} texts; at most {s.max_texts} per request")
         for i, text in enumerate(req.texts):
             if len(text) > s.max_text_chars:
-                raise ApiError(422, "text_too_long",
-                               f"texts[{i}] has {len(text)} characters; at most {s.max_text_chars}")
+                raise ApiError(
+                    422, "text_too_long", f"texts[{i}] has {len(text)} characters; at most {s.max_text_chars}"
+                )
             try:
                 check_text(text)
             except InvalidTextError as exc:
                 raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
-        opts = DecodeOptions(**{f.name: getattr(req, f.name) for f in user_options("api")
-                                if getattr(req, f.name) is not None})
+        opts = DecodeOptions(
+            **{f.name: getattr(req, f.name) for f in user_options("api") if getattr(req, f.name) is not None}
+        )
         if opts.beam_size > s.max_beam_size:
             raise ApiError(422, "invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
         opts = replace(opts, max_decoding_length=min(opts.max_decoding_length, s.max_decoding_length))
@@ -145,7 +156,12 @@ class Gateway:
         return pair, opts
 
     async def _call(
-        self, pair: str, texts: list[str], opts: DecodeOptions, timeout_s: float | None = None, *,
+        self,
+        pair: str,
+        texts: list[str],
+        opts: DecodeOptions,
+        timeout_s: float | None = None,
+        *,
         split: bool = True,
     ) -> dict[str, Any]:
         """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
@@ -155,7 +171,12 @@ class Gateway:
         return out
 
     async def _sentences(
-        self, pair: str, texts: list[str], opts: DecodeOptions, timeout_s: float | None = None, *,
+        self,
+        pair: str,
+        texts: list[str],
+        opts: DecodeOptions,
+        timeout_s: float | None = None,
+        *,
         split: bool = True,
     ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
         """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
@@ -169,8 +190,13 @@ class Gateway:
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 
     async def _html(
-        self, pair: str, docs: list[HtmlDocument], opts: DecodeOptions, timeout_s: float | None = None,
-        *, split: bool = True,
+        self,
+        pair: str,
+        docs: list[HtmlDocument],
+        opts: DecodeOptions,
+        timeout_s: float | None = None,
+        *,
+        split: bool = True,
     ) -> tuple[dict[str, Any], list[list[tuple[str, float]]]]:
         """The replica's answer, and each document's num_hypotheses renderings with scores, best first: its
         runs translated sentence by sentence, the sentences of runs holding inline markup aligned to their

@@ -19,10 +19,36 @@ from html.parser import HTMLParser
 from service.sentences import join_sentences
 
 # Phrasing elements that may sit inside a sentence; any other tag ends a run.
-INLINE_ELEMENTS = frozenset({
-    "a", "abbr", "b", "bdi", "bdo", "cite", "data", "del", "dfn", "em", "font", "i", "ins", "kbd", "mark", "q",
-    "s", "samp", "small", "span", "strong", "sub", "sup", "time", "u", "var",
-})
+INLINE_ELEMENTS = frozenset(
+    {
+        "a",
+        "abbr",
+        "b",
+        "bdi",
+        "bdo",
+        "cite",
+        "data",
+        "del",
+        "dfn",
+        "em",
+        "font",
+        "i",
+        "ins",
+        "kbd",
+        "mark",
+        "q",
+        "s",
+        "samp",
+        "small",
+        "span",
+        "strong",
+        "sub",
+        "sup",
+        "time",
+        "u",
+        "var",
+    }
+)
 INLINE_VOID = frozenset({"img"})  # inline, without content
 RAW_ELEMENTS = frozenset({"script", "style", "code", "pre"})  # content is not prose: kept as it is
 CDATA_ELEMENTS = frozenset({"script", "style"})  # the parser hands their content over undecoded
@@ -192,8 +218,11 @@ def _render_run(run: Run, translation: str, links: list[Link]) -> str:
         lo, hi = placed[parent.order] if parent is not None else (0, len(text))
         # A token linked to the sentence end (</s>, an empty span: often the full stop) belongs to an
         # element that reaches that end.
-        hits = [(t0, t1) for t0, t1, s0, s1 in spans
-                if (s0 < element.end and s1 > element.start) or (s0 == s1 and element.start < s0 <= element.end)]
+        hits = [
+            (t0, t1)
+            for t0, t1, s0, s1 in spans
+            if (s0 < element.end and s1 > element.start) or (s0 == s1 and element.start < s0 <= element.end)
+        ]
         if hits and element.start < element.end:
             start, end = min(t for t, _ in hits), max(t for _, t in hits)
             # Around the first (last) word, an edge in the leading (trailing) whitespace stays where it was:
@@ -247,7 +276,10 @@ def _anchor(spans: list[tuple[int, int, int, int]], source_at: int, default: int
 
 
 def join_aligned(
-    sentences: list[str], separators: list[str], translations: list[str], links: list[list[Link]],
+    sentences: list[str],
+    separators: list[str],
+    translations: list[str],
+    links: list[list[Link]],
 ) -> tuple[str, list[Link]]:
     """A run's translation from its sentences' (split_sentences' pieces, each translated and aligned on its
     own), with the links moved from sentence coordinates into the run's."""

@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 ENDPOINTS = {"/v1/translate", "/translate", "/languages", "/v1/models", "/v1/stats", "/healthz", "/readyz"}
 
 app = FastAPI(
-    title="beamserve", version="0.1.0",
+    title="beamserve",
+    version="0.1.0",
     description="Machine translation with Marian-compatible Transformers, beam search and continuous batching.",
 )
 
@@ -63,10 +64,16 @@ class BodyLimit:
     @staticmethod
     async def _reject(scope: dict[str, Any], send: Any, limit: int) -> None:
         rid = request_id({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
-        body = json.dumps({"error": "body_too_large", "detail": f"request body over {limit} bytes",
-                           "request_id": rid}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        body = json.dumps(
+            {"error": "body_too_large", "detail": f"request body over {limit} bytes", "request_id": rid}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -90,16 +97,24 @@ async def _record(request: Request, call_next: Any) -> Any:
     return response
 
 
-def error_response(request: Request, status: int, body: dict[str, Any],
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    request: Request, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse({**body, "request_id": request_id(request.headers)}, status_code=status, headers=headers)
 
 
 @app.exception_handler(ApiError)
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
     if exc.status >= 500:
-        logger.warning("%s %s -> %d %s: %s (request %s)", request.method, request.url.path, exc.status, exc.code,
-                       exc.detail, request_id(request.headers))
+        logger.warning(
+            "%s %s -> %d %s: %s (request %s)",
+            request.method,
+            request.url.path,
+            exc.status,
+            exc.code,
+            exc.detail,
+            request_id(request.headers),
+        )
     return error_response(request, exc.status, exc.body(), exc.headers)
 
 
@@ -114,5 +129,6 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     """A bug, not a client's mistake: logged with its traceback, answered as JSON like every error."""
     rid = request_id(request.headers)
     logger.error("%s %s failed (request %s)", request.method, request.url.path, rid, exc_info=exc)
-    return error_response(request, 500, {"error": "internal_error",
-                                         "detail": f"the server failed on this request ({type(exc).__name__})"})
+    return error_response(
+        request, 500, {"error": "internal_error", "detail": f"the server failed on this request ({type(exc).__name__})"}
+    )

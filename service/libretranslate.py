@@ -59,12 +59,16 @@ def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
     if not 0 <= alternatives < max_beam_size:
         raise ApiError(400, "invalid_request", f"alternatives must be between 0 and {max_beam_size - 1}")
     try:
-        req = TranslateRequest.model_validate({
-            # A document of markup alone still goes through the checks (with one empty text).
-            "texts": segments or [""], "source": str(body.get("source", "")),
-            "target": str(body.get("target", "")),
-            "beam_size": max(4, alternatives + 1), "num_hypotheses": alternatives + 1,
-        })
+        req = TranslateRequest.model_validate(
+            {
+                # A document of markup alone still goes through the checks (with one empty text).
+                "texts": segments or [""],
+                "source": str(body.get("source", "")),
+                "target": str(body.get("target", "")),
+                "beam_size": max(4, alternatives + 1),
+                "num_hypotheses": alternatives + 1,
+            }
+        )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ApiError(400, "invalid_request", problems) from None

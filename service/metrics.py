@@ -30,10 +30,15 @@ class GatewayMetrics:
         from ray.serve.metrics import Counter, Histogram
 
         keys: Any = ("endpoint", "pair", "status")  # Ray's stubs say tuple[str]; any length works
-        self.requests = Counter("beamserve_requests", description="HTTP requests by endpoint, pair and status.",
-                                tag_keys=keys)
-        self.latency = Histogram("beamserve_request_latency_seconds", description="End-to-end request latency.",
-                                 boundaries=LATENCY_S, tag_keys=keys)
+        self.requests = Counter(
+            "beamserve_requests", description="HTTP requests by endpoint, pair and status.", tag_keys=keys
+        )
+        self.latency = Histogram(
+            "beamserve_request_latency_seconds",
+            description="End-to-end request latency.",
+            boundaries=LATENCY_S,
+            tag_keys=keys,
+        )
 
     def observe(self, endpoint: str, pair: str, status: int, seconds: float) -> None:
         tags = {"endpoint": endpoint, "pair": pair, "status": str(status)}
@@ -67,38 +72,92 @@ class ModelMetrics:
             return metric
 
         keys = ("pair",)
-        self.queue_wait = tagged(Histogram("beamserve_queue_wait_seconds", description="Time a sentence waited "
-                                           "before it started decoding.", boundaries=QUEUE_WAIT_S, tag_keys=keys))
-        self.batch_sentences = tagged(Histogram("beamserve_batch_sentences", description="Sentences per batch.",
-                                                boundaries=BATCH_SENTENCES, tag_keys=keys))
-        self.batch_tokens = tagged(Histogram("beamserve_batch_tokens", description="Padded source tokens per batch.",
-                                             boundaries=BATCH_TOKENS, tag_keys=keys))
-        self.padding = tagged(Histogram("beamserve_batch_padding_ratio", description="Padded / real source tokens "
-                                        "per batch (1.0 = no waste).", boundaries=PADDING_RATIO, tag_keys=keys))
-        self.source_tokens = tagged(Counter("beamserve_source_tokens", description="Source tokens decoded.",
-                                            tag_keys=keys))
-        self.generated_tokens = tagged(Counter("beamserve_generated_tokens", description="Target tokens generated "
-                                               "(best hypothesis, </s> included).", tag_keys=keys))
-        self.batches = tagged(Counter("beamserve_batches", description="Batches decoded (continuous batching: "
-                                      "admissions, sentences joining the running batch together).", tag_keys=keys))
-        self.steps = tagged(Counter("beamserve_decode_steps", description="Decoder steps run (continuous "
-                                    "batching).", tag_keys=keys))
-        self.step_rows = tagged(Histogram("beamserve_step_rows", description="Hypothesis rows (beams of all "
-                                          "sentences in flight) per decoder step.", boundaries=STEP_ROWS,
-                                          tag_keys=keys))
-        self.rejected = tagged(Counter("beamserve_rejected", description="Requests refused with 503 (queue full).",
-                                       tag_keys=keys))
-        self.timeouts = tagged(Counter("beamserve_timeouts", description="Sentences dropped past their deadline "
-                                       "(504).", tag_keys=keys))
-        self.cancelled = tagged(Counter("beamserve_cancelled", description="Queued sentences withdrawn by a "
-                                        "disconnected client.", tag_keys=keys))
+        self.queue_wait = tagged(
+            Histogram(
+                "beamserve_queue_wait_seconds",
+                description="Time a sentence waited before it started decoding.",
+                boundaries=QUEUE_WAIT_S,
+                tag_keys=keys,
+            )
+        )
+        self.batch_sentences = tagged(
+            Histogram(
+                "beamserve_batch_sentences",
+                description="Sentences per batch.",
+                boundaries=BATCH_SENTENCES,
+                tag_keys=keys,
+            )
+        )
+        self.batch_tokens = tagged(
+            Histogram(
+                "beamserve_batch_tokens",
+                description="Padded source tokens per batch.",
+                boundaries=BATCH_TOKENS,
+                tag_keys=keys,
+            )
+        )
+        self.padding = tagged(
+            Histogram(
+                "beamserve_batch_padding_ratio",
+                description="Padded / real source tokens per batch (1.0 = no waste).",
+                boundaries=PADDING_RATIO,
+                tag_keys=keys,
+            )
+        )
+        self.source_tokens = tagged(
+            Counter("beamserve_source_tokens", description="Source tokens decoded.", tag_keys=keys)
+        )
+        self.generated_tokens = tagged(
+            Counter(
+                "beamserve_generated_tokens",
+                description="Target tokens generated (best hypothesis, </s> included).",
+                tag_keys=keys,
+            )
+        )
+        self.batches = tagged(
+            Counter(
+                "beamserve_batches",
+                description="Batches decoded (continuous batching: "
+                "admissions, sentences joining the running batch together).",
+                tag_keys=keys,
+            )
+        )
+        self.steps = tagged(
+            Counter("beamserve_decode_steps", description="Decoder steps run (continuous batching).", tag_keys=keys)
+        )
+        self.step_rows = tagged(
+            Histogram(
+                "beamserve_step_rows",
+                description="Hypothesis rows (beams of all sentences in flight) per decoder step.",
+                boundaries=STEP_ROWS,
+                tag_keys=keys,
+            )
+        )
+        self.rejected = tagged(
+            Counter("beamserve_rejected", description="Requests refused with 503 (queue full).", tag_keys=keys)
+        )
+        self.timeouts = tagged(
+            Counter("beamserve_timeouts", description="Sentences dropped past their deadline (504).", tag_keys=keys)
+        )
+        self.cancelled = tagged(
+            Counter(
+                "beamserve_cancelled", description="Queued sentences withdrawn by a disconnected client.", tag_keys=keys
+            )
+        )
         self.queue_depth = tagged(Gauge("beamserve_queue_depth", description="Sentences waiting.", tag_keys=keys))
-        self.active = tagged(Gauge("beamserve_active_sentences", description="Sentences decoding now (slots in "
-                                   "use).", tag_keys=keys))
-        self.load_seconds = tagged(Gauge("beamserve_model_load_seconds", description="Model load time of the "
-                                         "replica.", tag_keys=keys))
-        self.gpu_memory = tagged(Gauge("beamserve_gpu_memory_allocated_bytes", description="GPU memory allocated "
-                                       "by torch (0 on CPU).", tag_keys=keys))
+        self.active = tagged(
+            Gauge("beamserve_active_sentences", description="Sentences decoding now (slots in use).", tag_keys=keys)
+        )
+        self.load_seconds = tagged(
+            Gauge("beamserve_model_load_seconds", description="Model load time of the replica.", tag_keys=keys)
+        )
+        self.gpu_memory = tagged(
+            Gauge(
+                "beamserve_gpu_memory_allocated_bytes",
+                description="GPU memory allocated by torch (0 on CPU).",
+                tag_keys=keys,
+            )
+        )
         self._seen = {"rejected": 0, "expired": 0, "cancelled": 0}
         self.load_time = 0.0  # re-exported on every sync: a gauge set only once can age out of the export
 

@@ -32,14 +32,20 @@ def start(settings: Settings, *, app_name: str = "beamserve") -> None:
     pairs = len(settings.model_list())
     if settings.replica_cpus * pairs > cpus:
         # Asking Ray for more CPUs than exist leaves replicas pending forever and serve.run hangs.
-        raise ValueError(f"{pairs} model replicas x {settings.replica_cpus} CPUs exceed the {cpus} CPUs given to Ray; "
-                         "lower BEAMSERVE_REPLICA_CPUS or raise BEAMSERVE_NUM_CPUS")
+        raise ValueError(
+            f"{pairs} model replicas x {settings.replica_cpus} CPUs exceed the {cpus} CPUs given to Ray; "
+            "lower BEAMSERVE_REPLICA_CPUS or raise BEAMSERVE_NUM_CPUS"
+        )
     # Ray exports metrics on loopback only; another metrics host gets a relay (service/metrics_relay.py).
     relayed = settings.metrics_host != "127.0.0.1"
     export_port = free_loopback_port() if relayed else settings.metrics_port
     ray.init(
-        num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
-        _metrics_export_port=export_port, configure_logging=True, logging_level=logging.WARNING,
+        num_cpus=cpus,
+        include_dashboard=False,
+        object_store_memory=OBJECT_STORE_BYTES,
+        _metrics_export_port=export_port,
+        configure_logging=True,
+        logging_level=logging.WARNING,
     )
     if relayed:
         _RELAY.append(MetricsRelay(settings.metrics_host, settings.metrics_port, export_port).start())

@@ -238,7 +238,8 @@ class ContinuousScheduler(Queue):
         for it in closest_first(head[0], head[1:]):
             idle = not self.running
             if not self._fits(it, self.rows, len(self.running), self.cost, capacity) and not (
-                    idle and it.opts.beam_size <= capacity):  # one sentence always runs alone, whatever its cost
+                idle and it.opts.beam_size <= capacity
+            ):  # one sentence always runs alone, whatever its cost
                 break
             join.append(it)
             self.running[it.seq] = it
@@ -253,8 +254,11 @@ class ContinuousScheduler(Queue):
     def _fits(self, it: WorkItem, rows: int, sentences: int, cost: int, capacity: int) -> bool:
         """Whether `it` may join a batch holding rows, sentences and cost (source tokens x beams)."""
         cfg = self.config
-        return (rows + it.opts.beam_size <= capacity and sentences < cfg.max_batch_size
-                and cost + it.cost <= cfg.max_batch_tokens)
+        return (
+            rows + it.opts.beam_size <= capacity
+            and sentences < cfg.max_batch_size
+            and cost + it.cost <= cfg.max_batch_tokens
+        )
 
     def _time_to_admit(self, capacity: int) -> bool:
         """Newcomers join together: max_waiting_steps steps after the last admission, or at once when

@@ -29,21 +29,32 @@ def _decode_fields() -> dict[str, Any]:
     return out
 
 
-DecodeFields = create_model("DecodeFields", __config__=ConfigDict(extra="forbid"), __module__=__name__,
-                            **_decode_fields())
+DecodeFields = create_model(
+    "DecodeFields", __config__=ConfigDict(extra="forbid"), __module__=__name__, **_decode_fields()
+)
 
 
 class TranslateRequest(DecodeFields):
     texts: list[str] = Field(min_length=1, description="texts to translate (a paragraph is split into sentences)")
     source: str = Field(min_length=2, max_length=16, examples=["en"])
     target: str = Field(min_length=2, max_length=16, examples=["de"])
-    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                    description="answer 504 after this long (capped by the server)")
-    tag_handling: Literal["html"] | None = Field(None, description=(
-        "html: texts are HTML; prose is translated and inline markup carried over by alignment (DeepL's option)"))
-    split_sentences: bool = Field(True, strict=True, description=(
-        "translate each sentence of a text on its own and join them back (DeepL's option); false sends "
-        "each text to the model whole"))
+    timeout_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="answer 504 after this long (capped by the server)"
+    )
+    tag_handling: Literal["html"] | None = Field(
+        None,
+        description=(
+            "html: texts are HTML; prose is translated and inline markup carried over by alignment (DeepL's option)"
+        ),
+    )
+    split_sentences: bool = Field(
+        True,
+        strict=True,
+        description=(
+            "translate each sentence of a text on its own and join them back (DeepL's option); false sends "
+            "each text to the model whole"
+        ),
+    )
 
     @field_validator("source", "target")
     @classmethod

@@ -12,12 +12,70 @@ from __future__ import annotations
 import re
 from typing import TypeVar
 
-ABBREVIATIONS = frozenset({
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "vs", "etc", "e.g", "i.e", "cf", "fig", "no",
-    "nos", "vol", "co", "corp", "inc", "ltd", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept",
-    "oct", "nov", "dec", "approx", "dept", "est", "gen", "gov", "lt", "col", "sgt", "capt", "rev", "ave",
-    "blvd", "rd", "hr", "min", "sec", "p.m", "a.m", "u.s", "u.k", "z.b", "bzw", "usw", "ca", "nr", "str",
-})
+ABBREVIATIONS = frozenset(
+    {
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "mt",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "cf",
+        "fig",
+        "no",
+        "nos",
+        "vol",
+        "co",
+        "corp",
+        "inc",
+        "ltd",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "approx",
+        "dept",
+        "est",
+        "gen",
+        "gov",
+        "lt",
+        "col",
+        "sgt",
+        "capt",
+        "rev",
+        "ave",
+        "blvd",
+        "rd",
+        "hr",
+        "min",
+        "sec",
+        "p.m",
+        "a.m",
+        "u.s",
+        "u.k",
+        "z.b",
+        "bzw",
+        "usw",
+        "ca",
+        "nr",
+        "str",
+    }
+)
 T = TypeVar("T")
 _CLOSE = r"[\"'\u201d\u2019)\]]*"  # closing quotes and brackets after the full stop
 _OPEN = r"[\"'\u201c\u201e\u2018(\[\u00bf\u00a1]*"  # opening ones before the next sentence's first letter
@@ -53,7 +111,7 @@ def split_sentences(text: str) -> tuple[list[str], list[str]]:
     sentences.append(body[start:])
     lead = text[: len(text) - len(text.lstrip())]
     sentences[0] = lead + sentences[0]
-    sentences[-1] += text[len(lead) + len(body):]
+    sentences[-1] += text[len(lead) + len(body) :]
     return sentences, separators
 
 
@@ -63,7 +121,8 @@ def _abbreviation(word: str) -> bool:
 
 
 def join_translations(
-    nbest: list[list[tuple[str, float]]], separators: list[str],
+    nbest: list[list[tuple[str, float]]],
+    separators: list[str],
 ) -> list[tuple[str, float]]:
     """A text's n-best from its sentences' n-best lists (text, score): rank r joins every sentence's r-th
     hypothesis (or its last, where its list is shorter); its score is the mean of theirs."""

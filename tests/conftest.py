@@ -16,7 +16,6 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
 
 
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`cuda` tests skip without a GPU; tests of the running server are `slow` (make test-fast leaves them out)."""
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -39,11 +38,24 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from model.train import TrainConfig, train
 
     out = tmp_path_factory.mktemp("tiny_run")
-    train(TrainConfig(
-        data_dir=DATA, out_dir=out, preset="tiny", vocab_size=400, train_limit=3000, max_tokens=2048,
-        max_epochs=3, warmup_steps=50, lr=3e-3, dropout=0.1, average_last=2, save_dtype="float32", seed=7,
-        device="cpu",
-    ))
+    train(
+        TrainConfig(
+            data_dir=DATA,
+            out_dir=out,
+            preset="tiny",
+            vocab_size=400,
+            train_limit=3000,
+            max_tokens=2048,
+            max_epochs=3,
+            warmup_steps=50,
+            lr=3e-3,
+            dropout=0.1,
+            average_last=2,
+            save_dtype="float32",
+            seed=7,
+            device="cpu",
+        )
+    )
     return out
 
 
@@ -65,8 +77,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-SETTINGS = dict(models="en-de,en-fr", num_cpus=2, replica_cpus=1.0, max_texts=64, max_queue=256,
-                batch_wait_ms=20.0, max_batch_size=64, request_timeout_s=20.0, max_text_chars=2000)
+SETTINGS = dict(
+    models="en-de,en-fr",
+    num_cpus=2,
+    replica_cpus=1.0,
+    max_texts=64,
+    max_queue=256,
+    batch_wait_ms=20.0,
+    max_batch_size=64,
+    request_timeout_s=20.0,
+    max_text_chars=2000,
+)
 
 
 METRICS: dict[str, str] = {}
@@ -89,5 +110,3 @@ def server() -> Iterator[str]:
     httpx.get(f"{url}/readyz", timeout=60).raise_for_status()
     yield url
     runtime.stop()
-
-

@@ -25,20 +25,34 @@ def test_spans_give_encode_s_ids_and_each_token_s_characters(tr: Translator, tex
 
 
 def test_content_words_link_to_their_translations(tr: Translator) -> None:
-    pairs = [("A man in a red shirt is riding a bike.", "Ein Mann in einem roten Hemd fährt Fahrrad."),
-             ("Two dogs play in the snow.", "Zwei Hunde spielen im Schnee.")]
+    pairs = [
+        ("A man in a red shirt is riding a bike.", "Ein Mann in einem roten Hemd fährt Fahrrad."),
+        ("Two dogs play in the snow.", "Zwei Hunde spielen im Schnee."),
+    ]
     words = []
     for (src, tgt), links in zip(pairs, tr.align(pairs), strict=True):
         words.append({tgt[slice(*link.target)]: src[slice(*link.source)] for link in links})
     assert {k: words[0][k] for k in ("Mann", "roten", "Hemd", "fährt", "Fahrrad")} == {
-        "Mann": "man", "roten": "red", "Hemd": "shirt", "fährt": "riding", "Fahrrad": "bike"}
+        "Mann": "man",
+        "roten": "red",
+        "Hemd": "shirt",
+        "fährt": "riding",
+        "Fahrrad": "bike",
+    }
     assert {k: words[1][k] for k in ("Zwei", "Hunde", "spielen", "Schnee")} == {
-        "Zwei": "Two", "Hunde": "dogs", "spielen": "play", "Schnee": "snow"}
+        "Zwei": "Two",
+        "Hunde": "dogs",
+        "spielen": "play",
+        "Schnee": "snow",
+    }
 
 
 def test_a_padded_batch_aligns_as_each_pair_alone(tr: Translator) -> None:
-    pairs = [("A dog.", "Ein Hund."), ("", "Nichts"), ("A woman with a blue hat sings on a stage.",
-                                                        "Eine Frau mit einem blauen Hut singt auf einer Bühne.")]
+    pairs = [
+        ("A dog.", "Ein Hund."),
+        ("", "Nichts"),
+        ("A woman with a blue hat sings on a stage.", "Eine Frau mit einem blauen Hut singt auf einer Bühne."),
+    ]
     together = tr.align(pairs)
     assert together[1] == [] and together == [tr.align([p])[0] for p in pairs]
     assert len(together[2]) == 11  # every target token but none of the lone word boundaries

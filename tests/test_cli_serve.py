@@ -20,8 +20,11 @@ def listening(root: int) -> list[tuple[str, str, int]]:
     found = []
     for p in procs:
         try:
-            found += [(p.name(), c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="inet")
-                      if c.status == psutil.CONN_LISTEN]
+            found += [
+                (p.name(), c.laddr.ip, c.laddr.port)
+                for c in p.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN
+            ]
         except psutil.NoSuchProcess:
             continue
     return found
@@ -37,8 +40,23 @@ def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
     port, metrics_port = free_port(), free_port()
     env = {**os.environ, "BEAMSERVE_MODELS": "en-de", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(metrics_port),
-         "--num-cpus", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--num-cpus",
+            "2",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -48,8 +66,11 @@ def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
         while httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code != 200:
             assert time.monotonic() < deadline, "not ready within 60s"
             time.sleep(0.5)
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/translate",
-                       json={"texts": ["A dog."], "source": "en", "target": "de"}, timeout=30)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/translate",
+            json={"texts": ["A dog."], "source": "en", "target": "de"},
+            timeout=30,
+        )
         assert r.status_code == 200 and "Hund" in r.json()["translations"][0]["text"]
         # Ray's GCS, raylet, workers, agents, Serve's replicas and the metrics exporter: loopback only.
         sockets = listening(proc.pid)

@@ -12,9 +12,19 @@ from model.transformer import Seq2Seq
 
 def stepper(B: int, K: int) -> CachedStepper:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=24, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
-                      decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
-                      pad_token_id=23, decoder_start_token_id=23)
+    cfg = ModelConfig(
+        vocab_size=24,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        pad_token_id=23,
+        decoder_start_token_id=23,
+    )
     model = Seq2Seq(cfg).eval()
     src = torch.randint(0, 23, (B, 5))
     mask = torch.ones(B, 5, dtype=torch.bool)
@@ -38,8 +48,10 @@ def test_first_reorder_expands_each_sentence_to_k_rows_in_its_block() -> None:
     mark_rows(st)
     st.reorder(torch.tensor([0, 1, 2]).repeat_interleave(4), None)
     assert row_marks(st) == [0] * 4 + [1] * 4 + [2] * 4
-    assert sorted(st.phys.tolist()) == list(range(12)) and st.phys.view(3, 4).div(4, rounding_mode="floor").eq(
-        torch.arange(3)[:, None]).all()
+    assert (
+        sorted(st.phys.tolist()) == list(range(12))
+        and st.phys.view(3, 4).div(4, rounding_mode="floor").eq(torch.arange(3)[:, None]).all()
+    )
 
 
 @torch.inference_mode()
@@ -83,8 +95,10 @@ def test_cpu_cross_cache_stores_keys_transposed_and_keeps_them_through_select_ex
     st = stepper(B=3, K=2)
     cross = st.cross
     assert cross.keys_transposed and cross.k[0].shape[-2:] == (8, 5)  # (B, H, D, S) for d_model 16, 2 heads
-    short = st.model.cross_cache(st.model.encode(torch.randint(0, 23, (1, 3)), torch.ones(1, 3, dtype=torch.bool)),
-                                 torch.ones(1, 3, dtype=torch.bool))
+    short = st.model.cross_cache(
+        st.model.encode(torch.randint(0, 23, (1, 3)), torch.ones(1, 3, dtype=torch.bool)),
+        torch.ones(1, 3, dtype=torch.bool),
+    )
     cross.extend(short)  # padded to 5 source positions
     assert cross.k[0].shape == (4, 2, 8, 5)
     torch.testing.assert_close(cross.keys(0)[3, :, :3], short.keys(0)[0])

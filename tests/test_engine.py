@@ -17,8 +17,10 @@ from service.engine import Engine
 from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, RequestTooLargeError
 from tests.conftest import read_lines
 
-LONG = ("A group of young men in colorful uniforms are playing a game of soccer on a large green field "
-        "while a crowd of people watches from the stands behind them.")
+LONG = (
+    "A group of young men in colorful uniforms are playing a game of soccer on a large green field "
+    "while a crowd of people watches from the stands behind them."
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,9 @@ def jobs(reference: Translator, n: int, seed: int) -> list[Job]:
     out = []
     for _ in range(n):
         beam = rng.choice([1, 2, 4, 4, 6])
-        opts = DecodeOptions(beam_size=beam, num_hypotheses=min(beam, rng.choice([1, 2])),
-                             length_penalty=rng.choice([1.0, 1.0, 0.6]))
+        opts = DecodeOptions(
+            beam_size=beam, num_hypotheses=min(beam, rng.choice([1, 2])), length_penalty=rng.choice([1.0, 1.0, 0.6])
+        )
         out.append((rng.uniform(0, 0.6), reference.encode(rng.choice(texts)), opts))
     return out
 
@@ -58,8 +61,12 @@ async def send(engine: Engine, arrivals: list[Job]) -> list[list[Hypothesis]]:
     return list(await asyncio.gather(*(one(*job) for job in arrivals)))
 
 
-@pytest.mark.parametrize("engine", [BatchingConfig(), BatchingConfig(mode="request", batch_wait_ms=2),
-                                    BatchingConfig(mode="none")], indirect=True, ids=["continuous", "request", "none"])
+@pytest.mark.parametrize(
+    "engine",
+    [BatchingConfig(), BatchingConfig(mode="request", batch_wait_ms=2), BatchingConfig(mode="none")],
+    indirect=True,
+    ids=["continuous", "request", "none"],
+)
 def test_staggered_mixed_requests_equal_decoding_each_alone(engine: Engine, reference: Translator) -> None:
     arrivals = jobs(reference, 40, seed=3)
     results = asyncio.run(send(engine, arrivals))
@@ -147,10 +154,15 @@ def test_mode_switches_live_without_losing_queued_sentences(engine: Engine, refe
     assert len(asyncio.run(scenario())) == 20 and engine.queued == 0 and engine.active == 0
 
 
-@pytest.mark.parametrize("engine", [BatchingConfig(mode="request", batch_wait_ms=1), BatchingConfig()],
-                         indirect=True, ids=["request", "continuous"])
-def test_a_result_arrives_only_once_its_sentence_no_longer_counts_as_active(engine: Engine,
-                                                                          reference: Translator) -> None:
+@pytest.mark.parametrize(
+    "engine",
+    [BatchingConfig(mode="request", batch_wait_ms=1), BatchingConfig()],
+    indirect=True,
+    ids=["request", "continuous"],
+)
+def test_a_result_arrives_only_once_its_sentence_no_longer_counts_as_active(
+    engine: Engine, reference: Translator
+) -> None:
     """/v1/stats and the metrics read `active`: a caller holding its result must not find itself in it.
     The engine decodes outside its lock; holding the lock keeps it from finishing the bookkeeping."""
     [item] = engine.submit([reference.encode(LONG)], DecodeOptions(beam_size=8), time.monotonic() + 60)
@@ -165,8 +177,7 @@ def test_a_result_arrives_only_once_its_sentence_no_longer_counts_as_active(engi
 
 
 @pytest.mark.parametrize("engine", [BatchingConfig(decode_slots=4)], indirect=True)
-def test_engine_survives_a_failing_step_and_refuses_beams_past_its_slots(engine: Engine,
-                                                                         reference: Translator) -> None:
+def test_engine_survives_a_failing_step_and_refuses_beams_past_its_slots(engine: Engine, reference: Translator) -> None:
     bad = [reference.model.cfg.vocab_size + 5, 0]  # an id past the embedding table: the encoder raises
 
     async def scenario() -> list[list[Hypothesis]]:
@@ -181,8 +192,9 @@ def test_engine_survives_a_failing_step_and_refuses_beams_past_its_slots(engine:
     assert engine.active == 0 and engine.step_runner.batch.rows == 0
 
 
-def test_call_runs_on_the_engine_thread_between_steps_and_reports_failures(engine: Engine,
-                                                                           reference: Translator) -> None:
+def test_call_runs_on_the_engine_thread_between_steps_and_reports_failures(
+    engine: Engine, reference: Translator
+) -> None:
     async def scenario() -> tuple[str, list[list[Hypothesis]]]:
         long = asyncio.create_task(engine.translate([reference.encode(LONG)], DecodeOptions(beam_size=4), 60))
         while engine.stats.steps < 2:

@@ -11,15 +11,20 @@ from service.errors import ApiError, api_error
 from service.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 
 
-@pytest.mark.parametrize(("exc", "status", "code"), [
-    (InputTooLongError("source has 600 tokens", 2), 422, "input_too_long"),
-    (InvalidTextError("lone surrogate"), 422, "invalid_text"),
-    (RequestTooLargeError("request has 900 sentences"), 422, "too_many_texts"),
-    (QueueFullError(512, 512, 2.4), 503, "overloaded"),
-    (DeadlineExceededError("deadline passed"), 504, "timeout"),
-])
+@pytest.mark.parametrize(
+    ("exc", "status", "code"),
+    [
+        (InputTooLongError("source has 600 tokens", 2), 422, "input_too_long"),
+        (InvalidTextError("lone surrogate"), 422, "invalid_text"),
+        (RequestTooLargeError("request has 900 sentences"), 422, "too_many_texts"),
+        (QueueFullError(512, 512, 2.4), 503, "overloaded"),
+        (DeadlineExceededError("deadline passed"), 504, "timeout"),
+    ],
+)
 def test_typed_errors_map_to_their_status_after_a_pickle_round_trip(
-    exc: Exception, status: int, code: str,
+    exc: Exception,
+    status: int,
+    code: str,
 ) -> None:
     answer = api_error(pickle.loads(pickle.dumps(exc)))
     assert answer is not None and (answer.status, answer.code) == (status, code)

@@ -48,7 +48,12 @@ def test_logits_match(hf, ours: Translator, sources: list[str]) -> None:  # type
 
 
 def assert_same_as_generate(  # type: ignore[no-untyped-def]
-    hf, ours: Translator, sources: list[str], beam_size: int, num_hypotheses: int, **options: object,
+    hf,
+    ours: Translator,
+    sources: list[str],
+    beam_size: int,
+    num_hypotheses: int,
+    **options: object,
 ) -> list[TranslationResult]:
     """Ours and HF `generate` with the same options (both take these names): equal n-best tokens, texts
     and scores; returns ours."""
@@ -56,11 +61,23 @@ def assert_same_as_generate(  # type: ignore[no-untyped-def]
     enc = tok(sources, return_tensors="pt", padding=True)
     with torch.inference_mode():
         out = model.generate(
-            **enc, num_beams=beam_size, num_return_sequences=num_hypotheses, **options,
-            max_new_tokens=30, do_sample=False, output_scores=True, return_dict_in_generate=True,
+            **enc,
+            num_beams=beam_size,
+            num_return_sequences=num_hypotheses,
+            **options,
+            max_new_tokens=30,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
         )
-    mine = ours.translate(sources, beam_size=beam_size, num_hypotheses=num_hypotheses, **options,
-                          max_decoding_length=30, max_length_ratio=None)
+    mine = ours.translate(
+        sources,
+        beam_size=beam_size,
+        num_hypotheses=num_hypotheses,
+        **options,
+        max_decoding_length=30,
+        max_length_ratio=None,
+    )
     eos, pad = ours.model.cfg.eos_token_id, ours.model.cfg.pad_token_id
     for i, result in enumerate(mine):
         for j in range(num_hypotheses):
@@ -78,7 +95,12 @@ def assert_same_as_generate(  # type: ignore[no-untyped-def]
     [(1, 1, 1.0), (2, 1, 1.0), (4, 1, 1.0), (4, 4, 0.6), (5, 3, 2.0), (3, 2, 0.0)],
 )
 def test_generate_outputs_and_scores_match(  # type: ignore[no-untyped-def]
-    hf, ours: Translator, sources: list[str], beam_size: int, num_hypotheses: int, length_penalty: float,
+    hf,
+    ours: Translator,
+    sources: list[str],
+    beam_size: int,
+    num_hypotheses: int,
+    length_penalty: float,
 ) -> None:
     assert_same_as_generate(hf, ours, sources, beam_size, num_hypotheses, length_penalty=length_penalty)
 
@@ -94,7 +116,12 @@ def test_min_decoding_length_matches_min_new_tokens(hf, ours: Translator, source
 
 @pytest.mark.parametrize(("ngram", "beam_size", "num_hypotheses"), [(1, 1, 1), (2, 1, 1), (2, 4, 2), (3, 3, 3)])
 def test_no_repeat_ngram_size_matches_hf(  # type: ignore[no-untyped-def]
-    hf, ours: Translator, sources: list[str], ngram: int, beam_size: int, num_hypotheses: int,
+    hf,
+    ours: Translator,
+    sources: list[str],
+    ngram: int,
+    beam_size: int,
+    num_hypotheses: int,
 ) -> None:
     mine = assert_same_as_generate(hf, ours, sources, beam_size, num_hypotheses, no_repeat_ngram_size=ngram)
     plain = ours.translate(sources, beam_size=beam_size, max_decoding_length=30, max_length_ratio=None)

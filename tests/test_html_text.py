@@ -21,9 +21,13 @@ def test_runs_are_cut_at_block_markup_and_inline_elements_stay_inside() -> None:
     doc = HtmlDocument('<p class="lead">A dog &amp; a <b>cat</b>.</p>\n<br/><i> Two men </i><hr>')
     assert doc.texts == ["A dog & a cat.", "Two men"]  # entities decoded, whitespace-only runs left alone
     assert doc.needs_alignment == [True, True]
-    out = doc.render(["Ein Hund & eine Katze.", "Zwei Männer"], [
-        links("A dog & a cat.", "Ein Hund & eine Katze.", [("Katze", "cat"), ("eine", "cat")]),
-        links("Two men", "Zwei Männer", [("Zwei", "Two"), ("Männer", "men")])])
+    out = doc.render(
+        ["Ein Hund & eine Katze.", "Zwei Männer"],
+        [
+            links("A dog & a cat.", "Ein Hund & eine Katze.", [("Katze", "cat"), ("eine", "cat")]),
+            links("Two men", "Zwei Männer", [("Zwei", "Two"), ("Männer", "men")]),
+        ],
+    )
     assert out == '<p class="lead">Ein Hund &amp; <b>eine Katze</b>.</p>\n<br/><i> Zwei Männer </i><hr>'
 
 
@@ -31,9 +35,23 @@ def test_elements_follow_their_words_nest_and_stay_clear_of_each_other() -> None
     source = "A woman with a blue hat sings."
     doc = HtmlDocument("<i>A woman with a <b>blue</b> hat</i> <u>sings</u>.")
     target = "Eine Frau singt mit einem blauen Hut."  # the verb moved before the hat
-    out = doc.render([target], [links(source, target, [
-        ("Eine", "woman"), ("Frau", "woman"), ("singt", "sings"), ("mit", "with"), ("blauen", "blue"),
-        ("Hut", "hat")])])
+    out = doc.render(
+        [target],
+        [
+            links(
+                source,
+                target,
+                [
+                    ("Eine", "woman"),
+                    ("Frau", "woman"),
+                    ("singt", "sings"),
+                    ("mit", "with"),
+                    ("blauen", "blue"),
+                    ("Hut", "hat"),
+                ],
+            )
+        ],
+    )
     # <i> spans its source words' translations and so holds "singt": its sibling <u> is left empty after it.
     assert out == "<i>Eine Frau singt mit einem <b>blauen</b> Hut</i><u></u>."
 
@@ -42,18 +60,26 @@ def test_a_sibling_s_words_inside_another_s_span_do_not_cross_it() -> None:
     source = "A red and blue car."
     doc = HtmlDocument("A <b>red</b> and <i>blue</i> car.")
     target = "Ein rot-blaues Auto."  # both colours linked to one word
-    out = doc.render([target], [links(source, target, [("rot-blaues", "red"), ("rot-blaues", "blue"),
-                                                      ("Auto", "car")])])
+    out = doc.render(
+        [target], [links(source, target, [("rot-blaues", "red"), ("rot-blaues", "blue"), ("Auto", "car")])]
+    )
     assert out == "Ein <b>rot-blaues</b><i></i> Auto."
 
 
 def test_unlinked_elements_images_and_comments_go_before_the_next_word() -> None:
     source = " A cat  sleeps."
-    doc = HtmlDocument('<img src=x> A cat <!-- c --> sleeps.')
+    doc = HtmlDocument("<img src=x> A cat <!-- c --> sleeps.")
     target = "Eine Katze schläft."
     assert doc.texts == ["A cat  sleeps."]
-    out = doc.render([target], [[(t0, t1, s0 - 1, s1 - 1) for t0, t1, s0, s1 in links(
-        source, target, [("Katze", "cat"), ("schläft", "sleeps")])]])
+    out = doc.render(
+        [target],
+        [
+            [
+                (t0, t1, s0 - 1, s1 - 1)
+                for t0, t1, s0, s1 in links(source, target, [("Katze", "cat"), ("schläft", "sleeps")])
+            ]
+        ],
+    )
     assert out == "<img src=x> Eine Katze <!-- c -->schläft."
 
 
@@ -61,8 +87,14 @@ def test_broken_markup_comes_back_as_it_was_written() -> None:
     doc = HtmlDocument("<p>A dog <b>runs</b></b> in <i>the park.")
     assert doc.texts == ["A dog runs in the park."]
     target = "Ein Hund rennt im Park."
-    out = doc.render([target], [links("A dog runs in the park.", target, [
-        ("Hund", "dog"), ("rennt", "runs"), ("im", "in"), ("Park", "park")])])
+    out = doc.render(
+        [target],
+        [
+            links(
+                "A dog runs in the park.", target, [("Hund", "dog"), ("rennt", "runs"), ("im", "in"), ("Park", "park")]
+            )
+        ],
+    )
     assert out == "<p>Ein Hund <b>rennt</b></b> im <i>Park."  # "the" has no word of its own; <i> never closed
 
 
@@ -81,8 +113,9 @@ def test_blank_runs_come_back_verbatim() -> None:
 
 
 def test_join_aligned_moves_sentence_links_into_the_run() -> None:
-    text, moved = join_aligned(["A dog.", "A cat."], [" "], ["Ein Hund.", "Eine Katze."],
-                               [[(4, 8, 2, 5)], [(5, 10, 2, 5)]])
+    text, moved = join_aligned(
+        ["A dog.", "A cat."], [" "], ["Ein Hund.", "Eine Katze."], [[(4, 8, 2, 5)], [(5, 10, 2, 5)]]
+    )
     assert text == "Ein Hund. Eine Katze."
     assert moved == [(4, 8, 2, 5), (15, 20, 9, 12)]
     assert text[15:20] == "Katze" and "A dog. A cat."[9:12] == "cat"

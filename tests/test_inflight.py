@@ -54,8 +54,12 @@ def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(tr: Translat
     arrivals: list[Arrival] = []
     for key, text in enumerate(texts):
         beam = rng.choice([1, 2, 4, 5])
-        opts = DecodeOptions(beam_size=beam, num_hypotheses=min(2, beam), length_penalty=rng.choice([1.0, 0.6]),
-                             no_repeat_ngram_size=2 * (key % 4 == 0))
+        opts = DecodeOptions(
+            beam_size=beam,
+            num_hypotheses=min(2, beam),
+            length_penalty=rng.choice([1.0, 0.6]),
+            no_repeat_ngram_size=2 * (key % 4 == 0),
+        )
         arrivals.append((rng.randrange(0, 40), key, tr.encode(text), opts))
     batch = InflightBatch(tr.model, rows=128, max_length=256)
     batch.first_step_apart = first_step_apart
@@ -76,8 +80,12 @@ def test_random_model_running_to_each_sentences_own_limit() -> None:
         ids = [rng.randrange(2, 299) for _ in range(rng.randrange(2, 20))] + [0]
         cap = rng.randrange(5, 80)
         # Every third sentence bans repeated bigrams, every third trigrams: random weights repeat themselves.
-        opts = DecodeOptions(beam_size=rng.choice([1, 3]), max_decoding_length=cap, max_length_ratio=None,
-                             no_repeat_ngram_size=(0, 2, 3)[key % 3])
+        opts = DecodeOptions(
+            beam_size=rng.choice([1, 3]),
+            max_decoding_length=cap,
+            max_length_ratio=None,
+            no_repeat_ngram_size=(0, 2, 3)[key % 3],
+        )
         arrivals.append((rng.randrange(0, 30), key, ids, opts))
     batch = InflightBatch(model, rows=64, max_length=100)
     results, _ = run(tr, batch, arrivals)

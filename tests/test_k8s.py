@@ -62,7 +62,8 @@ def test_core_objects_pass_kubernetes_validate_strict(rendered: Rendered) -> Non
 
 
 def test_rayservice_and_podmonitor_match_their_schemas(
-    rendered: Rendered, tmp_path: Path,
+    rendered: Rendered,
+    tmp_path: Path,
 ) -> None:
     _, docs, _ = rendered
     for kind, schema in (("RayService", "rayservice"), ("PodMonitor", "podmonitor")):
@@ -72,15 +73,19 @@ def test_rayservice_and_podmonitor_match_their_schemas(
 
 
 def test_rayservice_pod_templates_are_valid_pod_templates(
-    rendered: Rendered, tmp_path: Path,
+    rendered: Rendered,
+    tmp_path: Path,
 ) -> None:
     _, docs, _ = rendered
     cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
     groups = [("head", cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster["workerGroupSpecs"]]
     for name, group in groups:
         doc = tmp_path / f"{name}.yaml"
-        doc.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name},
-                                       "template": group["template"]}))
+        doc.write_text(
+            yaml.safe_dump(
+                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": group["template"]}
+            )
+        )
         assert "passed" in run(tool("kubernetes-validate"), "--strict", doc)
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from .conftest import METRICS, REPO
 
-SERIES = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ([0-9.eE+-]+|NaN|[+-]Inf)$')
+SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ([0-9.eE+-]+|NaN|[+-]Inf)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -94,8 +94,12 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
 def test_prometheus_rules_and_config_check() -> None:
     rules = yaml.safe_load((REPO / "deploy/prometheus/alerts.yml").read_text())
     names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
-    assert names == {"BeamserveHighP95Latency", "BeamserveQueueSaturated", "BeamserveHigh5xxRate",
-                     "BeamserveNoReplicasReady"}
+    assert names == {
+        "BeamserveHighP95Latency",
+        "BeamserveQueueSaturated",
+        "BeamserveHigh5xxRate",
+        "BeamserveNoReplicasReady",
+    }
     for group in rules["groups"]:
         for rule in group["rules"]:
             assert rule["expr"].strip() and rule["labels"]["severity"] in {"warning", "critical"}
@@ -114,8 +118,16 @@ def test_grafana_dashboard_covers_the_operator_questions() -> None:
 
     dash = json.loads((REPO / "deploy/grafana/beamserve-dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-    for metric in ("requests_total", "request_latency_seconds_bucket", "source_tokens_total",
-                   "generated_tokens_total", "batch_sentences_bucket", "queue_depth", "active_sentences",
-                   "rejected_total", "timeouts_total"):
+    for metric in (
+        "requests_total",
+        "request_latency_seconds_bucket",
+        "source_tokens_total",
+        "generated_tokens_total",
+        "batch_sentences_bucket",
+        "queue_depth",
+        "active_sentences",
+        "rejected_total",
+        "timeouts_total",
+    ):
         assert f"ray_beamserve_{metric}" in exprs, metric
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])

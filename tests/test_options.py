@@ -33,20 +33,25 @@ def test_cli_offers_each_cli_option_with_its_default() -> None:
     assert args.beam_size == 2 and args.early_stopping is True
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    ({"beam_size": 0}, "beam_size must be >= 1"),
-    ({"beam_size": 2, "num_hypotheses": 3}, "num_hypotheses must be between 1 and beam_size"),
-    ({"min_decoding_length": 9, "max_decoding_length": 9}, "min_decoding_length must be below"),
-    ({"no_repeat_ngram_size": -1}, "no_repeat_ngram_size must be >= 0"),
-    ({"length_penalty": float("nan")}, "finite"),
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"beam_size": 0}, "beam_size must be >= 1"),
+        ({"beam_size": 2, "num_hypotheses": 3}, "num_hypotheses must be between 1 and beam_size"),
+        ({"min_decoding_length": 9, "max_decoding_length": 9}, "min_decoding_length must be below"),
+        ({"no_repeat_ngram_size": -1}, "no_repeat_ngram_size must be >= 0"),
+        ({"length_penalty": float("nan")}, "finite"),
+    ],
+)
 def test_validate_names_the_option(bad: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DecodeOptions(**bad).validate()
 
 
 def test_options_and_errors_import_without_torch_and_workers_without_the_translator() -> None:
-    code = ("import sys, model.options, model.errors; assert 'torch' not in sys.modules; "
-            "import model.workers; assert 'model.translator' not in sys.modules")
+    code = (
+        "import sys, model.options, model.errors; assert 'torch' not in sys.modules; "
+        "import model.workers; assert 'model.translator' not in sys.modules"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-500:]

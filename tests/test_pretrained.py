@@ -52,8 +52,24 @@ def test_evaluate_command_prints_bleu_chrf_signature_and_speed(tmp_path: Path) -
     src.write_text("A man is riding a bike.\nA dog is running in the snow.\n")
     ref.write_text("Ein Mann fährt Fahrrad.\nEin Hund rennt im Schnee.\n")
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "evaluate", "--model", "en-de", "--src", str(src), "--ref", str(ref),
-         "--device", "cpu"], capture_output=True, text=True, check=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "evaluate",
+            "--model",
+            "en-de",
+            "--src",
+            str(src),
+            "--ref",
+            str(ref),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
     ).stdout
     assert "BLEU = " in out and "case:mixed|eff:no|tok:13a" in out
     assert "chrF = " in out and "sentences/s" in out
@@ -62,7 +78,11 @@ def test_evaluate_command_prints_bleu_chrf_signature_and_speed(tmp_path: Path) -
 def test_translate_command_reads_stdin_and_writes_one_line_each() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--beam-size", "2"],
-        input="A dog.\n\nA man is sleeping.\n", capture_output=True, text=True, check=True, cwd=REPO,
+        input="A dog.\n\nA man is sleeping.\n",
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
     )
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and lines[1] == "" and "Hund" in lines[0] and "Mann" in lines[2]
@@ -72,23 +92,59 @@ def test_translate_command_reads_stdin_and_writes_one_line_each() -> None:
 def test_translate_command_decoding_options_give_the_library_s_n_best(en_de: Translator) -> None:
     lines = ["A dog.", "A man is sleeping."]
     proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--quiet",
-         "--num-hypotheses", "2", "--min-decoding-length", "8", "--early-stopping", "--no-repeat-ngram-size", "3"],
-        input="\n".join(lines) + "\n", capture_output=True, text=True, check=True, cwd=REPO, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "translate",
+            "--model",
+            "en-de",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--num-hypotheses",
+            "2",
+            "--min-decoding-length",
+            "8",
+            "--early-stopping",
+            "--no-repeat-ngram-size",
+            "3",
+        ],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=120,
     )
-    want = en_de.translate(lines, beam_size=4, num_hypotheses=2, min_decoding_length=8, early_stopping=True,
-                           no_repeat_ngram_size=3)
+    want = en_de.translate(
+        lines, beam_size=4, num_hypotheses=2, min_decoding_length=8, early_stopping=True, no_repeat_ngram_size=3
+    )
     assert proc.stdout.splitlines() == [" ||| ".join(r.hypotheses) for r in want]
     assert all(len(ids) >= 8 for r in want for ids in r.token_ids)  # the option reached the search
 
 
 def test_translate_command_with_worker_processes_writes_the_same_lines() -> None:
     text = "A dog.\n\nA man is sleeping.\nTwo children play football in a park.\n"
-    base = [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--threads", "1",
-            "--max-batch-size", "1", "--quiet"]
+    base = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "translate",
+        "--model",
+        "en-de",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--max-batch-size",
+        "1",
+        "--quiet",
+    ]
     alone = subprocess.run(base, input=text, capture_output=True, text=True, check=True, cwd=REPO).stdout
-    pooled = subprocess.run([*base, "--inter-threads", "2"], input=text, capture_output=True, text=True, check=True,
-                            cwd=REPO, timeout=120).stdout
+    pooled = subprocess.run(
+        [*base, "--inter-threads", "2"], input=text, capture_output=True, text=True, check=True, cwd=REPO, timeout=120
+    ).stdout
     assert pooled == alone and len(pooled.splitlines()) == 4
 
 
@@ -103,7 +159,11 @@ def test_translate_command_names_the_line_it_cannot_take_and_exits_2(stdin: byte
     env = {**os.environ, "LC_ALL": "C.UTF-8"}  # a UTF-8 locale, where Python's own stdin would raise
     proc = subprocess.run(
         [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--device", "cpu", "--quiet"],
-        input=stdin, capture_output=True, cwd=REPO, env=env, timeout=120,
+        input=stdin,
+        capture_output=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
     )
     err = proc.stderr.decode()
     assert proc.returncode == 2 and needle in err, err
@@ -114,15 +174,25 @@ def test_translate_command_names_the_line_it_cannot_take_and_exits_2(stdin: byte
     ("args", "needle"),
     [
         (["translate", "--model", "no-such-model"], "beamserve translate: error: no model directory 'no-such-model'"),
-        (["translate", "--model", "en-de", "--beam-size", "2", "--num-hypotheses", "3"],
-         "beamserve translate: error: num_hypotheses must be between 1 and beam_size (2)"),
-        (["evaluate", "--model", "en-de", "--src", "/no/such.en", "--ref", "/no/such.de"],
-         "beamserve evaluate: error: [Errno 2] No such file or directory: '/no/such.en'"),
+        (
+            ["translate", "--model", "en-de", "--beam-size", "2", "--num-hypotheses", "3"],
+            "beamserve translate: error: num_hypotheses must be between 1 and beam_size (2)",
+        ),
+        (
+            ["evaluate", "--model", "en-de", "--src", "/no/such.en", "--ref", "/no/such.de"],
+            "beamserve evaluate: error: [Errno 2] No such file or directory: '/no/such.en'",
+        ),
     ],
 )
 def test_commands_report_user_errors_in_one_line_with_exit_2(args: list[str], needle: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "service.cli", *args], input="A dog.\n", capture_output=True,
-                          text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        input="A dog.\n",
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 

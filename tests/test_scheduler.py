@@ -154,10 +154,19 @@ def test_full_queue_refuses_the_whole_request() -> None:
 
 
 def test_unset_sizes_follow_the_device_and_set_ones_win() -> None:
-    settings = {"mode": "continuous", "decode_slots": None, "max_batch_size": 32, "max_queue": None,
-                "max_batch_tokens": None, "port": 8000}  # a settings dict: other keys are ignored
+    settings = {
+        "mode": "continuous",
+        "decode_slots": None,
+        "max_batch_size": 32,
+        "max_queue": None,
+        "max_batch_tokens": None,
+        "port": 8000,
+    }  # a settings dict: other keys are ignored
     cpu, gpu = sized_for("cpu", settings), sized_for("cuda", settings)
     assert (cpu.decode_slots, cpu.max_queue, cpu.max_batch_tokens) == (256, 512, 6144)  # BatchingConfig's
     assert (gpu.decode_slots, gpu.max_queue, gpu.max_batch_tokens) == (
-        GPU_SIZES["decode_slots"], GPU_SIZES["max_queue"], GPU_SIZES["max_batch_tokens"])
+        GPU_SIZES["decode_slots"],
+        GPU_SIZES["max_queue"],
+        GPU_SIZES["max_batch_tokens"],
+    )
     assert cpu.max_batch_size == gpu.max_batch_size == 32

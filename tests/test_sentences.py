@@ -12,11 +12,15 @@ from .conftest import read_lines
 @pytest.mark.parametrize(
     ("text", "sentences"),
     [
-        ("A dog runs. Two men sit on a bench!  \"Why?\" she asked.",
-         ["A dog runs.", "Two men sit on a bench!", "\"Why?\" she asked."]),
+        (
+            'A dog runs. Two men sit on a bench!  "Why?" she asked.',
+            ["A dog runs.", "Two men sit on a bench!", '"Why?" she asked.'],
+        ),
         ("Dr. Who meets Mr. Smith. They talk.", ["Dr. Who meets Mr. Smith.", "They talk."]),
-        ("A sign says E.S.E. Electronics. J. Smith reads it.",
-         ["A sign says E.S.E. Electronics.", "J. Smith reads it."]),
+        (
+            "A sign says E.S.E. Electronics. J. Smith reads it.",
+            ["A sign says E.S.E. Electronics.", "J. Smith reads it."],
+        ),
         ("First line\nSecond line.\n\nThird.", ["First line", "Second line.", "Third."]),
         ("It costs 5 dollars. 10 people came.", ["It costs 5 dollars.", "10 people came."]),
         ("Wait... What? no, it is fine.", ["Wait...", "What? no, it is fine."]),

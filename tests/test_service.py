@@ -27,8 +27,10 @@ def client(server: str) -> Iterator[httpx.Client]:
 
 
 def test_translate_returns_translations_scores_and_usage(client: httpx.Client) -> None:
-    r = client.post("/v1/translate", json={"texts": ["A dog is running in the snow.", ""], "source": "en",
-                                            "target": "de", "beam_size": 4})
+    r = client.post(
+        "/v1/translate",
+        json={"texts": ["A dog is running in the snow.", ""], "source": "en", "target": "de", "beam_size": 4},
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == "en-de"
@@ -38,8 +40,16 @@ def test_translate_returns_translations_scores_and_usage(client: httpx.Client) -
 
 
 def test_n_best_hypotheses_and_routing_by_pair(client: httpx.Client) -> None:
-    r = client.post("/v1/translate", json={"texts": ["A man is riding a bike."], "source": "en", "target": "fr",
-                                            "beam_size": 5, "num_hypotheses": 3})
+    r = client.post(
+        "/v1/translate",
+        json={
+            "texts": ["A man is riding a bike."],
+            "source": "en",
+            "target": "fr",
+            "beam_size": 5,
+            "num_hypotheses": 3,
+        },
+    )
     assert r.status_code == 200, r.text
     t = r.json()["translations"][0]
     assert r.json()["model"] == "en-fr" and "homme" in t["text"]
@@ -63,8 +73,7 @@ def test_no_repeat_ngram_size_reaches_the_search(client: httpx.Client) -> None:
     tr = Translator.load("en-de", "cpu")
     expected = [r.hypotheses[0] for r in tr.translate(texts, beam_size=4, no_repeat_ngram_size=2)]
     stutter = tr.translate(texts[:1], beam_size=4)[0].hypotheses[0]
-    r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de",
-                                            "no_repeat_ngram_size": 2})
+    r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "no_repeat_ngram_size": 2})
     assert r.status_code == 200, r.text
     assert [t["text"] for t in r.json()["translations"]] == expected
     assert expected[0] != stutter and "Hund Hund" in stutter
@@ -75,8 +84,10 @@ def test_min_decoding_length_and_early_stopping_reach_the_search(client: httpx.C
 
     texts = ["A dog.", "A man is sleeping."]
     results = Translator.load("en-de", "cpu").translate(texts, beam_size=4, min_decoding_length=8, early_stopping=True)
-    r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de",
-                                            "min_decoding_length": 8, "early_stopping": True})
+    r = client.post(
+        "/v1/translate",
+        json={"texts": texts, "source": "en", "target": "de", "min_decoding_length": 8, "early_stopping": True},
+    )
     assert r.status_code == 200, r.text
     assert [t["text"] for t in r.json()["translations"]] == [x.hypotheses[0] for x in results]
     assert all(len(x.token_ids[0]) >= 8 for x in results)
@@ -102,15 +113,24 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
         ({"texts": ["dog " * 600], "source": "en", "target": "de"}, 422, "at most 2000"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": 0}, 422, "beam_size"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": 99}, 422, "beam_size"),
-        ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": 2, "num_hypotheses": 3}, 422,
-         "num_hypotheses"),
+        (
+            {"texts": ["A dog."], "source": "en", "target": "de", "beam_size": 2, "num_hypotheses": 3},
+            422,
+            "num_hypotheses",
+        ),
         ({"texts": ["A dog."], "source": "en", "target": "de", "unknown": 1}, 422, "unknown"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": True}, 422, "valid integer"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "beam_size": "4"}, 422, "valid integer"),
-        ({"texts": ["A dog."], "source": "en", "target": "de", "no_repeat_ngram_size": -1}, 422,
-         "no_repeat_ngram_size"),
-        ({"texts": ["A dog."], "source": "en", "target": "de", "min_decoding_length": 20, "max_decoding_length": 20},
-         422, "min_decoding_length must be below max_decoding_length (20)"),
+        (
+            {"texts": ["A dog."], "source": "en", "target": "de", "no_repeat_ngram_size": -1},
+            422,
+            "no_repeat_ngram_size",
+        ),
+        (
+            {"texts": ["A dog."], "source": "en", "target": "de", "min_decoding_length": 20, "max_decoding_length": 20},
+            422,
+            "min_decoding_length must be below max_decoding_length (20)",
+        ),
         ({"texts": ["A dog."], "source": "en", "target": "de", "early_stopping": "yes"}, 422, "valid boolean"),
     ],
 )
@@ -180,8 +200,11 @@ def test_a_lone_surrogate_is_a_4xx_naming_the_text(client: httpx.Client) -> None
     r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json()["error"] == "invalid_text", r.text
     assert "texts[1]" in r.json()["detail"] and "surrogate" in r.json()["detail"]
-    r = client.post("/translate", content=b'{"q": "\\udfff", "source": "en", "target": "de"}',
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/translate",
+        content=b'{"q": "\\udfff", "source": "en", "target": "de"}',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 422 and "surrogate" in r.text, r.text
 
 
@@ -203,12 +226,17 @@ def test_libretranslate_json_form_lists_and_alternatives(client: httpx.Client) -
 
 def test_libretranslate_html_translates_sentences_whole_and_carries_inline_markup_over(client: httpx.Client) -> None:
     sentence = "A man in a red shirt is riding a bike."
-    plain = client.post("/v1/translate", json={"texts": [sentence, "Two men"], "source": "en",
-                                               "target": "de"}).json()["translations"]
-    fragment = ('<p class="x">A man in a <b>red shirt</b> is riding a <a href="y">bike</a>.</p>'
-                '<script>if (a < b) {}</script> <i>Two men</i>')
-    r = client.post("/translate", json={"q": [fragment, "<hr>"], "source": "en", "target": "de", "format": "html",
-                                        "alternatives": 1})
+    plain = client.post("/v1/translate", json={"texts": [sentence, "Two men"], "source": "en", "target": "de"}).json()[
+        "translations"
+    ]
+    fragment = (
+        '<p class="x">A man in a <b>red shirt</b> is riding a <a href="y">bike</a>.</p>'
+        "<script>if (a < b) {}</script> <i>Two men</i>"
+    )
+    r = client.post(
+        "/translate",
+        json={"q": [fragment, "<hr>"], "source": "en", "target": "de", "format": "html", "alternatives": 1},
+    )
     assert r.status_code == 200, r.text
     (out, markup_only), alternatives = r.json()["translatedText"], r.json()["alternatives"]
     paragraph = out[out.index("<p") : out.index("</p>") + 4]
@@ -246,19 +274,23 @@ def test_libretranslate_html_of_many_runs_equals_the_library_s_alignment(client:
 
 
 def test_v1_translate_takes_html_with_deepl_s_tag_handling(client: httpx.Client) -> None:
-    fragment = '<p>A man in a <b>red shirt</b> is riding a bike. Two <i>dogs</i> play.</p><hr>'
-    libre = client.post("/translate", json={"q": fragment, "source": "en", "target": "de", "format": "html",
-                                            "alternatives": 1}).json()
-    r = client.post("/v1/translate", json={"texts": [fragment, "<br>"], "source": "en", "target": "de",
-                                            "tag_handling": "html", "num_hypotheses": 2})
+    fragment = "<p>A man in a <b>red shirt</b> is riding a bike. Two <i>dogs</i> play.</p><hr>"
+    libre = client.post(
+        "/translate", json={"q": fragment, "source": "en", "target": "de", "format": "html", "alternatives": 1}
+    ).json()
+    r = client.post(
+        "/v1/translate",
+        json={"texts": [fragment, "<br>"], "source": "en", "target": "de", "tag_handling": "html", "num_hypotheses": 2},
+    )
     assert r.status_code == 200, r.text
     first, markup_only = r.json()["translations"]
     assert first["text"] == libre["translatedText"] and first["hypotheses"] == [first["text"], *libre["alternatives"]]
     assert "<b>" in first["text"] and "<i>" in first["text"] and first["text"].endswith("</p><hr>")
     assert first["scores"][0] == first["score"] < 0 and first["scores"] == sorted(first["scores"], reverse=True)
     assert markup_only["text"] == "<br>" and r.json()["usage"]["source_tokens"] > 10
-    r = client.post("/v1/translate", json={"texts": ["<b>A</b>"], "source": "en", "target": "de",
-                                            "tag_handling": "xml"})
+    r = client.post(
+        "/v1/translate", json={"texts": ["<b>A</b>"], "source": "en", "target": "de", "tag_handling": "xml"}
+    )
     assert r.status_code == 422 and "tag_handling" in r.text
 
 
@@ -272,14 +304,19 @@ def test_libretranslatepy_client_works_unchanged(server: str) -> None:
 
 def test_concurrent_requests_share_batches_and_match_sequential(server: str, client: httpx.Client) -> None:
     texts = read_lines("test_2016_flickr.en.gz", 64)
-    sequential = [client.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de"}).json()
-                  ["translations"][0]["text"] for t in texts]
+    sequential = [
+        client.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de"}).json()["translations"][0][
+            "text"
+        ]
+        for t in texts
+    ]
     before = client.get("/v1/stats").json()["en-de"]
 
     async def fire() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
-            return await asyncio.gather(*(ac.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de"})
-                                          for t in texts))
+            return await asyncio.gather(
+                *(ac.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de"}) for t in texts)
+            )
 
     responses = asyncio.run(fire())
     assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
@@ -304,8 +341,10 @@ def test_batching_knobs_reconfigure_live(server: str, client: httpx.Client) -> N
     assert (config["decode_slots"], config["max_queue"]) == (256, SETTINGS["max_queue"])
 
 
-LONG = ("A group of young men in colorful uniforms are playing a game of soccer on a large green field "
-        "while a crowd of people watches from the stands behind them.")
+LONG = (
+    "A group of young men in colorful uniforms are playing a game of soccer on a large green field "
+    "while a crowd of people watches from the stands behind them."
+)
 
 
 def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, client: httpx.Client) -> None:
@@ -318,9 +357,17 @@ def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, clien
 
         async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
             async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
-                busy = asyncio.create_task(ac.post("/v1/translate", json={
-                    "texts": [LONG, LONG[:-1] + " today.", LONG[:-1] + " again."], "source": "en", "target": "de",
-                    "beam_size": 8}))
+                busy = asyncio.create_task(
+                    ac.post(
+                        "/v1/translate",
+                        json={
+                            "texts": [LONG, LONG[:-1] + " today.", LONG[:-1] + " again."],
+                            "source": "en",
+                            "target": "de",
+                            "beam_size": 8,
+                        },
+                    )
+                )
                 # One of busy's sentences decodes, two wait: the queue holds 2 of 3 (polled, not slept on,
                 # so a slow proxy hop or a fast decoder cannot move the moment the queue is full).
                 deadline = time.monotonic() + 10
@@ -328,8 +375,9 @@ def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, clien
                     await asyncio.sleep(0.005)
                 two = {"texts": ["A dog.", "A cat."], "source": "en", "target": "de"}
                 full = await ac.post("/v1/translate", json=two)
-                late = await ac.post("/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de",
-                                                            "timeout_s": 0.05})
+                late = await ac.post(
+                    "/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de", "timeout_s": 0.05}
+                )
                 return await busy, full, late
 
         busy, full, late = asyncio.run(scenario())
@@ -349,12 +397,19 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
 
         async def scenario() -> None:
             async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
-                busy = asyncio.create_task(ac.post("/v1/translate", json={
-                    "texts": [LONG, LONG[:-1] + " today."], "source": "en", "target": "de", "beam_size": 8}))
+                busy = asyncio.create_task(
+                    ac.post(
+                        "/v1/translate",
+                        json={"texts": [LONG, LONG[:-1] + " today."], "source": "en", "target": "de", "beam_size": 8},
+                    )
+                )
                 await asyncio.sleep(0.1)
                 with pytest.raises(httpx.TimeoutException):
-                    await ac.post("/v1/translate", json={"texts": ["A dog.", "A cat."], "source": "en", "target": "de"},
-                                  timeout=0.05)
+                    await ac.post(
+                        "/v1/translate",
+                        json={"texts": ["A dog.", "A cat."], "source": "en", "target": "de"},
+                        timeout=0.05,
+                    )
                 assert (await busy).status_code == 200
 
         asyncio.run(scenario())
@@ -374,8 +429,11 @@ def test_client_that_disconnects_mid_decode_frees_its_slots(server: str, client:
     steps_needed = [len(r.token_ids[0]) + 1 for r in alone]  # decoder steps each sentence needs in continuous mode
     before = client.get("/v1/stats").json()["en-de"]
     with pytest.raises(httpx.TimeoutException):  # gone after a few decoder steps
-        client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8,
-                                           "split_sentences": False}, timeout=0.3)  # each text whole, as `alone`
+        client.post(
+            "/v1/translate",
+            json={"texts": texts, "source": "en", "target": "de", "beam_size": 8, "split_sentences": False},
+            timeout=0.3,
+        )  # each text whole, as `alone`
     for _ in range(100):
         after = client.get("/v1/stats").json()["en-de"]
         if after["active"] == 0 and after["cancelled"] > before["cancelled"]:
@@ -391,9 +449,29 @@ def test_client_that_disconnects_mid_decode_frees_its_slots(server: str, client:
 
 def test_locustfile_runs_against_the_service_with_zero_failures(server: str, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "locust", "-f", str(REPO / "loadtests" / "locustfile.py"), "--headless", "-u", "3",
-         "-r", "3", "-t", "6s", "--host", server, "--csv", str(tmp_path / "smoke"), "--only-summary"],
-        cwd=REPO, env={**os.environ, "BEAMSERVE_DATA": str(DATA)}, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(REPO / "loadtests" / "locustfile.py"),
+            "--headless",
+            "-u",
+            "3",
+            "-r",
+            "3",
+            "-t",
+            "6s",
+            "--host",
+            server,
+            "--csv",
+            str(tmp_path / "smoke"),
+            "--only-summary",
+        ],
+        cwd=REPO,
+        env={**os.environ, "BEAMSERVE_DATA": str(DATA)},
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     with open(tmp_path / "smoke_stats.csv", newline="") as f:

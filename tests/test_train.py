@@ -28,8 +28,18 @@ def test_tiny_training_lowers_validation_loss_and_writes_a_loadable_model(tiny_r
 
 
 def test_training_resumes_from_its_last_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = dict(data_dir=DATA, out_dir=tmp_path, preset="tiny", vocab_size=300, train_limit=500, max_tokens=1024,
-               warmup_steps=10, average_last=2, save_dtype="float32", device="cpu")
+    cfg = dict(
+        data_dir=DATA,
+        out_dir=tmp_path,
+        preset="tiny",
+        vocab_size=300,
+        train_limit=500,
+        max_tokens=1024,
+        warmup_steps=10,
+        average_last=2,
+        save_dtype="float32",
+        device="cpu",
+    )
     train(TrainConfig(max_epochs=1, **cfg))  # type: ignore[arg-type]
     first = torch.load(tmp_path / "last.pt", weights_only=False)["state"]
     train(TrainConfig(max_epochs=2, **cfg))  # type: ignore[arg-type]

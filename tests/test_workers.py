@@ -35,8 +35,14 @@ def test_worker_processes_give_the_same_results_as_this_process(tiny_dir: Path, 
         # Two threads sharing the pool: calls take turns, each gets its own results.
         halves = [sources[::2], sources[1::2]]
         answers: dict[int, list[list[list[int]]]] = {}
-        threads = [threading.Thread(target=lambda i=i: answers.__setitem__(
-            i, [r.token_ids for r in pooled.translate(halves[i], beam_size=2, max_batch_size=1)])) for i in (0, 1)]
+        threads = [
+            threading.Thread(
+                target=lambda i=i: answers.__setitem__(
+                    i, [r.token_ids for r in pooled.translate(halves[i], beam_size=2, max_batch_size=1)]
+                )
+            )
+            for i in (0, 1)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -78,8 +84,9 @@ def test_workers_that_cannot_load_the_model_report_why(tmp_path: Path, tiny_dir:
         pool.close()
 
 
-@pytest.mark.parametrize(("device", "inter", "message"), [("cpu", 0, "inter_threads must be >= 1"),
-                                                          ("cuda", 2, "CPU only")])
+@pytest.mark.parametrize(
+    ("device", "inter", "message"), [("cpu", 0, "inter_threads must be >= 1"), ("cuda", 2, "CPU only")]
+)
 def test_bad_inter_threads_are_refused(tiny_dir: Path, device: str, inter: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Translator.load(tiny_dir, device, inter_threads=inter)
