@@ -1,6 +1,6 @@
 """Batching benchmark: open-loop Poisson load against one model engine configured three ways.
 
-    python loadtests/bench_batching.py --out loadtests/BATCHING_BENCH.md
+    python loadtests/bench_batching.py --out runs/bench/batching.md
 
 Each request is one test_2016_flickr sentence (drawn at random, so lengths follow that set) decoded
 with beam 4. Arrivals are Poisson at a fixed rate for --duration seconds, open loop: a request's

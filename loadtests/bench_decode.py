@@ -1,6 +1,6 @@
 """Decoding benchmark: beamserve vs Hugging Face `generate` vs CTranslate2 (float32, int8) on the same weights.
 
-    python loadtests/bench_decode.py --out loadtests/DECODE_BENCH.md            # CPU, both models
+    python loadtests/bench_decode.py --out runs/bench/decode.md                 # CPU, both models
     python loadtests/bench_decode.py --device cuda --systems beamserve,hf        # GPU
 
 Models: `base`, a random model of OPUS-MT-base size (d512, 6+6 layers, 8 heads, ffn 2048, 58,101

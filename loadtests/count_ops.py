@@ -2,7 +2,7 @@
 
     python loadtests/count_ops.py [--sentences 64] [--beam-size 4]
 
-Where a step is bound by the host issuing work (a GPU, see DECODE_BENCH_GPU.md), its cost follows
+Where a step is bound by the host issuing work (a GPU, see docs/benchmarks.md), its cost follows
 the number of operator calls more than their size. This counts every call that reaches PyTorch's
 dispatcher (views included) while the same sentences decode both ways on CPU, once all at once
 through `translate_ids` and once all joining one `InflightBatch`, and divides by the decoder steps

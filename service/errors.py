@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from ray.exceptions import ActorUnavailableError, RayActorError
+
 from model.errors import InputTooLongError, InvalidTextError
 from service.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 
@@ -15,7 +17,11 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     RequestTooLargeError: (422, "too_many_texts"),
     QueueFullError: (503, "overloaded"),
     DeadlineExceededError: (504, "timeout"),
+    # The pair's replica died or restarts mid-request: Serve replaces it within seconds.
+    RayActorError: (503, "replica_unavailable"),
+    ActorUnavailableError: (503, "replica_unavailable"),
 }
+RETRY_AFTER_S = {"replica_unavailable": 5.0}  # answers that say when to retry without the error telling
 
 
 class ApiError(Exception):
@@ -40,7 +46,7 @@ def api_error(exc: BaseException) -> ApiError | None:
         return cause
     for kind, (status, code) in STATUS.items():
         if isinstance(cause, kind):
-            retry = getattr(cause, "retry_after_s", None)
+            retry = getattr(cause, "retry_after_s", RETRY_AFTER_S.get(code))
             headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
             return ApiError(status, code, str(cause), headers)
     return None

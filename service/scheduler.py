@@ -68,7 +68,7 @@ class BatchingConfig:
 # A GPU's decoder step costs about the same for 1,024 rows as for 256 (it is bound by per-step
 # overhead, not arithmetic), so where the sizes are left unset a GPU replica takes bigger batches:
 # on an H100, continuous batching sustained 896 requests/s at p95 <= 1 s with these against 320
-# with the CPU's (loadtests/results/batching_gpu_run3_*.md).
+# with the CPU's (docs/benchmarks.md, "Batching").
 GPU_SIZES: dict[str, int] = {"decode_slots": 1024, "max_batch_size": 256, "max_batch_tokens": 32768, "max_queue": 4096}
 
 

@@ -10,8 +10,11 @@ import time
 
 import httpx
 import psutil
+import pytest
 
 from .conftest import REPO, free_port
+
+pytestmark = pytest.mark.slow  # starts Ray, a server, worker processes or training
 
 
 def listening(root: int) -> list[tuple[str, str, int]]:

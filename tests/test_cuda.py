@@ -77,7 +77,7 @@ def test_continuous_batching_on_gpu_equals_decoding_alone(dtype: str) -> None:
 @pytest.mark.cuda
 def test_loading_on_gpu_turns_off_cudnn_attention(tiny_dir: Path) -> None:
     # cuDNN attention plans each new shape anew and decoding makes new shapes every step: a burst of
-    # requests took 15x longer with it on an H100 (README, "How decoding works").
+    # requests took 15x longer with it on an H100 (docs/design.md, "GPU").
     torch.backends.cuda.enable_cudnn_sdp(True)
     Translator.load(tiny_dir, "cuda")
     assert not torch.backends.cuda.cudnn_sdp_enabled()

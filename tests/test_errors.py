@@ -37,6 +37,14 @@ def test_overload_says_when_to_retry_and_a_source_error_keeps_its_index() -> Non
     assert str(pickle.loads(pickle.dumps(InputTooLongError("too long", 3)))) == "texts[3]: too long"
 
 
+def test_a_dead_replica_is_a_503_that_says_when_to_retry() -> None:
+    from ray.exceptions import ActorDiedError
+
+    answer = api_error(ActorDiedError())
+    assert answer is not None and (answer.status, answer.code) == (503, "replica_unavailable")
+    assert answer.headers == {"Retry-After": "5"}
+
+
 def test_an_api_error_passes_through_and_an_unknown_error_is_not_mapped() -> None:
     err = ApiError(400, "unsupported_pair", "no model")
     assert api_error(pickle.loads(pickle.dumps(err))).body() == {"error": "unsupported_pair", "detail": "no model"}

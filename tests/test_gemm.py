@@ -59,6 +59,13 @@ def test_packed_weight_is_reused_and_follows_weight_changes() -> None:
 
 
 def test_weights_made_under_inference_mode_are_packed_too() -> None:
+    """Inference tensors keep no version counter: their packed copy is made once and reused."""
     with torch.inference_mode():
         w, x = torch.randn(512, 256), torch.randn(64, 256)
+        assert w.is_inference() and uses_onednn(x)
         torch.testing.assert_close(linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-5)
+        first = packed(w)
+        assert packed(w) is first  # reused, not reordered again
+        assert first.is_mkldnn and not w.is_mkldnn  # oneDNN's blocked copy, not the weight itself
+        torch.testing.assert_close(linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-5)
+        assert packed(w) is first

@@ -9,9 +9,12 @@ import time
 from collections import defaultdict
 
 import httpx
+import pytest
 import yaml
 
 from .conftest import METRICS, REPO
+
+pytestmark = pytest.mark.slow  # starts Ray, a server, worker processes or training
 
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ([0-9.eE+-]+|NaN|[+-]Inf)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

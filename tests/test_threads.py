@@ -12,7 +12,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow  # starts worker processes of their own
 
 PRELUDE = """
 import asyncio, os, sys, threading

@@ -11,6 +11,8 @@ from model.train import TrainConfig, lr_at, train
 
 from .conftest import DATA
 
+pytestmark = pytest.mark.slow  # starts Ray, a server, worker processes or training
+
 
 def test_learning_rate_warms_up_then_decays_with_inverse_sqrt() -> None:
     assert lr_at(50, 1e-3, 100) == pytest.approx(5e-4)

@@ -11,6 +11,8 @@ import pytest
 from model import DecodeOptions, Translator
 from model.workers import WorkerError
 
+pytestmark = pytest.mark.slow  # starts Ray, a server, worker processes or training
+
 
 def test_worker_processes_give_the_same_results_as_this_process(tiny_dir: Path, sources: list[str]) -> None:
     texts = [*sources, ""]  # an empty source stays out of the batches
