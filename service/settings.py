@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.scheduler import Mode
+from service.scheduler import BatchingConfig, Mode
 
 
 class Settings(BaseSettings):
@@ -28,16 +28,16 @@ class Settings(BaseSettings):
     max_beam_size: int = 8
     max_decoding_length: int = 256
     request_timeout_s: float = 30.0  # past this, 504
-    # Batching (tunable live through the Serve config's user_config; see service/scheduler.py).
-    mode: Mode = "continuous"  # continuous (join/leave every decoder step), request (whole batches), none
-    # Sizes left None are the replica's device's: CPU as noted, GPU in service/scheduler.py GPU_SIZES.
-    max_batch_tokens: int | None = None  # source tokens x beams decoding together (request mode: padded); CPU 6144
-    max_batch_size: int | None = None  # sentences decoding together; CPU 64
-    batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
-    max_queue: int | None = None  # sentences waiting; past it, 503 with Retry-After; CPU 512
-    decode_slots: int | None = None  # continuous mode: hypothesis rows (beams of all sentences in flight); CPU 256
-    max_waiting_steps: int = 6  # continuous mode: steps between admissions, so newcomers encode together
-    waiting_served_ratio: float = 0.25  # continuous mode: newcomers this share of those running join at once
+    # Batching: BatchingConfig's fields (service/scheduler.py, where each is described), tunable live
+    # through the Serve config's user_config. Sizes left None are the replica's device's (sized_for).
+    mode: Mode = BatchingConfig.mode
+    max_batch_tokens: int | None = None
+    max_batch_size: int | None = None
+    batch_wait_ms: float = BatchingConfig.batch_wait_ms
+    max_queue: int | None = None
+    decode_slots: int | None = None
+    max_waiting_steps: int = BatchingConfig.max_waiting_steps
+    waiting_served_ratio: float = BatchingConfig.waiting_served_ratio
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]

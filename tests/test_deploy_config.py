@@ -23,3 +23,16 @@ def test_serve_config_validates_and_its_import_path_builds_the_app() -> None:
     for d in app.deployments:
         if d.name.startswith("model-"):
             assert set(d.user_config) == set(BatchingConfig.__dataclass_fields__)
+
+
+def test_settings_offer_every_batching_knob_with_its_default_or_the_device_s() -> None:
+    import dataclasses
+
+    from service.scheduler import GPU_SIZES
+    from service.settings import Settings
+
+    fields = Settings.model_fields
+    for f in dataclasses.fields(BatchingConfig):
+        assert f.name in fields, f.name
+        expected = None if f.name in GPU_SIZES else f.default  # sizes: the replica's device decides
+        assert fields[f.name].default == expected, f.name
