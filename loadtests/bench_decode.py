@@ -11,7 +11,9 @@ test_2016_flickr sentences sorted by length, identical for every system; each ce
 system runs in its own worker process (see `SystemWorker`), all started before the first pass.
 
 Systems (--systems): beamserve; beamserve-es (early_stopping=True, CTranslate2's stopping rule);
-beamserve-bf16 (dtype bfloat16); hf; ct2-float32; ct2-int8.
+beamserve-bf16 (dtype bfloat16); beamserve-slots (the static decode state, model/slot_decoder.py: B
+slots of K beams refilled as sentences finish; CUDA graphs on a GPU); hf; ct2-float32; ct2-int8;
+ct2-float16 (GPU).
 
 A suffix -interN (beamserve-inter2, ct2-float32-inter2) decodes N batches in parallel, each worker with
 --threads / N intra-op threads: CTranslate2's inter_threads, and beamserve's (`Translator.load(...,
@@ -42,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from model import DecodeOptions, Translator, checkpoint  # noqa: E402
 from model.config import preset  # noqa: E402
+from model.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
 from model.transformer import Seq2Seq  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
@@ -91,7 +94,7 @@ def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict
     hf = work / f"{name}-hf"
     checkpoint.export_hf(own, hf)
     ct2: dict[str, Path] = {}
-    for quant in ("float32", "int8"):
+    for quant in ("float32", "int8", "float16"):
         if f"ct2-{quant}" in {split_inter(s)[0] for s in systems}:
             import ctranslate2.converters
 
@@ -112,6 +115,27 @@ def run_beamserve(
         min_decoding_length=(steps - 1) if steps else 0,
     )
     return sum(len(h[0].tokens) + 1 for h in tr.translate_ids(srcs, opts))
+
+
+def run_slots(
+    tr: Translator,
+    decoders: dict[tuple[int, int], SlotDecoder],
+    srcs: list[list[int]],
+    B: int,
+    K: int,
+    steps: int | None,
+) -> int:
+    opts = DecodeOptions(
+        beam_size=K,
+        max_length_ratio=None,
+        max_decoding_length=steps or 256,
+        min_decoding_length=(steps - 1) if steps else 0,
+    )
+    if (B, K) not in decoders:
+        shape = PoolShape(slots=B, beams=K, target_len=steps or 256, source_len=tr.max_source_tokens, ngram_max=0)
+        decoders[B, K] = SlotDecoder(tr.model, shape, device=tr.device, graphs=tr.device.type == "cuda")
+    hyps = decode_all(decoders[B, K], srcs, [opts] * len(srcs))
+    return sum(len(h[0].tokens) + 1 for h in hyps)
 
 
 def run_hf(model, pad: int, srcs: list[list[int]], B: int, K: int, steps: int | None, device: str) -> int:  # type: ignore[no-untyped-def]
@@ -225,6 +249,9 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
+    if system == "beamserve-slots":
+        decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
+        return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
     if system == "beamserve-bf16":  # the same weights in bfloat16 (fast on CPUs with AVX512-BF16 or AMX)
         tr16 = Translator.load(own, args.device, dtype="bfloat16", num_threads=args.threads)
         return lambda n, B, K: run_beamserve(tr16, encoded[:n], B, K, steps)
@@ -317,6 +344,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
         f" (random weights, {steps} decoding steps per sentence)" if steps else " (shipped weights, natural lengths)"
     )
     pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
+    if "beamserve-slots" in workers:
+        pairs += [("beamserve-slots", "beamserve"), ("beamserve-slots", "hf")]
     if "beamserve-es" in workers:
         pairs.append(("beamserve-es", "ct2-float32"))
     for system in workers:

@@ -38,7 +38,14 @@ _packed: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
 
 
 def uses_onednn(x: torch.Tensor) -> bool:
-    return _LINEAR is not None and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+    # Inside torch.compile the compiler picks its own GEMMs (and the packed-weight cache is not traceable).
+    return (
+        _LINEAR is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
 
 
 def linear(

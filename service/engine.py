@@ -37,6 +37,7 @@ from service.scheduler import (
     WorkItem,
     batch_tokens,
 )
+from service.slot_runner import SlotStepRunner
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +132,13 @@ class Engine:
         observer: EngineObserver | None = None,
         *,
         max_length: int | None = None,
+        static_slots: bool | None = None,
     ) -> None:
-        """max_length: the longest output any request may ask for (sizes continuous mode's buffers)."""
+        """max_length: the longest output any request may ask for (sizes continuous mode's buffers).
+        static_slots: continuous mode decodes on the static decode state (service/slot_runner.py);
+        default: on a GPU, where it replays CUDA graphs (on a CPU today's path measures faster)."""
         self.translator = translator
+        self.static_slots = translator.device.type == "cuda" if static_slots is None else static_slots
         self.max_length = min(max_length or 10**9, translator.model.cfg.max_position_embeddings)
         self.observer = observer
         self.config = config
@@ -142,7 +147,7 @@ class Engine:
         self.stats = BatchStats()
         self.requests.stats = self.continuous.stats = self.stats  # one set of counts whatever the mode
         self.batch_runner = BatchRunner(translator)
-        self.step_runner: StepRunner
+        self.step_runner: StepRunner | SlotStepRunner
         self._cv = threading.Condition()
         self._jobs: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()  # call()'s
         self._active = 0
@@ -242,7 +247,11 @@ class Engine:
             self._cv.notify()
         self._thread.join(timeout=5)
 
-    def _step_runner(self, config: BatchingConfig) -> StepRunner:
+    def _step_runner(self, config: BatchingConfig) -> StepRunner | SlotStepRunner:
+        if self.static_slots:
+            graphs = self.translator.device.type == "cuda"
+            beams = DecodeOptions().beam_size  # the pool hosts the default beam; other beams decode beside it
+            return SlotStepRunner(self.translator, config.decode_slots, self.max_length, beams=beams, graphs=graphs)
         return StepRunner(self.translator, config.decode_slots, self.max_length)
 
     def _run(self) -> None:

@@ -205,3 +205,50 @@ def test_call_runs_on_the_engine_thread_between_steps_and_reports_failures(
     assert name == "beamserve-engine"
     alone = reference.decode_batch([reference.encode(LONG)], DecodeOptions(beam_size=4))[0]
     assert [h.tokens for h in results[0][0]] == [h.tokens for h in alone]  # the decode went on unharmed
+
+
+@pytest.fixture()
+def slot_engine() -> Iterator[Engine]:
+    """Continuous mode on the static decode state (a GPU's default), here on the CPU."""
+    e = Engine(
+        Translator.load("en-de", "cpu", num_threads=1),
+        BatchingConfig(decode_slots=32),
+        max_length=256,
+        static_slots=True,
+    )
+    yield e
+    e.close()
+
+
+def test_static_slots_serve_mixed_requests_as_each_decodes_alone(slot_engine: Engine, reference: Translator) -> None:
+    arrivals = jobs(reference, 40, seed=5)  # beam 4 goes to the pool, beams 1, 2 and 6 beside it
+    results = asyncio.run(send(slot_engine, arrivals))
+    for (_, ids, opts), got in zip(arrivals, results, strict=True):
+        alone = reference.decode_batch([ids], opts)[0]
+        assert [h.tokens for h in got] == [h.tokens for h in alone], opts
+        assert [h.score for h in got] == pytest.approx([h.score for h in alone], abs=1e-4)
+    runner = slot_engine.step_runner
+    assert runner.rows == 0 and runner.pool.busy == 0 and slot_engine.active == 0
+    assert sum(o.beam_size == 4 for _, _, o in arrivals) > 5  # the pool was used
+
+
+def test_static_slots_free_a_cancelled_sentence_s_slot(slot_engine: Engine, reference: Translator) -> None:
+    ids = reference.encode(" ".join([LONG] * 2))
+    opts = DecodeOptions(beam_size=4, max_decoding_length=200, max_length_ratio=None)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(slot_engine.translate([ids, ids], opts, 60))
+        while slot_engine.step_runner.pool.busy < 2 or slot_engine.stats.steps < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 10
+    while slot_engine.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slot_engine.active == 0 and slot_engine.step_runner.pool.busy == 0
+    assert slot_engine.stats.cancelled == 2
+    got = asyncio.run(slot_engine.translate([reference.encode("A dog.")], opts, 60))  # the slots serve again
+    assert got[0][0].tokens == reference.decode_batch([reference.encode("A dog.")], opts)[0][0].tokens
