@@ -23,7 +23,9 @@ for stage in $stages; do
     tests) timeout 200 python3 -m pytest -q -s -p no:cacheprovider -o addopts="" tests/test_cuda.py \
              tests/test_slots.py tests/test_transformer.py tests/test_inflight.py tests/test_engine.py 2>&1 \
              | tail -15 | tee "$out/pytest.txt" ;;
-    profile) timeout 90 python3 loadtests/profile_decode.py --device cuda 2>&1 | tail -30 | tee "$out/profile.txt" ;;
+    profile) { timeout 90 python3 loadtests/profile_decode.py --device cuda 2>&1 | tail -3
+               timeout 120 python3 loadtests/profile_decode.py --device cuda --slots 2>&1 | tail -25; } \
+               | tee "$out/profile.txt" ;;
     cudnn) timeout 150 python3 loadtests/probe_cudnn_attention.py 2>&1 | tee "$out/cudnn.txt" ;;
     decode) timeout 280 python3 loadtests/bench_decode.py --device cuda --models en-de \
               --systems beamserve,beamserve-slots,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 512 \

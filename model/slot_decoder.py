@@ -16,6 +16,7 @@ are never rebound, so the graphs keep reading them.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,8 @@ from model.options import DecodeOptions
 from model.search import NEG, Hypothesis, SearchOptions
 from model.slots import SlotState, decode_step
 from model.transformer import Seq2Seq
+
+RING = 4  # launched steps whose finished flags may wait to be collected
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,14 @@ class SlotDecoder:
         cuda = device.type == "cuda"
         if graphs and not cuda:
             raise ValueError("CUDA graphs need a CUDA device")
-        self._flags = torch.zeros(shape.slots, dtype=torch.bool, pin_memory=cuda)
-        self._event = torch.cuda.Event() if cuda else None  # type: ignore[no-untyped-call]
-        self._pending = False  # a step's flags were copied and not yet collected
+        # A ring of host buffers for the finished flags of launched steps not yet collected, each with
+        # its event and the slots' generations at launch (a slot reused since is not that sentence).
+        self._buffers = [torch.zeros(shape.slots, dtype=torch.bool, pin_memory=cuda) for _ in range(RING)]
+        self._events = [torch.cuda.Event() if cuda else None for _ in range(RING)]  # type: ignore[no-untyped-call]
+        self._pending: deque[tuple[int, list[int]]] = deque()  # (ring index, generations)
+        self._launches = 0
+        self._generation = [0] * shape.slots
+        self._side = torch.cuda.Stream() if cuda else None  # type: ignore[no-untyped-call]  # reads results
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] | None = {} if graphs else None
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
 
@@ -119,6 +127,7 @@ class SlotDecoder:
         put(st.active, [True] * len(slots))
         for slot, o, n in zip(slots, opts, lengths, strict=True):
             self.keep[slot], self.steps[slot], self.source[slot] = o.num_hypotheses, 0, n
+            self._generation[slot] += 1
         return slots
 
     @torch.inference_mode()
@@ -129,6 +138,7 @@ class SlotDecoder:
         self.state.active.index_fill_(0, torch.tensor(slots, device=self.device), False)
         for slot in slots:
             del self.keep[slot], self.steps[slot], self.source[slot]
+            self._generation[slot] += 1
             self.free.append(slot)
 
     def bucket(self) -> tuple[int, int]:
@@ -148,26 +158,47 @@ class SlotDecoder:
             decode_step(self.model, self.state, self.opts, self.shape.ngram_max, t_len, p_len)
         for slot in self.steps:
             self.steps[slot] += 1
-        self._flags.copy_(self.state.finished, non_blocking=self._event is not None)
-        if self._event is not None:
-            self._event.record()
-        self._pending = True
+        if len(self._pending) == RING:
+            raise RuntimeError(f"{RING} steps launched and not collected")
+        i = self._launches % RING
+        self._launches += 1
+        event = self._events[i]
+        self._buffers[i].copy_(self.state.finished, non_blocking=event is not None)
+        if event is not None:
+            event.record()
+        self._pending.append((i, list(self._generation)))
 
     @torch.inference_mode()
-    def collect(self, *, wait: bool = True) -> dict[int, list[Hypothesis]]:
-        """The sentences the last launched step finished, by slot (their slots become free). Without
-        `wait`, an empty answer while the device is still on that step."""
-        if not self._pending:
-            return {}
-        if self._event is not None:
-            if not wait and not self._event.query():  # type: ignore[no-untyped-call]
-                return {}
-            self._event.synchronize()
-        self._pending = False
-        # Host memory: no device sync. A slot cancelled since that step is no longer anyone's.
-        done = [int(s) for s in self._flags.nonzero()[:, 0].tolist() if int(s) in self.keep]
-        if not done:
-            return {}
+    def collect(self, *, lag: int = 0, wait: bool = True) -> dict[int, list[Hypothesis]]:
+        """The sentences that launched steps finished, by slot (their slots become free), for every
+        step but the last `lag` launched: with lag 1 the host reads step n-1's results while the device
+        runs step n. Without `wait`, steps still running are left for a later call."""
+        out: dict[int, list[Hypothesis]] = {}
+        while len(self._pending) > lag:
+            i, generation = self._pending[0]
+            event = self._events[i]
+            if event is not None:
+                if not wait and not event.query():  # type: ignore[no-untyped-call]
+                    break
+                event.synchronize()
+            self._pending.popleft()
+            # Host memory: no device sync. A slot cancelled or reused since that step is another's.
+            flagged = self._buffers[i].nonzero()[:, 0].tolist()
+            done = [s for s in flagged if generation[s] == self._generation[s] and s in self.keep]
+            if done:
+                out.update(self._harvest(done, event))
+        return out
+
+    def _harvest(self, done: list[int], event: torch.cuda.Event | None) -> dict[int, list[Hypothesis]]:
+        """Read the finished slots' hypotheses and free the slots. On CUDA the copies run on a side
+        stream that waits only for the step that finished them (later steps leave those slots alone)."""
+        if self._side is not None and event is not None:
+            self._side.wait_event(event)
+            with torch.cuda.stream(self._side):
+                return self._read(done)
+        return self._read(done)
+
+    def _read(self, done: list[int]) -> dict[int, list[Hypothesis]]:
         idx = torch.tensor(done, device=self.device)
         flags = self.state.fin_flags.index_select(0, idx).cpu()
         scores = self.state.fin_scores.index_select(0, idx).cpu()
@@ -225,10 +256,11 @@ def max_length(opts: DecodeOptions, source_len: int, positions: int) -> int:
 
 
 def decode_all(
-    decoder: SlotDecoder, sources: list[list[int]], opts: list[DecodeOptions], *, join_every: int = 1
+    decoder: SlotDecoder, sources: list[list[int]], opts: list[DecodeOptions], *, join_every: int = 1, lag: int = 0
 ) -> list[list[Hypothesis]]:
     """Decode every (non-empty) source through the pool, admitting as slots free up; sentences join
-    `join_every` steps apart at most (a test and benchmark driver, and the reference loop)."""
+    `join_every` steps apart at most, and results are collected `lag` steps late (a test and
+    benchmark driver, and the reference loop)."""
     positions = decoder.model.cfg.max_position_embeddings
     results: list[list[Hypothesis] | None] = [None] * len(sources)
     waiting = list(range(len(sources)))
@@ -242,7 +274,7 @@ def decode_all(
             slots = decoder.admit([sources[i] for i in batch], [opts[i] for i in batch], caps)
             where.update(zip(slots, batch, strict=True))
         decoder.launch()
-        for slot, hyps in decoder.collect().items():
+        for slot, hyps in decoder.collect(lag=lag).items():
             results[where.pop(slot)] = hyps
         step += 1
     return [r if r is not None else [] for r in results]

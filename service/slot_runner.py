@@ -29,6 +29,8 @@ class SlotStepRunner:
             source_len=translator.max_source_tokens,
         )
         self.pool = SlotDecoder(translator.model, shape, device=translator.device, graphs=graphs)
+        # On a GPU the host reads a step's finished sentences while the next step runs.
+        self.lag = 1 if translator.device.type == "cuda" else 0
         self.seq_of: dict[int, int] = {}  # pool slot -> the sentence's seq
         self.slot_of: dict[int, int] = {}  # seq -> pool slot
 
@@ -52,7 +54,7 @@ class SlotStepRunner:
         finished: list[tuple[int, list[Hypothesis]]] = []
         if self.pool.busy:
             self.pool.launch()
-            for slot, hyps in self.pool.collect().items():
+            for slot, hyps in self.pool.collect(lag=self.lag).items():
                 seq = self.seq_of.pop(slot)
                 del self.slot_of[seq]
                 finished.append((seq, hyps))

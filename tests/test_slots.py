@@ -64,8 +64,8 @@ def assert_same(got: list[Hypothesis], alone: list[Hypothesis], what: object) ->
     assert [h.score for h in got] == pytest.approx([h.score for h in alone], abs=1e-5), what
 
 
-@pytest.mark.parametrize("beams", [2, 4])
-def test_mixed_options_and_arrivals_equal_decoding_each_sentence_alone(tr: Translator, beams: int) -> None:
+@pytest.mark.parametrize(("beams", "lag"), [(2, 0), (4, 0), (4, 1)])  # lag 1: results read a step late
+def test_mixed_options_and_arrivals_equal_decoding_each_sentence_alone(tr: Translator, beams: int, lag: int) -> None:
     rng = random.Random(beams)
     texts = read_lines("test_2016_flickr.en.gz", 30)
     texts += [" ".join(texts[i : i + 3]) for i in (0, 9)]  # long sources next to short ones
@@ -74,7 +74,7 @@ def test_mixed_options_and_arrivals_equal_decoding_each_sentence_alone(tr: Trans
     # More slots than ever run at once after the last admission: free slots sit beside busy ones.
     decoder = SlotDecoder(tr.model, PoolShape(slots=12, beams=beams, target_len=96, source_len=96), device=CPU)
     with torch.inference_mode():
-        got = decode_all(decoder, sources, opts, join_every=3)
+        got = decode_all(decoder, sources, opts, join_every=3, lag=lag)
     assert decoder.busy == 0 and not bool(decoder.state.active.any())
     for i, (ids, o) in enumerate(zip(sources, opts, strict=True)):
         assert_same(got[i], tr.decode_batch([ids], o)[0], (i, o))
@@ -212,3 +212,23 @@ def test_graph_replay_equals_the_eager_step_without_host_sync() -> None:
     for g, w in zip(got, want, strict=True):
         assert [h.tokens for h in g] == [h.tokens for h in w]
         assert [h.score for h in g] == pytest.approx([h.score for h in w], abs=1e-3)
+
+
+def test_a_stale_finished_flag_is_not_taken_for_the_slot_s_next_sentence(tr: Translator) -> None:
+    shape = PoolShape(slots=1, beams=2, target_len=32, source_len=32)
+    decoder = SlotDecoder(tr.model, shape, device=CPU)
+    opts = DecodeOptions(beam_size=2)
+    first, second = tr.encode("A dog."), tr.encode("Two men are sitting on a bench.")
+    with torch.inference_mode():
+        [slot] = decoder.admit([first], [opts], [3])  # stops at its third token
+        for _ in range(3):
+            decoder.launch()  # not collected: the last step's flags say the slot finished
+        assert bool(decoder.state.finished[slot])
+        decoder.cancel([slot])  # the client left before its result was read; the slot takes another
+        decoder.admit([second], [opts], [max_length(opts, len(second), 512)])
+        got = {}
+        while decoder.busy:
+            got.update(decoder.collect())
+            decoder.launch()
+        got.update(decoder.collect())
+    assert_same(got[slot], tr.decode_batch([second], opts)[0], "the second sentence")
