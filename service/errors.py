@@ -8,12 +8,14 @@ import math
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from model.errors import InputTooLongError, InvalidTextError
+from service.html_text import HtmlLimitError
 from service.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 
 # Error type -> (HTTP status, error code); the first match wins, so subclasses go before their bases.
 STATUS: dict[type[Exception], tuple[int, str]] = {
     InputTooLongError: (422, "input_too_long"),
     InvalidTextError: (422, "invalid_text"),
+    HtmlLimitError: (422, "html_too_complex"),
     RequestTooLargeError: (422, "too_many_texts"),
     QueueFullError: (503, "overloaded"),
     DeadlineExceededError: (504, "timeout"),

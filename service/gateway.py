@@ -17,7 +17,7 @@ from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
 from service import libretranslate, local_ray
 from service.errors import ApiError, api_error
-from service.html_text import HtmlDocument, join_aligned
+from service.html_text import HtmlDocument, join_aligned, parse_documents
 from service.http import app
 from service.metrics import gateway_metrics
 from service.schemas import (
@@ -53,7 +53,7 @@ class Gateway:
     async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
         pair, opts = self._check(req, request)
         if req.tag_handling == "html":
-            docs = [HtmlDocument(t) for t in req.texts]
+            docs = await asyncio.to_thread(parse_documents, req.texts)
             out, nbest = await self._html(pair, docs, opts, req.timeout_s, split=req.split_sentences)
             out["translations"] = nbest
         else:
@@ -74,7 +74,7 @@ class Gateway:
     @app.post("/translate", responses=ERRORS)
     async def libretranslate(self, request: Request) -> dict[str, Any]:
         """LibreTranslate-compatible: JSON or form body with q (string or list), source, target, alternatives."""
-        call = libretranslate.parse(await libretranslate.read_body(request), self.settings.max_beam_size)
+        call = await libretranslate.parse(await libretranslate.read_body(request), self.settings.max_beam_size)
         pair, opts = self._check(call.request, request)
         if call.docs is not None:
             nbest = [[t for t, _ in ranks] for ranks in (await self._html(pair, call.docs, opts))[1]]
@@ -181,7 +181,7 @@ class Gateway:
     ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
         """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
         # A one-sentence text goes as it came (what the library gets for it).
-        pieces = [split_sentences(t) if split else ([t], []) for t in texts]
+        pieces = await asyncio.to_thread(lambda: [split_sentences(t) if split else ([t], []) for t in texts])
         timeout = self._timeout(timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
         options = {f.name: getattr(opts, f.name) for f in user_options("api")}

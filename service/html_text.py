@@ -79,9 +79,20 @@ class Run:
         return not self.text.strip()
 
 
+# Bounds on one document's markup: the work (and the alignment's) grows with the elements and their
+# nesting, and a request must not hold the gateway for long.
+MAX_ELEMENTS = 5000  # tags of any kind
+MAX_DEPTH = 100  # inline elements open at once
+
+
+class HtmlLimitError(ValueError):
+    """A document with more elements or deeper nesting than the service takes (HTTP 422)."""
+
+
 class _Splitter(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
+        self.tags = 0
         self.parts: list[str | Run] = []  # markup kept as it is, and runs of prose
         self.run = Run()
         self.open: list[Element] = []  # the run's inline elements not closed yet
@@ -105,7 +116,15 @@ class _Splitter(HTMLParser):
             self.parts.append(self.run)
         self.run, self.open = Run(), []
 
+    def _count(self) -> None:
+        self.tags += 1
+        if self.tags > MAX_ELEMENTS:
+            raise HtmlLimitError(f"more than {MAX_ELEMENTS} HTML tags in one text")
+        if len(self.open) >= MAX_DEPTH:
+            raise HtmlLimitError(f"HTML inline elements nested more than {MAX_DEPTH} deep")
+
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._count()
         markup = self.get_starttag_text() or f"<{tag}>"
         if self.raw_depth or (tag not in INLINE_ELEMENTS and tag not in INLINE_VOID):
             self._markup(markup)
@@ -119,6 +138,7 @@ class _Splitter(HTMLParser):
             self.open.append(element)
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._count()
         markup = self.get_starttag_text() or f"<{tag}/>"
         if self.raw_depth or tag not in INLINE_VOID:
             self._markup(markup)
@@ -126,6 +146,7 @@ class _Splitter(HTMLParser):
             self._inline(Element(tag, len(self.run.text), len(self.run.text), markup))
 
     def handle_endtag(self, tag: str) -> None:
+        self._count()
         markup = f"</{tag}>"
         if self.raw_depth or tag not in INLINE_ELEMENTS:
             self._markup(markup)
@@ -290,3 +311,8 @@ def join_aligned(
         src_at += len(sentence) + len(sep)
         tgt_at += len(translation) + len(sep)
     return join_sentences(translations, separators), out
+
+
+def parse_documents(fragments: list[str]) -> list[HtmlDocument]:
+    """HtmlDocument of each fragment; raises HtmlLimitError past MAX_ELEMENTS or MAX_DEPTH."""
+    return [HtmlDocument(f) for f in fragments]

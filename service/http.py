@@ -14,8 +14,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import ApiError
+from service.errors import ApiError, api_error
 from service.metrics import gateway_metrics
 from service.settings import BODY_LIMIT
 
@@ -124,9 +125,29 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return error_response(request, 422, {"error": "invalid_request", "detail": errors})
 
 
+HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """FastAPI's and Starlette's own errors (an unknown route, a body it cannot parse) in the same shape."""
+    code = HTTP_CODES.get(exc.status_code, "http_error")
+    return error_response(request, exc.status_code, {"error": code, "detail": str(exc.detail)}, dict(exc.headers or {}))
+
+
+@app.exception_handler(RecursionError)
+async def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+    """A JSON body nested deeper than the parser goes (100,000 brackets): the client's, not a bug."""
+    return error_response(request, 422, {"error": "invalid_json", "detail": "the JSON body is nested too deeply"})
+
+
 @app.exception_handler(Exception)
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    """A bug, not a client's mistake: logged with its traceback, answered as JSON like every error."""
+    """A typed error (service/errors.py) raised here rather than in a replica gets its status; anything
+    else is a bug, logged with its traceback and answered as JSON like every error."""
+    known = api_error(exc)
+    if known is not None:
+        return error_response(request, known.status, known.body(), known.headers)
     rid = request_id(request.headers)
     logger.error("%s %s failed (request %s)", request.method, request.url.path, rid, exc_info=exc)
     return error_response(

@@ -1,6 +1,8 @@
 """LibreTranslate's POST /translate: its request body (JSON or form; q a string or a list;
 alternatives; format text or html) read into beamserve's request, and its response shape."""
 
+import asyncio
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -8,7 +10,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from service.errors import ApiError
-from service.html_text import HtmlDocument
+from service.html_text import HtmlDocument, parse_documents
 from service.schemas import TranslateRequest
 
 
@@ -39,8 +41,21 @@ async def read_body(request: Request) -> dict[str, Any]:
     return data
 
 
-def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
-    """The request beamserve runs for a LibreTranslate body; ApiError 400 for what LibreTranslate refuses."""
+def _alternatives(value: object) -> int:
+    """LibreTranslate's `alternatives`: an integer, in JSON or a form's string."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ApiError(400, "invalid_request", "alternatives must be an integer")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ApiError(400, "invalid_request", "alternatives must be a finite integer")
+    try:
+        return int(value)
+    except ValueError:
+        raise ApiError(400, "invalid_request", "alternatives must be an integer") from None
+
+
+async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
+    """The request beamserve runs for a LibreTranslate body; ApiError 400 for what LibreTranslate refuses.
+    HTML is parsed off the event loop (service/html_text.py bounds its size)."""
     q = body.get("q")
     texts = [q] if isinstance(q, str) else q
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
@@ -49,13 +64,10 @@ def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
         raise ApiError(400, "invalid_request", "language detection is not supported: pass source explicitly")
     if body.get("format", "text") not in ("text", "html"):
         raise ApiError(400, "invalid_request", "format must be 'text' or 'html'")
+    alternatives = _alternatives(body.get("alternatives", 0) or 0)
     # HTML: runs of prose are translated, inline markup carried over by alignment (service/html_text.py).
-    docs = [HtmlDocument(t) for t in texts] if body.get("format") == "html" else None
+    docs = await asyncio.to_thread(parse_documents, texts) if body.get("format") == "html" else None
     segments = [node for doc in docs for node in doc.texts] if docs is not None else texts
-    try:
-        alternatives = int(body.get("alternatives", 0) or 0)
-    except (TypeError, ValueError):
-        raise ApiError(400, "invalid_request", "alternatives must be an integer") from None
     if not 0 <= alternatives < max_beam_size:
         raise ApiError(400, "invalid_request", f"alternatives must be between 0 and {max_beam_size - 1}")
     try:

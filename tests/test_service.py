@@ -481,3 +481,32 @@ def test_locustfile_runs_against_the_service_with_zero_failures(server: str, tmp
     assert int(total["Request Count"]) >= 5, proc.stderr[-2000:]
     assert int(total["Failure Count"]) == 0, proc.stderr[-2000:]
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("value", ["Infinity", "1e999", "-Infinity", "NaN", "2.5", "true", '"two"'])
+def test_libretranslate_alternatives_that_are_not_integers_are_a_400(client: httpx.Client, value: str) -> None:
+    body = '{"q": "A dog.", "source": "en", "target": "de", "alternatives": ' + value + "}"
+    r = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "alternatives" in r.json()["detail"], r.text
+
+
+@pytest.mark.parametrize("route", ["/translate", "/v1/translate"])
+def test_json_nested_too_deep_is_a_4xx_not_a_500(client: httpx.Client, route: str) -> None:
+    body = "[" * 100_000 + "]" * 100_000
+    r = client.post(route, content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["request_id"] and r.json()["error"] in ("invalid_json", "invalid_request")
+
+
+def test_html_past_the_nesting_and_element_limits_is_a_fast_422(client: httpx.Client) -> None:
+    from service.html_text import MAX_DEPTH, MAX_ELEMENTS
+
+    deep = "<b>" * 70_000 + "A dog." + "</b>" * 70_000  # 490 KB, under the body limit
+    start = time.monotonic()
+    r = client.post("/translate", json={"q": deep, "source": "en", "target": "de", "format": "html"})
+    assert r.status_code == 422 and r.json()["error"] == "html_too_complex" and str(MAX_DEPTH) in r.text
+    assert time.monotonic() - start < 5  # refused while parsing, not after
+    many = "<i>x</i> " * (MAX_ELEMENTS // 2 + 1)
+    r = client.post("/translate", json={"q": many, "source": "en", "target": "de", "format": "html"})
+    assert r.status_code == 422 and str(MAX_ELEMENTS) in r.text
+    assert client.get("/healthz").status_code == 200
