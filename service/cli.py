@@ -180,7 +180,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    print("stopping ...", file=sys.stderr, flush=True)
+    # Drain: refuse new translations at once, let the accepted ones finish, then stop.
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    left = runtime.drain(settings.drain_timeout_s, say=say)
+    say(f"stopping ({left} requests unfinished after {settings.drain_timeout_s:.0f}s) ..." if left else "stopping ...")
     runtime.stop()
     return 0
 

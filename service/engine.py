@@ -152,6 +152,7 @@ class Engine:
         self._jobs: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()  # call()'s
         self._active = 0
         self._stop = False
+        self._last_turn = time.monotonic()  # when the loop last finished a unit of work (health)
         # All of the model's work, the step runner's buffers included, happens on the engine's thread:
         # a second thread running parallel torch ops would start a second OpenMP team (see Translator.load).
         self._started = threading.Event()
@@ -241,6 +242,17 @@ class Engine:
             for item in items:
                 item.future.result(timeout=timeout_s)
 
+    def health(self, stall_s: float) -> str | None:
+        """Why the engine cannot serve, or None: its thread has died, or work has waited stall_s seconds
+        without the loop finishing a turn (a wedged step)."""
+        if not self._thread.is_alive():
+            return "the engine's thread has stopped"
+        busy = self.queued or self._active or self._jobs
+        idle_for = time.monotonic() - self._last_turn
+        if busy and idle_for > stall_s:
+            return f"no decoder turn for {idle_for:.0f}s with {self.queued} sentences queued, {self._active} decoding"
+        return None
+
     def close(self) -> None:
         with self._cv:
             self._stop = True
@@ -273,11 +285,13 @@ class Engine:
                     turn, wait = self._schedule(time.monotonic())
                     if turn is not None:
                         break
+                    self._last_turn = time.monotonic()  # idle is not stalled
                     self._cv.wait(timeout=wait)
             try:
                 turn()
             except Exception as exc:  # a failure fails the sentences in flight, never the engine
                 self._fail_running(exc)
+            self._last_turn = time.monotonic()
             self._sync()
 
     def _schedule(self, now: float) -> tuple[Callable[[], None] | None, float]:

@@ -4,7 +4,9 @@ No `from __future__ import annotations` (service/http.py says why).
 """
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -48,9 +50,34 @@ class Gateway:
         self.settings = Settings(**settings)
         BODY_LIMIT["bytes"] = self.settings.max_body_bytes
         gateway_metrics()
+        self.draining = False  # set by drain(): new translations are refused, accepted ones finish
+        self.in_flight = 0  # translation requests accepted and not yet answered
+
+    def drain(self) -> int:
+        """Stop accepting translations (503, and /readyz 503) so a load balancer moves away; the ones
+        accepted go on. Returns how many are in flight."""
+        self.draining = True
+        return self.in_flight
+
+    def translations_in_flight(self) -> int:
+        return self.in_flight
+
+    @contextlib.contextmanager
+    def _accepting(self) -> Iterator[None]:
+        if self.draining:
+            raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "5"})
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     @app.post("/v1/translate", response_model=TranslateResponse, responses=ERRORS)
     async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
+        with self._accepting():
+            return await self._translate(req, request)
+
+    async def _translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
         pair, opts = self._check(req, request)
         if req.tag_handling == "html":
             docs = await asyncio.to_thread(parse_documents, req.texts)
@@ -74,6 +101,10 @@ class Gateway:
     @app.post("/translate", responses=ERRORS)
     async def libretranslate(self, request: Request) -> dict[str, Any]:
         """LibreTranslate-compatible: JSON or form body with q (string or list), source, target, alternatives."""
+        with self._accepting():
+            return await self._libretranslate(request)
+
+    async def _libretranslate(self, request: Request) -> dict[str, Any]:
         call = await libretranslate.parse(await libretranslate.read_body(request), self.settings.max_beam_size)
         pair, opts = self._check(call.request, request)
         if call.docs is not None:
@@ -111,6 +142,8 @@ class Gateway:
 
     @app.get("/readyz")
     async def readyz(self) -> JSONResponse:
+        if self.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         try:
             infos = await asyncio.wait_for(self._infos(), 5.0)
         except Exception as exc:  # a replica that cannot answer is not ready

@@ -21,6 +21,8 @@ WARMUP = "A man in a blue shirt is standing on a ladder."
 # Alignment runs between decoder steps; 16 pairs take 57 ms on one CPU thread (about 3 steps of a full
 # batch), 64 pairs 236 ms.
 ALIGN_PAIRS_PER_TURN = 16
+# A turn is one decoder step (milliseconds) or one request-mode batch (seconds at most on a CPU).
+HEALTH_STALL_S = 60.0
 
 
 def pair_of(model: str) -> str:
@@ -49,6 +51,12 @@ class PairModel:
         self.engine.warm_up([self.translator.encode(WARMUP)])
         self.engine.observer = self.metrics  # the warm-up is not traffic
         self.ready = True
+
+    def check_health(self) -> None:
+        """Serve's health check: a replica whose engine died or wedged is replaced, not only a dead one."""
+        problem = self.engine.health(stall_s=HEALTH_STALL_S)
+        if problem is not None:
+            raise RuntimeError(problem)
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """Serve's user_config: batching knobs, applied live."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 from service import local_ray
@@ -61,6 +63,22 @@ def deploy(settings: Settings | dict[str, Any], *, app_name: str = "beamserve") 
 
     args = settings.model_dump() if isinstance(settings, Settings) else settings
     serve.run(build_app(args), name=app_name, route_prefix="/", blocking=False)
+
+
+def drain(timeout_s: float, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> int:
+    """Refuse new translations, then wait up to timeout_s for the accepted ones to be answered;
+    returns how many were still in flight at the end."""
+    from ray import serve
+
+    gateway = serve.get_deployment_handle("Gateway", app_name=app_name)
+    left = int(gateway.drain.remote().result(timeout_s=10))
+    deadline = time.monotonic() + timeout_s
+    if left:
+        say(f"draining: {left} translation requests in flight")
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = int(gateway.translations_in_flight.remote().result(timeout_s=10))
+    return left
 
 
 def stop() -> None:

@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     max_beam_size: int = 8
     max_decoding_length: int = 256
     request_timeout_s: float = 30.0  # past this, 504
+    drain_timeout_s: float = 40.0  # on SIGTERM, how long accepted requests may take to finish
     # Batching: BatchingConfig's fields (service/scheduler.py, where each is described), tunable live
     # through the Serve config's user_config. Sizes left None are the replica's device's (sized_for).
     mode: Mode = BatchingConfig.mode

@@ -1,6 +1,7 @@
 """`beamserve serve`: starts Ray and the app on 127.0.0.1, opens nothing another host can reach, says where
 it listens, stops cleanly on SIGTERM."""
 
+import concurrent.futures
 import ipaddress
 import os
 import signal
@@ -13,6 +14,13 @@ import psutil
 import pytest
 
 from .conftest import REPO, free_port
+
+PARAGRAPH = [
+    "A group of young men in colorful uniforms are playing a game of soccer on a large green field.",
+    "A woman in a red dress is singing on a stage while a band plays behind her.",
+    "Two dogs are running through the snow in a park near a frozen lake.",
+    "An old man with a white beard is reading a newspaper on a wooden bench.",
+]
 
 pytestmark = pytest.mark.slow  # starts Ray, a server, worker processes or training
 
@@ -82,8 +90,32 @@ def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
         assert not exposed, f"listening beyond loopback: {exposed}"
         assert ("127.0.0.1", metrics_port) in {(ip, p) for _, ip, p in sockets}
         assert "ray_" in httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        # SIGTERM under load: what was accepted is answered, what comes after is refused, then it exits.
+        url = f"http://127.0.0.1:{port}"
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            accepted = [
+                pool.submit(
+                    httpx.post,
+                    f"{url}/v1/translate",
+                    json={"texts": PARAGRAPH, "source": "en", "target": "de"},
+                    timeout=60,
+                )
+                for _ in range(12)
+            ]
+            while httpx.get(f"{url}/v1/stats", timeout=10).json()["en-de"]["active"] == 0:
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while httpx.get(f"{url}/readyz", timeout=10).status_code != 503:  # drained: out of rotation at once
+                assert time.monotonic() < deadline, "/readyz still 200 after SIGTERM"
+                time.sleep(0.05)
+            late = httpx.post(f"{url}/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de"})
+            assert late.status_code == 503 and late.json()["error"] == "shutting_down"
+            assert late.headers["retry-after"] == "5"
+            answers = [f.result() for f in accepted]
+        assert [r.status_code for r in answers] == [200] * 12, [r.text[:200] for r in answers if r.status_code != 200]
+        assert all(len(r.json()["translations"]) == len(PARAGRAPH) for r in answers)
+        assert proc.wait(timeout=90) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

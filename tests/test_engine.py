@@ -252,3 +252,19 @@ def test_static_slots_free_a_cancelled_sentence_s_slot(slot_engine: Engine, refe
     assert slot_engine.stats.cancelled == 2
     got = asyncio.run(slot_engine.translate([reference.encode("A dog.")], opts, 60))  # the slots serve again
     assert got[0][0].tokens == reference.decode_batch([reference.encode("A dog.")], opts)[0][0].tokens
+
+
+@pytest.mark.parametrize("engine", [BatchingConfig(mode="request", batch_wait_ms=1)], indirect=True)
+def test_health_reports_a_stalled_turn_and_a_stopped_engine(engine: Engine, reference: Translator) -> None:
+    assert engine.health(stall_s=0.01) is None  # idle is healthy however long
+    item = engine.submit([reference.encode(" ".join([LONG] * 2))], DecodeOptions(beam_size=8), time.monotonic() + 60)[0]
+    while engine.active == 0:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    assert "no decoder turn" in (engine.health(stall_s=0.01) or "")  # one batch is one long turn here
+    assert engine.health(stall_s=60) is None
+    item.future.result(timeout=60)
+    time.sleep(0.05)
+    assert engine.health(stall_s=0.01) is None
+    engine.close()
+    assert engine.health(stall_s=60) == "the engine's thread has stopped"
