@@ -34,6 +34,7 @@ from service.scheduler import (
     QueueFullError,
     RequestScheduler,
     RequestTooLargeError,
+    Throughput,
     WorkItem,
     batch_tokens,
 )
@@ -146,6 +147,7 @@ class Engine:
         self.continuous = ContinuousScheduler(config)
         self.stats = BatchStats()
         self.requests.stats = self.continuous.stats = self.stats  # one set of counts whatever the mode
+        self.requests.throughput = self.continuous.throughput = Throughput()  # and one decoding rate
         self.batch_runner = BatchRunner(translator)
         self.step_runner: StepRunner | SlotStepRunner
         self._cv = threading.Condition()
@@ -322,10 +324,13 @@ class Engine:
 
     def _step(self, plan: Plan) -> None:
         """execute -> update for one decoder step."""
+        start = time.monotonic()
         rows, finished = self.step_runner.execute(plan)
+        busy = time.monotonic() - start
         with self._cv:
             self.stats.steps += rows > 0  # a turn that only dropped leavers ran no decoder step
             done = [(self.continuous.finish(seq), hyps) for seq, hyps in finished]
+            self.continuous.throughput.record(sum(item.cost for item, _ in done), busy, start + busy)
             self._active = len(self.continuous.running)  # counted before any caller sees its result
             generated = sum(_resolve(item, hyps) for item, hyps in done)
         if self.observer is not None and rows:
@@ -346,7 +351,9 @@ class Engine:
         self.step_runner = self._step_runner(self.config)
 
     def _run_batch(self, batch: list[WorkItem]) -> None:
+        start = time.monotonic()
         live, results = self.batch_runner.run(batch)
+        busy = time.monotonic() - start
         generated = 0
         with self._cv:
             self._active = 0  # before any caller sees its result, as in _step
@@ -355,6 +362,7 @@ class Engine:
                     it.future.set_exception(results)
             else:
                 generated = sum(_resolve(it, hyps) for it, hyps in zip(live, results, strict=True))
+                self.requests.throughput.record(sum(it.cost for it in live), busy, start + busy)
         if self.observer is not None:
             self.observer.on_generated(generated)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError
 
 from model.errors import InputTooLongError, InvalidTextError
 from service.html_text import HtmlLimitError
@@ -18,12 +19,16 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     HtmlLimitError: (422, "html_too_complex"),
     RequestTooLargeError: (422, "too_many_texts"),
     QueueFullError: (503, "overloaded"),
+    BackPressureError: (503, "overloaded"),  # Serve's queue ahead of a replica (max_queued_requests) is full
     DeadlineExceededError: (504, "timeout"),
     # The pair's replica died or restarts mid-request: Serve replaces it within seconds.
     RayActorError: (503, "replica_unavailable"),
     ActorUnavailableError: (503, "replica_unavailable"),
 }
-RETRY_AFTER_S = {"replica_unavailable": 5.0}  # answers that say when to retry without the error telling
+RETRY_AFTER_S = {
+    "replica_unavailable": 5.0,
+    "overloaded": 1.0,
+}  # answers that say when to retry without the error telling
 
 
 class ApiError(Exception):
@@ -48,7 +53,7 @@ def api_error(exc: BaseException) -> ApiError | None:
         return cause
     for kind, (status, code) in STATUS.items():
         if isinstance(cause, kind):
-            retry = getattr(cause, "retry_after_s", RETRY_AFTER_S.get(code))
+            retry = getattr(cause, "retry_after_s", None) or RETRY_AFTER_S.get(code)
             headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
             return ApiError(status, code, str(cause), headers)
     return None

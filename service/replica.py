@@ -34,7 +34,9 @@ def pair_of(model: str) -> str:
     return f"{match.group(1)}-{match.group(2)}"
 
 
-@serve.deployment(max_ongoing_requests=512, health_check_period_s=10)
+# Requests past max_ongoing_requests wait in Serve's queue; past max_queued_requests the gateway is
+# told at once (BackPressureError, answered 503), so nothing waits unbounded outside the engine's queue.
+@serve.deployment(max_ongoing_requests=512, max_queued_requests=256, health_check_period_s=10)
 class PairModel:
     """One language pair's model and batching engine on one replica."""
 

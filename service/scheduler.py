@@ -35,12 +35,18 @@ _SEQ = itertools.count()  # one numbering for every queue: items keep their numb
 class QueueFullError(Exception):
     """The queue has no room for this request: retry later (HTTP 503)."""
 
-    def __init__(self, queued: int, limit: int, retry_after_s: float) -> None:
-        super().__init__(f"queue full: {queued} sentences waiting (limit {limit}); retry in {retry_after_s:.0f}s")
-        self.queued, self.limit, self.retry_after_s = queued, limit, retry_after_s
+    def __init__(self, queued: int, limit: int, retry_after_s: float, wait_s: float | None = None) -> None:
+        why = (
+            f"about {wait_s:.1f}s of work queued ahead"
+            if wait_s is not None
+            else f"{queued} sentences waiting (limit {limit})"
+        )
+        super().__init__(f"overloaded: {why}; retry in {retry_after_s:.0f}s")
+        self.queued, self.limit, self.retry_after_s, self.wait_s = queued, limit, retry_after_s, wait_s
 
-    def __reduce__(self) -> tuple[type[QueueFullError], tuple[int, int, float]]:
-        return type(self), (self.queued, self.limit, self.retry_after_s)  # raised in a replica, read in the gateway
+    def __reduce__(self) -> tuple[type[QueueFullError], tuple[int, int, float, float | None]]:
+        # Raised in a replica, read in the gateway.
+        return type(self), (self.queued, self.limit, self.retry_after_s, self.wait_s)
 
 
 class RequestTooLargeError(ValueError):
@@ -63,6 +69,8 @@ class BatchingConfig:
     # newcomers join together (the encoder then runs once for all of them), unless the engine is idle
     waiting_served_ratio: float = 0.25  # continuous mode: newcomers join at once when those that fit are at
     # least this fraction of the sentences running (TGI's knob of that name)
+    max_queue_wait_s: float = 1.0  # a request that would wait longer than this before it starts decoding
+    # (the work queued ahead of it over the recent decoding rate) is refused at once with 503
 
 
 # A GPU's decoder step costs about the same for 1,024 rows as for 256 (it is bound by per-step
@@ -125,6 +133,32 @@ def closest_first(oldest: WorkItem, others: list[WorkItem]) -> list[WorkItem]:
     return [oldest, *sorted(others, key=lambda it: (abs(len(it.ids) - len(oldest.ids)), it.seq))]
 
 
+class Throughput:
+    """Work (source tokens x beams) finished per second of decoding, over the turns of the last
+    WINDOW_S seconds; idle time does not count, so a quiet spell does not make the engine look slow."""
+
+    WINDOW_S = 10.0
+    MIN_BUSY_S = 0.5  # decoding time needed before the rate is trusted
+
+    def __init__(self) -> None:
+        self.turns: deque[tuple[float, int, float]] = deque()  # (when, work finished, seconds busy)
+
+    def record(self, work: int, busy_s: float, now: float) -> None:
+        self.turns.append((now, work, busy_s))
+        self._forget(now)
+
+    def rate(self, now: float) -> float | None:
+        """Work a second of decoding, or None before MIN_BUSY_S of recent decoding."""
+        self._forget(now)
+        busy = sum(b for _, _, b in self.turns)
+        work = sum(w for _, w, _ in self.turns)
+        return work / busy if busy >= self.MIN_BUSY_S and work else None
+
+    def _forget(self, now: float) -> None:
+        while self.turns and self.turns[0][0] < now - self.WINDOW_S:
+            self.turns.popleft()
+
+
 class Queue:
     """The bounded wait queue and the counts both schedulers keep."""
 
@@ -132,12 +166,28 @@ class Queue:
         self.config = config
         self.queue: deque[WorkItem] = deque()
         self.stats = BatchStats()
+        self.throughput = Throughput()
 
-    def admit(self, items: list[WorkItem]) -> None:
-        """Queue a request's sentences whole, or raise QueueFullError for all of them."""
+    def ahead(self) -> int:
+        """Work a newcomer waits behind: the queue's (running sentences make room as they go)."""
+        return sum(it.cost for it in self.queue)
+
+    def admit(self, items: list[WorkItem], now: float | None = None) -> None:
+        """Queue a request's sentences whole, or raise QueueFullError for all of them: when the queue
+        would hold more than max_queue sentences, or when they would wait past max_queue_wait_s at the
+        rate the engine has been finishing work (answered at once, not after the wait)."""
         if len(self.queue) + len(items) > self.config.max_queue:
             self.stats.rejected += 1
             raise QueueFullError(len(self.queue), self.config.max_queue, retry_after_s=1.0)
+        now = time.monotonic() if now is None else now
+        rate = self.throughput.rate(now)
+        if rate:
+            wait = self.ahead() / rate  # until the newcomers start (however large, an idle engine takes them)
+            if wait > self.config.max_queue_wait_s:
+                self.stats.rejected += 1
+                raise QueueFullError(
+                    len(self.queue), self.config.max_queue, retry_after_s=max(1.0, wait - 1.0), wait_s=wait
+                )
         self.queue.extend(items)
 
     def expired(self, item: WorkItem, now: float) -> bool:

@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     decode_slots: int | None = None
     max_waiting_steps: int = BatchingConfig.max_waiting_steps
     waiting_served_ratio: float = BatchingConfig.waiting_served_ratio
+    max_queue_wait_s: float = BatchingConfig.max_queue_wait_s
 
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]

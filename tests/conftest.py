@@ -86,6 +86,7 @@ SETTINGS = dict(
     batch_wait_ms=20.0,
     max_batch_size=64,
     request_timeout_s=20.0,
+    max_queue_wait_s=30.0,  # bursts on one thread per replica; overload tests set their own
     max_text_chars=2000,
 )
 

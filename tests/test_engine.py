@@ -62,7 +62,12 @@ async def send(engine: Engine, arrivals: list[Job]) -> list[list[Hypothesis]]:
 
 @pytest.mark.parametrize(
     "engine",
-    [BatchingConfig(), BatchingConfig(mode="request", batch_wait_ms=2), BatchingConfig(mode="none")],
+    # A burst of 40 requests on one thread: far past max_queue_wait_s, which would refuse some.
+    [
+        BatchingConfig(max_queue_wait_s=60),
+        BatchingConfig(mode="request", batch_wait_ms=2, max_queue_wait_s=60),
+        BatchingConfig(mode="none", max_queue_wait_s=60),
+    ],
     indirect=True,
     ids=["continuous", "request", "none"],
 )
@@ -212,7 +217,7 @@ def slot_engine() -> Iterator[Engine]:
     """Continuous mode on the static decode state (a GPU's default), here on the CPU."""
     e = Engine(
         Translator.load("en-de", "cpu", num_threads=1),
-        BatchingConfig(decode_slots=32),
+        BatchingConfig(decode_slots=32, max_queue_wait_s=60),  # bursts: see above
         max_length=256,
         static_slots=True,
     )

@@ -170,3 +170,29 @@ def test_unset_sizes_follow_the_device_and_set_ones_win() -> None:
         GPU_SIZES["max_batch_tokens"],
     )
     assert cpu.max_batch_size == gpu.max_batch_size == 32
+
+
+def test_a_request_that_would_wait_past_max_queue_wait_is_refused_at_once() -> None:
+    s = scheduler(max_queue_wait_s=1.0)
+    s.admit([item(tokens=10) for _ in range(5)], now=0.0)  # no decoding rate known yet: only max_queue applies
+    for t in range(10):  # 440 work units (tokens x beams) a second of decoding, busy half of each second
+        s.throughput.record(220, busy_s=0.5, now=100.5 + t)
+    assert s.throughput.rate(110.0) == pytest.approx(440.0)  # the idle halves do not count
+    # 5 x 40 = 200 units queued: 0.45 s ahead; then 10 x 40 = 400: 0.91 s; then 480: 1.09 s.
+    s.admit([item(tokens=10) for _ in range(5)], now=110.0)
+    s.admit([item(tokens=10) for _ in range(2)], now=110.0)
+    with pytest.raises(QueueFullError, match=r"about 1\.1s of work queued ahead") as refused:
+        s.admit([item(tokens=10)], now=110.0)
+    assert refused.value.retry_after_s == 1.0 and len(s.queue) == 12 and s.stats.rejected == 1
+    assert s.throughput.rate(200.0) is None  # the window has passed: no estimate, no refusal by time
+    s.throughput.record(0, busy_s=5.0, now=200.0)
+    assert s.throughput.rate(200.0) is None  # decoding that finished nothing yet says nothing either
+    s.admit([item(tokens=10), item(tokens=10)], now=200.0)
+
+
+def test_an_idle_engine_takes_a_request_however_large() -> None:
+    s = scheduler(max_queue_wait_s=0.1)
+    s.throughput.record(100, busy_s=1.0, now=10.0)
+    s.admit([item(tokens=50) for _ in range(64)], now=10.0)  # 12,800 units: 128 s of work, nothing ahead
+    with pytest.raises(QueueFullError):
+        s.admit([item()], now=10.0)
