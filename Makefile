@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: install serve test test-fast lint format bench-decode bench-gemm bench-batching loadtest clean
+.PHONY: install serve test test-fast lint format bench-decode bench-gemm bench-batching loadtest faults clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +48,10 @@ bench-batching: install
 
 loadtest: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out runs/loadtest --external http://127.0.0.1:8000
+
+# Spike, replica and gateway kills, SIGTERM under load, slow clients: each on its own server on 127.0.0.1.
+faults: install
+	$(PY) loadtests/faults.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

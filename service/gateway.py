@@ -5,6 +5,7 @@ No `from __future__ import annotations` (service/http.py says why).
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -35,6 +36,9 @@ from service.schemas import (
 from service.sentences import join_translations, ranked, split_sentences
 from service.settings import BODY_LIMIT, Settings
 
+logger = logging.getLogger(__name__)
+RETRY_MIN_S = 1.0  # a call retried after its replica died needs at least this much of its time left
+SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to this many characters
 LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 413, 422, 500, 503, 504)}
 
@@ -49,6 +53,7 @@ class Gateway:
         self.pairs = pairs
         self.settings = Settings(**settings)
         BODY_LIMIT["bytes"] = self.settings.max_body_bytes
+        BODY_LIMIT["timeout_s"] = self.settings.body_timeout_s
         gateway_metrics()
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish
         self.in_flight = 0  # translation requests accepted and not yet answered
@@ -66,6 +71,10 @@ class Gateway:
     def _accepting(self) -> Iterator[None]:
         if self.draining:
             raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "5"})
+        if self.in_flight >= self.settings.max_in_flight:  # the cheapest refusal: before any model work
+            raise ApiError(
+                503, "overloaded", f"{self.in_flight} requests in flight on this gateway", {"Retry-After": "1"}
+            )
         self.in_flight += 1
         try:
             yield
@@ -213,12 +222,17 @@ class Gateway:
         split: bool = True,
     ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
         """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
+
         # A one-sentence text goes as it came (what the library gets for it).
-        pieces = await asyncio.to_thread(lambda: [split_sentences(t) if split else ([t], []) for t in texts])
+        def split_all() -> list[tuple[list[str], list[str]]]:
+            return [split_sentences(t) if split else ([t], []) for t in texts]
+
+        # Long texts are split off the event loop; a thread hop would cost short ones more than splitting.
+        pieces = await asyncio.to_thread(split_all) if sum(map(len, texts)) > SPLIT_INLINE_CHARS else split_all()
         timeout = self._timeout(timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
         options = {f.name: getattr(opts, f.name) for f in user_options("api")}
-        out = await self._remote(pair, "translate", sentences, options, timeout, timeout=timeout)
+        out = await self._remote(pair, "translate", sentences, options, timeout=timeout, pass_time=True)
         per_sentence = iter(out["translations"])
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 
@@ -271,20 +285,29 @@ class Gateway:
         """A request's timeout: its own when shorter than the server's."""
         return min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
 
-    async def _remote(self, pair: str, method: str, *args: Any, timeout: float) -> Any:
-        """pair's replica.method(*args), answered within timeout (+2 s); its typed errors as ApiErrors."""
-        response = getattr(self.pairs[pair], method).remote(*args)
+    async def _remote(self, pair: str, method: str, *args: Any, timeout: float, pass_time: bool = False) -> Any:
+        """pair's replica.method(*args), answered within timeout (+2 s); its typed errors as ApiErrors.
+        A replica that dies mid-call is asked again once (Serve routes to a live or restarted one) while
+        RETRY_MIN_S of the timeout is left. With pass_time, the time left is the call's last argument."""
+        deadline = time.monotonic() + timeout
+        for attempt in (1, 2):
+            left = deadline - time.monotonic()
+            response = getattr(self.pairs[pair], method).remote(*args, *([left] if pass_time else []))
 
-        async def answer() -> Any:
-            return await response
+            async def answer(r: Any = response) -> Any:
+                return await r
 
-        try:
-            return await asyncio.wait_for(answer(), timeout + 2.0)
-        except TimeoutError:
-            response.cancel()
-            raise ApiError(504, "timeout", f"no answer within {timeout:.0f}s") from None
-        except Exception as exc:
-            known = api_error(exc)
-            if known is None:
-                raise
-            raise known from None
+            try:
+                return await asyncio.wait_for(answer(), left + 2.0)
+            except TimeoutError:
+                response.cancel()
+                raise ApiError(504, "timeout", f"no answer within {timeout:.0f}s") from None
+            except Exception as exc:
+                known = api_error(exc)
+                if known is None:
+                    raise
+                if known.code == "replica_unavailable" and attempt == 1 and deadline - time.monotonic() > RETRY_MIN_S:
+                    logger.warning("the %s replica died mid-request; asking again (%s)", pair, exc)
+                    continue
+                raise known from None
+        raise AssertionError("unreachable")

@@ -5,6 +5,7 @@ No `from __future__ import annotations` in the modules that declare routes: Serv
 class, and FastAPI must see real types (Request, the pydantic models), not strings.
 """
 
+import asyncio
 import json
 import logging
 import time
@@ -35,7 +36,9 @@ class _BodyTooLargeError(Exception):
 
 
 class BodyLimit:
-    """413 for bodies over the limit in force (settings.BODY_LIMIT), by Content-Length or while streaming."""
+    """413 for bodies over the limit in force (settings.BODY_LIMIT), by Content-Length or while streaming;
+    408 for a body that stops arriving for BODY_LIMIT["timeout_s"] (a slow client would otherwise hold
+    one of the gateway's ongoing-request slots for as long as it likes)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -46,32 +49,43 @@ class BodyLimit:
         limit = BODY_LIMIT["bytes"]
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await self._reject(scope, send, limit)
+            return await self._reject(scope, send, 413, "body_too_large", f"request body over {limit} bytes")
         seen = 0
+        answered = False  # a 408 went out: the app's own answer is dropped
 
         async def limited() -> Any:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, answered
+            try:
+                message = await asyncio.wait_for(receive(), BODY_LIMIT["timeout_s"])
+            except TimeoutError:
+                wait = BODY_LIMIT["timeout_s"]
+                await self._reject(
+                    scope, send, 408, "body_timeout", f"no part of the request body came for {wait:.0f}s"
+                )
+                answered = True
+                return {"type": "http.disconnect"}  # the app stops reading and gives up
             seen += len(message.get("body", b""))
             if seen > limit:
                 raise _BodyTooLargeError
             return message
 
+        async def guarded(message: dict[str, Any]) -> None:
+            if not answered:
+                await send(message)
+
         try:
-            await self.inner(scope, limited, send)
+            await self.inner(scope, limited, guarded)
         except _BodyTooLargeError:
-            await self._reject(scope, send, limit)
+            await self._reject(scope, send, 413, "body_too_large", f"request body over {limit} bytes")
 
     @staticmethod
-    async def _reject(scope: dict[str, Any], send: Any, limit: int) -> None:
+    async def _reject(scope: dict[str, Any], send: Any, status: int, code: str, detail: str) -> None:
         rid = request_id({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
-        body = json.dumps(
-            {"error": "body_too_large", "detail": f"request body over {limit} bytes", "request_id": rid}
-        ).encode()
+        body = json.dumps({"error": code, "detail": detail, "request_id": rid}).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
             }
         )

@@ -134,7 +134,11 @@ class ModelMetrics:
             )
         )
         self.rejected = tagged(
-            Counter("beamserve_rejected", description="Requests refused with 503 (queue full or too much work ahead).", tag_keys=keys)
+            Counter(
+                "beamserve_rejected",
+                description="Requests refused with 503 (queue full or too much work ahead).",
+                tag_keys=keys,
+            )
         )
         self.timeouts = tagged(
             Counter("beamserve_timeouts", description="Sentences dropped past their deadline (504).", tag_keys=keys)

@@ -25,9 +25,11 @@ class Settings(BaseSettings):
     max_texts: int = 64  # texts per request
     max_text_chars: int = 2000  # characters per text
     max_body_bytes: int = 1_000_000  # request body
+    body_timeout_s: float = 10.0  # a request body that stops arriving for this long gets 408
     max_beam_size: int = 8
     max_decoding_length: int = 256
     request_timeout_s: float = 30.0  # past this, 504
+    max_in_flight: int = 512  # translation requests a gateway replica holds at once; past it, 503 at once
     drain_timeout_s: float = 40.0  # on SIGTERM, how long accepted requests may take to finish
     # Batching: BatchingConfig's fields (service/scheduler.py, where each is described), tunable live
     # through the Serve config's user_config. Sizes left None are the replica's device's (sized_for).
@@ -47,4 +49,4 @@ class Settings(BaseSettings):
 
 # The body limit in force in this process (the ingress replica sets it from its Settings); a module
 # global because the HTTP middleware runs outside the Serve class that holds the Settings.
-BODY_LIMIT = {"bytes": Settings().max_body_bytes}
+BODY_LIMIT: dict[str, float] = {"bytes": Settings().max_body_bytes, "timeout_s": Settings().body_timeout_s}

@@ -1,0 +1,26 @@
+"""The short cases of the fault suite (loadtests/faults.py) against a real server on 127.0.0.1: a model
+replica SIGKILLed under load costs no request, and clients that stop sending their bodies neither hold
+the service up nor go unanswered."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("case", ["replica-kill", "slow-clients"])
+def test_fault_case_passes(case: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "loadtests/faults.py", "--cases", case, "--duration", "8"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
