@@ -6,7 +6,7 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -102,14 +102,12 @@ def test_continuous_admits_newcomers_while_a_long_sentence_decodes(engine: Engin
     assert engine.stats.max_sentences == 2
 
 
-def test_cancelled_request_frees_its_slots_mid_decode(engine: Engine, reference: Translator) -> None:
-    ids = reference.encode(" ".join([LONG] * 3))
-    opts = DecodeOptions(beam_size=8, max_decoding_length=256, max_length_ratio=None)
-    full_steps = len(reference.decode_batch([ids], opts)[0][0].tokens) + 1
+def cancel_mid_decode(engine: Engine, ids: list[int], opts: DecodeOptions, decoding: Callable[[], bool]) -> None:
+    """Send [ids, ids], cancel the request once `decoding()` says both decode, wait for the engine to idle."""
 
     async def scenario() -> None:
         task = asyncio.create_task(engine.translate([ids, ids], opts, 60))
-        while engine.step_runner.batch.rows < 16 or engine.stats.steps < 3:
+        while not decoding() or engine.stats.steps < 3:
             await asyncio.sleep(0.005)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -119,6 +117,13 @@ def test_cancelled_request_frees_its_slots_mid_decode(engine: Engine, reference:
     deadline = time.monotonic() + 10
     while engine.active and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def test_cancelled_request_frees_its_slots_mid_decode(engine: Engine, reference: Translator) -> None:
+    ids = reference.encode(" ".join([LONG] * 3))
+    opts = DecodeOptions(beam_size=8, max_decoding_length=256, max_length_ratio=None)
+    full_steps = len(reference.decode_batch([ids], opts)[0][0].tokens) + 1
+    cancel_mid_decode(engine, ids, opts, lambda: engine.step_runner.batch.rows >= 16)
     steps = engine.stats.steps
     time.sleep(0.2)
     assert engine.active == 0 and engine.step_runner.batch.rows == 0
@@ -240,19 +245,7 @@ def test_static_slots_serve_mixed_requests_as_each_decodes_alone(slot_engine: En
 def test_static_slots_free_a_cancelled_sentence_s_slot(slot_engine: Engine, reference: Translator) -> None:
     ids = reference.encode(" ".join([LONG] * 2))
     opts = DecodeOptions(beam_size=4, max_decoding_length=200, max_length_ratio=None)
-
-    async def scenario() -> None:
-        task = asyncio.create_task(slot_engine.translate([ids, ids], opts, 60))
-        while slot_engine.step_runner.pool.busy < 2 or slot_engine.stats.steps < 3:
-            await asyncio.sleep(0.005)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(scenario())
-    deadline = time.monotonic() + 10
-    while slot_engine.active and time.monotonic() < deadline:
-        time.sleep(0.01)
+    cancel_mid_decode(slot_engine, ids, opts, lambda: slot_engine.step_runner.pool.busy >= 2)
     assert slot_engine.active == 0 and slot_engine.step_runner.pool.busy == 0
     assert slot_engine.stats.cancelled == 2
     got = asyncio.run(slot_engine.translate([reference.encode("A dog.")], opts, 60))  # the slots serve again
