@@ -38,7 +38,7 @@ from service.scheduler import (
     WorkItem,
     batch_tokens,
 )
-from service.slot_runner import SlotStepRunner
+from service.slot_runner import SlotPoolError, SlotStepRunner
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +338,10 @@ class Engine:
             self.observer.on_generated(generated)
 
     def _fail_running(self, exc: Exception) -> None:
-        """Fail every sentence in flight and start from a fresh pool (its state may be half-updated)."""
+        """Fail every sentence in flight and start from a fresh pool (its state may be half-updated);
+        after a failure of the static decode state, on the InflightBatch path alone."""
+        if isinstance(exc, SlotPoolError):
+            self.static_slots = False
         logger.error(
             "a decoder step failed; failing the %d sentences in flight", len(self.continuous.running), exc_info=exc
         )

@@ -16,6 +16,10 @@ from model.translator import Translator
 from service.scheduler import Plan, WorkItem
 
 
+class SlotPoolError(RuntimeError):
+    """The static decode state failed (a graph capture, a step); the engine goes on without it."""
+
+
 class SlotStepRunner:
     """The pool (decode_slots // beams slots of `beams` beams) plus an InflightBatch for the rest."""
 
@@ -53,8 +57,12 @@ class SlotStepRunner:
         rows = self.rows
         finished: list[tuple[int, list[Hypothesis]]] = []
         if self.pool.busy:
-            self.pool.launch()
-            for slot, hyps in self.pool.collect(lag=self.lag).items():
+            try:
+                self.pool.launch()
+                collected = self.pool.collect(lag=self.lag)
+            except Exception as exc:
+                raise SlotPoolError(f"the static decode state failed: {exc!r}") from exc
+            for slot, hyps in collected.items():
                 seq = self.seq_of.pop(slot)
                 del self.slot_of[seq]
                 finished.append((seq, hyps))

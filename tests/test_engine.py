@@ -266,3 +266,20 @@ def test_health_reports_a_stalled_turn_and_a_stopped_engine(engine: Engine, refe
     assert engine.health(stall_s=0.01) is None
     engine.close()
     assert engine.health(stall_s=60) == "the engine's thread has stopped"
+
+
+def test_a_failing_static_decode_state_leaves_the_engine_on_today_s_path(
+    slot_engine: Engine, reference: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model import slot_decoder
+
+    def broken(*args: object, **kwargs: object) -> None:  # a fault injected into the pool's step
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(slot_decoder, "decode_step", broken)
+    ids, opts = reference.encode("A dog runs in the snow."), DecodeOptions(beam_size=4)
+    with pytest.raises(RuntimeError, match="static decode state failed"):
+        asyncio.run(slot_engine.translate([ids], opts, 60))
+    got = asyncio.run(slot_engine.translate([ids], opts, 60))  # served, on the InflightBatch path
+    assert [h.tokens for h in got[0]] == [h.tokens for h in reference.decode_batch([ids], opts)[0]]
+    assert not slot_engine.static_slots and not hasattr(slot_engine.step_runner, "pool")
