@@ -63,3 +63,11 @@ class DecodeOptions:
 def user_options(surface: str) -> list[Any]:
     """The DecodeOptions fields offered on `surface` ("api" or "cli"), in declaration order."""
     return [f for f in fields(DecodeOptions) if f.metadata[surface]]
+
+
+def max_length(opts: DecodeOptions, source_len: int, positions: int) -> int:
+    """A sentence's generated-token cap: the absolute cap, the ratio cap (source_len tokens), the positions."""
+    cap = min(opts.max_decoding_length, positions)
+    if opts.max_length_ratio is None:
+        return cap
+    return min(cap, math.ceil(opts.max_length_ratio * source_len) + opts.max_length_offset)

@@ -15,13 +15,12 @@ are never rebound, so the graphs keep reading them.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 
-from model.options import DecodeOptions
+from model.options import DecodeOptions, max_length
 from model.search import NEG, Hypothesis, SearchOptions
 from model.slots import SlotState, decode_step
 from model.transformer import Seq2Seq
@@ -245,14 +244,6 @@ class SlotDecoder:
 def _bucket(n: int, cap: int) -> int:
     """The smallest of 16, 32, 64, ... that is at least n, and at most cap."""
     return min(cap, max(16, 1 << (n - 1).bit_length()))
-
-
-def max_length(opts: DecodeOptions, source_len: int, positions: int) -> int:
-    """A sentence's generated-token cap, as Translator.max_lengths computes it."""
-    cap = min(opts.max_decoding_length, positions)
-    if opts.max_length_ratio is None:
-        return cap
-    return min(cap, math.ceil(opts.max_length_ratio * source_len) + opts.max_length_offset)
 
 
 def decode_all(

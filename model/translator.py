@@ -18,7 +18,7 @@ from model.align import Link, attention_alignment
 from model.allocator import retain_freed_memory
 from model.decoding import generate, pad_batch
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
-from model.options import DecodeOptions
+from model.options import DecodeOptions, max_length
 from model.search import Hypothesis, SearchOptions
 from model.tokenizer import Tokenizer
 from model.transformer import Seq2Seq
@@ -241,13 +241,8 @@ class Translator:
 
     def max_lengths(self, batch: list[list[int]], opts: DecodeOptions) -> torch.Tensor:
         """(B,) generated-token cap per sentence: the absolute cap, the ratio cap, the model's positions."""
-        cap = min(opts.max_decoding_length, self.model.cfg.max_position_embeddings)
-        caps = [
-            cap
-            if opts.max_length_ratio is None
-            else min(cap, math.ceil(opts.max_length_ratio * len(s)) + opts.max_length_offset)
-            for s in batch
-        ]
+        positions = self.model.cfg.max_position_embeddings
+        caps = [max_length(opts, len(s), positions) for s in batch]
         return torch.tensor(caps, device=self.device)
 
     def search_options(self, opts: DecodeOptions) -> SearchOptions:

@@ -9,9 +9,9 @@ runs one step; it never decides admission.
 from __future__ import annotations
 
 from model.inflight import InflightBatch
-from model.options import DecodeOptions
+from model.options import DecodeOptions, max_length
 from model.search import Hypothesis
-from model.slot_decoder import PoolShape, SlotDecoder, max_length
+from model.slot_decoder import PoolShape, SlotDecoder
 from model.translator import Translator
 from service.scheduler import Plan, WorkItem
 

@@ -12,8 +12,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import DecodeOptions, Translator, checkpoint
+from model.options import max_length
 from model.search import Hypothesis
-from model.slot_decoder import PoolShape, SlotDecoder, decode_all, max_length
+from model.slot_decoder import PoolShape, SlotDecoder, decode_all
 from model.slots import decode_step
 
 from .conftest import read_lines
