@@ -9,12 +9,16 @@ Cases (each on a fresh server, bounded in time, traffic to 127.0.0.1 only):
   requests' p95 within 2x the unloaded p95.
 - replica-kill: half the sustainable rate, the model replica SIGKILLed mid-way: no 5xx but 503/504,
   no dropped connection; answers 200 again within RECOVERY_S.
-- gateway-kill: the same with the gateway (HTTP ingress) replica: its in-flight requests are cut off
-  by Ray Serve's proxy; reported, and it must answer 200 again within RECOVERY_S.
+- gateway-kill: the same with the gateway (HTTP ingress) replica: the requests in flight on it get a
+  JSON 503 with Retry-After from Serve's proxy (service/proxy_errors.py), none a 500.
 - sigterm: half the sustainable rate, SIGTERM mid-way: every request accepted before the signal is
   answered; later ones get 503 or a refused connection; the process exits 0.
 - slow-clients: 300 connections that send their headers and part of a body, then idle: /healthz and
   translations from other clients keep answering within 2 s, and the idle ones get 408.
+- soak (not in the default set; `--cases soak --duration 3600`): mixed traffic and fuzzing from a few
+  closed-loop clients (every route and option, HTML, n-best lists, tiny timeouts, clients that hang
+  up, malformed and hostile bodies); never a 5xx other than 503/504, and the resident memory of each
+  Serve replica at the end within 10% of its value after the warm-up (the first tenth of the run).
 
 Each case prints counts per status and fails (exit 1) when its check fails.
 """
@@ -24,7 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
+import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,6 +40,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlencode
 
 import httpx
 import psutil
@@ -114,7 +122,9 @@ class Outcome:
     sent: float  # seconds since the load started
     status: int  # 0: no HTTP answer (connection refused, reset or dropped)
     latency: float
-    error: str = ""
+    error: str = ""  # the exception when there was no answer
+    body: str = ""  # the answer's body when it was not 200
+    retry_after: str | None = None
 
 
 @dataclass
@@ -134,7 +144,15 @@ async def one(client: httpx.AsyncClient, url: str, i: int, start: float, load: L
     body = {"texts": [SENTENCES[i % len(SENTENCES)]], "source": "en", "target": "de"}
     try:
         r = await client.post(f"{url}/v1/translate", json=body)
-        load.outcomes.append(Outcome(sent - start, r.status_code, time.monotonic() - sent))
+        load.outcomes.append(
+            Outcome(
+                sent - start,
+                r.status_code,
+                time.monotonic() - sent,
+                body="" if r.status_code == 200 else r.text[:500],
+                retry_after=r.headers.get("retry-after"),
+            )
+        )
     except httpx.HTTPError as exc:
         load.outcomes.append(Outcome(sent - start, 0, time.monotonic() - sent, type(exc).__name__))
 
@@ -212,7 +230,15 @@ def case_spike(seconds: float, failures: list[str]) -> None:
         server.stop()
 
 
-def case_kill(deployment: str, seconds: float, failures: list[str], *, strict: bool) -> None:
+def json_error(body: str) -> bool:
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and bool(answer.get("error")) and bool(answer.get("request_id"))
+
+
+def case_kill(deployment: str, seconds: float, failures: list[str]) -> None:
     server = Server()
     try:
         rate, _ = sustainable(server.url)
@@ -224,10 +250,13 @@ def case_kill(deployment: str, seconds: float, failures: list[str], *, strict: b
         report(name, load, f"; answering 200 again {back:.1f} s after the kill" if back is not None else "")
         check(back is not None and back < RECOVERY_S, f"{name}: answering again within {RECOVERY_S:.0f} s", failures)
         bad = [o for o in load.outcomes if o.status not in (200, 503, 504)]
-        if strict:
-            check(not bad, f"{name}: no 5xx but 503/504 and no dropped connection", failures)
-        else:
-            print(f"  note {len(bad)} requests in flight on the killed ingress were cut off ({name})", flush=True)
+        check(not bad, f"{name}: no 5xx but 503/504 and no dropped connection", failures)
+        refused = [o for o in load.outcomes if o.status == 503]
+        check(
+            all(json_error(o.body) and o.retry_after for o in refused),
+            f"{name}: every 503 a JSON error with its request id and Retry-After",
+            failures,
+        )
     finally:
         server.stop()
 
@@ -287,6 +316,131 @@ def case_slow_clients(seconds: float, failures: list[str]) -> None:
         server.stop()
 
 
+def fuzz_body(rng: random.Random, sentences: list[str]) -> tuple[str, dict[str, str], bytes]:
+    """(path, headers, body) of one request of the soak's mix: valid traffic on every route and option,
+    and inputs a hostile or broken client sends."""
+    texts = rng.sample(sentences, rng.randint(1, 6))
+    kind = rng.random()
+    js = {"Content-Type": "application/json"}
+    if kind < 0.40:  # the API, with options
+        body: object = {"texts": texts, "source": "en", "target": "de"}
+        opts = {
+            "beam_size": rng.randint(1, 5),
+            "num_hypotheses": 1,
+            "length_penalty": rng.uniform(0, 2),
+            "no_repeat_ngram_size": rng.choice([0, 0, 3]),
+            "split_sentences": rng.random() < 0.8,
+        }
+        opts["num_hypotheses"] = rng.randint(1, int(opts["beam_size"]))
+        if rng.random() < 0.1:
+            opts["timeout_s"] = 0.01  # answered 504
+        return "/v1/translate", js, json.dumps(body | opts).encode()
+    if kind < 0.50:  # HTML with nested inline markup, both routes
+        html = " ".join(f"<p>{t.replace(' ', ' <b>', 1)}</b> <i>x</i></p>" for t in texts)
+        if rng.random() < 0.5:
+            return (
+                "/v1/translate",
+                js,
+                json.dumps({"texts": [html], "source": "en", "target": "de", "tag_handling": "html"}).encode(),
+            )
+        return "/translate", js, json.dumps({"q": html, "source": "en", "target": "de", "format": "html"}).encode()
+    if kind < 0.65:  # LibreTranslate, JSON and form, alternatives
+        if rng.random() < 0.5:
+            body = {
+                "q": texts if rng.random() < 0.5 else texts[0],
+                "source": "en",
+                "target": "de",
+                "alternatives": rng.randint(0, 3),
+            }
+            return "/translate", js, json.dumps(body).encode()
+        form = urlencode({"q": texts, "source": "en", "target": "de"}, doseq=True)
+        return "/translate", {"Content-Type": "application/x-www-form-urlencoded"}, form.encode()
+    # Hostile or broken input: every one must get a 4xx.
+    hostile: list[bytes] = [
+        bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 400))),
+        b"[" * rng.randint(1000, 50000),
+        json.dumps({"texts": ["x" * rng.randint(1, 50000)], "source": "en", "target": "de"}).encode(),
+        json.dumps(
+            {"texts": texts, "source": "en", "target": "de", "beam_size": rng.choice([0, -1, 10**9, 2.5, "4", True])}
+        ).encode(),
+        json.dumps({"texts": texts, "source": "en", "target": "xx"}).encode(),
+        json.dumps({"texts": [], "source": "en", "target": "de"}).encode(),
+        json.dumps(
+            {"texts": ["".join(chr(rng.randint(1, 0x2FFF)) for _ in range(200))], "source": "en", "target": "de"}
+        ).encode(),
+        b'{"q": "a", "source": "en", "target": "de", "alternatives": 1e999}',
+        json.dumps({"q": "<b>" * rng.randint(200, 20000), "source": "en", "target": "de", "format": "html"}).encode(),
+        json.dumps({"texts": texts, "source": "en", "target": "de", "length_penalty": "NaN"}).encode(),
+    ]
+    return rng.choice(["/v1/translate", "/translate"]), js, rng.choice(hostile)
+
+
+def case_soak(seconds: float, failures: list[str]) -> None:
+    with gzip.open(REPO / "tests/data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        sentences = [line.strip() for line in f if line.strip()]
+    server = Server(BEAMSERVE_REQUEST_TIMEOUT_S="30")
+    statuses: Counter[str] = Counter()
+    unexpected: list[str] = []
+    try:
+        pids = {d: server.replica_pid(d) for d in ("model-en-de", "Gateway")}
+        procs = {d: psutil.Process(pid) for d, pid in pids.items()}
+
+        def rss() -> dict[str, float]:
+            return {d: p.memory_info().rss / 2**20 for d, p in procs.items()}
+
+        async def client(k: int, until: float) -> None:
+            rng = random.Random(k)
+            async with httpx.AsyncClient(base_url=server.url) as http:
+                while time.monotonic() < until:
+                    path, headers, body = fuzz_body(rng, sentences)
+                    hang_up = rng.random() < 0.05  # the client gives up mid-request
+                    try:
+                        r = await http.post(path, content=body, headers=headers, timeout=0.05 if hang_up else 60)
+                    except httpx.TimeoutException:
+                        statuses["hung up" if hang_up else "timeout"] += 1
+                        continue
+                    except httpx.HTTPError as exc:
+                        statuses[f"no answer ({type(exc).__name__})"] += 1
+                        unexpected.append(f"{path} {body[:80]!r}: {type(exc).__name__}")
+                        continue
+                    statuses[str(r.status_code)] += 1
+                    if r.status_code >= 500 and r.status_code not in (503, 504):
+                        unexpected.append(f"{path} {body[:80]!r}: {r.status_code} {r.text[:200]}")
+
+        async def run() -> tuple[dict[str, float], dict[str, float]]:
+            start = time.monotonic()
+            tasks = [asyncio.create_task(client(k, start + seconds)) for k in range(3)]
+            warm: dict[str, float] = {}
+            while (now := time.monotonic() - start) < seconds:
+                await asyncio.sleep(min(30.0, seconds / 20))
+                mem = rss()
+                if not warm and now >= seconds / 10:
+                    warm = mem
+                print(
+                    f"  soak {now:6.0f}/{seconds:.0f} s  rss MiB "
+                    + ", ".join(f"{d} {v:.0f}" for d, v in mem.items())
+                    + f"  {dict(statuses)}",
+                    flush=True,
+                )
+            await asyncio.gather(*tasks)
+            return warm, rss()
+
+        warm, end = asyncio.run(run())
+        print(f"soak: {sum(statuses.values())} requests, {dict(statuses)}", flush=True)
+        for line in unexpected[:10]:
+            print(f"  unexpected: {line}", flush=True)
+        check(not unexpected, "no 5xx but 503/504, every connection answered", failures)
+        for d in procs:
+            growth = end[d] / warm[d] - 1
+            check(
+                growth <= 0.10,
+                f"{d}: resident memory {warm[d]:.0f} MiB after warm-up, {end[d]:.0f} MiB at the end ({growth:+.1%})",
+                failures,
+            )
+    finally:
+        server.stop()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default="spike,replica-kill,gateway-kill,sigterm,slow-clients")
@@ -298,13 +452,15 @@ def main() -> int:
         if case == "spike":
             case_spike(args.duration, failures)
         elif case == "replica-kill":
-            case_kill("model-en-de", args.duration, failures, strict=True)
+            case_kill("model-en-de", args.duration, failures)
         elif case == "gateway-kill":
-            case_kill("Gateway", args.duration, failures, strict=False)
+            case_kill("Gateway", args.duration, failures)
         elif case == "sigterm":
             case_sigterm(args.duration, failures)
         elif case == "slow-clients":
             case_slow_clients(args.duration, failures)
+        elif case == "soak":
+            case_soak(args.duration, failures)
         else:
             raise SystemExit(f"unknown case {case!r}")
     print(

@@ -48,6 +48,8 @@ def start(settings: Settings, *, app_name: str = "beamserve") -> None:
         _metrics_export_port=export_port,
         configure_logging=True,
         logging_level=logging.WARNING,
+        # In every worker, the proxy's among them: a dead ingress replica answered 503, not 500.
+        runtime_env={"worker_process_setup_hook": "service.proxy_errors.install"},
     )
     if relayed:
         _RELAY.append(MetricsRelay(settings.metrics_host, settings.metrics_port, export_port).start())

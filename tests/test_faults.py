@@ -1,6 +1,6 @@
 """The short cases of the fault suite (loadtests/faults.py) against a real server on 127.0.0.1: a model
-replica SIGKILLed under load costs no request, and clients that stop sending their bodies neither hold
-the service up nor go unanswered."""
+replica SIGKILLed under load costs no request, a killed gateway replica costs a JSON 503 (never a
+500), and clients that stop sending their bodies neither hold the service up nor go unanswered."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .conftest import REPO
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("case", ["replica-kill", "slow-clients"])
+@pytest.mark.parametrize("case", ["replica-kill", "gateway-kill", "slow-clients"])
 def test_fault_case_passes(case: str) -> None:
     proc = subprocess.run(
         [sys.executable, "loadtests/faults.py", "--cases", case, "--duration", "8"],
