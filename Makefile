@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: install serve test test-fast lint format bench-decode bench-gemm bench-batching loadtest faults clean
+.PHONY: install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory loadtest faults soak clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,12 +46,19 @@ bench-gemm: install
 bench-batching: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_batching.py --out runs/bench/batching_latest.md
 
+bench-memory: install
+	$(PY) loadtests/bench_memory.py --out runs/bench/memory_latest.md
+
 loadtest: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out runs/loadtest --external http://127.0.0.1:8000
 
 # Spike, replica and gateway kills, SIGTERM under load, slow clients: each on its own server on 127.0.0.1.
 faults: install
 	$(PY) loadtests/faults.py
+
+# An hour of mixed traffic and fuzzing; the replicas' resident memory at the end against after warm-up.
+soak: install
+	$(PY) loadtests/faults.py --cases soak --duration 3600
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,7 @@ from typing import Any
 
 from ray import serve
 
+from service.allocator import replica_env
 from service.gateway import Gateway
 from service.replica import PairModel, pair_of
 from service.scheduler import batching_knobs
@@ -25,12 +26,17 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     import torch
 
     gpus = settings.replica_gpus if settings.replica_gpus is not None else (1 if torch.cuda.is_available() else 0)
+    env = replica_env(settings.allocator)
     pairs: dict[str, Any] = {}
     for model in settings.model_list():
         pair = pair_of(model)
         pairs[pair] = PairModel.options(  # type: ignore[attr-defined]
             name=f"model-{pair}",
-            ray_actor_options={"num_cpus": settings.replica_cpus, "num_gpus": gpus},
+            ray_actor_options={
+                "num_cpus": settings.replica_cpus,
+                "num_gpus": gpus,
+                **({"runtime_env": {"env_vars": env}} if env else {}),
+            },
             user_config=batching_knobs(settings.model_dump()),
         ).bind(model, settings.model_dump())
     return Gateway.bind(pairs, settings.model_dump())  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
 from service import libretranslate, local_ray
+from service.admission import PairAdmission
 from service.errors import ApiError, api_error
 from service.html_text import HtmlDocument, join_aligned, parse_documents
 from service.http import app
@@ -43,7 +44,7 @@ LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 413, 422, 500, 503, 504)}
 
 
-@serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+@serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
 class Gateway:
     """HTTP ingress: validates, routes by (source, target) to the pair's deployment, maps errors."""
@@ -51,6 +52,7 @@ class Gateway:
     def __init__(self, pairs: dict[str, DeploymentHandle[Any]], settings: dict[str, Any]) -> None:
         local_ray.pin_replica_grpc()
         self.pairs = pairs
+        self.admission = {pair: PairAdmission(pair) for pair in pairs}
         self.settings = Settings(**settings)
         BODY_LIMIT["bytes"] = self.settings.max_body_bytes
         BODY_LIMIT["timeout_s"] = self.settings.body_timeout_s
@@ -142,8 +144,13 @@ class Gateway:
 
     @app.get("/v1/stats")
     async def stats(self) -> dict[str, Any]:
-        """Per pair: queue depth, active sentences, batches and their sizes (for operators and tests)."""
-        return {i["name"]: i for i in await self._infos()}
+        """Per pair: queue depth, active sentences, batches and their sizes (for operators and tests), and
+        this gateway replica's work in flight and refusals on the pair's behalf."""
+        out = {i["name"]: i for i in await self._infos()}
+        for pair, a in self.admission.items():
+            if pair in out:
+                out[pair]["gateway"] = {"in_flight_work": a.in_flight, "refused": a.refused_here}
+        return out
 
     @app.get("/healthz")
     async def healthz(self) -> dict[str, str]:
@@ -232,7 +239,8 @@ class Gateway:
         timeout = self._timeout(timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
         options = {f.name: getattr(opts, f.name) for f in user_options("api")}
-        out = await self._remote(pair, "translate", sentences, options, timeout=timeout, pass_time=True)
+        with self.admission[pair].holding(len(sentences) * opts.beam_size):
+            out = await self._remote(pair, "translate", sentences, options, timeout=timeout, pass_time=True)
         per_sentence = iter(out["translations"])
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 

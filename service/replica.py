@@ -11,7 +11,7 @@ from ray import serve
 
 from model.options import DecodeOptions
 from model.translator import Translator, resolve_model_path
-from service import local_ray
+from service import allocator, local_ray
 from service.engine import BatchingConfig, Engine
 from service.metrics import ModelMetrics
 from service.scheduler import sized_for
@@ -112,4 +112,6 @@ class PairModel:
             "real_tokens": stats.real_tokens,
             "steps": stats.steps,
             "config": vars(self.engine.config),
+            "allocator": allocator.in_use(),
+            "resident_bytes": allocator.resident_bytes(),
         }

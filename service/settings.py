@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.allocator import Allocator
 from service.scheduler import BatchingConfig, Mode
 
 
@@ -22,6 +23,7 @@ class Settings(BaseSettings):
     threads: int | None = None  # torch intra-op threads per replica (default: ceil(replica_cpus))
     device: str | None = None  # cpu or cuda (default: cuda when present)
     dtype: str | None = None  # float32, float16, bfloat16 (default: float16 on cuda, float32 on cpu)
+    allocator: Allocator = "auto"  # model replicas' malloc: jemalloc when the host has it (service/allocator.py)
     max_texts: int = 64  # texts per request
     max_text_chars: int = 2000  # characters per text
     max_body_bytes: int = 1_000_000  # request body

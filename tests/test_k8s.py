@@ -131,3 +131,21 @@ def test_overlays_set_gpu_drain_probes_and_shared_memory(rendered: Rendered) -> 
     assert service["spec"]["ports"][0]["port"] == 8000
     assert by_kind(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert any(p["name"] == "metrics" and p["containerPort"] == 8080 for p in worker["ports"])
+
+
+def test_ingress_example_is_valid_and_agrees_with_the_server_limits() -> None:
+    from service.settings import Settings
+
+    path = K8S / "examples" / "ingress-nginx.yaml"
+    assert "passed for resource ingress/beamserve" in run(tool("kubernetes-validate"), "--strict", path)
+    ingress = yaml.safe_load(path.read_text())
+    notes = {k.removeprefix("nginx.ingress.kubernetes.io/"): v for k, v in ingress["metadata"]["annotations"].items()}
+    settings = Settings()
+    # nginx holds slow bodies; beamserve's JSON 504 and 413 come before nginx's own pages.
+    assert notes["proxy-request-buffering"] == "on"
+    assert float(notes["proxy-read-timeout"]) > settings.request_timeout_s
+    assert notes["proxy-body-size"] == "1m" and settings.max_body_bytes <= 2**20
+    assert ingress["spec"]["tls"] and ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"] == {
+        "name": "beamserve",
+        "port": {"number": 8000},
+    }

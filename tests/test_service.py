@@ -510,3 +510,13 @@ def test_html_past_the_nesting_and_element_limits_is_a_fast_422(client: httpx.Cl
     r = client.post("/translate", json={"q": many, "source": "en", "target": "de", "format": "html"})
     assert r.status_code == 422 and str(MAX_ELEMENTS) in r.text
     assert client.get("/healthz").status_code == 200
+
+
+def test_stats_report_allocator_memory_and_the_gateways_admission(client: httpx.Client) -> None:
+    from service.allocator import jemalloc_path
+
+    stats = client.get("/v1/stats").json()["en-de"]
+    # The replica process runs with jemalloc preloaded exactly when the host has it (allocator "auto").
+    assert stats["allocator"] == ("jemalloc" if jemalloc_path() else "system")
+    assert stats["resident_bytes"] > 100 * 2**20
+    assert set(stats["gateway"]) == {"in_flight_work", "refused"}
