@@ -9,7 +9,14 @@ FROM rayproject/ray:${RAY_VERSION}-py311-${FLAVOR}
 # The CUDA build of torch for GPU images (cu128 wheels run on drivers >= 570); the CPU index for FLAVOR=cpu.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
 
-# Ray's image already runs as the non-root user `ray` (uid 1000) with a user-owned Python; numeric
+# jemalloc, which the model replicas preload (BEAMSERVE_ALLOCATOR=auto): under glibc's malloc a
+# replica's resident memory creeps with the ever-changing tensor sizes of decoding; under jemalloc it
+# levels off (docs/benchmarks.md "Memory"). The distribution's package, its version the base image's.
+USER 0
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 && rm -rf /var/lib/apt/lists/*
+
+# Ray's image otherwise runs as the non-root user `ray` (uid 1000) with a user-owned Python; numeric
 # so Kubernetes' runAsNonRoot can verify it.
 USER 1000
 WORKDIR /home/ray/beamserve

@@ -231,8 +231,10 @@ class Gateway:
         """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
 
         # A one-sentence text goes as it came (what the library gets for it).
+        source = pair.split("-")[0]
+
         def split_all() -> list[tuple[list[str], list[str]]]:
-            return [split_sentences(t) if split else ([t], []) for t in texts]
+            return [split_sentences(t, source) if split else ([t], []) for t in texts]
 
         # Long texts are split off the event loop; a thread hop would cost short ones more than splitting.
         pieces = await asyncio.to_thread(split_all) if sum(map(len, texts)) > SPLIT_INLINE_CHARS else split_all()

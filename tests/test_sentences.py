@@ -2,11 +2,87 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from service.sentences import join_sentences, join_translations, split_sentences
 
 from .conftest import read_lines
+
+# (language, text, its sentences): decimals, versions, times, initials, abbreviations, ordinals, quotes and
+# brackets, ellipses, lists, CJK full stops, line breaks. loadtests/bench_splitter.py scores libraries on it.
+CASES: list[tuple[str, str, list[str]]] = [
+    ("en", "It costs 3.50. Then we left.", ["It costs 3.50.", "Then we left."]),
+    ("en", "Version 2.1.3. Next we update.", ["Version 2.1.3.", "Next we update."]),
+    ("en", "We met at 5 p.m. He left early.", ["We met at 5 p.m.", "He left early."]),
+    ("en", "She moved to the U.S. Next year she returns.", ["She moved to the U.S.", "Next year she returns."]),
+    ("en", "The U.S. Army arrived.", ["The U.S. Army arrived."]),
+    ("en", "Dr. Who meets Mr. Smith. They talk.", ["Dr. Who meets Mr. Smith.", "They talk."]),
+    ("en", "J. R. R. Tolkien wrote it. It is long.", ["J. R. R. Tolkien wrote it.", "It is long."]),
+    (
+        "en",
+        "A sign says E.S.E. Electronics. J. Smith reads it.",
+        ["A sign says E.S.E. Electronics.", "J. Smith reads it."],
+    ),
+    ("en", "Bring pens, paper, etc. The rest is here.", ["Bring pens, paper, etc.", "The rest is here."]),
+    ("en", "Fruit, e.g. apples, is sold here.", ["Fruit, e.g. apples, is sold here."]),
+    ("en", "See Fig. 3 for details. It shows the loop.", ["See Fig. 3 for details.", "It shows the loop."]),
+    ("en", "He works at Acme Inc. The firm is small.", ["He works at Acme Inc.", "The firm is small."]),
+    ("en", "It was 1999. Then the war came.", ["It was 1999.", "Then the war came."]),
+    ("en", "The pi is 3.14159 roughly. Nobody knows more.", ["The pi is 3.14159 roughly.", "Nobody knows more."]),
+    ("en", 'He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
+    ("en", '"Stop!" he said. We stopped.', ['"Stop!" he said.', "We stopped."]),
+    ("en", "It rained (a lot.) We stayed in.", ["It rained (a lot.)", "We stayed in."]),
+    ("en", "Wait... Then it started.", ["Wait...", "Then it started."]),
+    ("en", "Wait... and then it started.", ["Wait... and then it started."]),
+    ("en", "Really?! Yes, really.", ["Really?!", "Yes, really."]),
+    ("en", "Steps: 1. Open the box. 2. Take the lid off.", ["Steps: 1. Open the box.", "2. Take the lid off."]),
+    ("en", "First line\nSecond line.\n\nThird.", ["First line", "Second line.", "Third."]),
+    ("en", "It costs 5 dollars. 10 people came.", ["It costs 5 dollars.", "10 people came."]),
+    ("en", "Visit example.com today. It is free.", ["Visit example.com today.", "It is free."]),
+    ("en", "Mail bob@example.com. He answers fast.", ["Mail bob@example.com.", "He answers fast."]),
+    ("en", "I met Prof. Adams. She was kind.", ["I met Prof. Adams.", "She was kind."]),
+    ("en", "Plan B. Then we go home.", ["Plan B.", "Then we go home."]),
+    ("en", "We left at 9 a.m. and came back.", ["We left at 9 a.m. and came back."]),
+    ("de", "Er kam am 3. Mai. Dann ging er.", ["Er kam am 3. Mai.", "Dann ging er."]),
+    ("de", "Das ist z. B. ein Haus. Es ist alt.", ["Das ist z. B. ein Haus.", "Es ist alt."]),
+    ("de", "Das ist z.B. ein Haus. Es ist alt.", ["Das ist z.B. ein Haus.", "Es ist alt."]),
+    ("de", "Hr. Müller kommt. Fr. Schmidt auch.", ["Hr. Müller kommt.", "Fr. Schmidt auch."]),
+    (
+        "de",
+        "Er wohnt in der Hauptstr. 5 in Berlin. Sie nicht.",
+        ["Er wohnt in der Hauptstr. 5 in Berlin.", "Sie nicht."],
+    ),
+    (
+        "de",
+        "Der 2. Weltkrieg endete 1945. Danach kam der Frieden.",
+        ["Der 2. Weltkrieg endete 1945.", "Danach kam der Frieden."],
+    ),
+    ("de", "Es kostet 3,50 €. Das ist billig.", ["Es kostet 3,50 €.", "Das ist billig."]),
+    ("de", "Äpfel, Birnen usw. Die Auswahl ist groß.", ["Äpfel, Birnen usw.", "Die Auswahl ist groß."]),
+    ("de", "Siehe Nr. 7 im Katalog. Er ist neu.", ["Siehe Nr. 7 im Katalog.", "Er ist neu."]),
+    ("de", "„Komm!“ Sie kam sofort.", ["„Komm!“", "Sie kam sofort."]),
+    ("de", "Das war am 24.12.2025. Heute ist es kalt.", ["Das war am 24.12.2025.", "Heute ist es kalt."]),
+    ("de", "Vgl. Abschnitt 4. Dort steht es.", ["Vgl. Abschnitt 4.", "Dort steht es."]),
+    ("fr", "M. Dupont est arrivé. Il est content.", ["M. Dupont est arrivé.", "Il est content."]),
+    ("fr", "Mme Martin parle. Elle rit.", ["Mme Martin parle.", "Elle rit."]),
+    ("fr", "Il coûte 3,50 €. C'est cher.", ["Il coûte 3,50 €.", "C'est cher."]),
+    ("fr", "« Viens ! » Elle est venue.", ["« Viens ! »", "Elle est venue."]),
+    ("fr", "Des fruits, p.ex. des pommes, sont là.", ["Des fruits, p.ex. des pommes, sont là."]),
+    ("fr", "Il est parti à 5 h. Nous sommes restés.", ["Il est parti à 5 h.", "Nous sommes restés."]),
+    ("fr", "Pourquoi ? Parce que.", ["Pourquoi ?", "Parce que."]),
+    ("ja", "今日は晴れです。明日は雨です。", ["今日は晴れです。", "明日は雨です。"]),
+    ("zh", "我爱你。你爱我吗？我不知道！", ["我爱你。", "你爱我吗？", "我不知道！"]),
+    ("ja", "「行こう。」彼は言った。", ["「行こう。」", "彼は言った。"]),
+]
+
+
+@pytest.mark.parametrize(("lang", "text", "sentences"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_split_table(lang: str, text: str, sentences: list[str]) -> None:
+    got, separators = split_sentences(text, lang)
+    assert [g.strip() for g in got] == sentences
+    assert join_sentences(got, separators) == text
 
 
 @pytest.mark.parametrize(
@@ -46,3 +122,26 @@ def test_nbest_of_a_paragraph_joins_each_rank_and_averages_scores() -> None:
     nbest = [[("Ein Hund.", -0.5), ("Hund.", -1.0)], [("Zwei Männer.", -0.25)]]
     assert join_translations(nbest, [" "]) == [("Ein Hund. Zwei Männer.", -0.375), ("Hund. Zwei Männer.", -0.625)]
     assert join_translations(nbest[:1], []) == nbest[0]  # one sentence: its own list
+
+
+def test_paragraphs_of_test_set_sentences_split_into_exactly_those_sentences() -> None:
+    # No sentence lost or merged: captions (each one sentence) joined by random whitespace come back one by one.
+    rng = random.Random(0)
+    for lang in ("en", "de"):
+        captions = [c for c in read_lines(f"val.{lang}.gz") if c[-1] in ".!?"]
+        for _ in range(300):
+            picked = rng.sample(captions, rng.randint(2, 8))
+            text = "".join(c + rng.choice([" ", "  ", "\n", " \n ", "\n\n"]) for c in picked).rstrip()
+            got, separators = split_sentences(text, lang)
+            assert [g.strip() for g in got] == picked
+            assert join_sentences(got, separators) == text
+
+
+def test_split_then_join_is_the_identity_on_random_text() -> None:
+    rng = random.Random(1)
+    alphabet = "aZé1 .!?…。！？\n\t\"'“”„«»()[]-,:;€$%{}@/" + "xyz" * 4
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80)))
+        got, separators = split_sentences(text, rng.choice(["en", "de", "fr", ""]))
+        assert join_sentences(got, separators) == text, repr(text)
+        assert all(g.strip() for g in got) or len(got) == 1, repr(text)  # no empty sentence between two cuts
