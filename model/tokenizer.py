@@ -31,6 +31,11 @@ class Tokenizer:
     def __len__(self) -> int:
         return max(self.vocab.values()) + 1
 
+    def fingerprint(self) -> bytes:
+        """What decides how text becomes ids and back: both SentencePiece models and the vocabulary."""
+        vocab = json.dumps(self.vocab, sort_keys=True, ensure_ascii=False).encode()
+        return self.source.serialized_model_proto() + self.target.serialized_model_proto() + vocab
+
     def encode(self, text: str) -> list[int]:
         """Source text -> ids ending in </s>; a leading >>xx<< language code stays one token."""
         code: list[str] = []

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 
 import torch
@@ -126,6 +127,18 @@ class Translator:
     @property
     def dtype(self) -> torch.dtype:
         return self.model.embed.weight.dtype
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of what decides the translations: every weight as loaded (name, dtype, shape, bytes) and
+        the tokenizer's models and vocabulary. Equal digests translate alike; a cache can key on it."""
+        h = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            t = tensor.detach().contiguous().cpu()
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(self.tokenizer.fingerprint())
+        return h.hexdigest()
 
     @property
     def max_source_tokens(self) -> int:

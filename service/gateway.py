@@ -20,6 +20,7 @@ from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
 from service import libretranslate, local_ray
 from service.admission import PairAdmission
+from service.cache import Entry, TranslationCache
 from service.errors import ApiError, api_error
 from service.html_text import HtmlDocument, join_aligned, parse_documents
 from service.http import app
@@ -53,7 +54,10 @@ class Gateway:
         local_ray.pin_replica_grpc()
         self.pairs = pairs
         self.admission = {pair: PairAdmission(pair) for pair in pairs}
+        self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
+        self.cache_lookups: dict[str, tuple[int, int]] = {}  # pair -> (hits, misses)
         self.settings = Settings(**settings)
+        self.cache = TranslationCache(self.settings.cache_entries, self.settings.cache_bytes)
         BODY_LIMIT["bytes"] = self.settings.max_body_bytes
         BODY_LIMIT["timeout_s"] = self.settings.body_timeout_s
         gateway_metrics()
@@ -92,10 +96,10 @@ class Gateway:
         pair, opts = self._check(req, request)
         if req.tag_handling == "html":
             docs = await asyncio.to_thread(parse_documents, req.texts)
-            out, nbest = await self._html(pair, docs, opts, req.timeout_s, split=req.split_sentences)
+            out, nbest = await self._html(pair, docs, opts, req.timeout_s, split=req.split_sentences, cache=req.cache)
             out["translations"] = nbest
         else:
-            out = await self._call(pair, req.texts, opts, req.timeout_s, split=req.split_sentences)
+            out = await self._call(pair, req.texts, opts, req.timeout_s, split=req.split_sentences, cache=req.cache)
         n = opts.num_hypotheses
         translations = [
             Translation(
@@ -149,7 +153,14 @@ class Gateway:
         out = {i["name"]: i for i in await self._infos()}
         for pair, a in self.admission.items():
             if pair in out:
-                out[pair]["gateway"] = {"in_flight_work": a.in_flight, "refused": a.refused_here}
+                hits, misses = self.cache_lookups.get(pair, (0, 0))
+                out[pair]["gateway"] = {
+                    "in_flight_work": a.in_flight,
+                    "refused": a.refused_here,
+                    "cache_hits": hits,
+                    "cache_misses": misses,
+                    "cache": self.cache.summary(),  # the gateway's one cache, all pairs
+                }
         return out
 
     @app.get("/healthz")
@@ -212,10 +223,11 @@ class Gateway:
         timeout_s: float | None = None,
         *,
         split: bool = True,
+        cache: bool = True,
     ) -> dict[str, Any]:
         """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
         "translations" holds each text's n-best list of (text, score), its sentences joined back."""
-        out, pieces, per_text = await self._sentences(pair, texts, opts, timeout_s, split=split)
+        out, pieces, per_text = await self._sentences(pair, texts, opts, timeout_s, split=split, cache=cache)
         out["translations"] = [join_translations(hyps, seps) for hyps, (_, seps) in zip(per_text, pieces, strict=True)]
         return out
 
@@ -227,6 +239,7 @@ class Gateway:
         timeout_s: float | None = None,
         *,
         split: bool = True,
+        cache: bool = True,
     ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
         """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
 
@@ -241,10 +254,48 @@ class Gateway:
         timeout = self._timeout(timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
         options = {f.name: getattr(opts, f.name) for f in user_options("api")}
-        with self.admission[pair].holding(len(sentences) * opts.beam_size):
-            out = await self._remote(pair, "translate", sentences, options, timeout=timeout, pass_time=True)
+        out = await self._decode(pair, sentences, options, timeout, cache=cache)
         per_sentence = iter(out["translations"])
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
+
+    async def _decode(
+        self, pair: str, sentences: list[str], options: dict[str, Any], timeout: float, *, cache: bool
+    ) -> dict[str, Any]:
+        """Each sentence's n-best and the token counts: from the cache where it holds the sentence (with
+        `cache`), the rest decoded on the pair's replica, each distinct sentence once."""
+        store = self.cache if cache and self.cache.enabled else None
+        digest = await self._digest(pair) if store is not None else ""
+        found: dict[str, Entry] = {}
+        distinct = list(dict.fromkeys(sentences))
+        if store is not None:
+            for sentence in distinct:
+                entry = store.get(store.key(digest, pair, options, sentence))
+                if entry is not None:
+                    found[sentence] = entry
+            hits, misses = len(found), len(distinct) - len(found)
+            gateway_metrics().on_cache(pair, hits, misses)
+            before = self.cache_lookups.get(pair, (0, 0))
+            self.cache_lookups[pair] = (before[0] + hits, before[1] + misses)
+        todo = [s for s in distinct if s not in found]
+        if todo:
+            with self.admission[pair].holding(len(todo) * options["beam_size"]):
+                out = await self._remote(pair, "translate", todo, options, timeout=timeout, pass_time=True)
+            for sentence, nbest, (src, tgt) in zip(todo, out["translations"], out["tokens"], strict=True):
+                entry = Entry([(text, score) for text, score in nbest], src, tgt)
+                found[sentence] = entry
+                if store is not None:
+                    store.put(store.key(digest, pair, options, sentence), entry)
+        entries = [found[s] for s in sentences]
+        return {
+            "translations": [e.nbest for e in entries],
+            "source_tokens": sum(e.source_tokens for e in entries),
+            "target_tokens": sum(e.target_tokens for e in entries),
+        }
+
+    async def _digest(self, pair: str) -> str:
+        if pair not in self.digests:
+            self.digests[pair] = (await self._remote(pair, "info", timeout=10.0))["digest"]
+        return self.digests[pair]
 
     async def _html(
         self,
@@ -254,6 +305,7 @@ class Gateway:
         timeout_s: float | None = None,
         *,
         split: bool = True,
+        cache: bool = True,
     ) -> tuple[dict[str, Any], list[list[tuple[str, float]]]]:
         """The replica's answer, and each document's num_hypotheses renderings with scores, best first: its
         runs translated sentence by sentence, the sentences of runs holding inline markup aligned to their
@@ -262,7 +314,7 @@ class Gateway:
         n = opts.num_hypotheses
         deadline = time.monotonic() + self._timeout(timeout_s)
         texts = [text for doc in docs for text in doc.texts]
-        out, pieces, per_run = await self._sentences(pair, texts, opts, timeout_s, split=split)
+        out, pieces, per_run = await self._sentences(pair, texts, opts, timeout_s, split=split, cache=cache)
 
         needs = [needs for doc in docs for needs in doc.needs_alignment]
         wanted: dict[tuple[str, str], int] = {}

@@ -40,10 +40,22 @@ class GatewayMetrics:
             tag_keys=keys,
         )
 
+        self.cache_lookups = Counter(
+            "beamserve_cache_lookups",
+            description="Sentences looked up in the gateway's translation cache, by pair and result (hit, miss).",
+            tag_keys=("pair", "result"),  # type: ignore[arg-type]
+        )
+
     def observe(self, endpoint: str, pair: str, status: int, seconds: float) -> None:
         tags = {"endpoint": endpoint, "pair": pair, "status": str(status)}
         self.requests.inc(1, tags)
         self.latency.observe(seconds, tags)
+
+    def on_cache(self, pair: str, hits: int, misses: int) -> None:
+        if hits:
+            self.cache_lookups.inc(hits, {"pair": pair, "result": "hit"})
+        if misses:
+            self.cache_lookups.inc(misses, {"pair": pair, "result": "miss"})
 
 
 _gateway: GatewayMetrics | None = None

@@ -73,10 +73,12 @@ class PairModel:
         sources = [self.translator.encode(t) for t in texts]
         hyps = await self.engine.translate(sources, DecodeOptions(**options), timeout_s)
         decode = self.translator.tokenizer.decode
+        tokens = [(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)]
         return {
             "translations": [[(decode(h.tokens), h.score) for h in hs] for hs in hyps],
-            "source_tokens": sum(len(s) for s in sources),
-            "target_tokens": sum(len(hs[0].tokens) + 1 for hs, s in zip(hyps, sources, strict=True) if s),
+            "tokens": tokens,  # each text's (source, target) token counts
+            "source_tokens": sum(s for s, _ in tokens),
+            "target_tokens": sum(t for _, t in tokens),
         }
 
     async def align(self, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:
@@ -98,6 +100,7 @@ class PairModel:
             "target": self.pair.split("-")[1],
             "device": str(tr.device),
             "dtype": str(tr.dtype).removeprefix("torch."),
+            "digest": tr.digest,
             "max_source_tokens": tr.max_source_tokens,
             "ready": self.ready,
             "queued": self.engine.queued,

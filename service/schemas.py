@@ -47,6 +47,11 @@ class TranslateRequest(DecodeFields):
             "html: texts are HTML; prose is translated and inline markup carried over by alignment (DeepL's option)"
         ),
     )
+    cache: bool = Field(
+        True,
+        strict=True,
+        description="answer sentences translated before from the gateway's cache (an answer equal to a fresh one)",
+    )
     split_sentences: bool = Field(
         True,
         strict=True,

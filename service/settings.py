@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     request_timeout_s: float = 30.0  # past this, 504
     max_in_flight: int = 512  # translation requests a gateway replica holds at once; past it, 503 at once
     drain_timeout_s: float = 40.0  # on SIGTERM, how long accepted requests may take to finish
+    # The gateway's translation cache (service/cache.py), per gateway replica; either at 0 turns it off.
+    cache_entries: int = 50_000
+    cache_bytes: int = 64_000_000
     # Batching: BatchingConfig's fields (service/scheduler.py, where each is described), tunable live
     # through the Serve config's user_config. Sizes left None are the replica's device's (sized_for).
     mode: Mode = BatchingConfig.mode

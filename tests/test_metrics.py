@@ -55,11 +55,19 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
         before = settled(client)
         stats_before = client.get("/v1/stats").json()["en-de"]
         usage = {"source_tokens": 0, "target_tokens": 0}
-        for i in range(5):
-            r = client.post("/v1/translate", json={"texts": texts[: 1 + i % 3], "source": "en", "target": "de"})
+        for i in range(5):  # past the cache: every sentence reaches the engine
+            body = {"texts": texts[: 1 + i % 3], "source": "en", "target": "de", "cache": False}
+            r = client.post("/v1/translate", json=body)
             assert r.status_code == 200
             for k in usage:
                 usage[k] += r.json()["usage"][k]
+        # A sentence new to the cache, twice: looked up and missed, decoded; then a hit the engine never sees.
+        for _ in range(2):
+            body = {"texts": ["A grey cat sleeps on a green sofa."], "source": "en", "target": "de"}
+            r = client.post("/v1/translate", json=body)
+            assert r.status_code == 200
+        for k in usage:
+            usage[k] += r.json()["usage"][k]
         assert client.post("/v1/translate", json={"texts": ["x"], "source": "en", "target": "xx"}).status_code == 400
         stats_after = client.get("/v1/stats").json()["en-de"]
         batches = stats_after["batches"] - stats_before["batches"]
@@ -68,8 +76,10 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
 
     ok = dict(endpoint="/v1/translate", pair="en-de", status="200")
     expected = {
-        ("ray_beamserve_requests_total", tuple(ok.items())): 5,
-        ("ray_beamserve_request_latency_seconds_count", tuple(ok.items())): 5,
+        ("ray_beamserve_requests_total", tuple(ok.items())): 7,
+        ("ray_beamserve_request_latency_seconds_count", tuple(ok.items())): 7,
+        ("ray_beamserve_cache_lookups_total", (("pair", "en-de"), ("result", "miss"))): 1,
+        ("ray_beamserve_cache_lookups_total", (("pair", "en-de"), ("result", "hit"))): 1,
         ("ray_beamserve_requests_total", (("endpoint", "/v1/translate"), ("pair", "unknown"), ("status", "400"))): 1,
         ("ray_beamserve_source_tokens_total", (("pair", "en-de"),)): usage["source_tokens"],
         ("ray_beamserve_generated_tokens_total", (("pair", "en-de"),)): usage["target_tokens"],
@@ -77,7 +87,7 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
         ("ray_beamserve_batch_sentences_count", (("pair", "en-de"),)): batches,
         ("ray_beamserve_decode_steps_total", (("pair", "en-de"),)): steps,
         ("ray_beamserve_step_rows_count", (("pair", "en-de"),)): steps,
-        ("ray_beamserve_queue_wait_seconds_count", (("pair", "en-de"),)): sum(1 + i % 3 for i in range(5)),
+        ("ray_beamserve_queue_wait_seconds_count", (("pair", "en-de"),)): sum(1 + i % 3 for i in range(5)) + 1,
     }
     deadline = time.monotonic() + 30  # allow for the export interval
     while True:

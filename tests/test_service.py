@@ -307,9 +307,9 @@ def test_libretranslatepy_client_works_unchanged(server: str) -> None:
 def test_concurrent_requests_share_batches_and_match_sequential(server: str, client: httpx.Client) -> None:
     texts = read_lines("test_2016_flickr.en.gz", 64)
     sequential = [
-        client.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de"}).json()["translations"][0][
-            "text"
-        ]
+        client.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de", "cache": False}).json()[
+            "translations"
+        ][0]["text"]
         for t in texts
     ]
     before = client.get("/v1/stats").json()["en-de"]
@@ -317,7 +317,10 @@ def test_concurrent_requests_share_batches_and_match_sequential(server: str, cli
     async def fire() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
             return await asyncio.gather(
-                *(ac.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de"}) for t in texts)
+                *(
+                    ac.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de", "cache": False})
+                    for t in texts
+                )
             )
 
     responses = asyncio.run(fire())
@@ -354,7 +357,8 @@ def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, clien
 
     runtime.deploy({**SETTINGS, "max_queue": 3, "max_batch_size": 1, "batch_wait_ms": 0.0})
     try:
-        too_big = client.post("/v1/translate", json={"texts": ["a"] * 4, "source": "en", "target": "de"})
+        # Four distinct sentences (the gateway decodes a repeated one once).
+        too_big = client.post("/v1/translate", json={"texts": list("abcd"), "source": "en", "target": "de"})
         assert too_big.status_code == 422 and "queues at most 3" in too_big.text
 
         async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
@@ -519,4 +523,29 @@ def test_stats_report_allocator_memory_and_the_gateways_admission(client: httpx.
     # The replica process runs with jemalloc preloaded exactly when the host has it (allocator "auto").
     assert stats["allocator"] == ("jemalloc" if jemalloc_path() else "system")
     assert stats["resident_bytes"] > 100 * 2**20
-    assert set(stats["gateway"]) == {"in_flight_work", "refused"}
+    assert {"in_flight_work", "refused", "cache_hits", "cache_misses", "cache"} <= set(stats["gateway"])
+
+
+def test_cached_answers_equal_fresh_ones_and_are_counted(client: httpx.Client) -> None:
+    texts = ["A dog runs in the park. Two children watch it.", "A man rides a red bicycle.", "A dog runs in the park."]
+    body = {"texts": texts, "source": "en", "target": "de", "beam_size": 3, "num_hypotheses": 2}
+
+    def gateway() -> dict[str, int]:
+        return client.get("/v1/stats").json()["en-de"]["gateway"]
+
+    fresh = client.post("/v1/translate", json={**body, "cache": False})
+    before = gateway()
+    first = client.post("/v1/translate", json=body)  # 3 distinct sentences: looked up, decoded, kept
+    middle = gateway()
+    again = client.post("/v1/translate", json=body)  # all three from the cache
+    after = gateway()
+    assert fresh.status_code == first.status_code == again.status_code == 200
+    assert fresh.json() == first.json() == again.json()  # texts, scores, n-best lists and usage alike
+    assert middle["cache_misses"] - before["cache_misses"] == 3
+    assert (after["cache_hits"] - middle["cache_hits"], after["cache_misses"] - middle["cache_misses"]) == (3, 0)
+    # Other options are another answer: not served from the cache.
+    other = client.post("/v1/translate", json={**body, "beam_size": 2, "num_hypotheses": 1})
+    assert other.status_code == 200 and gateway()["cache_misses"] - after["cache_misses"] == 3
+    # cache: false neither reads nor counts.
+    client.post("/v1/translate", json={**body, "cache": False})
+    assert gateway()["cache_hits"] == gateway()["cache_hits"] == after["cache_hits"]

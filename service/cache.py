@@ -1,0 +1,92 @@
+"""The gateway's translation cache: a sentence's answer, kept for the next time it is asked.
+
+Web pages and UI strings repeat; decoding is deterministic and a sentence's translation does not
+depend on what it is batched with (tests/test_inflight.py), so a cached answer equals a fresh one
+exactly. The key is everything that decides the answer: the model's content digest (weights and
+tokenizer, model/translator.py), the pair, every decoding option, and the exact sentence. Bounded
+in entries and in bytes, least recently used out first; one per gateway replica (its hit rate is
+that replica's share of the traffic).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+Key = tuple[str, str, tuple[tuple[str, Any], ...], str]  # (digest, pair, options, sentence)
+ENTRY_OVERHEAD = 200  # bytes an entry costs beyond its strings: the tuples, floats and the dict slot
+
+
+@dataclass(frozen=True)
+class Entry:
+    nbest: list[tuple[str, float]]  # the sentence's hypotheses (text, score), best first
+    source_tokens: int
+    target_tokens: int
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class TranslationCache:
+    """LRU of sentence -> Entry, at most max_entries entries and max_bytes bytes (0 turns it off)."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.entries: OrderedDict[Key, tuple[Entry, int]] = OrderedDict()  # entry and its size, oldest first
+        self.bytes = 0
+        self.stats = CacheStats()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_entries > 0 and self.max_bytes > 0
+
+    @staticmethod
+    def key(digest: str, pair: str, options: dict[str, Any], sentence: str) -> Key:
+        return digest, pair, tuple(sorted(options.items())), sentence
+
+    def get(self, key: Key) -> Entry | None:
+        found = self.entries.get(key)
+        if found is None:
+            self.stats.misses += 1
+            return None
+        self.entries.move_to_end(key)
+        self.stats.hits += 1
+        return found[0]
+
+    def put(self, key: Key, entry: Entry) -> None:
+        if not self.enabled:
+            return
+        size = ENTRY_OVERHEAD + _text_bytes(key[3]) + sum(_text_bytes(t) for t, _ in entry.nbest)
+        if size > self.max_bytes:
+            return
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self.entries[key] = (entry, size)
+        self.bytes += size
+        while len(self.entries) > self.max_entries or self.bytes > self.max_bytes:
+            _, (_, evicted) = self.entries.popitem(last=False)
+            self.bytes -= evicted
+            self.stats.evictions += 1
+
+    def summary(self) -> dict[str, int]:
+        s = self.stats
+        return {
+            "entries": len(self.entries),
+            "bytes": self.bytes,
+            "max_entries": self.max_entries,
+            "max_bytes": self.max_bytes,
+            "hits": s.hits,
+            "misses": s.misses,
+            "evictions": s.evictions,
+        }
+
+
+def _text_bytes(text: str) -> int:
+    return sys.getsizeof(text)
