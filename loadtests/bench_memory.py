@@ -41,7 +41,8 @@ def load(rounds: int, seed: int) -> dict[str, object]:
     from service.scheduler import BatchingConfig
 
     tr = Translator.load("en-de", "cpu", num_threads=1)
-    engine = Engine(tr, BatchingConfig(), max_length=256)
+    # Every request admitted (no time-based refusal), so both allocators see the same work.
+    engine = Engine(tr, BatchingConfig(max_queue_wait_s=1e9), max_length=256)
     with gzip.open(REPO / "tests/data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         sources = [tr.encode(line.strip()) for line in f if line.strip()]
     proc, rng, done = psutil.Process(), random.Random(seed), [0]

@@ -217,12 +217,15 @@ def recovered_after(load: Load, at: float) -> float | None:
     return min(later) - at if later else None
 
 
-def case_spike(seconds: float, failures: list[str]) -> None:
+def case_spike(seconds: float, failures: list[str], factor: float = 10.0) -> None:
     server = Server()
     try:
         rate, unloaded = sustainable(server.url)
-        load = asyncio.run(open_loop(server.url, 10 * rate, seconds))
-        report("spike", load, f"; sustainable {rate:.1f} req/s, unloaded p95 {unloaded:.2f} s, offered {10 * rate:.0f}")
+        load = asyncio.run(open_loop(server.url, factor * rate, seconds))
+        extra = (
+            f"; sustainable {rate:.1f} req/s, unloaded p95 {unloaded:.2f} s, offered {factor * rate:.0f} ({factor:g}x)"
+        )
+        report("spike", load, extra)
         bad = [o for o in load.outcomes if o.status not in (200, 503, 504)]
         check(not bad, "every answer 200, 503 or 504, every connection answered", failures)
         check(load.p95(503) < 1.0, "refusals within 1 s (p95)", failures)
@@ -447,12 +450,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default="spike,replica-kill,gateway-kill,sigterm,slow-clients")
     p.add_argument("--duration", type=float, default=12.0, help="seconds of load per case")
+    p.add_argument("--spike-factor", type=float, default=10.0, help="the spike's rate over the sustainable one")
     args = p.parse_args()
     failures: list[str] = []
     for case in args.cases.split(","):
         print(f"== {case}", flush=True)
         if case == "spike":
-            case_spike(args.duration, failures)
+            case_spike(args.duration, failures, args.spike_factor)
         elif case == "replica-kill":
             case_kill("model-en-de", args.duration, failures)
         elif case == "gateway-kill":

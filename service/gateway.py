@@ -25,6 +25,7 @@ from service.errors import ApiError, api_error
 from service.html_text import HtmlDocument, join_aligned, parse_documents
 from service.http import app
 from service.metrics import gateway_metrics
+from service.protect import from_html, has_protected, to_html
 from service.schemas import (
     ErrorResponse,
     Language,
@@ -95,11 +96,12 @@ class Gateway:
     async def _translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
         pair, opts = self._check(req, request)
         if req.tag_handling == "html":
-            docs = await asyncio.to_thread(parse_documents, req.texts)
+            ignore = frozenset(t.strip().lower() for t in req.ignore_tags or [])
+            docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
             out, nbest = await self._html(pair, docs, opts, req.timeout_s, split=req.split_sentences, cache=req.cache)
             out["translations"] = nbest
         else:
-            out = await self._call(pair, req.texts, opts, req.timeout_s, split=req.split_sentences, cache=req.cache)
+            out = await self._plain(pair, req.texts, opts, req.timeout_s, split=req.split_sentences, cache=req.cache)
         n = opts.num_hypotheses
         translations = [
             Translation(
@@ -125,7 +127,7 @@ class Gateway:
         if call.docs is not None:
             nbest = [[t for t, _ in ranks] for ranks in (await self._html(pair, call.docs, opts))[1]]
         else:
-            nbest = [[h[0] for h in hs] for hs in (await self._call(pair, call.request.texts, opts))["translations"]]
+            nbest = [[h[0] for h in hs] for hs in (await self._plain(pair, call.request.texts, opts))["translations"]]
         return libretranslate.response(call, nbest)
 
     @app.get("/languages", response_model=list[Language])
@@ -214,6 +216,25 @@ class Gateway:
         except ValueError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None
         return pair, opts
+
+    async def _plain(
+        self,
+        pair: str,
+        texts: list[str],
+        opts: DecodeOptions,
+        timeout_s: float | None = None,
+        *,
+        split: bool = True,
+        cache: bool = True,
+    ) -> dict[str, Any]:
+        """_call's answer for plain texts; when one holds a URL, an e-mail address or a placeholder, the
+        texts go through the HTML path with those wrapped not to be translated (service/protect.py)."""
+        if not any(has_protected(t) for t in texts):
+            return await self._call(pair, texts, opts, timeout_s, split=split, cache=cache)
+        docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
+        out, renders = await self._html(pair, docs, opts, timeout_s, split=split, cache=cache)
+        out["translations"] = [[(from_html(text), score) for text, score in ranks] for ranks in renders]
+        return out
 
     async def _call(
         self,

@@ -7,7 +7,14 @@ three fragments. Its inline elements then go over to the translation through the
 (model/align.py): an element wraps the target words linked to its source words, clipped inside its parent
 and clear of its siblings so the markup stays well nested. An element none of whose words is linked, an
 <img> or a comment, goes before the translation of the next source word. Markup is written back as it
-came; text is re-escaped.
+came; text is re-escaped. <br> is inline: a line break inside a sentence does not cut it in two.
+
+Content not to translate (HTML's translate="no", class="notranslate", and the tags a request names in
+`ignore_tags`, as DeepL and Google honour them) comes back verbatim and in place. Inside a sentence
+such an element stays in the model's input (its words give the sentence its sense) and is carried
+over by the alignment like any inline element, but it is written with its original content instead
+of the words linked to it. Outside one (a block element: <div translate="no">) it is kept as it is,
+as <code> and <pre> are.
 """
 
 from __future__ import annotations
@@ -49,7 +56,11 @@ INLINE_ELEMENTS = frozenset(
         "var",
     }
 )
-INLINE_VOID = frozenset({"img"})  # inline, without content
+INLINE_VOID = frozenset({"img", "br", "wbr"})  # inline, without content
+# Elements whose end tag HTML leaves out: never pushed on the stack of a kept block.
+VOID_ELEMENTS = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+)
 RAW_ELEMENTS = frozenset({"script", "style", "code", "pre"})  # content is not prose: kept as it is
 CDATA_ELEMENTS = frozenset({"script", "style"})  # the parser hands their content over undecoded
 
@@ -66,6 +77,7 @@ class Element:
     open: str
     close: str = ""
     order: int = 0  # document order: an element comes after the elements around it
+    verbatim: list[str] | None = None  # not to translate: its content's markup as written
 
 
 @dataclass
@@ -89,9 +101,25 @@ class HtmlLimitError(ValueError):
     """A document with more elements or deeper nesting than the service takes (HTTP 422)."""
 
 
+def keep_as_is(tag: str, attrs: list[tuple[str, str | None]], ignore_tags: frozenset[str]) -> bool:
+    """Whether an element's content is not to be translated."""
+    if tag in ignore_tags:
+        return True
+    for name, value in attrs:
+        if name == "translate" and (value or "").strip().lower() == "no":
+            return True
+        if name == "class" and "notranslate" in (value or "").split():
+            return True
+    return False
+
+
 class _Splitter(HTMLParser):
-    def __init__(self) -> None:
+    def __init__(self, ignore_tags: frozenset[str] = frozenset()) -> None:
         super().__init__(convert_charrefs=True)
+        self.ignore_tags = ignore_tags
+        self.kept: list[str] = []  # a block not to translate: the tags open inside it, its own first
+        self.verbatim: Element | None = None  # the inline element not to translate that is open
+        self.verbatim_open: list[str] = []  # tags open inside it
         self.tags = 0
         self.parts: list[str | Run] = []  # markup kept as it is, and runs of prose
         self.run = Run()
@@ -126,21 +154,40 @@ class _Splitter(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._count()
         markup = self.get_starttag_text() or f"<{tag}>"
+        if self.verbatim is not None:  # inside an inline element not to translate: its markup as it is
+            self.verbatim.verbatim.append(markup)  # type: ignore[union-attr]
+            if tag not in VOID_ELEMENTS:
+                self.verbatim_open.append(tag)
+            return
+        if self.kept:
+            self._markup(markup)
+            if tag not in VOID_ELEMENTS:
+                self.kept.append(tag)
+            return
         if self.raw_depth or (tag not in INLINE_ELEMENTS and tag not in INLINE_VOID):
             self._markup(markup)
             self.raw_depth += tag in RAW_ELEMENTS
             self.cdata = tag in CDATA_ELEMENTS
+            if not self.raw_depth and tag not in VOID_ELEMENTS and keep_as_is(tag, attrs, self.ignore_tags):
+                self.kept.append(tag)
             return
         at = len(self.run.text)
-        element = Element(tag, at, at, markup)
+        if tag in INLINE_VOID and at and not self.run.text[-1].isspace():
+            self.run.text += " "  # "one<br>two": two words to the model, the <br> between them
+        element = Element(tag, len(self.run.text), len(self.run.text), markup)
         self._inline(element)
         if tag in INLINE_ELEMENTS:
             self.open.append(element)
+            if keep_as_is(tag, attrs, self.ignore_tags):
+                element.verbatim = []
+                self.verbatim = element
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._count()
         markup = self.get_starttag_text() or f"<{tag}/>"
-        if self.raw_depth or tag not in INLINE_VOID:
+        if self.verbatim is not None:
+            self.verbatim.verbatim.append(markup)  # type: ignore[union-attr]
+        elif self.kept or self.raw_depth or tag not in INLINE_VOID:
             self._markup(markup)
         else:
             self._inline(Element(tag, len(self.run.text), len(self.run.text), markup))
@@ -148,6 +195,20 @@ class _Splitter(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         self._count()
         markup = f"</{tag}>"
+        if self.verbatim is not None:
+            if tag in self.verbatim_open:
+                del self.verbatim_open[len(self.verbatim_open) - 1 - self.verbatim_open[::-1].index(tag) :]
+                self.verbatim.verbatim.append(markup)  # type: ignore[union-attr]
+                return
+            if tag != self.verbatim.tag:
+                self.verbatim.verbatim.append(markup)  # type: ignore[union-attr]
+                return
+            self.verbatim, self.verbatim_open = None, []  # its own end: closed below as any inline element
+        if self.kept:
+            self._markup(markup)
+            if tag in self.kept:
+                del self.kept[len(self.kept) - 1 - self.kept[::-1].index(tag) :]
+            return
         if self.raw_depth or tag not in INLINE_ELEMENTS:
             self._markup(markup)
             if tag in RAW_ELEMENTS and self.raw_depth:
@@ -166,6 +227,14 @@ class _Splitter(HTMLParser):
         del self.open[opened[-1] :]
 
     def handle_data(self, data: str) -> None:
+        if self.verbatim is not None:  # the model reads it; the output has it as written
+            self.verbatim.verbatim.append(html.escape(data, quote=False))  # type: ignore[union-attr]
+            self.run.text += data
+            self.run.original.append(html.escape(data, quote=False))
+            return
+        if self.kept:
+            self.parts.append(html.escape(data, quote=False))
+            return
         if self.cdata or self.raw_depth:
             self.parts.append(data if self.cdata else html.escape(data, quote=False))
             return
@@ -174,7 +243,9 @@ class _Splitter(HTMLParser):
         self.run.original.append(html.escape(data, quote=False))
 
     def handle_comment(self, data: str) -> None:
-        if self.raw_depth:
+        if self.verbatim is not None:
+            self.verbatim.verbatim.append(f"<!--{data}-->")  # type: ignore[union-attr]
+        elif self.kept or self.raw_depth:
             self.parts.append(f"<!--{data}-->")
         else:  # inside a sentence, a comment stays there
             self._inline(Element("", len(self.run.text), len(self.run.text), f"<!--{data}-->"))
@@ -196,8 +267,8 @@ class _Splitter(HTMLParser):
 class HtmlDocument:
     """A fragment as markup and runs of prose: `texts` to translate, `render` to put translations back."""
 
-    def __init__(self, fragment: str) -> None:
-        splitter = _Splitter()
+    def __init__(self, fragment: str, ignore_tags: frozenset[str] = frozenset()) -> None:
+        splitter = _Splitter(ignore_tags)
         splitter.feed(fragment)
         splitter.close()
         self.parts = splitter.parts
@@ -265,18 +336,53 @@ def _render_run(run: Run, translation: str, links: list[Link]) -> str:
             end = start  # still crossing one: left empty where it starts
         placed[element.order] = (start, max(start, end))
     events = []
+    skip: list[tuple[int, int]] = []  # target spans written as an element's original content instead
     for element in run.elements:
         start, end = placed[element.order]
-        if start == end:  # empty: its markup together, among the openings at that point
+        if element.verbatim is not None:  # its own content where its words' translation was
+            start, end = _whole_words(text, start, end)
+            # Spaced from the words around as it was in the source ("Acme Cloud</span> Hemd", not "</span>Hemd").
+            before = (
+                " "
+                if start and text[start - 1].isalnum() and run.text[element.start - 1 : element.start].isspace()
+                else ""
+            )
+            after = " " if text[end : end + 1].isalnum() and run.text[element.end : element.end + 1].isspace() else ""
+            markup = before + element.open + "".join(element.verbatim) + element.close + after
+            events.append((start, 1, element.order, markup))
+            skip.append((start, end))
+        elif start == end:  # empty: its markup together, among the openings at that point
             events.append((start, 1, element.order, element.open + element.close))
         else:
             events += [(start, 1, element.order, element.open), (end, 0, -element.order, element.close)]
     out, at = [], 0
     for pos, _, _, markup in sorted(events):
-        out += [html.escape(text[at:pos], quote=False), markup]
-        at = pos
-    out.append(html.escape(text[at:], quote=False))
+        out += [_text(text, at, pos, skip), markup]
+        at = max(at, pos)
+    out.append(_text(text, at, len(text), skip))
     return "".join(out)
+
+
+def _whole_words(text: str, start: int, end: int) -> tuple[int, int]:
+    """A span the original content replaces: without whitespace at its edges (the words around keep
+    their spacing), out to whole words (no piece of a word the model made of it is left over)."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    if start == end:
+        return start, end
+    while start > 0 and text[start - 1].isalnum() and text[start].isalnum():
+        start -= 1
+    while end < len(text) and text[end - 1].isalnum() and text[end].isalnum():
+        end += 1
+    return start, end
+
+
+def _text(text: str, start: int, end: int, skip: list[tuple[int, int]]) -> str:
+    """text[start:end], escaped, without the characters inside the spans of `skip`."""
+    keep = [c for i, c in enumerate(text[start:end], start) if not any(a <= i < b for a, b in skip)]
+    return html.escape("".join(keep), quote=False)
 
 
 def _parent(elements: list[Element], element: Element) -> Element | None:
@@ -313,6 +419,6 @@ def join_aligned(
     return join_sentences(translations, separators), out
 
 
-def parse_documents(fragments: list[str]) -> list[HtmlDocument]:
+def parse_documents(fragments: list[str], ignore_tags: frozenset[str] = frozenset()) -> list[HtmlDocument]:
     """HtmlDocument of each fragment; raises HtmlLimitError past MAX_ELEMENTS or MAX_DEPTH."""
-    return [HtmlDocument(f) for f in fragments]
+    return [HtmlDocument(f, ignore_tags) for f in fragments]

@@ -52,6 +52,14 @@ class TranslateRequest(DecodeFields):
         strict=True,
         description="answer sentences translated before from the gateway's cache (an answer equal to a fresh one)",
     )
+    ignore_tags: list[str] | None = Field(
+        None,
+        max_length=100,
+        description=(
+            'with tag_handling html: tags whose content is kept as written, as translate="no" and '
+            'class="notranslate" are (DeepL\'s option)'
+        ),
+    )
     split_sentences: bool = Field(
         True,
         strict=True,

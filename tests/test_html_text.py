@@ -181,3 +181,35 @@ def test_any_word_order_and_unlinked_words_keep_the_markup_whole_and_well_nested
             else:
                 stack.append(tag)
         assert not stack
+
+
+def test_content_not_to_translate_comes_back_verbatim_in_place() -> None:
+    # translate="no" and class="notranslate" inside a sentence: the model reads the words (their sense is
+    # the sentence's), the output has them as written, where the alignment puts them.
+    for attrs in ('translate="no"', 'class="brand notranslate"'):
+        doc = HtmlDocument(f"<p>We use <span {attrs}>Acme <b>Cloud</b></span> for storage.</p>")
+        source = "We use Acme Cloud for storage."
+        assert doc.texts == [source]
+        target = "Wir nutzen Akme Wolke für Speicher."
+        out = doc.render([target], [links(source, target, [("Akme", "Acme"), ("Wolke", "Cloud"), ("Wir", "We")])])
+        assert out == f"<p>Wir nutzen <span {attrs}>Acme <b>Cloud</b></span> für Speicher.</p>"
+
+
+def test_a_block_not_to_translate_and_ignored_tags_are_kept_as_they_are() -> None:
+    doc = HtmlDocument(
+        '<div translate="no"><p>Keep <b>this</b> &amp; that.</p><br></div><p>A dog.</p><x>Acme</x> runs.',
+        ignore_tags=frozenset({"x"}),
+    )
+    assert doc.texts == ["A dog.", "runs."]
+    out = doc.render(["Ein Hund.", "rennt."])
+    assert out == '<div translate="no"><p>Keep <b>this</b> &amp; that.</p><br></div><p>Ein Hund.</p><x>Acme</x> rennt.'
+
+
+def test_a_line_break_is_inline_and_does_not_cut_the_sentence() -> None:
+    doc = HtmlDocument("<p>A man in a red<br>shirt sings.</p>")
+    source = "A man in a red shirt sings."
+    assert doc.texts == [source]
+    target = "Ein Mann in einem roten Hemd singt."
+    pairs = [("Ein", "A"), ("Mann", "man"), ("roten", "red"), ("Hemd", "shirt"), ("singt", "sings")]
+    out = doc.render([target], [links(source, target, pairs)])
+    assert out == "<p>Ein Mann in einem roten <br>Hemd singt.</p>"

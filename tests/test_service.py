@@ -549,3 +549,37 @@ def test_cached_answers_equal_fresh_ones_and_are_counted(client: httpx.Client) -
     # cache: false neither reads nor counts.
     client.post("/v1/translate", json={**body, "cache": False})
     assert gateway()["cache_hits"] == gateway()["cache_hits"] == after["cache_hits"]
+
+
+def test_urls_addresses_and_placeholders_come_back_exactly_as_sent(client: httpx.Client) -> None:
+    texts = [
+        "A man visits https://example.com/shop?item=42&x=1 with his dog. He writes to bob.smith@example.org.",
+        "Hello {name}, you have {{count}} new pictures of %s at $place.",
+        "A dog runs in the park.",  # nothing to protect: the same translation as on its own
+    ]
+    r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de"})
+    assert r.status_code == 200, r.text
+    out = [t["text"] for t in r.json()["translations"]]
+    for kept in ("https://example.com/shop?item=42&x=1", "bob.smith@example.org"):
+        assert kept in out[0], out[0]
+    for kept in ("{name}", "{{count}}", "%s", "$place"):
+        assert kept in out[1], out[1]
+    assert "<" not in "".join(out) and "&amp;" not in out[0]  # plain text back, not the HTML it went through
+    alone = client.post("/v1/translate", json={"texts": texts[2:], "source": "en", "target": "de"}).json()
+    assert out[2] == alone["translations"][0]["text"]
+    libre = client.post("/translate", json={"q": texts[1], "source": "en", "target": "de"}).json()
+    assert libre["translatedText"] == out[1]
+
+
+def test_html_not_to_translate_is_kept_verbatim_in_place(client: httpx.Client) -> None:
+    html = (
+        '<p>A man in a <span translate="no">Acme Cloud</span> shirt rides a bike.</p>'
+        '<div class="notranslate"><p>Two dogs play.</p></div><p>A woman <x>Big Dog</x> sings.</p>'
+    )
+    body = {"texts": [html], "source": "en", "target": "de", "tag_handling": "html", "ignore_tags": ["x"]}
+    r = client.post("/v1/translate", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()["translations"][0]["text"]
+    assert '<span translate="no">Acme Cloud</span>' in out and out.startswith("<p>") and "Mann" in out
+    assert '<div class="notranslate"><p>Two dogs play.</p></div>' in out
+    assert "<x>Big Dog</x>" in out and "Frau" in out

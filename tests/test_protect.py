@@ -1,0 +1,34 @@
+"""service.protect: URLs, e-mail addresses and placeholders found and wrapped, and plain text given back."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from service.protect import PROTECTED, from_html, has_protected, to_html
+
+
+@pytest.mark.parametrize(
+    ("text", "spans"),
+    [
+        ("See https://example.com/a?b=1&c=2. It is new.", ["https://example.com/a?b=1&c=2"]),
+        ("Visit www.example.org, then rest.", ["www.example.org"]),
+        ("Write to bob.smith+news@mail.example.co.uk today.", ["bob.smith+news@mail.example.co.uk"]),
+        ("Hello {name}, you have {{count}} new messages.", ["{name}", "{{count}}"]),
+        ("%s sent %(n)d files to %d people.", ["%s", "%(n)d", "%d"]),
+        ("The total is $total and ${tax} more.", ["$total", "${tax}"]),
+        ("A dog runs in the park (fast).", []),
+    ],
+)
+def test_protected_spans_are_found(text: str, spans: list[str]) -> None:
+    assert [m.group() for m in PROTECTED.finditer(text)] == spans
+    assert has_protected(text) == bool(spans)
+
+
+def test_wrapping_and_unwrapping_is_the_identity() -> None:
+    rng = random.Random(0)
+    pieces = ["a <b> & c", "https://x.org/?q=<1>&r", "{x}", " ", "%s", "bob@x.io", "\"'", "&amp;", "$y", "."]
+    for _ in range(500):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        assert from_html(to_html(text)) == text
