@@ -25,6 +25,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from reports import emit  # noqa: E402
+
 EVERY = 50  # rounds between memory samples
 
 
@@ -106,10 +108,7 @@ def main() -> int:
         f"Resident MiB of the engine process every {EVERY} rounds (`python loadtests/bench_memory.py "
         f"--rounds {args.rounds} --allocators {args.allocators}`):\n\n" + "\n".join(lines) + "\n"
     )
-    print(table)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(table)
+    emit(table, args.out)
     return 0
 
 

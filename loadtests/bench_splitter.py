@@ -25,6 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from reports import emit  # noqa: E402
+
 from service.sentences import split_sentences  # noqa: E402
 from tests.conftest import read_lines  # noqa: E402
 from tests.test_sentences import CASES  # noqa: E402
@@ -110,10 +112,7 @@ def main() -> int:
             lines.append(f"{name} missed: " + "; ".join(f"`{w!r}`" for w in wrong[:12]))
             lines.append("")
     report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    emit(report, args.out)
     return 0
 
 

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
@@ -44,6 +44,17 @@ RETRY_MIN_S = 1.0  # a call retried after its replica died needs at least this m
 SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to this many characters
 LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 413, 422, 500, 503, 504)}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What every step of one translation request shares."""
+
+    pair: str
+    opts: DecodeOptions
+    timeout_s: float | None = None  # the request's own, capped by the server's
+    split: bool = True  # each sentence of a text on its own
+    cache: bool = True  # the gateway's cache may answer
 
 
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
@@ -95,13 +106,14 @@ class Gateway:
 
     async def _translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
         pair, opts = self._check(req, request)
+        ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache)
         if req.tag_handling == "html":
             ignore = frozenset(t.strip().lower() for t in req.ignore_tags or [])
             docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
-            out, nbest = await self._html(pair, docs, opts, req.timeout_s, split=req.split_sentences, cache=req.cache)
+            out, nbest = await self._html(ask, docs)
             out["translations"] = nbest
         else:
-            out = await self._plain(pair, req.texts, opts, req.timeout_s, split=req.split_sentences, cache=req.cache)
+            out = await self._plain(ask, req.texts)
         n = opts.num_hypotheses
         translations = [
             Translation(
@@ -125,9 +137,11 @@ class Gateway:
         call = await libretranslate.parse(await libretranslate.read_body(request), self.settings.max_beam_size)
         pair, opts = self._check(call.request, request)
         if call.docs is not None:
-            nbest = [[t for t, _ in ranks] for ranks in (await self._html(pair, call.docs, opts))[1]]
+            nbest = [[t for t, _ in ranks] for ranks in (await self._html(Ask(pair, opts), call.docs))[1]]
         else:
-            nbest = [[h[0] for h in hs] for hs in (await self._plain(pair, call.request.texts, opts))["translations"]]
+            nbest = [
+                [h[0] for h in hs] for hs in (await self._plain(Ask(pair, opts), call.request.texts))["translations"]
+            ]
         return libretranslate.response(call, nbest)
 
     @app.get("/languages", response_model=list[Language])
@@ -217,65 +231,40 @@ class Gateway:
             raise ApiError(422, "invalid_request", str(exc)) from None
         return pair, opts
 
-    async def _plain(
-        self,
-        pair: str,
-        texts: list[str],
-        opts: DecodeOptions,
-        timeout_s: float | None = None,
-        *,
-        split: bool = True,
-        cache: bool = True,
-    ) -> dict[str, Any]:
+    async def _plain(self, ask: Ask, texts: list[str]) -> dict[str, Any]:
         """_call's answer for plain texts; when one holds a URL, an e-mail address or a placeholder, the
         texts go through the HTML path with those wrapped not to be translated (service/protect.py)."""
         if not any(has_protected(t) for t in texts):
-            return await self._call(pair, texts, opts, timeout_s, split=split, cache=cache)
+            return await self._call(ask, texts)
         docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
-        out, renders = await self._html(pair, docs, opts, timeout_s, split=split, cache=cache)
+        out, renders = await self._html(ask, docs)
         out["translations"] = [[(from_html(text), score) for text, score in ranks] for ranks in renders]
         return out
 
-    async def _call(
-        self,
-        pair: str,
-        texts: list[str],
-        opts: DecodeOptions,
-        timeout_s: float | None = None,
-        *,
-        split: bool = True,
-        cache: bool = True,
-    ) -> dict[str, Any]:
+    async def _call(self, ask: Ask, texts: list[str]) -> dict[str, Any]:
         """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
         "translations" holds each text's n-best list of (text, score), its sentences joined back."""
-        out, pieces, per_text = await self._sentences(pair, texts, opts, timeout_s, split=split, cache=cache)
+        out, pieces, per_text = await self._sentences(ask, texts)
         out["translations"] = [join_translations(hyps, seps) for hyps, (_, seps) in zip(per_text, pieces, strict=True)]
         return out
 
     async def _sentences(
-        self,
-        pair: str,
-        texts: list[str],
-        opts: DecodeOptions,
-        timeout_s: float | None = None,
-        *,
-        split: bool = True,
-        cache: bool = True,
+        self, ask: Ask, texts: list[str]
     ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
         """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
 
         # A one-sentence text goes as it came (what the library gets for it).
-        source = pair.split("-")[0]
+        source = ask.pair.split("-")[0]
 
         def split_all() -> list[tuple[list[str], list[str]]]:
-            return [split_sentences(t, source) if split else ([t], []) for t in texts]
+            return [split_sentences(t, source) if ask.split else ([t], []) for t in texts]
 
         # Long texts are split off the event loop; a thread hop would cost short ones more than splitting.
         pieces = await asyncio.to_thread(split_all) if sum(map(len, texts)) > SPLIT_INLINE_CHARS else split_all()
-        timeout = self._timeout(timeout_s)
+        timeout = self._timeout(ask.timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
-        options = {f.name: getattr(opts, f.name) for f in user_options("api")}
-        out = await self._decode(pair, sentences, options, timeout, cache=cache)
+        options = {f.name: getattr(ask.opts, f.name) for f in user_options("api")}
+        out = await self._decode(ask.pair, sentences, options, timeout, cache=ask.cache)
         per_sentence = iter(out["translations"])
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 
@@ -318,24 +307,15 @@ class Gateway:
             self.digests[pair] = (await self._remote(pair, "info", timeout=10.0))["digest"]
         return self.digests[pair]
 
-    async def _html(
-        self,
-        pair: str,
-        docs: list[HtmlDocument],
-        opts: DecodeOptions,
-        timeout_s: float | None = None,
-        *,
-        split: bool = True,
-        cache: bool = True,
-    ) -> tuple[dict[str, Any], list[list[tuple[str, float]]]]:
+    async def _html(self, ask: Ask, docs: list[HtmlDocument]) -> tuple[dict[str, Any], list[list[tuple[str, float]]]]:
         """The replica's answer, and each document's num_hypotheses renderings with scores, best first: its
         runs translated sentence by sentence, the sentences of runs holding inline markup aligned to their
         translations (rank r: every sentence's r-th hypothesis; its score the mean of theirs, as for a
         paragraph)."""
-        n = opts.num_hypotheses
-        deadline = time.monotonic() + self._timeout(timeout_s)
+        n = ask.opts.num_hypotheses
+        deadline = time.monotonic() + self._timeout(ask.timeout_s)
         texts = [text for doc in docs for text in doc.texts]
-        out, pieces, per_run = await self._sentences(pair, texts, opts, timeout_s, split=split, cache=cache)
+        out, pieces, per_run = await self._sentences(ask, texts)
 
         needs = [needs for doc in docs for needs in doc.needs_alignment]
         wanted: dict[tuple[str, str], int] = {}
@@ -345,7 +325,7 @@ class Gateway:
                     wanted.setdefault((sentence, translation), len(wanted))
         # The alignment gets what is left of the request's time.
         left = max(0.1, deadline - time.monotonic())
-        links = await self._remote(pair, "align", list(wanted), timeout=left) if wanted else []
+        links = await self._remote(ask.pair, "align", list(wanted), timeout=left) if wanted else []
         renders, k = [], 0
         for doc in docs:
             ranks = []
