@@ -49,7 +49,8 @@ def is_loopback(ip: str) -> bool:
 
 def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
     port, metrics_port = free_port(), free_port()
-    env = {**os.environ, "BEAMSERVE_MODELS": "en-de", "PYTHONUNBUFFERED": "1"}
+    # The 12 paragraphs below are all to be accepted however slow this host decodes: no time-based refusal.
+    env = {**os.environ, "BEAMSERVE_MODELS": "en-de", "BEAMSERVE_MAX_QUEUE_WAIT_S": "60", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [
             sys.executable,
