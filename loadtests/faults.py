@@ -18,7 +18,8 @@ Cases (each on a fresh server, bounded in time, traffic to 127.0.0.1 only):
 - soak (not in the default set; `--cases soak --duration 3600`): mixed traffic and fuzzing from a few
   closed-loop clients (every route and option, HTML, n-best lists, tiny timeouts, clients that hang
   up, malformed and hostile bodies); never a 5xx other than 503/504, and the resident memory of each
-  Serve replica at the end within 10% of its value after the warm-up (the first tenth of the run).
+  Serve replica at the end within 10% of its value after the warm-up (one request that takes the
+  decode pool to its configured size, then the first tenth of the run).
 
 Each case prints counts per status and fails (exit 1) when its check fails.
 """
@@ -383,7 +384,7 @@ def fuzz_body(rng: random.Random, sentences: list[str]) -> tuple[str, dict[str, 
 def case_soak(seconds: float, failures: list[str]) -> None:
     with gzip.open(REPO / "tests/data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         sentences = [line.strip() for line in f if line.strip()]
-    server = Server(BEAMSERVE_REQUEST_TIMEOUT_S="30")
+    server = Server(BEAMSERVE_REQUEST_TIMEOUT_S="120")
     statuses: Counter[str] = Counter()
     unexpected: list[str] = []
     try:
@@ -412,7 +413,29 @@ def case_soak(seconds: float, failures: list[str]) -> None:
                     if r.status_code >= 500 and r.status_code not in (503, 504):
                         unexpected.append(f"{path} {body[:80]!r}: {r.status_code} {r.text[:200]}")
 
+        async def fill_pools() -> None:
+            """The replica's bounded pools to their configured size, as the heaviest traffic would take
+            them: 64 texts x beam 4 (every decode slot), each decoded to the length cap, with long
+            sources of words and of the fuzz's odd characters (one token a character)."""
+            rng = random.Random(-1)
+            words = [" ".join(rng.sample(sentences, 6)) for _ in range(64)]
+            odd = ["".join(chr(rng.randint(0x100, 0x2FFF)) for _ in range(400)) for _ in range(64)]
+            async with httpx.AsyncClient(base_url=server.url, timeout=300) as http:
+                for texts in (words, odd):
+                    body = {
+                        "texts": texts,
+                        "source": "en",
+                        "target": "de",
+                        "beam_size": 4,
+                        "min_decoding_length": 255,
+                        "split_sentences": False,
+                        "cache": False,
+                    }
+                    r = await http.post("/v1/translate", json=body)
+                    print(f"  pools filled: {r.status_code} {r.text[:100]}, rss MiB {rss()}", flush=True)
+
         async def run() -> tuple[dict[str, float], dict[str, float]]:
+            await fill_pools()
             start = time.monotonic()
             tasks = [asyncio.create_task(client(k, start + seconds)) for k in range(3)]
             warm: dict[str, float] = {}

@@ -151,13 +151,15 @@ def test_full_queue_refuses_and_deadline_fails_running_sentences(engine: Engine,
     assert engine.stats.rejected == 1 and engine.stats.expired == 1 and engine.active == 0
 
 
+@pytest.mark.parametrize("engine", [BatchingConfig(max_queue_wait_s=60)], indirect=True)
 def test_mode_switches_live_without_losing_queued_sentences(engine: Engine, reference: Translator) -> None:
     async def scenario() -> list[list[Hypothesis]]:
+        # Bursts of 10: past max_queue_wait_s on a slow host, which would refuse some (see above).
         first = asyncio.create_task(send(engine, jobs(reference, 10, seed=5)))
         await asyncio.sleep(0.1)
-        engine.reconfigure(BatchingConfig(mode="request", batch_wait_ms=1))
+        engine.reconfigure(BatchingConfig(mode="request", batch_wait_ms=1, max_queue_wait_s=60))
         second = await send(engine, jobs(reference, 10, seed=6))
-        engine.reconfigure(BatchingConfig())
+        engine.reconfigure(BatchingConfig(max_queue_wait_s=60))
         return [*(await first), *second]
 
     assert len(asyncio.run(scenario())) == 20 and engine.queued == 0 and engine.active == 0
