@@ -381,6 +381,8 @@ def _whole_words(text: str, start: int, end: int) -> tuple[int, int]:
 
 def _text(text: str, start: int, end: int, skip: list[tuple[int, int]]) -> str:
     """text[start:end], escaped, without the characters inside the spans of `skip`."""
+    if not skip:
+        return html.escape(text[start:end], quote=False)
     keep = [c for i, c in enumerate(text[start:end], start) if not any(a <= i < b for a, b in skip)]
     return html.escape("".join(keep), quote=False)
 
