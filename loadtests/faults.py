@@ -475,6 +475,8 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=12.0, help="seconds of load per case")
     p.add_argument("--spike-factor", type=float, default=10.0, help="the spike's rate over the sustainable one")
     args = p.parse_args()
+    # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so each case's `finally` stops its server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
     for case in args.cases.split(","):
         print(f"== {case}", flush=True)
