@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import libretranslate
 from service.errors import ApiError, api_error
 from service.metrics import gateway_metrics
 from service.settings import BODY_LIMIT
@@ -81,7 +82,10 @@ class BodyLimit:
     @staticmethod
     async def _reject(scope: dict[str, Any], send: Any, status: int, code: str, detail: str) -> None:
         rid = request_id({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
-        body = json.dumps({"error": code, "detail": detail, "request_id": rid}).encode()
+        shaped: dict[str, Any] = {"error": code, "detail": detail}
+        if scope.get("path") in libretranslate.ROUTES:
+            status, shaped = libretranslate.error(status, shaped)
+        body = json.dumps({**shaped, "request_id": rid}).encode()
         await send(
             {
                 "type": "http.response.start",
@@ -115,6 +119,8 @@ async def _record(request: Request, call_next: Any) -> Any:
 def error_response(
     request: Request, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> JSONResponse:
+    if request.url.path in libretranslate.ROUTES:
+        status, body = libretranslate.error(status, body)
     return JSONResponse({**body, "request_id": request_id(request.headers)}, status_code=status, headers=headers)
 
 

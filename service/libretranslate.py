@@ -87,6 +87,19 @@ async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
     return LibreCall(req, docs, isinstance(q, str), alternatives)
 
 
+ROUTES = frozenset({"/translate"})  # where errors are answered in LibreTranslate's shape
+
+
+def error(status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """An error on LibreTranslate's route as its clients read it: {"error": message} (Mastodon and the
+    web client show that string), and 429 for overload, which they take as "slow down"."""
+    detail = body.get("detail", body.get("error", ""))
+    if not isinstance(detail, str):  # validation errors: a list of {loc, msg}
+        detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in detail)
+    out = {"error": detail, "code": body.get("error", "")}
+    return (429 if body.get("error") == "overloaded" else status), out
+
+
 def response(call: LibreCall, nbest: list[list[str]]) -> dict[str, Any]:
     """{"translatedText", "alternatives"} from each text's n-best translations, best first."""
     best = [n[0] for n in nbest]

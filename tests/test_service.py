@@ -381,6 +381,10 @@ def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, clien
                     await asyncio.sleep(0.005)
                 two = {"texts": ["A dog.", "A cat."], "source": "en", "target": "de"}
                 full = await ac.post("/v1/translate", json=two)
+                # LibreTranslate's route says "slow down" as its clients expect: 429, its error shape.
+                libre = await ac.post("/translate", json={"q": two["texts"], "source": "en", "target": "de"})
+                assert libre.status_code == 429 and int(libre.headers["retry-after"]) >= 1, libre.text
+                assert isinstance(libre.json()["error"], str) and libre.json()["code"] == "overloaded"
                 late = await ac.post(
                     "/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de", "timeout_s": 0.05}
                 )
@@ -491,7 +495,7 @@ def test_locustfile_runs_against_the_service_with_zero_failures(server: str, tmp
 def test_libretranslate_alternatives_that_are_not_integers_are_a_400(client: httpx.Client, value: str) -> None:
     body = '{"q": "A dog.", "source": "en", "target": "de", "alternatives": ' + value + "}"
     r = client.post("/translate", content=body, headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "alternatives" in r.json()["detail"], r.text
+    assert r.status_code == 400 and "alternatives" in r.json()["error"], r.text  # LibreTranslate's shape
 
 
 @pytest.mark.parametrize("route", ["/translate", "/v1/translate"])
@@ -499,7 +503,8 @@ def test_json_nested_too_deep_is_a_4xx_not_a_500(client: httpx.Client, route: st
     body = "[" * 100_000 + "]" * 100_000
     r = client.post(route, content=body, headers={"content-type": "application/json"})
     assert 400 <= r.status_code < 500, r.text
-    assert r.json()["request_id"] and r.json()["error"] in ("invalid_json", "invalid_request")
+    body = r.json()  # LibreTranslate's route: the message in "error", the code beside it
+    assert body["request_id"] and body.get("code", body["error"]) in ("invalid_json", "invalid_request")
 
 
 def test_html_past_the_nesting_and_element_limits_is_a_fast_422(client: httpx.Client) -> None:
@@ -508,7 +513,7 @@ def test_html_past_the_nesting_and_element_limits_is_a_fast_422(client: httpx.Cl
     deep = "<b>" * 70_000 + "A dog." + "</b>" * 70_000  # 490 KB, under the body limit
     start = time.monotonic()
     r = client.post("/translate", json={"q": deep, "source": "en", "target": "de", "format": "html"})
-    assert r.status_code == 422 and r.json()["error"] == "html_too_complex" and str(MAX_DEPTH) in r.text
+    assert r.status_code == 422 and r.json()["code"] == "html_too_complex" and str(MAX_DEPTH) in r.text
     assert time.monotonic() - start < 5  # refused while parsing, not after
     many = "<i>x</i> " * (MAX_ELEMENTS // 2 + 1)
     r = client.post("/translate", json={"q": many, "source": "en", "target": "de", "format": "html"})
@@ -583,3 +588,24 @@ def test_html_not_to_translate_is_kept_verbatim_in_place(client: httpx.Client) -
     assert '<span translate="no">Acme Cloud</span>' in out and out.startswith("<p>") and "Mann" in out
     assert '<div class="notranslate"><p>Two dogs play.</p></div>' in out
     assert "<x>Big Dog</x>" in out and "Frau" in out
+
+
+def test_mastodon_s_request_and_libretranslate_s_error_shape(client: httpx.Client) -> None:
+    # The body Mastodon's LibreTranslate service sends for a post with a language (HTML, q a list, api_key).
+    body = {
+        "q": ["<p>A dog runs in the <b>park</b>.</p>"],
+        "source": "en",
+        "target": "de",
+        "format": "html",
+        "api_key": "",
+    }
+    r = client.post("/translate", json=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    [text] = r.json()["translatedText"]
+    assert text.startswith("<p>") and "<b>" in text and "Hund" in text
+    # Errors as LibreTranslate's clients show them: {"error": "<message>"}.
+    r = client.post("/translate", json={**body, "target": "zz"})
+    assert r.status_code == 400 and isinstance(r.json()["error"], str) and "served pairs" in r.json()["error"]
+    big = b'{"q": "' + b"a" * 1_100_000 + b'", "source": "en", "target": "de"}'
+    r = client.post("/translate", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "bytes" in r.json()["error"]
