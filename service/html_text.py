@@ -113,6 +113,15 @@ def keep_as_is(tag: str, attrs: list[tuple[str, str | None]], ignore_tags: froze
     return False
 
 
+def _close(stack: list[str], tag: str) -> bool:
+    """Close the innermost open `tag` of a stack of open tags (and what was opened inside it and never
+    closed); False when it is not open."""
+    if tag not in stack:
+        return False
+    del stack[len(stack) - 1 - stack[::-1].index(tag) :]
+    return True
+
+
 class _Splitter(HTMLParser):
     def __init__(self, ignore_tags: frozenset[str] = frozenset()) -> None:
         super().__init__(convert_charrefs=True)
@@ -144,6 +153,19 @@ class _Splitter(HTMLParser):
             self.parts.append(self.run)
         self.run, self.open = Run(), []
 
+    def _keep(self, markup: str) -> None:
+        """Markup inside the open inline element not to translate: its content, as written."""
+        assert self.verbatim is not None and self.verbatim.verbatim is not None
+        self.verbatim.verbatim.append(markup)
+
+    def _inline_void(self, tag: str, markup: str) -> None:
+        """<img>, <br>, <wbr>: an empty element at this point of the run. A line break separates words
+        ("one<br>two" gives the model two); an image or a word-break opportunity does not."""
+        if tag == "br" and self.run.text and not self.run.text[-1].isspace():
+            self.run.text += " "
+        at = len(self.run.text)
+        self._inline(Element(tag, at, at, markup))
+
     def _count(self) -> None:
         self.tags += 1
         if self.tags > MAX_ELEMENTS:
@@ -155,7 +177,7 @@ class _Splitter(HTMLParser):
         self._count()
         markup = self.get_starttag_text() or f"<{tag}>"
         if self.verbatim is not None:  # inside an inline element not to translate: its markup as it is
-            self.verbatim.verbatim.append(markup)  # type: ignore[union-attr]
+            self._keep(markup)
             if tag not in VOID_ELEMENTS:
                 self.verbatim_open.append(tag)
             return
@@ -171,43 +193,38 @@ class _Splitter(HTMLParser):
             if not self.raw_depth and tag not in VOID_ELEMENTS and keep_as_is(tag, attrs, self.ignore_tags):
                 self.kept.append(tag)
             return
+        if tag in INLINE_VOID:
+            self._inline_void(tag, markup)
+            return
         at = len(self.run.text)
-        if tag in INLINE_VOID and at and not self.run.text[-1].isspace():
-            self.run.text += " "  # "one<br>two": two words to the model, the <br> between them
-        element = Element(tag, len(self.run.text), len(self.run.text), markup)
+        element = Element(tag, at, at, markup)
         self._inline(element)
-        if tag in INLINE_ELEMENTS:
-            self.open.append(element)
-            if keep_as_is(tag, attrs, self.ignore_tags):
-                element.verbatim = []
-                self.verbatim = element
+        self.open.append(element)
+        if keep_as_is(tag, attrs, self.ignore_tags):
+            element.verbatim = []
+            self.verbatim = element
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._count()
         markup = self.get_starttag_text() or f"<{tag}/>"
         if self.verbatim is not None:
-            self.verbatim.verbatim.append(markup)  # type: ignore[union-attr]
+            self._keep(markup)
         elif self.kept or self.raw_depth or tag not in INLINE_VOID:
             self._markup(markup)
         else:
-            self._inline(Element(tag, len(self.run.text), len(self.run.text), markup))
+            self._inline_void(tag, markup)
 
     def handle_endtag(self, tag: str) -> None:
         self._count()
         markup = f"</{tag}>"
         if self.verbatim is not None:
-            if tag in self.verbatim_open:
-                del self.verbatim_open[len(self.verbatim_open) - 1 - self.verbatim_open[::-1].index(tag) :]
-                self.verbatim.verbatim.append(markup)  # type: ignore[union-attr]
-                return
-            if tag != self.verbatim.tag:
-                self.verbatim.verbatim.append(markup)  # type: ignore[union-attr]
+            if _close(self.verbatim_open, tag) or tag != self.verbatim.tag:
+                self._keep(markup)
                 return
             self.verbatim, self.verbatim_open = None, []  # its own end: closed below as any inline element
         if self.kept:
             self._markup(markup)
-            if tag in self.kept:
-                del self.kept[len(self.kept) - 1 - self.kept[::-1].index(tag) :]
+            _close(self.kept, tag)
             return
         if self.raw_depth or tag not in INLINE_ELEMENTS:
             self._markup(markup)
@@ -228,7 +245,7 @@ class _Splitter(HTMLParser):
 
     def handle_data(self, data: str) -> None:
         if self.verbatim is not None:  # the model reads it; the output has it as written
-            self.verbatim.verbatim.append(html.escape(data, quote=False))  # type: ignore[union-attr]
+            self._keep(html.escape(data, quote=False))
             self.run.text += data
             self.run.original.append(html.escape(data, quote=False))
             return
@@ -244,7 +261,7 @@ class _Splitter(HTMLParser):
 
     def handle_comment(self, data: str) -> None:
         if self.verbatim is not None:
-            self.verbatim.verbatim.append(f"<!--{data}-->")  # type: ignore[union-attr]
+            self._keep(f"<!--{data}-->")
         elif self.kept or self.raw_depth:
             self.parts.append(f"<!--{data}-->")
         else:  # inside a sentence, a comment stays there

@@ -213,3 +213,5 @@ def test_a_line_break_is_inline_and_does_not_cut_the_sentence() -> None:
     pairs = [("Ein", "A"), ("Mann", "man"), ("roten", "red"), ("Hemd", "shirt"), ("singt", "sings")]
     out = doc.render([target], [links(source, target, pairs)])
     assert out == "<p>Ein Mann in einem roten <br>Hemd singt.</p>"
+    assert HtmlDocument("<p>A red<br/>shirt.</p>").texts == ["A red shirt."]  # self-closed alike
+    assert HtmlDocument("A super<wbr>market and a<img src=x>dog.").texts == ["A supermarket and adog."]
