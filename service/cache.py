@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Key = tuple[str, str, tuple[tuple[str, Any], ...], str]  # (digest, pair, options, sentence)
@@ -33,6 +33,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+    by_pair: dict[str, list[int]] = field(default_factory=dict)  # pair -> [hits, misses]
 
 
 class TranslationCache:
@@ -54,11 +55,14 @@ class TranslationCache:
 
     def get(self, key: Key) -> Entry | None:
         found = self.entries.get(key)
+        counts = self.stats.by_pair.setdefault(key[1], [0, 0])
         if found is None:
             self.stats.misses += 1
+            counts[1] += 1
             return None
         self.entries.move_to_end(key)
         self.stats.hits += 1
+        counts[0] += 1
         return found[0]
 
     def put(self, key: Key, entry: Entry) -> None:
@@ -76,6 +80,11 @@ class TranslationCache:
             _, (_, evicted) = self.entries.popitem(last=False)
             self.bytes -= evicted
             self.stats.evictions += 1
+
+    def lookups(self, pair: str) -> tuple[int, int]:
+        """(hits, misses) of one pair's sentences."""
+        hits, misses = self.stats.by_pair.get(pair, (0, 0))
+        return hits, misses
 
     def summary(self) -> dict[str, int]:
         s = self.stats

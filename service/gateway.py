@@ -67,7 +67,6 @@ class Gateway:
         self.pairs = pairs
         self.admission = {pair: PairAdmission(pair) for pair in pairs}
         self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
-        self.cache_lookups: dict[str, tuple[int, int]] = {}  # pair -> (hits, misses)
         self.settings = Settings(**settings)
         self.cache = TranslationCache(self.settings.cache_entries, self.settings.cache_bytes)
         BODY_LIMIT["bytes"] = self.settings.max_body_bytes
@@ -169,7 +168,7 @@ class Gateway:
         out = {i["name"]: i for i in await self._infos()}
         for pair, a in self.admission.items():
             if pair in out:
-                hits, misses = self.cache_lookups.get(pair, (0, 0))
+                hits, misses = self.cache.lookups(pair)
                 out[pair]["gateway"] = {
                     "in_flight_work": a.in_flight,
                     "refused": a.refused_here,
@@ -277,15 +276,13 @@ class Gateway:
         digest = await self._digest(pair) if store is not None else ""
         found: dict[str, Entry] = {}
         distinct = list(dict.fromkeys(sentences))
+        keys = {s: store.key(digest, pair, options, s) for s in distinct} if store is not None else {}
         if store is not None:
-            for sentence in distinct:
-                entry = store.get(store.key(digest, pair, options, sentence))
+            for sentence, key in keys.items():
+                entry = store.get(key)
                 if entry is not None:
                     found[sentence] = entry
-            hits, misses = len(found), len(distinct) - len(found)
-            gateway_metrics().on_cache(pair, hits, misses)
-            before = self.cache_lookups.get(pair, (0, 0))
-            self.cache_lookups[pair] = (before[0] + hits, before[1] + misses)
+            gateway_metrics().on_cache(pair, len(found), len(distinct) - len(found))
         todo = [s for s in distinct if s not in found]
         if todo:
             with self.admission[pair].holding(len(todo) * options["beam_size"]):
@@ -294,7 +291,7 @@ class Gateway:
                 entry = Entry([(text, score) for text, score in nbest], src, tgt)
                 found[sentence] = entry
                 if store is not None:
-                    store.put(store.key(digest, pair, options, sentence), entry)
+                    store.put(keys[sentence], entry)
         entries = [found[s] for s in sentences]
         return {
             "translations": [e.nbest for e in entries],

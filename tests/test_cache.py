@@ -28,6 +28,7 @@ def test_a_hit_returns_what_was_put_under_the_same_key_only() -> None:
         assert cache.get(other) is None
     assert cache.key("d1", "en-de", dict(reversed(OPTS.items())), "A dog.") == key  # option order does not matter
     assert (cache.stats.hits, cache.stats.misses) == (1, 5)
+    assert cache.lookups("en-de") == (1, 4) and cache.lookups("en-fr") == (0, 1) and cache.lookups("de-en") == (0, 0)
 
 
 def test_least_recently_used_goes_first_past_the_entry_bound() -> None:
