@@ -32,10 +32,9 @@ class PairAdmission:
         self.full_until = 0.0  # monotonic time the refusal stands until
         self.refused_here = 0  # requests this gateway refused on the pair's behalf
 
-    def check(self, work: int, now: float | None = None) -> None:
+    def check(self, work: int) -> None:
         """ApiError 503 when this work would take the pair to the level it last refused at."""
-        now = time.monotonic() if now is None else now
-        if self.full_at is None or now >= self.full_until:
+        if self.full_at is None or time.monotonic() >= self.full_until:
             self.full_at = None
             return
         if self.in_flight + work >= self.full_at:

@@ -82,9 +82,7 @@ class BodyLimit:
     @staticmethod
     async def _reject(scope: dict[str, Any], send: Any, status: int, code: str, detail: str) -> None:
         rid = request_id({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
-        shaped: dict[str, Any] = {"error": code, "detail": detail}
-        if scope.get("path") in libretranslate.ROUTES:
-            status, shaped = libretranslate.error(status, shaped)
+        status, shaped = libretranslate.error(scope.get("path", ""), status, {"error": code, "detail": detail})
         body = json.dumps({**shaped, "request_id": rid}).encode()
         await send(
             {
@@ -119,8 +117,7 @@ async def _record(request: Request, call_next: Any) -> Any:
 def error_response(
     request: Request, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    if request.url.path in libretranslate.ROUTES:
-        status, body = libretranslate.error(status, body)
+    status, body = libretranslate.error(request.url.path, status, body)
     return JSONResponse({**body, "request_id": request_id(request.headers)}, status_code=status, headers=headers)
 
 

@@ -90,9 +90,12 @@ async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
 ROUTES = frozenset({"/translate"})  # where errors are answered in LibreTranslate's shape
 
 
-def error(status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """An error on LibreTranslate's route as its clients read it: {"error": message} (Mastodon and the
-    web client show that string), and 429 for overload, which they take as "slow down"."""
+def error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """An error as answered on `path`: as it is, except on LibreTranslate's route, as its clients read
+    it: {"error": message} (Mastodon and the web client show that string), and 429 for overload,
+    which they take as "slow down"."""
+    if path not in ROUTES:
+        return status, body
     detail = body.get("detail", body.get("error", ""))
     if not isinstance(detail, str):  # validation errors: a list of {loc, msg}
         detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in detail)
