@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from fastapi import Request
@@ -18,15 +18,18 @@ from ray.serve.handle import DeploymentHandle
 
 from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
-from service import libretranslate, local_ray
+from service import deepl, libretranslate, local_ray
 from service.admission import PairAdmission
 from service.cache import Entry, TranslationCache
+from service.detect import Detected, LanguageDetector
 from service.errors import ApiError, api_error
 from service.html_text import HtmlDocument, join_aligned, parse_documents
 from service.http import app
+from service.languages import name as language_name
 from service.metrics import gateway_metrics
 from service.protect import from_html, has_protected, to_html
 from service.schemas import (
+    DetectedLanguage,
     ErrorResponse,
     Language,
     ModelInfo,
@@ -42,7 +45,7 @@ from service.settings import BODY_LIMIT, Settings
 logger = logging.getLogger(__name__)
 RETRY_MIN_S = 1.0  # a call retried after its replica died needs at least this much of its time left
 SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to this many characters
-LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "cs": "Czech"}
+DETECT_CHARS = 1000  # the characters of a text that language detection looks at
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 413, 422, 500, 503, 504)}
 
 
@@ -69,6 +72,9 @@ class Gateway:
         self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
         self.settings = Settings(**settings)
         self.cache = TranslationCache(self.settings.cache_entries, self.settings.cache_bytes)
+        # Candidates for detection: every language served, source or target, so a text already in the
+        # target language is recognised (and returned as it is) and one with no model is named.
+        self.detector = LanguageDetector(lang for pair in sorted(pairs) for lang in pair.split("-"))
         BODY_LIMIT["bytes"] = self.settings.max_body_bytes
         BODY_LIMIT["timeout_s"] = self.settings.body_timeout_s
         gateway_metrics()
@@ -104,6 +110,35 @@ class Gateway:
             return await self._translate(req, request)
 
     async def _translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
+        """The request's texts grouped by source language (named, or detected per text), each group
+        translated on its pair, the answers in the texts' order."""
+        detected, groups = await self._sources(req.source, req.target, req.texts, markup=req.tag_handling == "html")
+        parts = await asyncio.gather(*(self._translate_from(req, src, idx, request) for src, idx in groups.items()))
+        translations: list[Translation] = [Translation(text="", score=0.0)] * len(req.texts)
+        source_tokens = target_tokens = 0
+        for idx, (done, usage) in zip(groups.values(), parts, strict=True):
+            for i, t in zip(idx, done, strict=True):
+                found = DetectedLanguage(**asdict(detected[i])) if detected is not None else None
+                translations[i] = t if found is None else t.model_copy(update={"detected_source": found})
+            source_tokens += usage.source_tokens
+            target_tokens += usage.target_tokens
+        return TranslateResponse(
+            model=",".join(f"{src}-{req.target}" for src in groups if src != req.target),
+            translations=translations,
+            usage=Usage(source_tokens=source_tokens, target_tokens=target_tokens),
+        )
+
+    async def _translate_from(
+        self, req: TranslateRequest, source: str, idx: list[int], request: Request
+    ) -> tuple[list[Translation], Usage]:
+        """req's texts at idx, all in `source`. Texts detected to be in the target language already are
+        answered as they are (what DeepL and LibreTranslate do)."""
+        texts = [req.texts[i] for i in idx]
+        if source == req.target:
+            n = self._options(req).num_hypotheses
+            same = [Translation(text=t, score=0.0, hypotheses=[t] if n > 1 else None) for t in texts]
+            return same, Usage(source_tokens=0, target_tokens=0)
+        req = req.model_copy(update={"texts": texts, "source": source})
         pair, opts = self._check(req, request)
         ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache)
         if req.tag_handling == "html":
@@ -123,25 +158,116 @@ class Gateway:
             )
             for hs in out["translations"]
         ]
-        usage = Usage(source_tokens=out["source_tokens"], target_tokens=out["target_tokens"])
-        return TranslateResponse(model=pair, translations=translations, usage=usage)
+        return translations, Usage(source_tokens=out["source_tokens"], target_tokens=out["target_tokens"])
 
-    @app.post("/translate", responses=ERRORS)
+    async def _sources(
+        self, source: str | None, target: str, texts: list[str], *, markup: bool
+    ) -> tuple[list[Detected] | None, dict[str, list[int]]]:
+        """The indices of the texts in each source language, and each text's detected language when the
+        request named none (None or "auto"). A detected language with no model to target is a 400 that
+        names it; detection looks at the first DETECT_CHARS characters of a text (evidence enough)."""
+        if source not in (None, "auto"):
+            return None, {source: list(range(len(texts)))}
+        if not self.detector.languages:
+            raise ApiError(400, "detection_unavailable", "no served language can be detected: pass the source language")
+        if len(texts) > self.settings.max_texts:
+            raise ApiError(422, "too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request")
+        heads = [t[:DETECT_CHARS] for t in texts]
+        if sum(map(len, heads)) > SPLIT_INLINE_CHARS:
+            detected = await asyncio.to_thread(self.detector.detect, heads, markup=markup)
+        else:
+            detected = self.detector.detect(heads, markup=markup)
+        groups: dict[str, list[int]] = {}
+        for i, found in enumerate(detected):
+            groups.setdefault(found.language, []).append(i)
+        for language, idx in groups.items():
+            if language != target and f"{language}-{target}" not in self.pairs:
+                raise ApiError(
+                    400,
+                    "unsupported_pair",
+                    f"texts[{idx[0]}] is in {language_name(language)} ({language}), detected; no model "
+                    f"for {language} -> {target}; served pairs: {', '.join(sorted(self.pairs))}",
+                )
+        return detected, groups
+
+    @app.post(
+        "/translate",
+        response_model=libretranslate.LibreTranslateResponse,
+        response_model_exclude_none=True,
+        responses=ERRORS,
+        openapi_extra=libretranslate.OPENAPI,
+    )
     async def libretranslate(self, request: Request) -> dict[str, Any]:
         """LibreTranslate-compatible: JSON or form body with q (string or list), source, target, alternatives."""
         with self._accepting():
             return await self._libretranslate(request)
 
     async def _libretranslate(self, request: Request) -> dict[str, Any]:
-        call = await libretranslate.parse(await libretranslate.read_body(request), self.settings.max_beam_size)
+        body = await libretranslate.read_body(request)
+        texts, single = libretranslate.texts_of(body)
+        source = str(body.get("source", ""))
+        target = str(body.get("target", ""))
+        markup = body.get("format") == "html"
+        detected, groups = await self._sources(source, target, texts, markup=markup)
+        parts = await asyncio.gather(
+            *(
+                self._libre_part({**body, "q": [texts[i] for i in idx], "source": src}, request)
+                for src, idx in groups.items()
+            )
+        )
+        nbest: list[list[str]] = [[] for _ in texts]
+        for idx, part in zip(groups.values(), parts, strict=True):
+            for i, ranks in zip(idx, part, strict=True):
+                nbest[i] = ranks
+        return libretranslate.response(single, libretranslate.alternatives(body), nbest, detected)
+
+    async def _libre_part(self, body: dict[str, Any], request: Request) -> list[list[str]]:
+        """Each text's n-best translations for a LibreTranslate body whose texts share one source; a
+        text already in the target language is answered as it is (as LibreTranslate does)."""
+        call = await libretranslate.parse(body, self.settings.max_beam_size)
+        if call.request.source == call.request.target:
+            return [[t] for t in body["q"]]
         pair, opts = self._check(call.request, request)
         if call.docs is not None:
-            nbest = [[t for t, _ in ranks] for ranks in (await self._html(Ask(pair, opts), call.docs))[1]]
-        else:
-            nbest = [
-                [h[0] for h in hs] for hs in (await self._plain(Ask(pair, opts), call.request.texts))["translations"]
-            ]
-        return libretranslate.response(call, nbest)
+            return [[t for t, _ in ranks] for ranks in (await self._html(Ask(pair, opts), call.docs))[1]]
+        return [[h[0] for h in hs] for hs in (await self._plain(Ask(pair, opts), call.request.texts))["translations"]]
+
+    @app.post("/detect", responses=ERRORS)
+    async def detect(self, request: Request) -> Any:
+        """LibreTranslate-compatible: q (a string or a list) -> each text's candidate languages, most
+        likely first, with confidence in percent."""
+        texts, single = libretranslate.texts_of(await libretranslate.read_body(request))
+        if len(texts) > self.settings.max_texts:
+            raise ApiError(400, "too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request")
+        heads = [t[:DETECT_CHARS] for t in texts]
+        ranks = await asyncio.to_thread(lambda: [self.detector.rank(t) for t in heads])
+        out = [[libretranslate.detected_language(d) for d in r] for r in ranks]
+        return out[0] if single else out
+
+    @app.get("/frontend/settings")
+    async def frontend_settings(self) -> dict[str, Any]:
+        """What LibreTranslate's web client and apps read before they translate."""
+        targets = sorted({pair.split("-")[1] for pair in self.pairs})
+        return libretranslate.frontend_settings(self.settings.max_text_chars, targets, keys=False)
+
+    @app.post(
+        "/v2/translate", response_model=deepl.DeepLTranslateResponse, responses=ERRORS, openapi_extra=deepl.OPENAPI
+    )
+    async def deepl_translate(self, request: Request) -> deepl.DeepLTranslateResponse:
+        """DeepL-compatible (service/deepl.py): text list, target_lang, optional source_lang."""
+        with self._accepting():
+            _, req = deepl.parse(await deepl.read_body(request))
+            return deepl.response(req, await self._translate(req, request))
+
+    @app.get(
+        "/v2/languages",
+        response_model=list[deepl.DeepLLanguage],
+        openapi_extra={"parameters": [{"name": "type", "in": "query", "schema": {"enum": ["source", "target"]}}]},
+    )
+    async def deepl_languages(self, request: Request) -> list[deepl.DeepLLanguage]:
+        """type=source|target, in the query or (as DeepL's clients send it) a form body of the GET."""
+        kind = request.query_params.get("type") or (await request.form()).get("type") or "source"
+        return deepl.languages(list(self.pairs), str(kind))
 
     @app.get("/languages", response_model=list[Language])
     async def languages(self) -> list[Language]:
@@ -150,7 +276,7 @@ class Gateway:
             src, tgt = pair.split("-")
             targets.setdefault(src, []).append(tgt)
             targets.setdefault(tgt, [])
-        return [Language(code=c, name=LANGUAGES.get(c, c), targets=t) for c, t in sorted(targets.items())]
+        return [Language(code=c, name=language_name(c), targets=t) for c, t in sorted(targets.items())]
 
     async def _infos(self) -> list[dict[str, Any]]:
         """Every pair replica's info() (see PairModel.info)."""
@@ -218,6 +344,11 @@ class Gateway:
                 check_text(text)
             except InvalidTextError as exc:
                 raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
+        return pair, self._options(req)
+
+    def _options(self, req: TranslateRequest) -> DecodeOptions:
+        """The request's decoding options within the server's limits; ApiError 422 otherwise."""
+        s = self.settings
         opts = DecodeOptions(
             **{f.name: getattr(req, f.name) for f in user_options("api") if getattr(req, f.name) is not None}
         )
@@ -228,7 +359,7 @@ class Gateway:
             opts.validate()
         except ValueError as exc:
             raise ApiError(422, "invalid_request", str(exc)) from None
-        return pair, opts
+        return opts
 
     async def _plain(self, ask: Ask, texts: list[str]) -> dict[str, Any]:
         """_call's answer for plain texts; when one holds a URL, an e-mail address or a placeholder, the

@@ -17,13 +17,27 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import libretranslate
+from service import deepl, libretranslate
 from service.errors import ApiError, api_error
 from service.metrics import gateway_metrics
 from service.settings import BODY_LIMIT
 
 logger = logging.getLogger(__name__)
-ENDPOINTS = {"/v1/translate", "/translate", "/languages", "/v1/models", "/v1/stats", "/healthz", "/readyz"}
+ENDPOINTS = {
+    "/v1/translate",
+    "/translate",
+    "/detect",
+    "/languages",
+    "/frontend/settings",
+    "/v2/translate",
+    "/v2/languages",
+    "/v2/usage",
+    "/v1/usage",
+    "/v1/models",
+    "/v1/stats",
+    "/healthz",
+    "/readyz",
+}
 
 app = FastAPI(
     title="beamserve",
@@ -82,7 +96,7 @@ class BodyLimit:
     @staticmethod
     async def _reject(scope: dict[str, Any], send: Any, status: int, code: str, detail: str) -> None:
         rid = request_id({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
-        status, shaped = libretranslate.error(scope.get("path", ""), status, {"error": code, "detail": detail})
+        status, shaped = shape_error(scope.get("path", ""), status, {"error": code, "detail": detail})
         body = json.dumps({**shaped, "request_id": rid}).encode()
         await send(
             {
@@ -114,10 +128,17 @@ async def _record(request: Request, call_next: Any) -> Any:
     return response
 
 
+def shape_error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """An error as the clients of the route's API read it: DeepL's, LibreTranslate's, or beamserve's."""
+    if path.startswith(deepl.PREFIX):
+        return deepl.error(status, body)
+    return libretranslate.error(path, status, body)
+
+
 def error_response(
     request: Request, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    status, body = libretranslate.error(request.url.path, status, body)
+    status, body = shape_error(request.url.path, status, body)
     return JSONResponse({**body, "request_id": request_id(request.headers)}, status_code=status, headers=headers)
 
 

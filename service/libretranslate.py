@@ -4,22 +4,54 @@ alternatives; format text or html) read into beamserve's request, and its respon
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from service.detect import Detected
 from service.errors import ApiError
 from service.html_text import HtmlDocument, parse_documents
+from service.languages import name
 from service.schemas import TranslateRequest
+
+
+class LibreTranslateRequest(BaseModel):
+    """The body of LibreTranslate's POST /translate (JSON or a form, q repeated for a list)."""
+
+    q: str | list[str] = Field(description="a text, or a list of texts")
+    source: str = Field(description="a language code, or auto (detected per text)", examples=["en"])
+    target: str = Field(examples=["de"])
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(0, ge=0, description="extra translations per text")
+    api_key: str | None = Field(None, description="the client's key, when the server requires keys")
+
+
+class LibreDetected(BaseModel):
+    confidence: float  # percent
+    language: str
+
+
+class LibreTranslateResponse(BaseModel):
+    translatedText: str | list[str]  # noqa: N815 (LibreTranslate's name)
+    alternatives: list[str] | list[list[str]] | None = None
+    detectedLanguage: LibreDetected | list[LibreDetected] | None = None  # noqa: N815
+
+
+_BODY = LibreTranslateRequest.model_json_schema()
+# The route reads JSON or a form itself (Mastodon sends JSON, other clients forms); typed for OpenAPI.
+OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _BODY}, "application/x-www-form-urlencoded": {"schema": _BODY}},
+    }
+}
 
 
 @dataclass
 class LibreCall:
     request: TranslateRequest  # one text per plain text, or per run of prose of the HTML documents
     docs: list[HtmlDocument] | None  # format "html": the parsed documents
-    single: bool  # q was a string (the answer is one too)
-    alternatives: int  # extra translations asked for per text
 
 
 async def read_body(request: Request) -> dict[str, Any]:
@@ -41,8 +73,18 @@ async def read_body(request: Request) -> dict[str, Any]:
     return data
 
 
-def _alternatives(value: object) -> int:
+def texts_of(body: dict[str, Any]) -> tuple[list[str], bool]:
+    """q as a list of texts, and whether it was one string (the answer is one too)."""
+    q = body.get("q")
+    texts = [q] if isinstance(q, str) else q
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, "invalid_request", "q must be a non-empty string or list of strings")
+    return texts, isinstance(q, str)
+
+
+def alternatives(body: dict[str, Any]) -> int:
     """LibreTranslate's `alternatives`: an integer, in JSON or a form's string."""
+    value = body.get("alternatives", 0) or 0
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ApiError(400, "invalid_request", "alternatives must be an integer")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
@@ -54,21 +96,16 @@ def _alternatives(value: object) -> int:
 
 
 async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
-    """The request beamserve runs for a LibreTranslate body; ApiError 400 for what LibreTranslate refuses.
-    HTML is parsed off the event loop (service/html_text.py bounds its size)."""
-    q = body.get("q")
-    texts = [q] if isinstance(q, str) else q
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise ApiError(400, "invalid_request", "q must be a non-empty string or list of strings")
-    if body.get("source") == "auto":
-        raise ApiError(400, "invalid_request", "language detection is not supported: pass source explicitly")
+    """The request beamserve runs for a LibreTranslate body whose source is known; ApiError 400 for what
+    LibreTranslate refuses. HTML is parsed off the event loop (service/html_text.py bounds its size)."""
+    texts, _ = texts_of(body)
     if body.get("format", "text") not in ("text", "html"):
         raise ApiError(400, "invalid_request", "format must be 'text' or 'html'")
-    alternatives = _alternatives(body.get("alternatives", 0) or 0)
+    extra = alternatives(body)
     # HTML: runs of prose are translated, inline markup carried over by alignment (service/html_text.py).
     docs = await asyncio.to_thread(parse_documents, texts) if body.get("format") == "html" else None
     segments = [node for doc in docs for node in doc.texts] if docs is not None else texts
-    if not 0 <= alternatives < max_beam_size:
+    if not 0 <= extra < max_beam_size:
         raise ApiError(400, "invalid_request", f"alternatives must be between 0 and {max_beam_size - 1}")
     try:
         req = TranslateRequest.model_validate(
@@ -77,17 +114,23 @@ async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
                 "texts": segments or [""],
                 "source": str(body.get("source", "")),
                 "target": str(body.get("target", "")),
-                "beam_size": max(4, alternatives + 1),
-                "num_hypotheses": alternatives + 1,
+                "beam_size": max(4, extra + 1),
+                "num_hypotheses": extra + 1,
             }
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ApiError(400, "invalid_request", problems) from None
-    return LibreCall(req, docs, isinstance(q, str), alternatives)
+    return LibreCall(req, docs)
 
 
-ROUTES = frozenset({"/translate"})  # where errors are answered in LibreTranslate's shape
+def detected_language(found: Detected) -> dict[str, Any]:
+    """LibreTranslate's {"confidence", "language"}, the confidence in percent."""
+    return {"confidence": round(found.confidence * 100, 1), "language": found.language}
+
+
+# Where errors are answered in LibreTranslate's shape.
+ROUTES = frozenset({"/translate", "/detect", "/frontend/settings"})
 
 
 def error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -103,11 +146,35 @@ def error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, 
     return (429 if body.get("error") == "overloaded" else status), out
 
 
-def response(call: LibreCall, nbest: list[list[str]]) -> dict[str, Any]:
-    """{"translatedText", "alternatives"} from each text's n-best translations, best first."""
-    best = [n[0] for n in nbest]
-    result: dict[str, Any] = {"translatedText": best[0] if call.single else best}
-    if call.alternatives:
-        alts = [n[1:] for n in nbest]
-        result["alternatives"] = alts[0] if call.single else alts
+def response(single: bool, extra: int, nbest: list[list[str]], detected: list[Detected] | None) -> dict[str, Any]:
+    """{"translatedText", "alternatives", "detectedLanguage"} from each text's n-best translations, best
+    first; each a string or object when q was one string, else a list."""
+
+    def shaped(values: list[Any]) -> Any:
+        return values[0] if single else values
+
+    result: dict[str, Any] = {"translatedText": shaped([n[0] for n in nbest])}
+    if extra:
+        result["alternatives"] = shaped([n[1:] for n in nbest])
+    if detected is not None:
+        result["detectedLanguage"] = shaped([detected_language(d) for d in detected])
     return result
+
+
+def frontend_settings(char_limit: int, targets: list[str], *, keys: bool) -> dict[str, Any]:
+    """GET /frontend/settings as LibreTranslate answers it: limits, whether keys are needed, the
+    languages its web client starts with."""
+    target = targets[0] if targets else "en"
+    return {
+        "charLimit": char_limit,
+        "frontendTimeout": 500,
+        "apiKeys": keys,
+        "keyRequired": keys,
+        "suggestions": False,
+        "filesTranslation": False,
+        "supportedFilesFormat": [],
+        "language": {
+            "source": {"code": "auto", "name": "Auto Detect"},
+            "target": {"code": target, "name": name(target)},
+        },
+    }

@@ -36,7 +36,13 @@ DecodeFields = create_model(
 
 class TranslateRequest(DecodeFields):
     texts: list[str] = Field(min_length=1, description="texts to translate (a paragraph is split into sentences)")
-    source: str = Field(min_length=2, max_length=16, examples=["en"])
+    source: str | None = Field(
+        None,
+        min_length=2,
+        max_length=16,
+        examples=["en"],
+        description="omitted or 'auto': each text's language is detected among the languages served",
+    )
     target: str = Field(min_length=2, max_length=16, examples=["de"])
     timeout_s: float | None = Field(
         None, gt=0, allow_inf_nan=False, description="answer 504 after this long (capped by the server)"
@@ -71,8 +77,13 @@ class TranslateRequest(DecodeFields):
 
     @field_validator("source", "target")
     @classmethod
-    def _language_code(cls, code: str) -> str:
-        return code.strip().lower()  # language codes are case-insensitive: "EN" is "en"
+    def _language_code(cls, code: str | None) -> str | None:
+        return code.strip().lower() if code is not None else None  # case-insensitive: "EN" is "en"
+
+
+class DetectedLanguage(BaseModel):
+    language: str
+    confidence: float  # 0-1 among the languages served; 0 for a text with no letters
 
 
 class Translation(BaseModel):
@@ -80,6 +91,7 @@ class Translation(BaseModel):
     score: float
     hypotheses: list[str] | None = None  # the n-best list when num_hypotheses > 1
     scores: list[float] | None = None
+    detected_source: DetectedLanguage | None = None  # when the request named no source language
 
 
 class Usage(BaseModel):

@@ -1,0 +1,189 @@
+"""DeepL's API v2 (POST /v2/translate, GET /v2/languages, GET /v2/usage) as its official clients speak
+it: JSON or form bodies, DeepL's upper-case language codes (EN-GB is English), its option names, its
+error body {"message": ...} and its statuses (400 for a bad request, 429 for too many, 456 for a used-up
+character quota). Options beamserve cannot honour are refused by name, never ignored.
+"""
+
+from typing import Any, Literal
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.errors import ApiError
+from service.languages import name
+from service.schemas import TranslateRequest, TranslateResponse
+
+PREFIX = "/v2/"  # where errors are answered in DeepL's shape
+
+# DeepL's options that beamserve has no counterpart for, each with why.
+UNSUPPORTED = {
+    "glossary_id": "glossaries are not supported",
+    "glossary_ids": "glossaries are not supported",
+    "context": "context is not supported: send it as part of the text",
+    "model_type": "model_type is not supported: each pair has one model",
+    "outline_detection": "outline_detection applies to tag_handling xml, which is not supported",
+    "non_splitting_tags": "non_splitting_tags applies to tag_handling xml, which is not supported",
+    "splitting_tags": "splitting_tags applies to tag_handling xml, which is not supported",
+    "tag_handling_version": "tag_handling_version is not supported",
+    "custom_instructions": "custom_instructions are not supported",
+    "style_id": "style rules are not supported",
+    "translation_memory_id": "translation memories are not supported",
+    "translation_memory_threshold": "translation memories are not supported",
+}
+
+
+class DeepLTranslateRequest(BaseModel):
+    """The body of DeepL's POST /v2/translate (JSON, or a form with `text` repeated)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: list[str] = Field(min_length=1, description="texts to translate")
+    target_lang: str = Field(min_length=2, max_length=16, examples=["DE"])
+    source_lang: str | None = Field(None, min_length=2, max_length=16, description="omitted: detected per text")
+    split_sentences: Literal["0", "1", "nonewlines"] = Field(
+        "1", description="1 and nonewlines: each sentence translated on its own; 0: each text whole"
+    )
+    preserve_formatting: bool = Field(False, description="accepted: beamserve never reformats a translation")
+    tag_handling: Literal["html", "xml"] | None = Field(None, description="html (xml is not supported)")
+    ignore_tags: list[str] | None = Field(None, description="with tag_handling html: tags kept as written")
+    formality: Literal["default", "prefer_more", "prefer_less", "more", "less"] = Field(
+        "default", description="default and prefer_*: accepted (the models have one register); more/less: 400"
+    )
+    show_billed_characters: bool = Field(False, description="billed_characters is always answered")
+
+
+_BODY = DeepLTranslateRequest.model_json_schema()
+# The route reads JSON or a form itself (DeepL's clients send either); its body typed for the OpenAPI schema.
+OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _BODY}, "application/x-www-form-urlencoded": {"schema": _BODY}},
+    }
+}
+
+
+class DeepLTranslation(BaseModel):
+    detected_source_language: str
+    text: str
+    billed_characters: int
+
+
+class DeepLTranslateResponse(BaseModel):
+    translations: list[DeepLTranslation]
+
+
+class DeepLLanguage(BaseModel):
+    language: str
+    name: str
+    supports_formality: bool | None = None  # target languages only
+
+
+class DeepLUsage(BaseModel):
+    character_count: int
+    character_limit: int
+
+
+def code_of(deepl_code: str) -> str:
+    """beamserve's language code for DeepL's: EN-GB and EN-US are en, PT-BR is pt."""
+    return deepl_code.split("-")[0].strip().lower()
+
+
+def deepl_codes(code: str, *, target: bool) -> list[str]:
+    """DeepL's codes for one of beamserve's languages (English and Portuguese targets have variants)."""
+    variants = {"en": ["EN-GB", "EN-US"], "pt": ["PT-BR", "PT-PT"]}
+    return variants[code] if target and code in variants else [code.upper()]
+
+
+async def read_body(request: Request) -> dict[str, Any]:
+    """The body as a dict, from JSON or a form (`text` and `ignore_tags` may be given several times;
+    DeepL's forms also take ignore_tags as one comma-separated value)."""
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_request", "the JSON body must be an object")
+        return body
+    form = await request.form()
+    data: dict[str, Any] = {}
+    for key in form:
+        values = [str(v) for v in form.getlist(key)]
+        if key == "text":
+            data[key] = values
+        elif key == "ignore_tags":
+            data[key] = [tag for v in values for tag in v.split(",") if tag]
+        else:
+            data[key] = values[0]
+    return data
+
+
+def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest]:
+    """DeepL's request and the beamserve request it runs as; ApiError 400 (in DeepL's words) otherwise."""
+    for option, why in UNSUPPORTED.items():
+        if option in body:
+            raise ApiError(400, "unsupported_option", why)
+    if isinstance(body.get("text"), str):  # one text given as a string
+        body = {**body, "text": [body["text"]]}
+    if isinstance(body.get("ignore_tags"), str):
+        body = {**body, "ignore_tags": [t for t in body["ignore_tags"].split(",") if t]}
+    if isinstance(body.get("split_sentences"), int) and not isinstance(body.get("split_sentences"), bool):
+        body = {**body, "split_sentences": str(body["split_sentences"])}
+    try:
+        deepl = DeepLTranslateRequest.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ApiError(400, "invalid_request", f"Value for a parameter is not valid: {problems}") from None
+    if deepl.tag_handling == "xml":
+        raise ApiError(400, "unsupported_option", "tag_handling xml is not supported; html is")
+    if deepl.formality in ("more", "less"):
+        raise ApiError(400, "unsupported_option", "formality is not supported for any target language")
+    try:
+        req = TranslateRequest(
+            texts=deepl.text,
+            source=code_of(deepl.source_lang) if deepl.source_lang else None,
+            target=code_of(deepl.target_lang),
+            split_sentences=deepl.split_sentences != "0",
+            tag_handling="html" if deepl.tag_handling == "html" else None,
+            ignore_tags=deepl.ignore_tags,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ApiError(400, "invalid_request", problems) from None
+    return deepl, req
+
+
+def response(req: TranslateRequest, out: TranslateResponse) -> DeepLTranslateResponse:
+    """DeepL's answer: each text's translation, its source language in DeepL's code, and the characters
+    billed for it (its length)."""
+    translations = []
+    for text, t in zip(req.texts, out.translations, strict=True):
+        source = t.detected_source.language if t.detected_source else req.source or ""
+        translations.append(
+            DeepLTranslation(detected_source_language=source.upper(), text=t.text, billed_characters=len(text))
+        )
+    return DeepLTranslateResponse(translations=translations)
+
+
+def languages(pairs: list[str], kind: str) -> list[DeepLLanguage]:
+    """GET /v2/languages?type=source|target over the served pairs."""
+    if kind not in ("source", "target"):
+        raise ApiError(400, "invalid_request", "type must be 'source' or 'target'")
+    target = kind == "target"
+    codes = sorted({pair.split("-")[1 if target else 0] for pair in pairs})
+    return [
+        DeepLLanguage(language=d, name=name(c), supports_formality=False if target else None)
+        for c in codes
+        for d in deepl_codes(c, target=target)
+    ]
+
+
+def error(status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """An error as DeepL's clients read it: {"message": ...}; 400 for every invalid request (DeepL has
+    no 422) and 429 for overload (its clients back off and retry)."""
+    detail = body.get("detail", body.get("error", ""))
+    if not isinstance(detail, str):  # validation errors: a list of {loc, msg}
+        detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in detail)
+    code = body.get("error", "")
+    status = 400 if status == 422 else 429 if code == "overloaded" else status
+    return status, {"message": detail, "code": code}
