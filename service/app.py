@@ -39,4 +39,5 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
             },
             user_config=batching_knobs(settings.model_dump()),
         ).bind(model, settings.model_dump())
-    return Gateway.bind(pairs, settings.model_dump())  # type: ignore[attr-defined]
+    gateway = Gateway.options(num_replicas=settings.gateway_replicas)  # type: ignore[attr-defined]
+    return gateway.bind(pairs, settings.model_dump())

@@ -14,6 +14,10 @@ from service.languages import name
 from service.schemas import TranslateRequest, TranslateResponse
 
 PREFIX = "/v2/"  # where errors are answered in DeepL's shape
+UNLIMITED = 10**12  # the character_limit DeepL reports for a key without one
+# Error codes DeepL's clients know by another status: overload is "too many requests" (they back off),
+# a used-up character quota is 456, and any key problem is 403 (its clients read 401 as an unknown error).
+DEEPL_STATUS = {"overloaded": 429, "quota_exceeded": 456, "missing_api_key": 403, "invalid_api_key": 403}
 
 # DeepL's options that beamserve has no counterpart for, each with why.
 UNSUPPORTED = {
@@ -185,5 +189,5 @@ def error(status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     if not isinstance(detail, str):  # validation errors: a list of {loc, msg}
         detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in detail)
     code = body.get("error", "")
-    status = 400 if status == 422 else 429 if code == "overloaded" else status
+    status = DEEPL_STATUS.get(code) or (400 if status == 422 else status)
     return status, {"message": detail, "code": code}

@@ -14,13 +14,16 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from ray import serve
+from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import deepl, libretranslate
 from service.errors import ApiError, api_error
 from service.metrics import gateway_metrics
-from service.settings import BODY_LIMIT
+from service.settings import Settings
 
 logger = logging.getLogger(__name__)
 ENDPOINTS = {
@@ -46,13 +49,28 @@ app = FastAPI(
 )
 
 
+_ENVIRONMENT = Settings()
+
+
+def replica_settings() -> Settings:
+    """The Settings of the ingress replica this runs in, for the middlewares (which run outside the
+    Gateway's methods). Serve copies the app into each replica by value, so a module global the Gateway
+    set would not be the one a middleware reads; outside a replica, the environment's Settings."""
+    try:
+        owner = serve.get_replica_context().servable_object
+    except RayServeException:
+        return _ENVIRONMENT
+    settings: Settings | None = getattr(owner, "settings", None)  # None while the Gateway is being built
+    return settings or _ENVIRONMENT
+
+
 class _BodyTooLargeError(Exception):
     pass
 
 
 class BodyLimit:
-    """413 for bodies over the limit in force (settings.BODY_LIMIT), by Content-Length or while streaming;
-    408 for a body that stops arriving for BODY_LIMIT["timeout_s"] (a slow client would otherwise hold
+    """413 for bodies over max_body_bytes, by Content-Length or while streaming; 408 for a body that
+    stops arriving for body_timeout_s (a slow client would otherwise hold
     one of the gateway's ongoing-request slots for as long as it likes)."""
 
     def __init__(self, inner: Any) -> None:
@@ -61,7 +79,8 @@ class BodyLimit:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.inner(scope, receive, send)
-        limit = BODY_LIMIT["bytes"]
+        settings = replica_settings()
+        limit, wait = settings.max_body_bytes, settings.body_timeout_s
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await self._reject(scope, send, 413, "body_too_large", f"request body over {limit} bytes")
@@ -71,9 +90,8 @@ class BodyLimit:
         async def limited() -> Any:
             nonlocal seen, answered
             try:
-                message = await asyncio.wait_for(receive(), BODY_LIMIT["timeout_s"])
+                message = await asyncio.wait_for(receive(), wait)
             except TimeoutError:
-                wait = BODY_LIMIT["timeout_s"]
                 await self._reject(
                     scope, send, 408, "body_timeout", f"no part of the request body came for {wait:.0f}s"
                 )
@@ -109,6 +127,35 @@ class BodyLimit:
 
 
 app.add_middleware(BodyLimit)
+
+
+class Cors:
+    """Starlette's CORS middleware over the replica's allow-list (cors_origins), or nothing while it is
+    empty: no CORS headers, and browsers refuse cross-origin calls."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.origins: list[str] = []
+        self.cors: Any = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        origins = replica_settings().origins()
+        if scope["type"] != "http" or not origins:
+            return await self.inner(scope, receive, send)
+        if self.cors is None or self.origins != origins:
+            self.origins = origins
+            self.cors = CORSMiddleware(
+                self.inner,
+                allow_origins=self.origins,
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                expose_headers=["X-Request-ID", "Retry-After"],
+                max_age=600,
+            )
+        await self.cors(scope, receive, send)
+
+
+app.add_middleware(Cors)  # the outermost: a preflight is answered before any other work
 
 
 def request_id(headers: Any) -> str:

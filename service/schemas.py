@@ -129,3 +129,14 @@ class Language(BaseModel):
     code: str
     name: str
     targets: list[str]
+
+
+class KeyUsage(BaseModel):
+    client: str  # the key's name (or a digest of it); "anonymous" while keys are off
+    characters_day: int  # characters translated in the current day window
+    characters_day_limit: int  # 0: none
+    characters_day_resets_at: float | None  # Unix time the window ends; None while it is empty
+    characters_month: int  # in the current 30-day window
+    characters_month_limit: int
+    characters_month_resets_at: float | None
+    requests_per_minute_limit: int

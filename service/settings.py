@@ -33,6 +33,15 @@ class Settings(BaseSettings):
     request_timeout_s: float = 30.0  # past this, 504
     max_in_flight: int = 512  # translation requests a gateway replica holds at once; past it, 503 at once
     drain_timeout_s: float = 40.0  # on SIGTERM, how long accepted requests may take to finish
+    gateway_replicas: int = 1  # HTTP ingress replicas (beamserve serve; the Serve config autoscales them)
+    # API keys and their limits (service/keys.py): off unless api_keys or api_keys_file is set.
+    api_keys: str = ""  # comma-separated keys, each with the key_* limits below
+    api_keys_file: str = ""  # a JSON list of {"key", "name", and any of the key_* limits without key_}
+    key_requests_per_minute: int = 0  # 0: no limit
+    key_characters_per_day: int = 0
+    key_characters_per_month: int = 0  # a 30-day window
+    limits_storage: str = ""  # redis://host:6379 (or valkey://) shared by the gateway replicas; empty: each its own
+    cors_origins: str = ""  # comma-separated origins browsers may call from ("*": any); empty: no CORS
     # The gateway's translation cache (service/cache.py), per gateway replica; either at 0 turns it off.
     cache_entries: int = 50_000
     cache_bytes: int = 64_000_000
@@ -51,7 +60,5 @@ class Settings(BaseSettings):
     def model_list(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
 
-
-# The body limit in force in this process (the ingress replica sets it from its Settings); a module
-# global because the HTTP middleware runs outside the Serve class that holds the Settings.
-BODY_LIMIT: dict[str, float] = {"bytes": Settings().max_body_bytes, "timeout_s": Settings().body_timeout_s}
+    def origins(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

@@ -127,3 +127,12 @@ def test_openapi_types_the_compatible_bodies(client: httpx.Client) -> None:
     assert {"q", "source", "target", "format", "alternatives", "api_key"} <= set(libre["properties"])
     deepl_body = paths["/v2/translate"]["post"]["requestBody"]["content"]["application/x-www-form-urlencoded"]
     assert {"text", "target_lang", "source_lang", "split_sentences"} <= set(deepl_body["schema"]["properties"])
+
+
+def test_no_cors_headers_by_default(client: httpx.Client) -> None:
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    r = client.options("/v1/translate", headers=preflight)
+    assert "access-control-allow-origin" not in r.headers
+    assert (
+        "access-control-allow-origin" not in client.get("/languages", headers={"Origin": "https://a.example"}).headers
+    )

@@ -159,6 +159,9 @@ def test_invalid_json_invalid_utf8_and_oversized_bodies(client: httpx.Client) ->
     big = json.dumps({"texts": ["a" * 1000] * 1200, "source": "en", "target": "de"}).encode()
     r = client.post("/v1/translate", content=big, headers=headers)
     assert r.status_code == 413 and "bytes" in r.text
+    # The server's max_body_bytes (900,000 here, set in its Settings) is the limit, not the default.
+    r = client.post("/v1/translate", content=b" " * 950_000 + b"{}", headers=headers)
+    assert r.status_code == 413 and "over 900000 bytes" in r.text, r.text
 
 
 def test_every_answer_carries_a_request_id_and_every_error_body_repeats_it(client: httpx.Client) -> None:

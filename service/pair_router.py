@@ -1,0 +1,355 @@
+"""How a request's texts become calls to the pair replicas: grouped by source language (named or
+detected), split into sentences, answered from the cache where it can, decoded on the pair's
+replica (asked again once if the replica dies), HTML put back together by alignment. The HTTP
+routes (service/gateway.py) sit on top of this.
+"""
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from fastapi import Request
+from ray.serve.handle import DeploymentHandle
+
+from model.errors import InvalidTextError, check_text
+from model.options import DecodeOptions, user_options
+from service import libretranslate
+from service.admission import PairAdmission
+from service.cache import Entry, TranslationCache
+from service.detect import Detected, LanguageDetector
+from service.errors import ApiError, api_error
+from service.html_text import HtmlDocument, join_aligned, parse_documents
+from service.languages import name as language_name
+from service.metrics import gateway_metrics
+from service.protect import from_html, has_protected, to_html
+from service.schemas import DetectedLanguage, TranslateRequest, TranslateResponse, Translation, Usage
+from service.sentences import join_translations, ranked, split_sentences
+from service.settings import Settings
+
+logger = logging.getLogger(__name__)
+RETRY_MIN_S = 1.0  # a call retried after its replica died needs at least this much of its time left
+SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to this many characters
+DETECT_CHARS = 1000  # the characters of a text that language detection looks at
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What every step of one translation request shares."""
+
+    pair: str
+    opts: DecodeOptions
+    timeout_s: float | None = None  # the request's own, capped by the server's
+    split: bool = True  # each sentence of a text on its own
+    cache: bool = True  # the gateway's cache may answer
+
+
+class PairRouter:
+    """Translates texts on the pair deployments: the machinery under the Gateway's routes."""
+
+    def __init__(self, pairs: dict[str, DeploymentHandle[Any]], settings: Settings) -> None:
+        self.pairs = pairs
+        self.settings = settings
+        self.admission = {pair: PairAdmission(pair) for pair in pairs}
+        self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
+        self.cache = TranslationCache(settings.cache_entries, settings.cache_bytes)
+        # Candidates for detection: every language served, source or target, so a text already in the
+        # target language is recognised (and returned as it is) and one with no model is named.
+        self.detector = LanguageDetector(lang for pair in sorted(pairs) for lang in pair.split("-"))
+
+    async def _translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
+        """The request's texts grouped by source language (named, or detected per text), each group
+        translated on its pair, the answers in the texts' order."""
+        detected, groups = await self._sources(req.source, req.target, req.texts, markup=req.tag_handling == "html")
+        parts = await asyncio.gather(*(self._translate_from(req, src, idx, request) for src, idx in groups.items()))
+        translations: list[Translation] = [Translation(text="", score=0.0)] * len(req.texts)
+        source_tokens = target_tokens = 0
+        for idx, (done, usage) in zip(groups.values(), parts, strict=True):
+            for i, t in zip(idx, done, strict=True):
+                found = DetectedLanguage(**asdict(detected[i])) if detected is not None else None
+                translations[i] = t if found is None else t.model_copy(update={"detected_source": found})
+            source_tokens += usage.source_tokens
+            target_tokens += usage.target_tokens
+        return TranslateResponse(
+            model=",".join(f"{src}-{req.target}" for src in groups if src != req.target),
+            translations=translations,
+            usage=Usage(source_tokens=source_tokens, target_tokens=target_tokens),
+        )
+
+    async def _translate_from(
+        self, req: TranslateRequest, source: str, idx: list[int], request: Request
+    ) -> tuple[list[Translation], Usage]:
+        """req's texts at idx, all in `source`. Texts detected to be in the target language already are
+        answered as they are (what DeepL and LibreTranslate do)."""
+        texts = [req.texts[i] for i in idx]
+        if source == req.target:
+            n = self._options(req).num_hypotheses
+            same = [Translation(text=t, score=0.0, hypotheses=[t] if n > 1 else None) for t in texts]
+            return same, Usage(source_tokens=0, target_tokens=0)
+        req = req.model_copy(update={"texts": texts, "source": source})
+        pair, opts = self._check(req, request)
+        ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache)
+        if req.tag_handling == "html":
+            ignore = frozenset(t.strip().lower() for t in req.ignore_tags or [])
+            docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
+            out, nbest = await self._html(ask, docs)
+            out["translations"] = nbest
+        else:
+            out = await self._plain(ask, req.texts)
+        n = opts.num_hypotheses
+        translations = [
+            Translation(
+                text=hs[0][0],
+                score=hs[0][1],
+                hypotheses=[h[0] for h in hs] if n > 1 else None,
+                scores=[h[1] for h in hs] if n > 1 else None,
+            )
+            for hs in out["translations"]
+        ]
+        return translations, Usage(source_tokens=out["source_tokens"], target_tokens=out["target_tokens"])
+
+    async def _sources(
+        self, source: str | None, target: str, texts: list[str], *, markup: bool
+    ) -> tuple[list[Detected] | None, dict[str, list[int]]]:
+        """The indices of the texts in each source language, and each text's detected language when the
+        request named none (None or "auto"). A detected language with no model to target is a 400 that
+        names it; detection looks at the first DETECT_CHARS characters of a text (evidence enough)."""
+        if source not in (None, "auto"):
+            return None, {source: list(range(len(texts)))}
+        if not self.detector.languages:
+            raise ApiError(400, "detection_unavailable", "no served language can be detected: pass the source language")
+        if len(texts) > self.settings.max_texts:
+            raise ApiError(422, "too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request")
+        heads = [t[:DETECT_CHARS] for t in texts]
+        if sum(map(len, heads)) > SPLIT_INLINE_CHARS:
+            detected = await asyncio.to_thread(self.detector.detect, heads, markup=markup)
+        else:
+            detected = self.detector.detect(heads, markup=markup)
+        groups: dict[str, list[int]] = {}
+        for i, found in enumerate(detected):
+            groups.setdefault(found.language, []).append(i)
+        for language, idx in groups.items():
+            if language != target and f"{language}-{target}" not in self.pairs:
+                raise ApiError(
+                    400,
+                    "unsupported_pair",
+                    f"texts[{idx[0]}] is in {language_name(language)} ({language}), detected; no model "
+                    f"for {language} -> {target}; served pairs: {', '.join(sorted(self.pairs))}",
+                )
+        return detected, groups
+
+    async def _libre_texts(
+        self, body: dict[str, Any], texts: list[str], single: bool, request: Request
+    ) -> dict[str, Any]:
+        source = str(body.get("source", ""))
+        target = str(body.get("target", ""))
+        markup = body.get("format") == "html"
+        detected, groups = await self._sources(source, target, texts, markup=markup)
+        parts = await asyncio.gather(
+            *(
+                self._libre_part({**body, "q": [texts[i] for i in idx], "source": src}, request)
+                for src, idx in groups.items()
+            )
+        )
+        nbest: list[list[str]] = [[] for _ in texts]
+        for idx, part in zip(groups.values(), parts, strict=True):
+            for i, ranks in zip(idx, part, strict=True):
+                nbest[i] = ranks
+        return libretranslate.response(single, libretranslate.alternatives(body), nbest, detected)
+
+    async def _libre_part(self, body: dict[str, Any], request: Request) -> list[list[str]]:
+        """Each text's n-best translations for a LibreTranslate body whose texts share one source; a
+        text already in the target language is answered as it is (as LibreTranslate does)."""
+        call = await libretranslate.parse(body, self.settings.max_beam_size)
+        if call.request.source == call.request.target:
+            return [[t] for t in body["q"]]
+        pair, opts = self._check(call.request, request)
+        if call.docs is not None:
+            return [[t for t, _ in ranks] for ranks in (await self._html(Ask(pair, opts), call.docs))[1]]
+        return [[h[0] for h in hs] for hs in (await self._plain(Ask(pair, opts), call.request.texts))["translations"]]
+
+    async def _infos(self) -> list[dict[str, Any]]:
+        """Every pair replica's info() (see PairModel.info)."""
+        return list(await asyncio.gather(*(h.info.remote() for h in self.pairs.values())))
+
+    def _check(self, req: TranslateRequest, request: Request) -> tuple[str, DecodeOptions]:
+        """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
+        s = self.settings
+        pair = f"{req.source}-{req.target}"
+        request.state.pair = pair if pair in self.pairs else "unknown"
+        if pair not in self.pairs:
+            raise ApiError(
+                400,
+                "unsupported_pair",
+                f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}",
+            )
+        if len(req.texts) > s.max_texts:
+            raise ApiError(422, "too_many_texts", f"{len(req.texts)} texts; at most {s.max_texts} per request")
+        for i, text in enumerate(req.texts):
+            if len(text) > s.max_text_chars:
+                raise ApiError(
+                    422, "text_too_long", f"texts[{i}] has {len(text)} characters; at most {s.max_text_chars}"
+                )
+            try:
+                check_text(text)
+            except InvalidTextError as exc:
+                raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
+        return pair, self._options(req)
+
+    def _options(self, req: TranslateRequest) -> DecodeOptions:
+        """The request's decoding options within the server's limits; ApiError 422 otherwise."""
+        s = self.settings
+        opts = DecodeOptions(
+            **{f.name: getattr(req, f.name) for f in user_options("api") if getattr(req, f.name) is not None}
+        )
+        if opts.beam_size > s.max_beam_size:
+            raise ApiError(422, "invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
+        opts = replace(opts, max_decoding_length=min(opts.max_decoding_length, s.max_decoding_length))
+        try:
+            opts.validate()
+        except ValueError as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from None
+        return opts
+
+    async def _plain(self, ask: Ask, texts: list[str]) -> dict[str, Any]:
+        """_call's answer for plain texts; when one holds a URL, an e-mail address or a placeholder, the
+        texts go through the HTML path with those wrapped not to be translated (service/protect.py)."""
+        if not any(has_protected(t) for t in texts):
+            return await self._call(ask, texts)
+        docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
+        out, renders = await self._html(ask, docs)
+        out["translations"] = [[(from_html(text), score) for text, score in ranks] for ranks in renders]
+        return out
+
+    async def _call(self, ask: Ask, texts: list[str]) -> dict[str, Any]:
+        """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
+        "translations" holds each text's n-best list of (text, score), its sentences joined back."""
+        out, pieces, per_text = await self._sentences(ask, texts)
+        out["translations"] = [join_translations(hyps, seps) for hyps, (_, seps) in zip(per_text, pieces, strict=True)]
+        return out
+
+    async def _sentences(
+        self, ask: Ask, texts: list[str]
+    ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
+        """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
+
+        # A one-sentence text goes as it came (what the library gets for it).
+        source = ask.pair.split("-")[0]
+
+        def split_all() -> list[tuple[list[str], list[str]]]:
+            return [split_sentences(t, source) if ask.split else ([t], []) for t in texts]
+
+        # Long texts are split off the event loop; a thread hop would cost short ones more than splitting.
+        pieces = await asyncio.to_thread(split_all) if sum(map(len, texts)) > SPLIT_INLINE_CHARS else split_all()
+        timeout = self._timeout(ask.timeout_s)
+        sentences = [sentence for sents, _ in pieces for sentence in sents]
+        options = {f.name: getattr(ask.opts, f.name) for f in user_options("api")}
+        out = await self._decode(ask.pair, sentences, options, timeout, cache=ask.cache)
+        per_sentence = iter(out["translations"])
+        return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
+
+    async def _decode(
+        self, pair: str, sentences: list[str], options: dict[str, Any], timeout: float, *, cache: bool
+    ) -> dict[str, Any]:
+        """Each sentence's n-best and the token counts: from the cache where it holds the sentence (with
+        `cache`), the rest decoded on the pair's replica, each distinct sentence once."""
+        store = self.cache if cache and self.cache.enabled else None
+        digest = await self._digest(pair) if store is not None else ""
+        found: dict[str, Entry] = {}
+        distinct = list(dict.fromkeys(sentences))
+        keys = {s: store.key(digest, pair, options, s) for s in distinct} if store is not None else {}
+        if store is not None:
+            for sentence, key in keys.items():
+                entry = store.get(key)
+                if entry is not None:
+                    found[sentence] = entry
+            gateway_metrics().on_cache(pair, len(found), len(distinct) - len(found))
+        todo = [s for s in distinct if s not in found]
+        if todo:
+            with self.admission[pair].holding(len(todo) * options["beam_size"]):
+                out = await self._remote(pair, "translate", todo, options, timeout=timeout, pass_time=True)
+            for sentence, nbest, (src, tgt) in zip(todo, out["translations"], out["tokens"], strict=True):
+                entry = Entry([(text, score) for text, score in nbest], src, tgt)
+                found[sentence] = entry
+                if store is not None:
+                    store.put(keys[sentence], entry)
+        entries = [found[s] for s in sentences]
+        return {
+            "translations": [e.nbest for e in entries],
+            "source_tokens": sum(e.source_tokens for e in entries),
+            "target_tokens": sum(e.target_tokens for e in entries),
+        }
+
+    async def _digest(self, pair: str) -> str:
+        if pair not in self.digests:
+            self.digests[pair] = (await self._remote(pair, "info", timeout=10.0))["digest"]
+        return self.digests[pair]
+
+    async def _html(self, ask: Ask, docs: list[HtmlDocument]) -> tuple[dict[str, Any], list[list[tuple[str, float]]]]:
+        """The replica's answer, and each document's num_hypotheses renderings with scores, best first: its
+        runs translated sentence by sentence, the sentences of runs holding inline markup aligned to their
+        translations (rank r: every sentence's r-th hypothesis; its score the mean of theirs, as for a
+        paragraph)."""
+        n = ask.opts.num_hypotheses
+        deadline = time.monotonic() + self._timeout(ask.timeout_s)
+        texts = [text for doc in docs for text in doc.texts]
+        out, pieces, per_run = await self._sentences(ask, texts)
+
+        needs = [needs for doc in docs for needs in doc.needs_alignment]
+        wanted: dict[tuple[str, str], int] = {}
+        for aligned, (sents, _), hyps in zip(needs, pieces, per_run, strict=True):
+            for r in range(n if aligned else 0):
+                for sentence, (translation, _) in zip(sents, ranked(hyps, r), strict=True):
+                    wanted.setdefault((sentence, translation), len(wanted))
+        # The alignment gets what is left of the request's time.
+        left = max(0.1, deadline - time.monotonic())
+        links = await self._remote(ask.pair, "align", list(wanted), timeout=left) if wanted else []
+        renders, k = [], 0
+        for doc in docs:
+            ranks = []
+            for r in range(n):
+                run_texts, run_links, scores = [], [], []
+                for j in range(k, k + len(doc.texts)):
+                    (sents, seps), picked = pieces[j], ranked(per_run[j], r)
+                    words = [t for t, _ in picked]
+                    found = [links[wanted[p]] for p in zip(sents, words, strict=True)] if needs[j] else []
+                    text, joined = join_aligned(sents, seps, words, found or [[] for _ in sents])
+                    run_texts.append(text)
+                    run_links.append(joined)
+                    scores += [score for _, score in picked]
+                ranks.append((doc.render(run_texts, run_links), sum(scores) / len(scores) if scores else 0.0))
+            renders.append(ranks)
+            k += len(doc.texts)
+        return out, renders
+
+    def _timeout(self, timeout_s: float | None = None) -> float:
+        """A request's timeout: its own when shorter than the server's."""
+        return min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
+
+    async def _remote(self, pair: str, method: str, *args: Any, timeout: float, pass_time: bool = False) -> Any:
+        """pair's replica.method(*args), answered within timeout (+2 s); its typed errors as ApiErrors.
+        A replica that dies mid-call is asked again once (Serve routes to a live or restarted one) while
+        RETRY_MIN_S of the timeout is left. With pass_time, the time left is the call's last argument."""
+        deadline = time.monotonic() + timeout
+        for attempt in (1, 2):
+            left = deadline - time.monotonic()
+            response = getattr(self.pairs[pair], method).remote(*args, *([left] if pass_time else []))
+
+            async def answer(r: Any = response) -> Any:
+                return await r
+
+            try:
+                return await asyncio.wait_for(answer(), left + 2.0)
+            except TimeoutError:
+                response.cancel()
+                raise ApiError(504, "timeout", f"no answer within {timeout:.0f}s") from None
+            except Exception as exc:
+                known = api_error(exc)
+                if known is None:
+                    raise
+                if known.code == "replica_unavailable" and attempt == 1 and deadline - time.monotonic() > RETRY_MIN_S:
+                    logger.warning("the %s replica died mid-request; asking again (%s)", pair, exc)
+                    continue
+                raise known from None
+        raise AssertionError("unreachable")

