@@ -149,3 +149,27 @@ def test_ingress_example_is_valid_and_agrees_with_the_server_limits() -> None:
         "name": "beamserve",
         "port": {"number": 8000},
     }
+
+
+def test_api_keys_example_mounts_the_keys_file_everywhere_and_counts_in_its_store(tmp_path: Path) -> None:
+    from service.keys import KeyLimits, load_keys
+
+    out = run(tool("kubectl"), "kustomize", K8S / "examples" / "api-keys")
+    path = tmp_path / "api-keys.yaml"
+    path.write_text(out)
+    assert "passed for resource deployment/beamserve-limits" in run(tool("kubernetes-validate"), "--strict", path)
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in head["containers"][0]["env"]}
+    store = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "beamserve-limits")
+    assert env["BEAMSERVE_LIMITS_STORAGE"] == f"redis://beamserve-limits:{store['spec']['ports'][0]['port']}/0"
+    # The Gateway replica may run on the head or a worker: both mount the keys where the setting says.
+    for pod in (head, *(g["template"]["spec"] for g in cluster["workerGroupSpecs"])):
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "api-keys")
+        assert env["BEAMSERVE_API_KEYS_FILE"] == mount["mountPath"] + "/keys.json"
+        assert any(v.get("secret", {}).get("secretName") == "beamserve-api-keys" for v in pod["volumes"])
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(by_kind(docs, "Secret")["stringData"]["keys.json"])
+    clients = load_keys("", str(keys_file), KeyLimits())
+    assert {c.id for c in clients.values()} == {"newsroom", "mastodon"}
