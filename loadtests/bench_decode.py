@@ -11,7 +11,8 @@ test_2016_flickr sentences sorted by length, identical for every system; each ce
 system runs in its own worker process (see `SystemWorker`), all started before the first pass.
 
 Systems (--systems): beamserve; beamserve-es (early_stopping=True, CTranslate2's stopping rule);
-beamserve-bf16 (dtype bfloat16); beamserve-slots (the static decode state, model/slot_decoder.py: B
+beamserve-bf16 (dtype bfloat16); beamserve-int8 and beamserve-int8_bfloat16 (compute_type: int8 GEMMs
+with per-row scales, float32 or bfloat16 elsewhere); beamserve-slots (the static decode state, model/slot_decoder.py: B
 slots of K beams refilled as sentences finish; CUDA graphs on a GPU); hf; ct2-float32; ct2-int8;
 ct2-float16 (GPU).
 
@@ -252,6 +253,9 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     if system == "beamserve-slots":
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
         return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
+    if system in ("beamserve-int8", "beamserve-int8_bfloat16"):  # int8 GEMMs, per-row scales (model/quant.py)
+        tr8 = Translator.load(own, args.device, compute_type=system.split("-")[1], num_threads=args.threads)
+        return lambda n, B, K: run_beamserve(tr8, encoded[:n], B, K, steps)
     if system == "beamserve-bf16":  # the same weights in bfloat16 (fast on CPUs with AVX512-BF16 or AMX)
         tr16 = Translator.load(own, args.device, dtype="bfloat16", num_threads=args.threads)
         return lambda n, B, K: run_beamserve(tr16, encoded[:n], B, K, steps)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from model.quant import int8_of, linear_int8
+
 
 def _onednn_op() -> object | None:
     try:
@@ -29,6 +31,10 @@ def _onednn_op() -> object | None:
 _LINEAR = _onednn_op()
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 FUSED_ACTIVATIONS = {"relu": "relu", "swish": "swish"}  # our name -> oneDNN post-op name
+INPLACE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu_,
+    "swish": lambda y: F.silu(y, inplace=True),
+}
 MIN_MACS = 1 << 23  # rows x C_in x C_out below which MKL's sgemm is as fast or faster (bench_gemm.py)
 PACK_ROWS = 64  # row count oneDNN picks the packed layout for (any count may use it; a 1-row
 # layout was slower from 16 rows up, 64 and 256 alike, in an ad hoc timing of the decoder's shapes)
@@ -60,6 +66,10 @@ def linear(
     """
     if activation is not None and activation not in FUSED_ACTIVATIONS:
         raise ValueError(f"no fused activation {activation!r}; one of {sorted(FUSED_ACTIVATIONS)}")
+    q = int8_of(weight) if x.device.type == "cpu" and not torch.is_grad_enabled() else None
+    if q is not None:  # compute_type int8 (model/quant.py)
+        y = linear_int8(x, q, bias)
+        return INPLACE_ACTIVATIONS[activation](y) if activation is not None else y
     if uses_onednn(x) and x.numel() * weight.shape[0] >= MIN_MACS:
         lead = x.shape[:-1]
         post_op = FUSED_ACTIVATIONS.get(activation or "", "none")

@@ -12,6 +12,10 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# Compute types by CTranslate2's names (what each means: model/compute_type.py); here, torch-free, for
+# the CLI's choices and the service's settings.
+COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16", "int8", "int8_float32", "int8_bfloat16")
+
 
 def option(default: Any, help: str, *, minimum: float | None = None, api: bool = True, cli: bool = True) -> Any:
     return field(default=default, metadata={"help": help, "minimum": minimum, "api": api, "cli": cli})

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from model import checkpoint
+from model import compute_type as compute
 from model.align import Link, attention_alignment
 from model.allocator import retain_freed_memory
 from model.decoding import generate, pad_batch
@@ -61,6 +62,8 @@ class Translator:
         self.name = name
         self.load_seconds = 0.0
         self.pool: WorkerPool | None = None  # inter_threads > 1: batches decode in these processes
+        # float32, int8, ... (model/compute_type.py); a model built here computes in its weights' dtype.
+        self.compute_type = next((n for n, d in compute.FLOATS.items() if d == self.dtype), str(self.dtype))
 
     @classmethod
     def load(
@@ -69,10 +72,15 @@ class Translator:
         device: str | torch.device | None = None,
         *,
         dtype: str | torch.dtype | None = None,
+        compute_type: str | None = None,
         num_threads: int | None = None,
         inter_threads: int = 1,
     ) -> Translator:
         """Load an own-format or Hugging Face Marian directory, or a shipped model by name ("en-de").
+
+        compute_type: CTranslate2's names (model/compute_type.py): "int8" quantises every linear layer
+        and the output projection at load; "default" is float16 on CUDA, float32 on CPU. `dtype` is the
+        float-only form of the same choice; give one or the other.
 
         num_threads: intra-op threads (CTranslate2's intra_threads), per worker when inter_threads > 1;
         default: the usable CPUs, shared out among the workers.
@@ -88,13 +96,22 @@ class Translator:
             raise ValueError(f'inter_threads > 1 runs on CPU only (device="cpu"), not {dev.type}')
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(dev)!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU")
-        torch_dtype = resolve_dtype(dtype, dev)
+        if dtype is not None and compute_type is not None:
+            raise ValueError("give dtype or compute_type, not both")
+        if compute_type is not None:
+            ctype = compute.resolve(compute_type, dev)
+        else:
+            torch_dtype = resolve_dtype(dtype, dev)
+            name = next(n for n, d in compute.FLOATS.items() if d == torch_dtype)
+            ctype = compute.ComputeType(name, torch_dtype, False)
+        torch_dtype = ctype.dtype
         cpus = len(os.sched_getaffinity(0))
         pool = None
         if inter_threads > 1:  # started first: the workers load their copies while this process loads its own
             threads = num_threads or max(1, cpus // inter_threads)
             pool = WorkerPool(
-                partial(cls.load, directory, "cpu", dtype=torch_dtype, num_threads=threads), workers=inter_threads
+                partial(cls.load, directory, "cpu", compute_type=ctype.name, num_threads=threads),
+                workers=inter_threads,
             )
         # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly (below).
         # Until then build on one thread, so that loading starts no OpenMP team in this thread: a server
@@ -111,9 +128,12 @@ class Translator:
                 # the steps. Flash / memory-efficient attention need no plan.
                 torch.backends.cuda.enable_cudnn_sdp(False)
             model = checkpoint.build(directory).to(dev, torch_dtype)
+            if ctype.int8:
+                compute.quantize_int8(model, model.embed.weight if model.lm_head is None else model.lm_head.weight)
             # The count for this thread and for threads that run torch later (each takes it on first use).
             torch.set_num_threads(num_threads or cpus)
             translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
+            translator.compute_type = ctype.name
         except BaseException:
             if pool is not None:
                 pool.close()
@@ -130,14 +150,16 @@ class Translator:
 
     @cached_property
     def digest(self) -> str:
-        """sha256 of what decides the translations: every weight as loaded (name, dtype, shape, bytes) and
-        the tokenizer's models and vocabulary. Equal digests translate alike; a cache can key on it."""
+        """sha256 of what decides the translations: every weight as loaded (name, dtype, shape, bytes), the
+        compute type, and the tokenizer's models and vocabulary. Equal digests translate alike; a cache can
+        key on it."""
         h = hashlib.sha256()
         for name, tensor in sorted(self.model.state_dict().items()):
             t = tensor.detach().contiguous().cpu()
             h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
             h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
         h.update(self.tokenizer.fingerprint())
+        h.update(f"compute_type:{self.compute_type}".encode())  # int8 GEMMs translate differently
         return h.hexdigest()
 
     @property

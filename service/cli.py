@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from model.options import COMPUTE_TYPES
+
 if TYPE_CHECKING:
     from model.translator import SourceError
 
@@ -29,6 +31,13 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=hints[f.name], default=f.default, help=f.metadata["help"])
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    p.add_argument(
+        "--compute-type",
+        default=None,
+        choices=list(COMPUTE_TYPES),
+        help="CTranslate2's names: int8 quantises the linear layers at load (CPU); default: float16 on cuda, "
+        "float32 on cpu",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -60,7 +69,12 @@ def cmd_translate(args: argparse.Namespace) -> int:
     opts = _options(args)
     opts.validate()  # before the model loads
     tr = Translator.load(
-        args.model, args.device, dtype=args.dtype, num_threads=args.threads, inter_threads=args.inter_threads
+        args.model,
+        args.device,
+        dtype=args.dtype,
+        compute_type=args.compute_type,
+        num_threads=args.threads,
+        inter_threads=args.inter_threads,
     )
     # UTF-8 whatever the locale; bytes that are not UTF-8 come through as lone surrogates, which
     # translate() refuses (InvalidTextError) instead of a UnicodeDecodeError traceback here.
@@ -89,7 +103,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     opts = _options(args)
     opts.validate()  # before the model loads
     tr = Translator.load(
-        args.model, args.device, dtype=args.dtype, num_threads=args.threads, inter_threads=args.inter_threads
+        args.model,
+        args.device,
+        dtype=args.dtype,
+        compute_type=args.compute_type,
+        num_threads=args.threads,
+        inter_threads=args.inter_threads,
     )
     try:
         ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), opts)

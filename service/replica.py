@@ -45,7 +45,9 @@ class PairModel:
         s = Settings(**settings)
         threads = s.threads or max(1, math.ceil(s.replica_cpus))
         self.pair = pair_of(model)
-        self.translator = Translator.load(model, s.device, dtype=s.dtype, num_threads=threads)
+        self.translator = Translator.load(
+            model, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
+        )
         self.metrics = ModelMetrics(self.pair)
         self.metrics.load_time = self.translator.load_seconds
         self.engine = Engine(self.translator, self._sized(s.model_dump()), max_length=s.max_decoding_length)
@@ -100,6 +102,7 @@ class PairModel:
             "target": self.pair.split("-")[1],
             "device": str(tr.device),
             "dtype": str(tr.dtype).removeprefix("torch."),
+            "compute_type": tr.compute_type,
             "digest": tr.digest,
             "max_source_tokens": tr.max_source_tokens,
             "ready": self.ready,

@@ -111,6 +111,7 @@ class ModelInfo(BaseModel):
     target: str
     device: str
     dtype: str
+    compute_type: str  # float32, int8, ... (CTranslate2's names)
     max_source_tokens: int
     ready: bool
 

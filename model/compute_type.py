@@ -1,0 +1,72 @@
+"""Compute types as CTranslate2 names them: the float type a model computes in, and whether its GEMMs
+run in int8 (model/quant.py).
+
+    float32, float16 (CUDA), bfloat16      every weight and activation in that type
+    int8, int8_float32                     int8 GEMMs (every linear layer and the output projection),
+                                           float32 elsewhere (embeddings, attention, norms, softmax)
+    int8_bfloat16                          int8 GEMMs, bfloat16 elsewhere (CPUs with bfloat16 support)
+    default                                float16 on CUDA, float32 on CPU
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from model.gemm import Linear
+from model.options import COMPUTE_TYPES
+from model.quant import use_int8
+
+FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+INT8 = {"int8": "float32", "int8_float32": "float32", "int8_bfloat16": "bfloat16"}  # -> the float type elsewhere
+assert set(COMPUTE_TYPES) == {"default", *FLOATS, *INT8}
+
+
+@dataclass(frozen=True)
+class ComputeType:
+    name: str  # as resolved: never "default"
+    dtype: torch.dtype  # of everything that is not an int8 GEMM
+    int8: bool
+
+
+def cpu_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX), as oneDNN reports it."""
+    try:
+        onednn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        return bool(onednn and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def supported(device: torch.device) -> list[str]:
+    """The compute types this device (and, on CPU, this processor) runs."""
+    if device.type == "cuda":
+        return ["default", "float32", "float16", "bfloat16"]
+    bf16 = cpu_bfloat16()
+    return ["default", "float32", "int8", "int8_float32", *(["bfloat16", "int8_bfloat16"] if bf16 else [])]
+
+
+def resolve(name: str, device: torch.device) -> ComputeType:
+    """The compute type `name` on `device`; ValueError naming the supported ones otherwise."""
+    if name not in COMPUTE_TYPES:
+        raise ValueError(f"compute_type must be one of {', '.join(COMPUTE_TYPES)}, got {name!r}")
+    ok = supported(device)
+    if name not in ok:
+        where = "this CPU (no bfloat16 support)" if device.type == "cpu" else device.type
+        raise ValueError(f"compute_type {name!r} is not supported on {where}; supported: {', '.join(ok)}")
+    if name == "default":
+        name = "float16" if device.type == "cuda" else "float32"
+    if name in INT8:
+        return ComputeType(name, FLOATS[INT8[name]], True)
+    return ComputeType(name, FLOATS[name], False)
+
+
+def quantize_int8(model: nn.Module, output_weight: torch.Tensor) -> int:
+    """Route every linear layer's GEMM and the output projection through int8 (weights quantised per
+    row now, once). Embedding lookups keep the float table. Returns how many weights were quantised."""
+    weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
+    for w in [*weights, output_weight]:
+        use_int8(w)
+    return len(weights) + 1
