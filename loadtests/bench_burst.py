@@ -1,6 +1,7 @@
 """Work per sentence of each batching mode: a burst of requests at once, timed in CPU seconds.
 
     python loadtests/bench_burst.py --threads 1 --requests 256 --rounds 3
+    python loadtests/bench_burst.py --configs continuous --compute-types float32,int8   # one replica's engine
 
 The batching benchmark (bench_batching.py) measures latency under load; this measures the cost of
 the work itself. Every configuration gets the same burst of one-sentence requests (test_2016_flickr,
@@ -49,23 +50,32 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", default="en-de")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compute-types", default="float32", help="each configuration with each (model/compute_type.py)")
     args = ap.parse_args()
-    tr = Translator.load(args.model, "cpu", num_threads=args.threads)
+    types = args.compute_types.split(",")
+    translators = {t: Translator.load(args.model, "cpu", compute_type=t, num_threads=args.threads) for t in types}
+    tr = translators[types[0]]
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f if line.strip()]
     sources = [tr.encode(t) for t in random.Random(args.seed).sample(texts, args.requests)]
     opts = DecodeOptions(beam_size=args.beam_size)
-    names = args.configs.split(",")
-    engines = {n: Engine(tr, batching_config(n), max_length=256) for n in names if n != "offline"}
+    # "config" alone with one compute type, "config compute_type" with several.
+    names = [f"{n} {t}" if len(types) > 1 else n for n in args.configs.split(",") for t in types]
+    kind = {name: (name.split(" ")[0], translators[name.split(" ")[1]] if " " in name else tr) for name in names}
+    engines = {
+        n: Engine(kind[n][1], batching_config(kind[n][0]), max_length=256) for n in names if kind[n][0] != "offline"
+    }
 
     async def burst(engine: Engine) -> None:
         await asyncio.gather(*(engine.translate([ids], opts, 600.0) for ids in sources))
 
     def run(name: str) -> tuple[float, float]:
         cpu, wall = time.process_time(), time.perf_counter()
-        if name == "offline":
+        if kind[name][0] == "offline":
             for i in range(0, len(sources), 64):
-                tr.translate_ids(sources[i : i + 64], DecodeOptions(beam_size=args.beam_size, max_batch_size=64))
+                kind[name][1].translate_ids(
+                    sources[i : i + 64], DecodeOptions(beam_size=args.beam_size, max_batch_size=64)
+                )
         else:
             asyncio.run(burst(engines[name]))
         return time.process_time() - cpu, time.perf_counter() - wall

@@ -34,8 +34,9 @@ class Int8Weight:
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (R, C) float -> (R, C) int8 and (R, 1) float32 scales, each row on its own scale."""
     w = w.float()
-    scale = w.abs().amax(-1, keepdim=True).clamp_min_(1e-12).div_(QMAX)  # (R, 1)
-    return torch.round(w / scale).to(torch.int8), scale
+    low, high = torch.aminmax(w, dim=-1, keepdim=True)  # one pass, no |w| copy
+    scale = torch.maximum(high, low.neg_()).clamp_min_(1e-12).div_(QMAX)  # (R, 1)
+    return torch.div(w, scale).round_().to(torch.int8), scale
 
 
 def quantize_weight(weight: torch.Tensor) -> Int8Weight:

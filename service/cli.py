@@ -13,7 +13,7 @@ from tqdm import tqdm
 from model.options import COMPUTE_TYPES
 
 if TYPE_CHECKING:
-    from model.translator import SourceError
+    from model.translator import SourceError, Translator
 
 
 def _decode_args(p: argparse.ArgumentParser) -> None:
@@ -63,12 +63,10 @@ def _line_problem(source: str, exc: SourceError) -> str:
     return f"{source} line {(exc.index or 0) + 1}: {exc.reason}"
 
 
-def cmd_translate(args: argparse.Namespace) -> int:
-    from model import InputTooLongError, SourceError, Translator
+def _load(args: argparse.Namespace) -> Translator:
+    from model import Translator
 
-    opts = _options(args)
-    opts.validate()  # before the model loads
-    tr = Translator.load(
+    return Translator.load(
         args.model,
         args.device,
         dtype=args.dtype,
@@ -76,6 +74,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         inter_threads=args.inter_threads,
     )
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from model import InputTooLongError, SourceError
+
+    opts = _options(args)
+    opts.validate()  # before the model loads
+    tr = _load(args)
     # UTF-8 whatever the locale; bytes that are not UTF-8 come through as lone surrogates, which
     # translate() refuses (InvalidTextError) instead of a UnicodeDecodeError traceback here.
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
@@ -96,20 +102,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from model import SourceError, Translator
+    from model import SourceError
     from model.data import read_text
     from model.evaluate import evaluate
 
     opts = _options(args)
     opts.validate()  # before the model loads
-    tr = Translator.load(
-        args.model,
-        args.device,
-        dtype=args.dtype,
-        compute_type=args.compute_type,
-        num_threads=args.threads,
-        inter_threads=args.inter_threads,
-    )
+    tr = _load(args)
     try:
         ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), opts)
     except SourceError as exc:

@@ -6,7 +6,6 @@ character quota). Options beamserve cannot honour are refused by name, never ign
 
 from typing import Any, Literal
 
-from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.errors import ApiError
@@ -98,28 +97,14 @@ def deepl_codes(code: str, *, target: bool) -> list[str]:
     return variants[code] if target and code in variants else [code.upper()]
 
 
-async def read_body(request: Request) -> dict[str, Any]:
-    """The body as a dict, from JSON or a form (`text` and `ignore_tags` may be given several times;
-    DeepL's forms also take ignore_tags as one comma-separated value)."""
-    if request.headers.get("content-type", "").startswith("application/json"):
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "invalid_request", "the JSON body must be an object")
-        return body
-    form = await request.form()
-    data: dict[str, Any] = {}
-    for key in form:
-        values = [str(v) for v in form.getlist(key)]
-        if key == "text":
-            data[key] = values
-        elif key == "ignore_tags":
-            data[key] = [tag for v in values for tag in v.split(",") if tag]
-        else:
-            data[key] = values[0]
-    return data
+def form_field(name: str, values: list[str]) -> Any:
+    """A form field's value: `text` and `ignore_tags` may be given several times (DeepL's forms also take
+    ignore_tags as one comma-separated value), any other field once."""
+    if name == "text":
+        return values
+    if name == "ignore_tags":
+        return [tag for v in values for tag in v.split(",") if tag]
+    return values[0]
 
 
 def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest]:

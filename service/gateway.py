@@ -15,6 +15,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from service import deepl, libretranslate, local_ray
+from service.bodies import read_body
 from service.errors import ApiError
 from service.http import app
 from service.keys import Client, KeyLimits, Keys, load_keys
@@ -111,7 +112,7 @@ class Gateway(PairRouter):
             return await self._libretranslate(request)
 
     async def _libretranslate(self, request: Request) -> dict[str, Any]:
-        body = await libretranslate.read_body(request)
+        body = await read_body(request, libretranslate.form_field)
         texts, single = libretranslate.texts_of(body)
         async with self._billed(request, sum(map(len, texts)), body.get("api_key")):
             return await self._libre_texts(body, texts, single, request)
@@ -120,7 +121,7 @@ class Gateway(PairRouter):
     async def detect(self, request: Request) -> Any:
         """LibreTranslate-compatible: q (a string or a list) -> each text's candidate languages, most
         likely first, with confidence in percent."""
-        body = await libretranslate.read_body(request)
+        body = await read_body(request, libretranslate.form_field)
         texts, single = libretranslate.texts_of(body)
         await self.keys.charge(self.keys.client(request.headers, body.get("api_key")), 0)  # no characters
         if len(texts) > self.settings.max_texts:
@@ -142,7 +143,7 @@ class Gateway(PairRouter):
     async def deepl_translate(self, request: Request) -> deepl.DeepLTranslateResponse:
         """DeepL-compatible (service/deepl.py): text list, target_lang, optional source_lang."""
         with self._accepting():
-            _, req = deepl.parse(await deepl.read_body(request))
+            _, req = deepl.parse(await read_body(request, deepl.form_field))
             async with self._billed(request, sum(map(len, req.texts))):
                 return deepl.response(req, await self._translate(req, request))
 

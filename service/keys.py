@@ -134,29 +134,18 @@ class Keys:
                 rpm = RateLimitItemPerMinute(client.limits.requests_per_minute, namespace="requests")
                 if not await moving.hit(rpm, client.id):
                     reset, _ = await moving.get_window_stats(rpm, client.id)
-                    raise ApiError(
-                        429,
-                        "rate_limited",
-                        f"over {client.limits.requests_per_minute} requests per minute",
-                        {"Retry-After": _after(reset)},
-                    )
+                    raise _refused("rate_limited", f"over {rpm.amount} requests per minute", reset)
             charged: list[RateLimitItem] = []
             for name, item in self._windows(client):
                 if not await fixed.hit(item, client.id, cost=characters):
                     for done in [*charged, item]:  # nothing of a refused request stays counted
                         await fixed.storage.incr(done.key_for(client.id), done.get_expiry(), -characters)
                     reset, left = await fixed.get_window_stats(item, client.id)
-                    raise ApiError(
-                        429,
-                        "quota_exceeded",
-                        f"{characters} characters would pass this key's limit of {item.amount} a {name} ({left} left)",
-                        {"Retry-After": _after(reset)},
-                    )
+                    why = f"{characters} characters would pass this key's limit of {item.amount} a {name} ({left} left)"
+                    raise _refused("quota_exceeded", why, reset)
                 charged.append(item)
         except StorageError as exc:
-            raise ApiError(
-                503, "limits_unavailable", f"the limits store cannot be reached ({exc})", {"Retry-After": "5"}
-            ) from None
+            raise _store_down(exc) from None
 
     async def refund(self, client: Client, characters: int) -> None:
         """Take back a request's characters (it failed: nothing was delivered)."""
@@ -178,12 +167,16 @@ class Keys:
                 out[f"characters_{name}_limit"] = item.amount if item.amount != UNLIMITED else 0
                 out[f"characters_{name}_resets_at"] = reset if item.amount - left else None
         except StorageError as exc:
-            raise ApiError(
-                503, "limits_unavailable", f"the limits store cannot be reached ({exc})", {"Retry-After": "5"}
-            ) from None
+            raise _store_down(exc) from None
         out["requests_per_minute_limit"] = client.limits.requests_per_minute
         return KeyUsage(**out)
 
 
-def _after(reset: float) -> str:
-    return str(max(1, math.ceil(reset - time.time())))
+def _store_down(exc: StorageError) -> ApiError:
+    """Keyed requests are refused, not served uncounted, while the store is unreachable."""
+    return ApiError(503, "limits_unavailable", f"the limits store cannot be reached ({exc})", {"Retry-After": "5"})
+
+
+def _refused(code: str, why: str, reset: float) -> ApiError:
+    """429 with Retry-After: the seconds until the window `reset` (Unix time) frees enough."""
+    return ApiError(429, code, why, {"Retry-After": str(max(1, math.ceil(reset - time.time())))})

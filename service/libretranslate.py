@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fastapi import Request
 from pydantic import BaseModel, Field, ValidationError
 
 from service.detect import Detected
@@ -54,23 +53,9 @@ class LibreCall:
     docs: list[HtmlDocument] | None  # format "html": the parsed documents
 
 
-async def read_body(request: Request) -> dict[str, Any]:
-    """The body as a dict, from JSON or a form (q given several times is a list)."""
-    kind = request.headers.get("content-type", "")
-    if kind.startswith("application/json"):
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "invalid_request", "the JSON body must be an object")
-        return body
-    form = await request.form()
-    data: dict[str, Any] = {}
-    for key in form:
-        values = form.getlist(key)
-        data[key] = values if key == "q" and len(values) > 1 else values[0]
-    return data
+def form_field(name: str, values: list[str]) -> Any:
+    """A form field's value: q given several times is a list."""
+    return values if name == "q" and len(values) > 1 else values[0]
 
 
 def texts_of(body: dict[str, Any]) -> tuple[list[str], bool]:
