@@ -57,12 +57,11 @@ def test_int8_weights_are_within_half_a_step_and_each_layer_close_to_float32() -
         assert err < 0.05, f"{name}: relative error {err:.4f}"  # symmetric int8, outlier channels: up to 3.5%
 
 
-# Of the first 128 test sentences, how many may translate to other tokens alone than in a batch of 64:
-# float attention over a padded batch rounds differently in the last bit (float32 scores move by
-# 1e-6), and an activation's int8 or bfloat16 rounding can carry that into a different word. The int8
-# GEMMs themselves are exact and their scales per row (next test): the quantisation adds no batch
-# dependence of its own. Measured: 0, 1, 7 and 17.
-MAY_DIFFER = {"float32": 0, "int8": 2, "bfloat16": 10, "int8_bfloat16": 24}
+# Of the first 128 test sentences, how many may translate to other tokens alone than in a batch of 64.
+# float32 and int8: none. The decoder's cross-attention over a padded source still sums in another order
+# than alone, in the last bit (scores move by up to SCORE_TOLERANCE); bfloat16's coarser rounding can
+# carry that into another word (measured: 5 and 14).
+MAY_DIFFER = {"float32": 0, "int8": 0, "bfloat16": 8, "int8_bfloat16": 20}
 
 
 @pytest.mark.parametrize("compute_type", TYPES)
@@ -78,6 +77,17 @@ def test_a_sentence_translates_alone_as_in_a_batch_of_64(compute_type: str) -> N
         else:
             assert alone.scores == pytest.approx(batched.scores, abs=SCORE_TOLERANCE[compute_type]), text
     assert differ <= MAY_DIFFER[compute_type], f"{differ} of 128 translate otherwise alone"
+
+
+def test_the_int8_encoder_gives_a_sentence_the_same_states_alone_and_padded_in_a_batch() -> None:
+    tr = load("en-de", "int8")
+    pad = tr.model.cfg.pad_token_id
+    short, long = (tr.encode(t) for t in ("A dog runs.", "Two young men in red shirts are playing soccer on a field."))
+    with torch.inference_mode():
+        alone = tr.model.encode(torch.tensor([short]), torch.tensor([short]) != pad)
+        padded = torch.tensor([short + [pad] * (len(long) - len(short)), long])
+        batched = tr.model.encode(padded, padded != pad)
+    assert torch.equal(alone[0], batched[0, : len(short)])
 
 
 def test_an_int8_product_row_is_exactly_the_same_in_any_batch() -> None:
