@@ -134,7 +134,8 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
             target=code_of(deepl.target_lang),
             split_sentences=deepl.split_sentences != "0",
             tag_handling="html" if deepl.tag_handling == "html" else None,
-            ignore_tags=deepl.ignore_tags,
+            # DeepL applies ignore_tags only with tag handling; without it the option has nothing to act on.
+            ignore_tags=deepl.ignore_tags if deepl.tag_handling == "html" else None,
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())

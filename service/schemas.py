@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from model.options import DecodeOptions, user_options
 
@@ -79,6 +79,12 @@ class TranslateRequest(DecodeFields):
     @classmethod
     def _language_code(cls, code: str | None) -> str | None:
         return code.strip().lower() if code is not None else None  # case-insensitive: "EN" is "en"
+
+    @model_validator(mode="after")
+    def _ignore_tags_need_html(self) -> TranslateRequest:
+        if self.ignore_tags and self.tag_handling != "html":
+            raise ValueError('ignore_tags applies to HTML: set "tag_handling": "html"')
+        return self
 
 
 class DetectedLanguage(BaseModel):

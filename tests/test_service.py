@@ -133,6 +133,7 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
             "min_decoding_length must be below max_decoding_length (20)",
         ),
         ({"texts": ["A dog."], "source": "en", "target": "de", "early_stopping": "yes"}, 422, "valid boolean"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "ignore_tags": ["x"]}, 422, "tag_handling"),
     ],
 )
 def test_bad_requests_get_clear_4xx(client: httpx.Client, body: dict[str, object], status: int, needle: str) -> None:
