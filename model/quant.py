@@ -73,7 +73,9 @@ def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None
     lead, K = x.shape[:-1], x.shape[-1]
     xq, xs = quantize_rows(x.reshape(-1, K))  # (M, K) int8, (M, 1)
     acc = torch._int_mm(xq, q.qweight.t())  # (M, N) int32, exact
-    y = torch.mul(acc, xs)  # (M, N) float32: one pass converts and applies the row scales
+    # (M, N) float32 with the row scales: a conversion, then an in-place product (a mixed-type multiply
+    # converts into a copy first anyway, then allocates its result)
+    y = acc.to(torch.float32).mul_(xs)
     if bias is not None:
         y = torch.addcmul(bias.float(), y, q.scale, out=y)  # column scales and bias in one more pass
     else:
