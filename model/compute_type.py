@@ -31,6 +31,11 @@ class ComputeType:
     int8: bool
 
 
+def named(dtype: torch.dtype) -> str:
+    """The compute type of a model whose every weight is `dtype` ("float32", ...); else the dtype's name."""
+    return next((name for name, d in FLOATS.items() if d == dtype), str(dtype))
+
+
 def cpu_bfloat16() -> bool:
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX), as oneDNN reports it."""
     try:
@@ -63,10 +68,8 @@ def resolve(name: str, device: torch.device) -> ComputeType:
     return ComputeType(name, FLOATS[name], False)
 
 
-def quantize_int8(model: nn.Module, output_weight: torch.Tensor) -> int:
+def quantize_int8(model: nn.Module, output_weight: torch.Tensor) -> None:
     """Route every linear layer's GEMM and the output projection through int8 (weights quantised per
-    row now, once). Embedding lookups keep the float table. Returns how many weights were quantised."""
-    weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
-    for w in [*weights, output_weight]:
+    row now, once). Embedding lookups keep the float table."""
+    for w in [*(m.weight for m in model.modules() if isinstance(m, Linear)), output_weight]:
         use_int8(w)
-    return len(weights) + 1

@@ -63,7 +63,7 @@ class Translator:
         self.load_seconds = 0.0
         self.pool: WorkerPool | None = None  # inter_threads > 1: batches decode in these processes
         # float32, int8, ... (model/compute_type.py); a model built here computes in its weights' dtype.
-        self.compute_type = next((n for n, d in compute.FLOATS.items() if d == self.dtype), str(self.dtype))
+        self.compute_type = compute.named(self.dtype)
 
     @classmethod
     def load(
@@ -102,8 +102,7 @@ class Translator:
             ctype = compute.resolve(compute_type, dev)
         else:
             torch_dtype = resolve_dtype(dtype, dev)
-            name = next(n for n, d in compute.FLOATS.items() if d == torch_dtype)
-            ctype = compute.ComputeType(name, torch_dtype, False)
+            ctype = compute.ComputeType(compute.named(torch_dtype), torch_dtype, False)
         torch_dtype = ctype.dtype
         cpus = len(os.sched_getaffinity(0))
         pool = None

@@ -8,7 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.errors import ApiError
+from service.bodies import openapi_body
+from service.errors import ApiError, message
 from service.languages import name
 from service.schemas import TranslateRequest, TranslateResponse
 
@@ -55,14 +56,7 @@ class DeepLTranslateRequest(BaseModel):
     show_billed_characters: bool = Field(False, description="billed_characters is always answered")
 
 
-_BODY = DeepLTranslateRequest.model_json_schema()
-# The route reads JSON or a form itself (DeepL's clients send either); its body typed for the OpenAPI schema.
-OPENAPI = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": _BODY}, "application/x-www-form-urlencoded": {"schema": _BODY}},
-    }
-}
+OPENAPI = openapi_body(DeepLTranslateRequest)
 
 
 class DeepLTranslation(BaseModel):
@@ -121,7 +115,7 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
     try:
         deepl = DeepLTranslateRequest.model_validate(body)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = message({"detail": exc.errors()})
         raise ApiError(400, "invalid_request", f"Value for a parameter is not valid: {problems}") from None
     if deepl.tag_handling == "xml":
         raise ApiError(400, "unsupported_option", "tag_handling xml is not supported; html is")
@@ -138,8 +132,7 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
             ignore_tags=deepl.ignore_tags if deepl.tag_handling == "html" else None,
         )
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ApiError(400, "invalid_request", problems) from None
+        raise ApiError(400, "invalid_request", message({"detail": exc.errors()})) from None
     return deepl, req
 
 
@@ -171,9 +164,6 @@ def languages(pairs: list[str], kind: str) -> list[DeepLLanguage]:
 def error(status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """An error as DeepL's clients read it: {"message": ...}; 400 for every invalid request (DeepL has
     no 422) and 429 for overload (its clients back off and retry)."""
-    detail = body.get("detail", body.get("error", ""))
-    if not isinstance(detail, str):  # validation errors: a list of {loc, msg}
-        detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in detail)
     code = body.get("error", "")
     status = DEEPL_STATUS.get(code) or (400 if status == 422 else status)
-    return status, {"message": detail, "code": code}
+    return status, {"message": message(body), "code": code}

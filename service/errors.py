@@ -4,6 +4,7 @@ statuses in one table, and the JSON body they are answered with."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
@@ -29,6 +30,15 @@ RETRY_AFTER_S = {
     "replica_unavailable": 5.0,
     "overloaded": 1.0,
 }  # answers that say when to retry without the error telling
+
+
+def message(body: dict[str, Any]) -> str:
+    """An error body's detail as one string for a person: a validation error's list of {loc, msg}
+    joined as "field.sub: why; ...", any other detail as it is."""
+    detail = body.get("detail", body.get("error", ""))
+    if isinstance(detail, str):
+        return detail
+    return "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in detail)
 
 
 class ApiError(Exception):

@@ -123,11 +123,10 @@ class Gateway(PairRouter):
         likely first, with confidence in percent."""
         body = await read_body(request, libretranslate.form_field)
         texts, single = libretranslate.texts_of(body)
-        await self.keys.charge(self.keys.client(request.headers, body.get("api_key")), 0)  # no characters
-        if len(texts) > self.settings.max_texts:
-            raise ApiError(400, "too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request")
-        heads = [t[:DETECT_CHARS] for t in texts]
-        ranks = await asyncio.to_thread(lambda: [self.detector.rank(t) for t in heads])
+        async with self._billed(request, 0, body.get("api_key")):  # a request, no characters translated
+            self._count(texts, status=400)
+            heads = [t[:DETECT_CHARS] for t in texts]
+            ranks = await asyncio.to_thread(lambda: [self.detector.rank(t) for t in heads])
         out = [[libretranslate.detected_language(d) for d in r] for r in ranks]
         return out[0] if single else out
 

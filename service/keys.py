@@ -89,7 +89,7 @@ class Keys:
         self.storage_uri = storage or "memory://"
         if "://" not in self.storage_uri:
             raise ValueError(f"limits storage {storage!r} is not a URI (redis://host:6379, valkey://..., memory://)")
-        self._storage: Any = None
+        self._limits: tuple[MovingWindowRateLimiter, FixedWindowRateLimiter] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -113,9 +113,10 @@ class Keys:
         return found
 
     def _limiters(self) -> tuple[MovingWindowRateLimiter, FixedWindowRateLimiter]:
-        if self._storage is None:  # made on first use, inside the replica's event loop
-            self._storage = storage_from_string("async+" + self.storage_uri, wrap_exceptions=True)
-        return MovingWindowRateLimiter(self._storage), FixedWindowRateLimiter(self._storage)
+        if self._limits is None:  # made on first use, inside the replica's event loop
+            storage = storage_from_string("async+" + self.storage_uri, wrap_exceptions=True)
+            self._limits = MovingWindowRateLimiter(storage), FixedWindowRateLimiter(storage)
+        return self._limits
 
     @staticmethod
     def _windows(client: Client) -> list[tuple[str, RateLimitItem]]:

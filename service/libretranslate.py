@@ -8,8 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from service.bodies import openapi_body
 from service.detect import Detected
-from service.errors import ApiError
+from service.errors import ApiError, message
 from service.html_text import HtmlDocument, parse_documents
 from service.languages import name
 from service.schemas import TranslateRequest
@@ -37,14 +38,7 @@ class LibreTranslateResponse(BaseModel):
     detectedLanguage: LibreDetected | list[LibreDetected] | None = None  # noqa: N815
 
 
-_BODY = LibreTranslateRequest.model_json_schema()
-# The route reads JSON or a form itself (Mastodon sends JSON, other clients forms); typed for OpenAPI.
-OPENAPI = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": _BODY}, "application/x-www-form-urlencoded": {"schema": _BODY}},
-    }
-}
+OPENAPI = openapi_body(LibreTranslateRequest)  # Mastodon sends JSON, other clients forms
 
 
 @dataclass
@@ -104,8 +98,7 @@ async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
             }
         )
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ApiError(400, "invalid_request", problems) from None
+        raise ApiError(400, "invalid_request", message({"detail": exc.errors()})) from None
     return LibreCall(req, docs)
 
 
@@ -124,10 +117,7 @@ def error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, 
     which they take as "slow down"."""
     if path not in ROUTES:
         return status, body
-    detail = body.get("detail", body.get("error", ""))
-    if not isinstance(detail, str):  # validation errors: a list of {loc, msg}
-        detail = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in detail)
-    out = {"error": detail, "code": body.get("error", "")}
+    out = {"error": message(body), "code": body.get("error", "")}
     return (429 if body.get("error") == "overloaded" else status), out
 
 

@@ -9,7 +9,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from ray.serve.handle import DeploymentHandle
@@ -32,6 +32,7 @@ from service.settings import Settings
 logger = logging.getLogger(__name__)
 RETRY_MIN_S = 1.0  # a call retried after its replica died needs at least this much of its time left
 SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to this many characters
+T = TypeVar("T")
 DETECT_CHARS = 1000  # the characters of a text that language detection looks at
 
 
@@ -44,6 +45,14 @@ class Ask:
     timeout_s: float | None = None  # the request's own, capped by the server's
     split: bool = True  # each sentence of a text on its own
     cache: bool = True  # the gateway's cache may answer
+
+
+def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
+    """Each group's results (parts[g][j] belongs to text groups[g][j]) back in the texts' order."""
+    out: dict[int, T] = {}
+    for idx, part in zip(groups.values(), parts, strict=True):
+        out.update(zip(idx, part, strict=True))
+    return [out[i] for i in range(len(out))]
 
 
 class PairRouter:
@@ -72,18 +81,19 @@ class PairRouter:
         translated on its pair, the answers in the texts' order."""
         detected, groups = await self._sources(req.source, req.target, req.texts, markup=req.tag_handling == "html")
         parts = await asyncio.gather(*(self._translate_from(req, src, idx, request) for src, idx in groups.items()))
-        translations: list[Translation] = [Translation(text="", score=0.0)] * len(req.texts)
-        source_tokens = target_tokens = 0
-        for idx, (done, usage) in zip(groups.values(), parts, strict=True):
-            for i, t in zip(idx, done, strict=True):
-                found = DetectedLanguage(**asdict(detected[i])) if detected is not None else None
-                translations[i] = t if found is None else t.model_copy(update={"detected_source": found})
-            source_tokens += usage.source_tokens
-            target_tokens += usage.target_tokens
+        translations = in_order(groups, [done for done, _ in parts])
+        if detected is not None:
+            translations = [
+                t.model_copy(update={"detected_source": DetectedLanguage(**asdict(d))})
+                for t, d in zip(translations, detected, strict=True)
+            ]
         return TranslateResponse(
             model=",".join(f"{src}-{req.target}" for src in groups if src != req.target),
             translations=translations,
-            usage=Usage(source_tokens=source_tokens, target_tokens=target_tokens),
+            usage=Usage(
+                source_tokens=sum(u.source_tokens for _, u in parts),
+                target_tokens=sum(u.target_tokens for _, u in parts),
+            ),
         )
 
     async def _translate_from(
@@ -128,8 +138,7 @@ class PairRouter:
             return None, {source: list(range(len(texts)))}
         if not self.detector.languages:
             raise ApiError(400, "detection_unavailable", "no served language can be detected: pass the source language")
-        if len(texts) > self.settings.max_texts:
-            raise ApiError(422, "too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request")
+        self._count(texts)
         heads = [t[:DETECT_CHARS] for t in texts]
         if sum(map(len, heads)) > SPLIT_INLINE_CHARS:
             detected = await asyncio.to_thread(self.detector.detect, heads, markup=markup)
@@ -161,10 +170,7 @@ class PairRouter:
                 for src, idx in groups.items()
             )
         )
-        nbest: list[list[str]] = [[] for _ in texts]
-        for idx, part in zip(groups.values(), parts, strict=True):
-            for i, ranks in zip(idx, part, strict=True):
-                nbest[i] = ranks
+        nbest = in_order(groups, list(parts))
         return libretranslate.response(single, libretranslate.alternatives(body), nbest, detected)
 
     async def _libre_part(self, body: dict[str, Any], request: Request) -> list[list[str]]:
@@ -193,8 +199,7 @@ class PairRouter:
                 "unsupported_pair",
                 f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}",
             )
-        if len(req.texts) > s.max_texts:
-            raise ApiError(422, "too_many_texts", f"{len(req.texts)} texts; at most {s.max_texts} per request")
+        self._count(req.texts)
         for i, text in enumerate(req.texts):
             if len(text) > s.max_text_chars:
                 raise ApiError(
@@ -205,6 +210,13 @@ class PairRouter:
             except InvalidTextError as exc:
                 raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
         return pair, self._options(req)
+
+    def _count(self, texts: list[str], status: int = 422) -> None:
+        """ApiError `status` for more texts than a request may hold."""
+        if len(texts) > self.settings.max_texts:
+            raise ApiError(
+                status, "too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request"
+            )
 
     def _options(self, req: TranslateRequest) -> DecodeOptions:
         """The request's decoding options within the server's limits; ApiError 422 otherwise."""
