@@ -114,8 +114,10 @@ def cancel_mid_decode(engine: Engine, ids: list[int], opts: DecodeOptions, decod
             await task
 
     asyncio.run(scenario())
+    # The request leaves `active` at once; a static pool frees its slots on the engine's next turn.
+    pool = getattr(engine.step_runner, "pool", None)
     deadline = time.monotonic() + 10
-    while engine.active and time.monotonic() < deadline:
+    while (engine.active or (pool is not None and pool.busy)) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
