@@ -6,6 +6,7 @@
 #
 #   bash loadtests/gpu_run.sh tests decode                   # at most 8 minutes on an H100
 #   bash loadtests/gpu_run.sh profile batching batching-cpu-sizes  # at most 10 minutes
+#   bash loadtests/gpu_run.sh packing                        # replicas per GPU (Serve's fractional num_gpus)
 #   (no stage named: all of them, for a machine held longer than one 10-minute call)
 #
 # Each stage has its own time limit, so one slow stage cannot eat the others' share of a lease.
@@ -14,7 +15,7 @@
 set -uo pipefail
 out=${OUT:-gpu_out}; mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 BEAMSERVE_DATA=${BEAMSERVE_DATA:-$PWD/tests/data/multi30k}
-stages=${*:-tests decode profile batching batching-cpu-sizes cudnn}
+stages=${*:-tests decode profile batching batching-cpu-sizes cudnn packing}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
 for stage in $stages; do
@@ -36,6 +37,8 @@ for stage in $stages; do
     batching-cpu-sizes) timeout 240 python3 loadtests/bench_batching.py --device cuda --sizes-for cpu --duration 5 \
         --repeats 1 --bisect 1 --configs request,continuous --rates 64,128,256,320,384,448,512,640 \
         --out "$out/batching_gpu_cpu_sizes.md" 2>&1 | tail -30 ;;
+    packing) timeout 400 python3 loadtests/bench_packing.py --device cuda --replicas 1,2,4,8 --requests 4096 \
+               --out "$out/packing_gpu.md" 2>&1 | tail -12 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

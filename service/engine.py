@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -42,9 +43,31 @@ from service.slot_runner import SlotPoolError, SlotStepRunner
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BatchingConfig", "DeadlineExceededError", "Engine", "QueueFullError", "RequestTooLargeError"]
+__all__ = [
+    "BatchingConfig",
+    "DeadlineExceededError",
+    "Engine",
+    "QueueFullError",
+    "RequestTiming",
+    "RequestTooLargeError",
+]
 
 R = TypeVar("R")
+
+
+@dataclass
+class RequestTiming:
+    """One request's time in the engine: the longest any of its sentences waited to start decoding,
+    and from the first of them starting to the last finishing."""
+
+    queue_wait_s: float = 0.0
+    decode_s: float = 0.0
+
+    def measure(self, items: list[WorkItem]) -> None:
+        starts = [it.started if it.started is not None else it.enqueued for it in items]
+        ends = [it.finished if it.finished is not None else s for it, s in zip(items, starts, strict=True)]
+        self.queue_wait_s = max(s - it.enqueued for it, s in zip(items, starts, strict=True))
+        self.decode_s = max(ends) - min(starts)
 
 
 class EngineObserver(Protocol):
@@ -70,6 +93,7 @@ def _run_job(fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> N
 
 def _resolve(item: WorkItem, hyps: list[Hypothesis]) -> int:
     """Complete an item's request; returns the tokens its best hypothesis generated (</s> included)."""
+    item.finished = time.monotonic()
     try:
         item.future.set_result(hyps)
     except concurrent.futures.InvalidStateError:  # withdrawn while its last step ran
@@ -211,8 +235,10 @@ class Engine:
         sources: list[list[int]],
         opts: DecodeOptions,
         timeout_s: float,
+        timing: RequestTiming | None = None,
     ) -> list[list[Hypothesis]]:
-        """Decode one request's sources; cancelling the awaiting task withdraws its sentences, queued or running."""
+        """Decode one request's sources; cancelling the awaiting task withdraws its sentences, queued or
+        running. `timing`, when given, is filled in with the request's queue wait and decode time."""
         live = [i for i, ids in enumerate(sources) if ids]
         items = self.submit(sources, opts, time.monotonic() + timeout_s)  # one per live source, in order
         futures = {i: item.future for i, item in zip(live, items, strict=True)}
@@ -225,6 +251,8 @@ class Engine:
                 self._cv.notify()
             raise
         results = dict(zip(futures, done, strict=True))
+        if timing is not None and items:
+            timing.measure(items)
         return [results.get(i, [Hypothesis([], 0.0)]) for i in range(len(sources))]
 
     def call(self, fn: Callable[[], R]) -> concurrent.futures.Future[R]:
@@ -319,6 +347,8 @@ class Engine:
         return (lambda: self._run_batch(batch)), 0.0
 
     def _observe_start(self, items: list[WorkItem], now: float) -> None:
+        for it in items:
+            it.started = now
         if self.observer is not None:
             self.observer.on_batch(len(items), *batch_tokens(items), [now - it.enqueued for it in items])
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from service import deepl, libretranslate, local_ray
+from service import deepl, libretranslate, local_ray, request_log
 from service.bodies import read_body
 from service.errors import ApiError
 from service.http import app
@@ -86,6 +86,7 @@ class Gateway(PairRouter):
         """The request's client (ApiError 401/403 while keys are on), charged one request and its
         characters (ApiError 429 past its limits); a request that fails is refunded its characters."""
         client = self.keys.client(request.headers, body_key)
+        request_log.current().client = client.id
         await self.keys.charge(client, characters)
         try:
             yield client
@@ -180,7 +181,7 @@ class Gateway(PairRouter):
     @app.get("/v1/models", response_model=ModelsResponse)
     async def models(self) -> ModelsResponse:
         infos = await self._infos()
-        return ModelsResponse(models=[ModelInfo(**{k: i[k] for k in ModelInfo.model_fields}) for i in infos])
+        return ModelsResponse(models=[ModelInfo(**{k: i.get(k) for k in ModelInfo.model_fields}) for i in infos])
 
     @app.get("/v1/stats")
     async def stats(self) -> dict[str, Any]:
@@ -204,15 +205,17 @@ class Gateway(PairRouter):
         return {"status": "ok"}
 
     @app.get("/readyz")
-    async def readyz(self) -> JSONResponse:
+    async def readyz(self, pair: str | None = None) -> JSONResponse:
+        """200 while this gateway takes traffic: not draining, and some pair's model answers (a pair that
+        is down answers its own requests 503). With ?pair=en-de, that pair's readiness. Never waits on a
+        replica: it reads PairHealth, refreshed in the background (service/pair_health.py)."""
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        try:
-            infos = await asyncio.wait_for(self._infos(), 5.0)
-        except Exception as exc:  # a replica that cannot answer is not ready
-            return JSONResponse({"status": "not ready", "detail": str(exc)}, status_code=503)
-        ready = all(i["ready"] for i in infos)
-        return JSONResponse(
-            {"status": "ready" if ready else "not ready", "models": [i["name"] for i in infos]},
-            status_code=200 if ready else 503,
-        )
+        if pair is not None and pair not in self.pairs:
+            served = ", ".join(sorted(self.pairs))
+            raise ApiError(404, "unsupported_pair", f"no model for {pair}; served pairs: {served}")
+        infos = await self.health.current()
+        pairs = {p: "ready" if self.health.ready(p) else "unavailable" for p in sorted(self.pairs)}
+        ready = self.health.ready(pair) if pair is not None else any(self.health.ready(p) for p in self.pairs)
+        status = "ready" if ready else ("starting" if not infos else "not ready")
+        return JSONResponse({"status": status, "pairs": pairs}, status_code=200 if ready else 503)

@@ -20,7 +20,7 @@ from ray import serve
 from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import deepl, libretranslate
+from service import deepl, libretranslate, request_log
 from service.errors import ApiError, api_error
 from service.metrics import gateway_metrics
 from service.settings import Settings
@@ -41,6 +41,8 @@ ENDPOINTS = {
     "/healthz",
     "/readyz",
 }
+
+QUIET = {"/healthz", "/readyz"}  # probes: counted, not logged
 
 app = FastAPI(
     title="beamserve",
@@ -166,12 +168,18 @@ def request_id(headers: Any) -> str:
 
 @app.middleware("http")
 async def _record(request: Request, call_next: Any) -> Any:
-    """Count every request by endpoint, pair and status, with its latency (bounded label values only)."""
+    """Count every request by endpoint, pair and status, with its latency (bounded label values only),
+    and log its summary line (service/request_log.py)."""
     start = time.perf_counter()
+    summary = request_log.start(request_id(request.headers), request.url.path, request.method)
     response = await call_next(request)
     endpoint = request.url.path if request.url.path in ENDPOINTS else "other"
     pair = getattr(request.state, "pair", "")
-    gateway_metrics().observe(endpoint, pair, response.status_code, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    gateway_metrics().observe(endpoint, pair, response.status_code, seconds)
+    summary.status, summary.duration_s = response.status_code, seconds
+    if endpoint not in QUIET:
+        request_log.emit(summary)
     return response
 
 

@@ -16,7 +16,7 @@ from ray.serve.handle import DeploymentHandle
 
 from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
-from service import libretranslate
+from service import libretranslate, request_log
 from service.admission import PairAdmission
 from service.cache import Entry, TranslationCache
 from service.detect import Detected, LanguageDetector
@@ -24,6 +24,7 @@ from service.errors import ApiError, api_error
 from service.html_text import HtmlDocument, join_aligned, parse_documents
 from service.languages import name as language_name
 from service.metrics import gateway_metrics
+from service.pair_health import PairHealth
 from service.protect import from_html, has_protected, to_html
 from service.schemas import DetectedLanguage, TranslateRequest, TranslateResponse, Translation, Usage
 from service.sentences import join_translations, ranked, split_sentences
@@ -62,6 +63,7 @@ class PairRouter:
         self.pairs = pairs
         self.settings = settings
         self.admission = {pair: PairAdmission(pair) for pair in pairs}
+        self.health = PairHealth(pairs)
         self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
         self.cache = TranslationCache(settings.cache_entries, settings.cache_bytes)
         # Candidates for detection: every language served, source or target, so a text already in the
@@ -185,8 +187,13 @@ class PairRouter:
         return [[h[0] for h in hs] for hs in (await self._plain(Ask(pair, opts), call.request.texts))["translations"]]
 
     async def _infos(self) -> list[dict[str, Any]]:
-        """Every pair replica's info() (see PairModel.info)."""
-        return list(await asyncio.gather(*(h.info.remote() for h in self.pairs.values())))
+        """Every pair replica's info() (see PairModel.info); a pair that does not answer within
+        pair_health.ASK_S as {"name", "source", "target", "ready": False}."""
+        infos = await self.health.ask_all()
+        return [
+            info or {"name": pair, "source": pair.split("-")[0], "target": pair.split("-")[1], "ready": False}
+            for pair, info in infos.items()
+        ]
 
     def _check(self, req: TranslateRequest, request: Request) -> tuple[str, DecodeOptions]:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
@@ -198,6 +205,12 @@ class PairRouter:
                 400,
                 "unsupported_pair",
                 f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}",
+            )
+        request_log.current().add_texts(pair, req.texts)
+        self.health.refresh_soon()
+        if self.health.down(pair):  # its replicas are down or loading: this pair's requests fail, not the pod
+            raise ApiError(
+                503, "pair_unavailable", f"the {pair} model is not available now; retry later", {"Retry-After": "5"}
             )
         self._count(req.texts)
         for i, text in enumerate(req.texts):
@@ -287,9 +300,13 @@ class PairRouter:
                     found[sentence] = entry
             gateway_metrics().on_cache(pair, len(found), len(distinct) - len(found))
         todo = [s for s in distinct if s not in found]
-        if todo:
+        summary = request_log.current()
+        if not todo:
+            summary.add_decoded(len(sentences), len(sentences), 0.0, 0.0)
+        else:
             with self.admission[pair].holding(len(todo) * options["beam_size"]):
                 out = await self._remote(pair, "translate", todo, options, timeout=timeout, pass_time=True)
+            summary.add_decoded(len(sentences), len(sentences) - len(todo), out["queue_wait_s"], out["decode_s"])
             for sentence, nbest, (src, tgt) in zip(todo, out["translations"], out["tokens"], strict=True):
                 entry = Entry([(text, score) for text, score in nbest], src, tgt)
                 found[sentence] = entry

@@ -12,7 +12,7 @@ from ray import serve
 from model.options import DecodeOptions
 from model.translator import Translator, resolve_model_path
 from service import allocator, local_ray
-from service.engine import BatchingConfig, Engine
+from service.engine import BatchingConfig, Engine, RequestTiming
 from service.metrics import ModelMetrics
 from service.scheduler import sized_for
 from service.settings import Settings
@@ -73,7 +73,8 @@ class PairModel:
         """Each text's n-best (text, score) list and the token counts; raises SourceError (a text the model
         cannot take) and the engine's RequestTooLargeError, QueueFullError, DeadlineExceededError."""
         sources = [self.translator.encode(t) for t in texts]
-        hyps = await self.engine.translate(sources, DecodeOptions(**options), timeout_s)
+        timing = RequestTiming()
+        hyps = await self.engine.translate(sources, DecodeOptions(**options), timeout_s, timing)
         decode = self.translator.tokenizer.decode
         tokens = [(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)]
         return {
@@ -81,6 +82,8 @@ class PairModel:
             "tokens": tokens,  # each text's (source, target) token counts
             "source_tokens": sum(s for s, _ in tokens),
             "target_tokens": sum(t for _, t in tokens),
+            "queue_wait_s": timing.queue_wait_s,
+            "decode_s": timing.decode_s,
         }
 
     async def align(self, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:

@@ -23,7 +23,7 @@ def free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(settings: Settings, *, app_name: str = "beamserve") -> None:
+def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> None:
     """ray.init sized for this machine, Serve's HTTP proxy on settings.host:port, the app deployed."""
     # Every port Ray opens on loopback, its token authentication on (service/local_ray.py).
     local_ray.enter_local_only()
@@ -54,17 +54,32 @@ def start(settings: Settings, *, app_name: str = "beamserve") -> None:
     if relayed:
         _RELAY.append(MetricsRelay(settings.metrics_host, settings.metrics_port, export_port).start())
     serve.start(http_options={"host": settings.host, "port": settings.port})
-    deploy(settings, app_name=app_name)
+    deploy(settings, app_name=app_name, say=say)
 
 
-def deploy(settings: Settings | dict[str, Any], *, app_name: str = "beamserve") -> None:
-    """Deploy (or update in place) the application; blocks until every replica is ready."""
+def deploy(
+    settings: Settings | dict[str, Any], *, app_name: str = "beamserve", say: Callable[[str], None] = print
+) -> None:
+    """Deploy (or update in place) the application; blocks until every replica is ready. A pair whose
+    model fails to load does not stop the others: it is named (say) and answers 503 while the gateway
+    and the other pairs serve. Raises when the gateway, or every pair, failed."""
     from ray import serve
 
     from service.app import build_app
 
     args = settings.model_dump() if isinstance(settings, Settings) else settings
-    serve.run(build_app(args), name=app_name, route_prefix="/", blocking=False)
+    s = Settings(**args)
+    logging_config = {"encoding": s.log_encoding, "log_level": s.log_level}
+    try:
+        serve.run(build_app(args), name=app_name, route_prefix="/", blocking=False, logging_config=logging_config)
+    except RuntimeError:
+        deployments = serve.status().applications[app_name].deployments
+        failed = {name: d.message for name, d in deployments.items() if d.status != "HEALTHY"}
+        if "Gateway" in failed or len(failed) >= len(deployments) - 1:
+            raise
+        for name, message in failed.items():
+            say(f"warning: {name} failed to deploy; its pair answers 503 (pair_unavailable) until it is fixed:")
+            say(f"  {message.strip().splitlines()[-1] if message.strip() else '(no message)'}")
 
 
 def drain(timeout_s: float, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> int:

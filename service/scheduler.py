@@ -99,6 +99,8 @@ class WorkItem:
     future: concurrent.futures.Future[list[Hypothesis]] = field(default_factory=concurrent.futures.Future)
     enqueued: float = field(default_factory=time.monotonic)
     seq: int = field(default_factory=lambda: next(_SEQ))
+    started: float | None = None  # when it began decoding (monotonic)
+    finished: float | None = None  # when its translation was handed back
 
     @property
     def cost(self) -> int:

@@ -115,11 +115,12 @@ class ModelInfo(BaseModel):
     name: str
     source: str
     target: str
-    device: str
-    dtype: str
-    compute_type: str  # float32, int8, ... (CTranslate2's names)
-    max_source_tokens: int
-    ready: bool
+    ready: bool  # false: the pair's replicas are down or loading (its requests get 503), the rest unknown
+    device: str | None = None
+    dtype: str | None = None
+    compute_type: str | None = None  # float32, int8, ... (CTranslate2's names)
+    digest: str | None = None  # the model's content digest (weights, vocabulary, compute type)
+    max_source_tokens: int | None = None
 
 
 class ModelsResponse(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_ready(url: str, timeout_s: float = 60.0) -> None:
+    """Until /readyz answers 200 (a new gateway's first probe may find no pair status yet)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, f"{url} not ready within {timeout_s:.0f}s"
+        time.sleep(0.2)
+
+
 SETTINGS = dict(
     models="en-de,en-fr",
     num_cpus=2,
@@ -109,6 +120,6 @@ def server() -> Iterator[str]:
     METRICS["url"] = f"http://127.0.0.1:{metrics_port}/metrics"
     runtime.start(Settings(**SETTINGS, port=port, metrics_port=metrics_port))  # type: ignore[arg-type]
     url = f"http://127.0.0.1:{port}"
-    httpx.get(f"{url}/readyz", timeout=60).raise_for_status()
+    wait_ready(url)
     yield url
     runtime.stop()

@@ -1,0 +1,107 @@
+"""How many model replicas one device should hold: the served burst capacity of 1, 2, 4, ...
+replica processes sharing one GPU (Ray Serve's fractional num_gpus: BEAMSERVE_REPLICA_GPUS=0.25 puts
+four on a GPU), each with its own engine and host thread, against one replica alone.
+
+    python loadtests/bench_packing.py --device cuda --replicas 1,2,4,8      # gpu_run.sh's "packing" stage
+    python loadtests/bench_packing.py --device cpu --replicas 1,2 --requests 64   # the harness, on a CPU
+
+Each replica is a process as under Serve: it loads the model, builds the continuous-batching engine
+at the device's sizes (service/scheduler.sized_for), warms up, then waits at a barrier; all are
+released together and each decodes its share of one burst of one-sentence requests
+(test_2016_flickr, beam 4). Capacity is the burst's sentences over the time from the release to the
+last replica's last answer. The alternative layout, every pair in one replica per GPU, has one host
+thread issuing every pair's decoder steps: the 1-replica row is its ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from reports import emit  # noqa: E402
+
+DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
+
+
+def replica(device: str, model: str, texts: list[str], beam: int, barrier: Any, out: Any) -> None:
+    """One replica process: load, warm up, wait for the others, decode its share; report its end time."""
+    from model import DecodeOptions, Translator
+    from service.engine import Engine
+    from service.scheduler import sized_for
+
+    tr = Translator.load(model, device, num_threads=1)
+    config = replace(sized_for(tr.device.type, {"mode": "continuous"}), max_queue_wait_s=600.0)
+    engine = Engine(tr, config, max_length=256)
+    engine.warm_up([tr.encode(t) for t in texts[:8]])
+    sources = [tr.encode(t) for t in texts]
+    opts = DecodeOptions(beam_size=beam)
+
+    async def burst() -> None:
+        await asyncio.gather(*(engine.translate([ids], opts, 600.0) for ids in sources))
+
+    barrier.wait()
+    asyncio.run(burst())
+    out.put(time.time())
+    engine.close()
+
+
+def measure(n: int, device: str, model: str, texts: list[str], beam: int) -> float:
+    """Sentences a second of n replica processes sharing the device, on one burst split among them."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(n + 1), ctx.Queue()
+    shares = [texts[i::n] for i in range(n)]
+    procs = [ctx.Process(target=replica, args=(device, model, s, beam, barrier, out)) for s in shares]
+    for p in procs:
+        p.start()
+    barrier.wait(timeout=600)
+    start = time.time()
+    ends = [out.get(timeout=1200) for _ in procs]
+    for p in procs:
+        p.join(60)
+    return len(texts) / (max(ends) - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="en-de")
+    ap.add_argument("--replicas", default="1,2,4", help="replica processes sharing the device, each count a run")
+    ap.add_argument("--requests", type=int, default=2048, help="one-sentence requests in the burst")
+    ap.add_argument("--beam-size", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        pool = [line.strip() for line in f if line.strip()]
+    rng = random.Random(args.seed)
+    texts = [rng.choice(pool) for _ in range(args.requests)]
+    counts = [int(n) for n in args.replicas.split(",")]
+    rates: dict[int, float] = {}
+    for n in counts:
+        rates[n] = measure(n, args.device, args.model, texts, args.beam_size)
+        print(f"{n} replica(s): {rates[n]:.1f} sentences/s", file=sys.stderr, flush=True)
+    base = rates[counts[0]]
+    lines = [
+        f"{args.requests} one-sentence requests, beam {args.beam_size}, {args.model}, device {args.device}, "
+        "one host thread per replica:\n",
+        f"| replicas on the device | sentences/s | vs {counts[0]} |",
+        "|---:|---:|---:|",
+        *(f"| {n} | {rate:.1f} | {rate / base:.2f}x |" for n, rate in rates.items()),
+    ]
+    emit("\n".join(lines) + "\n", args.out)
+
+
+if __name__ == "__main__":
+    main()
