@@ -1,13 +1,17 @@
-# beamserve image on Ray's own image, so the same image runs `beamserve serve` standalone and the
-# KubeRay head/worker pods (deploy/k8s).
-#   docker build -t beamserve:gpu .                                   # CUDA (default)
-#   docker build -t beamserve:cpu --build-arg FLAVOR=cpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu .
-ARG RAY_VERSION=2.60.0
-ARG FLAVOR=gpu
-FROM rayproject/ray:${RAY_VERSION}-py311-${FLAVOR}
+# beamserve image on Ray's own CPU image, so the same image runs `beamserve serve` standalone and the
+# KubeRay head/worker pods (deploy/k8s). Both flavours start from the CPU base: the GPU flavour gets
+# CUDA once, from torch's CUDA wheels (the NVIDIA driver comes from the host), not a second time from
+# a CUDA base image.
+#   docker build -t beamserve:cpu .                                    # CPU (default)
+#   docker build -t beamserve:gpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
+# BASE names Ray's image by tag; to pin it by digest, resolve it where the registry is reachable and
+# pass or write it: --build-arg BASE=rayproject/ray:2.60.0-py311-cpu@sha256:<digest>
+# (`docker buildx imagetools inspect rayproject/ray:2.60.0-py311-cpu` prints the digest).
+ARG BASE=rayproject/ray:2.60.0-py311-cpu
+FROM ${BASE}
 
-# The CUDA build of torch for GPU images (cu128 wheels run on drivers >= 570); the CPU index for FLAVOR=cpu.
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# torch's wheel index: CPU by default; cu128 wheels (drivers >= 570) for GPU images.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 # jemalloc, which the model replicas preload (BEAMSERVE_ALLOCATOR=auto): under glibc's malloc a
 # replica's resident memory creeps with the ever-changing tensor sizes of decoding; under jemalloc it
@@ -21,16 +25,18 @@ RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 &&
 USER 1000
 WORKDIR /home/ray/beamserve
 
-RUN pip install --no-cache-dir torch==2.13.0 --index-url "${TORCH_INDEX}"
+# Every Python dependency but torch at the version and hashes of deploy/requirements.lock (`make lock`);
+# ray[serve] is already in the image at the locked version. Then torch from its index, pinned by
+# version, with the CUDA libraries its wheel names; then beamserve itself, with no further resolution.
+COPY --chown=ray:users deploy/requirements.lock ./deploy/requirements.lock
+RUN pip install --no-cache-dir --require-hashes --no-deps -r deploy/requirements.lock \
+ && pip install --no-cache-dir torch==2.13.0 --index-url "${TORCH_INDEX}"
 
-COPY --chown=ray:users pyproject.toml README.md ./
+COPY --chown=ray:users pyproject.toml README.md LICENSE ./
 COPY --chown=ray:users model ./model
 COPY --chown=ray:users service ./service
 COPY --chown=ray:users deploy ./deploy
-# ray[serve] is already in the image at RAY_VERSION; this adds beamserve, its shipped models and pins.
-# DL3013 asks for pinned versions: this installs the local package, whose dependencies pyproject.toml pins.
-# hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[serve]"
+RUN pip install --no-cache-dir --no-deps .
 
 # The HTTP API and the metrics (through beamserve's relay) on the container's interfaces; Ray's own
 # ports stay on loopback inside the container with its token authentication on (README "Security").

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory loadtest faults soak clean
+.PHONY: lock install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory loadtest faults soak clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -59,6 +59,15 @@ faults: install
 # An hour of mixed traffic and fuzzing; the replicas' resident memory at the end against after warm-up.
 soak: install
 	$(PY) loadtests/faults.py --cases soak --duration 3600
+
+# deploy/requirements.lock: the image's Python dependencies with their hashes (torch aside: the image
+# installs it from the PyTorch index of its flavour). Run after changing pyproject.toml's dependencies.
+lock: install
+	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	print("\n".join(d for d in p["dependencies"] + p["optional-dependencies"]["serve"] if not d.startswith("torch")))' \
+	> $(VENV)/lock.in
+	$(VENV)/bin/uv pip compile $(VENV)/lock.in --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" -q -o deploy/requirements.lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -109,8 +109,6 @@ METRICS: dict[str, str] = {}
 @pytest.fixture(scope="session")
 def server() -> Iterator[str]:
     """Real Ray Serve on 127.0.0.1 with the shipped models, shared by every service test."""
-    import httpx
-
     from service import runtime
     from service.settings import Settings
 

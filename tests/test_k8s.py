@@ -1,9 +1,13 @@
-"""Docker and Kubernetes files, validated offline: hadolint, kubectl kustomize, kubernetes-validate --strict,
-check-jsonschema against KubeRay's fields, Ray's ServeDeploySchema, and the real app builder."""
+"""Docker and Kubernetes files, validated offline: hadolint, kubectl kustomize on every overlay and
+example, kubernetes-validate --strict, check-jsonschema against KubeRay v1.7's RayService fields, the
+restricted Pod Security Standard (tests/pod_security.py), Ray's ServeDeploySchema, and the real app
+builder."""
 
 from __future__ import annotations
 
+import copy
 import importlib
+import json
 import shutil
 import subprocess
 import sys
@@ -13,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from . import pod_security
 from .conftest import REPO
 
 K8S = REPO / "deploy" / "k8s"
@@ -32,10 +37,14 @@ def run(*args: str | Path, cwd: Path = REPO) -> str:
     return proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module", params=["gpu", "cpu"])
+# Everything a user applies: the two overlays and the examples built on them.
+RENDERS = ["overlays/gpu", "overlays/cpu", "examples/api-keys", "examples/production"]
+
+
+@pytest.fixture(scope="module", params=RENDERS)
 def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
-    out = run(tool("kubectl"), "kustomize", K8S / "overlays" / request.param)
-    path = tmp_path_factory.mktemp("k8s") / f"{request.param}.yaml"
+    out = run(tool("kubectl"), "kustomize", K8S / request.param)
+    path = tmp_path_factory.mktemp("k8s") / f"{request.param.replace('/', '-')}.yaml"
     path.write_text(out)
     return request.param, [d for d in yaml.safe_load_all(out) if d], path
 
@@ -44,27 +53,67 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return next(d for d in docs if d["kind"] == kind)
 
 
+def flavor_of(name: str) -> str:
+    return "cpu" if name in ("overlays/cpu", "examples/api-keys") else "gpu"
+
+
 def test_dockerfile_passes_hadolint_and_has_what_an_operator_needs() -> None:
     assert run(tool("hadolint"), "Dockerfile").strip() == ""
     text = (REPO / "Dockerfile").read_text()
-    assert "FROM rayproject/ray:${RAY_VERSION}-py311-${FLAVOR}" in text and "ARG FLAVOR=gpu" in text
+    # One CUDA (torch's wheels) on Ray's CPU image; the CPU flavour the default.
+    assert "ARG BASE=rayproject/ray:2.60.0-py311-cpu" in text and "FROM ${BASE}" in text and "-gpu" not in text
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in text
+    assert "--require-hashes --no-deps -r deploy/requirements.lock" in text and "--no-deps ." in text
     assert "EXPOSE 8000 8080" in text and "/healthz" in text and "USER 1000" in text
     assert 'CMD ["beamserve", "serve"]' in text
     assert "RAY_AUTH_MODE" not in text and "BEAMSERVE_METRICS_HOST=0.0.0.0" in text  # Ray stays on loopback
     assert ".venv" in (REPO / ".dockerignore").read_text()
 
 
-def test_core_objects_pass_kubernetes_validate_strict(rendered: Rendered) -> None:
-    _, _, path = rendered
+def test_the_lock_pins_every_dependency_with_hashes() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    lock = (REPO / "deploy" / "requirements.lock").read_text()
+    pinned: dict[str, str] = {}
+    for block in lock.split("\n"):
+        if block and not block.startswith((" ", "#")):
+            name, _, version = block.split(" ")[0].partition("==")
+            pinned[name.split("[")[0].lower().replace("_", "-")] = version
+    entries = [b for b in lock.split("\n") if b and not b.startswith((" ", "#"))]
+    assert all(e.endswith("\\") for e in entries)  # each followed by its --hash lines
+    assert lock.count("--hash=sha256:") >= len(entries)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"] + project["optional-dependencies"]["serve"]:
+        req = Requirement(spec)
+        if req.name == "torch":  # installed from the PyTorch index of the image's flavour
+            assert req.name not in pinned
+            continue
+        assert req.name.lower() in pinned, f"{req.name} is not in deploy/requirements.lock: run make lock"
+        assert req.specifier.contains(pinned[req.name.lower()]), f"{spec} against {pinned[req.name.lower()]}"
+
+
+def test_every_core_object_passes_kubernetes_validate_strict(rendered: Rendered, tmp_path: Path) -> None:
+    _, docs, path = rendered
     out = run(tool("kubernetes-validate"), "--strict", path)
-    assert "passed for resource service/beamserve" in out
     assert "passed for resource poddisruptionbudget/beamserve-workers" in out
+    assert "passed for resource networkpolicy/beamserve-ray" in out
+    # The core objects inside the RayService: its pod templates and the Service KubeRay makes from serveService.
+    cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
+    groups = [("head", cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster["workerGroupSpecs"]]
+    inner = [
+        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": group["template"]}
+        for name, group in groups
+    ]
+    inner.append({"apiVersion": "v1", "kind": "Service", **by_kind(docs, "RayService")["spec"]["serveService"]})
+    doc = tmp_path / "inner.yaml"
+    doc.write_text(yaml.safe_dump_all(inner))
+    out = run(tool("kubernetes-validate"), "--strict", doc)
+    assert out.count("passed for resource") == len(inner), out
 
 
-def test_rayservice_and_podmonitor_match_their_schemas(
-    rendered: Rendered,
-    tmp_path: Path,
-) -> None:
+def test_rayservice_and_podmonitor_match_their_schemas(rendered: Rendered, tmp_path: Path) -> None:
     _, docs, _ = rendered
     for kind, schema in (("RayService", "rayservice"), ("PodMonitor", "podmonitor")):
         doc = tmp_path / f"{schema}.yaml"
@@ -72,21 +121,55 @@ def test_rayservice_and_podmonitor_match_their_schemas(
         run(tool("check-jsonschema"), "--schemafile", K8S / "schemas" / f"{schema}.schema.json", doc)
 
 
-def test_rayservice_pod_templates_are_valid_pod_templates(
-    rendered: Rendered,
-    tmp_path: Path,
-) -> None:
+def schema_errors(doc: dict[str, Any]) -> list[str]:
+    import jsonschema
+
+    schema = json.loads((K8S / "schemas" / "rayservice.schema.json").read_text())
+    return [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(doc)]
+
+
+def test_the_rayservice_schema_accepts_valid_kuberay_fields_and_rejects_typos() -> None:
+    docs = [d for d in yaml.safe_load_all(run(tool("kubectl"), "kustomize", K8S / "overlays" / "cpu")) if d]
+    base = by_kind(docs, "RayService")
+    assert schema_errors(base) == []
+    # Valid KubeRay v1.7 fields the manifests do not use pass, as they are.
+    valid = copy.deepcopy(base)
+    valid["spec"]["rayClusterConfig"]["managedBy"] = "ray.io/kuberay-operator"
+    valid["spec"]["rayClusterConfig"]["headGroupSpec"]["enableIngress"] = False
+    valid["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["idleTimeoutSeconds"] = 60
+    valid["spec"]["upgradeStrategy"] = {
+        "type": "NewClusterWithIncrementalUpgrade",
+        "clusterUpgradeOptions": {"stepSizePercent": 10, "intervalSeconds": 30, "gatewayClassName": "istio"},
+    }
+    assert schema_errors(valid) == []
+    # A misspelt field, a wrong type, a value outside an enum: each rejected.
+    for path, value in (
+        (("spec", "excludeHeadPodFromServSvc"), True),
+        (("spec", "upgradeStrategy"), {"type": "BlueGreen"}),
+        (("spec", "rayClusterConfig", "authOptions"), {"mode": "tokens"}),
+        (("spec", "rayClusterConfig", "workerGroupSpecs", 0, "maxReplicas"), "4"),
+        (("spec", "rayClusterConfig", "headGroupSpec", "rayStartParams", "num-cpus"), 0),
+        (("spec", "rayClusterConfig", "gcsFaultToleranceOptions"), {"redisAdress": "redis:6379"}),
+    ):
+        bad = copy.deepcopy(base)
+        target = bad
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        assert schema_errors(bad), f"{path} = {value!r} passed"
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard(rendered: Rendered) -> None:
     _, docs, _ = rendered
-    cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
-    groups = [("head", cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster["workerGroupSpecs"]]
-    for name, group in groups:
-        doc = tmp_path / f"{name}.yaml"
-        doc.write_text(
-            yaml.safe_dump(
-                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": group["template"]}
-            )
-        )
-        assert "passed" in run(tool("kubernetes-validate"), "--strict", doc)
+    pods = [pod for doc in docs for pod in pod_security.pod_specs(doc)]
+    assert len(pods) >= 3  # head, workers, KubeRay's autoscaler sidecar
+    for name, spec in pods:
+        assert pod_security.violations(spec, name) == []
+    # The check can fail: a container without its securityContext is named.
+    name, spec = pods[0]
+    bare = copy.deepcopy(spec)
+    bare["containers"][0].pop("securityContext")
+    assert any("allowPrivilegeEscalation" in v for v in pod_security.violations(bare, name))
 
 
 def test_serve_config_v2_equals_deploy_serve_config_and_builds(rendered: Rendered) -> None:
@@ -96,41 +179,106 @@ def test_serve_config_v2_equals_deploy_serve_config_and_builds(rendered: Rendere
     embedded = yaml.safe_load(by_kind(docs, "RayService")["spec"]["serveConfigV2"])
     assert embedded == yaml.safe_load((REPO / "deploy" / "serve_config.yaml").read_text())
     app = ServeDeploySchema.model_validate(embedded).applications[0]
+    assert app.logging_config is not None and app.logging_config.encoding == "JSON"
     module, attr = app.import_path.split(":")
     built = getattr(importlib.import_module(module), attr)(app.args)
     assert built._bound_deployment.name == "Gateway"
     for d in app.deployments:
         assert d.autoscaling_config["min_replicas"] >= 1 and d.autoscaling_config["target_ongoing_requests"] > 0
+        if d.name.startswith("model-"):  # spread: no node holds all of a pair's replicas at full scale
+            assert d.max_replicas_per_node < d.autoscaling_config["max_replicas"]
 
 
-def test_overlays_set_gpu_drain_probes_and_shared_memory(rendered: Rendered) -> None:
-    flavor, docs, _ = rendered
+def test_kuberay_wiring_as_its_authors_intend(rendered: Rendered) -> None:
+    _, docs, _ = rendered
     rs = by_kind(docs, "RayService")
-    cluster = rs["spec"]["rayClusterConfig"]
-    assert cluster["enableInTreeAutoscaling"] is True
+    spec = rs["spec"]
+    cluster = spec["rayClusterConfig"]
+    # KubeRay's own serve Service (it selects this cluster's pods with a healthy proxy, and switches
+    # cluster only when the new one is ready), no hand-made one; the head out of it.
+    assert spec["serveService"]["metadata"]["name"] == "beamserve" and "selector" not in spec["serveService"]["spec"]
+    assert spec["serveService"]["spec"]["ports"][0]["port"] == 8000
+    assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "beamserve"]
+    assert spec["excludeHeadPodFromServeSvc"] is True
+    assert spec["upgradeStrategy"] == {"type": "NewCluster"}
     assert cluster["authOptions"] == {"mode": "token"}  # KubeRay makes the token Secret and sets it everywhere
-    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert cluster["enableInTreeAutoscaling"] is True
+    # KubeRay's default probes, not ours: none set on a Ray container.
+    head_pod = cluster["headGroupSpec"]["template"]["spec"]
     worker_group = cluster["workerGroupSpecs"][0]
     pod = worker_group["template"]["spec"]
-    worker = pod["containers"][0]
-    gpus = "1" if flavor == "gpu" else "0"
-    assert {e["name"]: e["value"] for e in head["env"]}["BEAMSERVE_REPLICA_GPUS"] == gpus
-    assert worker["image"] == head["image"] == f"beamserve:{flavor}"
-    for kind in ("requests", "limits"):
-        assert worker["resources"][kind].get("nvidia.com/gpu") == ("1" if flavor == "gpu" else None)
-    assert worker["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert worker["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
-    assert shm["emptyDir"]["medium"] == "Memory"
-    assert any(m["mountPath"] == "/dev/shm" for m in worker["volumeMounts"])
-    serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
+    for container in (head_pod["containers"][0], pod["containers"][0]):
+        assert not {"readinessProbe", "livenessProbe", "startupProbe"} & container.keys()
+    # A drain proceeds one worker at a time, and with two workers no pair empties.
+    pdb = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {**pdb["spec"], "maxUnavailable": 1} and "minAvailable" not in pdb["spec"]
+    assert worker_group["minReplicas"] >= 2 and worker_group["minReplicas"] <= worker_group["maxReplicas"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= worker_group["template"]["metadata"]["labels"].items()
+    spread = {c["topologyKey"] for c in pod["topologySpreadConstraints"]}
+    assert spread == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    serve = yaml.safe_load(spec["serveConfigV2"])
     drain = max(d.get("graceful_shutdown_timeout_s", 20) for d in serve["applications"][0]["deployments"])
     assert pod["terminationGracePeriodSeconds"] > drain
-    assert worker_group["minReplicas"] <= worker_group["replicas"] <= worker_group["maxReplicas"]
-    service = by_kind(docs, "Service")
-    assert service["spec"]["ports"][0]["port"] == 8000
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
     assert by_kind(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
-    assert any(p["name"] == "metrics" and p["containerPort"] == 8080 for p in worker["ports"])
+    assert any(p["name"] == "metrics" and p["containerPort"] == 8080 for p in pod["containers"][0]["ports"])
+
+
+def test_gpu_workers_pack_replicas_as_their_cpus_allow(rendered: Rendered) -> None:
+    name, docs, _ = rendered
+    cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    flavor = flavor_of(name)
+    assert worker["image"] == head["image"] == f"beamserve:{flavor}"
+    share = float({e["name"]: e["value"] for e in head["env"]}["BEAMSERVE_REPLICA_GPUS"])
+    serve = yaml.safe_load(by_kind(docs, "RayService")["spec"]["serveConfigV2"])
+    replica_cpus = float(serve["applications"][0]["args"]["replica_cpus"])
+    for kind in ("requests", "limits"):
+        assert worker["resources"][kind].get("nvidia.com/gpu") == ("1" if flavor == "gpu" else None)
+    if flavor == "gpu":  # CPUs and the GPU run out together: 4 CPUs, four replicas of a quarter GPU
+        assert float(worker["resources"]["limits"]["cpu"]) / replica_cpus == 1 / share
+    else:
+        assert share == 0
+
+
+def test_network_policy_opens_only_the_api_the_metrics_and_the_operator(rendered: Rendered) -> None:
+    _, docs, _ = rendered
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "beamserve-ray")
+    rules = policy["spec"]["ingress"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    opened = sorted(p["port"] for rule in rules for p in rule.get("ports", []))
+    assert opened == [8000, 8080, 8265]
+    [peers] = [rule["from"] for rule in rules if "ports" not in rule]  # Ray's own traffic: among its pods only
+    assert all("namespaceSelector" not in peer for peer in peers)
+    labels = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["metadata"]
+    selected = {e["key"]: set(e["values"]) for e in policy["spec"]["podSelector"]["matchExpressions"]}
+    assert all(labels["labels"][k] in v for k, v in selected.items())
+
+
+def test_production_example_adds_gcs_fault_tolerance_and_log_shipping() -> None:
+    docs = [d for d in yaml.safe_load_all(run(tool("kubectl"), "kustomize", K8S / "examples" / "production")) if d]
+    cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
+    ft = cluster["gcsFaultToleranceOptions"]
+    host, port = ft["redisAddress"].split(":")
+    store = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == host)
+    assert store["spec"]["ports"][0]["port"] == int(port)
+    ref = ft["redisPassword"]["valueFrom"]["secretKeyRef"]
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"])
+    assert ref["key"] in secret["stringData"]
+    store_pod = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == host)
+    assert "--appendonly" in store_pod["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert store_pod["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "gcs-store"
+    # Logs: a Fluent Bit sidecar beside each Ray container, both on the same /tmp/ray, tailing Serve's files.
+    config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["fluent-bit.yaml"])
+    [tail] = config["pipeline"]["inputs"]
+    assert tail["path"].startswith("/tmp/ray/session_latest/logs/serve/") and tail["parser"] == "json"
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        ray, sidecar = group["template"]["spec"]["containers"]
+        assert sidecar["name"] == "fluent-bit"
+        for c in (ray, sidecar):
+            assert any(m["name"] == "ray-logs" and m["mountPath"] == "/tmp/ray" for m in c["volumeMounts"])
 
 
 def test_ingress_example_is_valid_and_agrees_with_the_server_limits() -> None:
