@@ -16,16 +16,24 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# promtool (Prometheus' rule checker and rule unit-test runner) for the tests: the binary from Debian's
+# prometheus package, unpacked into the virtual environment (nothing installed system-wide, no service).
+$(VENV)/bin/promtool: | $(VENV)/.installed
+	rm -rf $(VENV)/promdeb && mkdir -p $(VENV)/promdeb
+	cd $(VENV)/promdeb && apt-get download -q prometheus 2>&1 | tail -1 && dpkg-deb -x prometheus_*.deb root
+	cp $(VENV)/promdeb/root/usr/bin/promtool $@
+	rm -rf $(VENV)/promdeb
+
 serve: install
 	$(VENV)/bin/beamserve serve
 
 CODE := model service tests loadtests
 
-test: lint
+test: lint $(VENV)/bin/promtool
 	$(PY) -m pytest -q -ra
 
 # The inner loop: everything but the tests that start Ray, a server, worker processes or training.
-test-fast: lint
+test-fast: lint $(VENV)/bin/promtool
 	$(PY) -m pytest -q -ra -m "not slow"
 
 lint: install

@@ -41,7 +41,7 @@ class GatewayMetrics:
         )
 
         self.cache_lookups = Counter(
-            "beamserve_cache_lookups",
+            "beamserve_cache_sentences",
             description="Sentences looked up in the gateway's translation cache, by pair and result (hit, miss).",
             tag_keys=("pair", "result"),  # type: ignore[arg-type]
         )
@@ -147,23 +147,50 @@ class ModelMetrics:
         )
         self.rejected = tagged(
             Counter(
-                "beamserve_rejected",
-                description="Requests refused with 503 (queue full or too much work ahead).",
+                "beamserve_rejected_requests",
+                description="Requests (not sentences) the replica refused with 503: queue full or too much work ahead.",
                 tag_keys=keys,
             )
         )
         self.timeouts = tagged(
-            Counter("beamserve_timeouts", description="Sentences dropped past their deadline (504).", tag_keys=keys)
+            Counter(
+                "beamserve_expired_sentences", description="Sentences dropped past their deadline (504).", tag_keys=keys
+            )
         )
         self.cancelled = tagged(
             Counter(
-                "beamserve_cancelled", description="Queued sentences withdrawn by a disconnected client.", tag_keys=keys
+                "beamserve_cancelled_sentences",
+                description="Sentences withdrawn by a client that went away, queued or decoding.",
+                tag_keys=keys,
             )
         )
-        self.queue_depth = tagged(Gauge("beamserve_queue_depth", description="Sentences waiting.", tag_keys=keys))
+        # Each gauge of work beside its capacity, so alerts and dashboards read ratios whatever the device.
+        self.queue_depth = tagged(
+            Gauge("beamserve_queued_sentences", description="Sentences waiting to start decoding.", tag_keys=keys)
+        )
+        self.queue_capacity = tagged(
+            Gauge(
+                "beamserve_queue_capacity_sentences",
+                description="Sentences the replica's queue holds at most (max_queue); past it, 503.",
+                tag_keys=keys,
+            )
+        )
         self.active = tagged(
             Gauge("beamserve_active_sentences", description="Sentences decoding now (slots in use).", tag_keys=keys)
         )
+        self.slots = tagged(
+            Gauge(
+                "beamserve_decode_slots",
+                description="Sentences the replica decodes at once at most (decode_slots, continuous batching).",
+                tag_keys=keys,
+            )
+        )
+        self.info = Gauge(
+            "beamserve_model_info",
+            description="1 for the model a replica serves: its pair, content digest, compute type and device.",
+            tag_keys=("pair", "digest", "compute_type", "device"),  # type: ignore[arg-type]
+        )
+        self.info_tags: dict[str, str] = {"pair": pair, "digest": "", "compute_type": "", "device": ""}
         self.load_seconds = tagged(
             Gauge("beamserve_model_load_seconds", description="Model load time of the replica.", tag_keys=keys)
         )
@@ -176,6 +203,7 @@ class ModelMetrics:
         )
         self._seen = {"rejected": 0, "expired": 0, "cancelled": 0}
         self.load_time = 0.0  # re-exported on every sync: a gauge set only once can age out of the export
+        self.capacity = (0, 0)  # (max_queue, decode_slots), set by the replica on (re)configuration
 
     def on_batch(self, sentences: int, padded: int, real: int, waits: list[float]) -> None:
         self.batches.inc(1)
@@ -202,6 +230,9 @@ class ModelMetrics:
                 counter.inc(now - self._seen[name])
                 self._seen[name] = now
         self.load_seconds.set(self.load_time)
+        self.info.set(1, self.info_tags)
+        self.queue_capacity.set(self.capacity[0])
+        self.slots.set(self.capacity[1])
         self.queue_depth.set(queued)
         self.active.set(active)
         self.gpu_memory.set(gpu_bytes)

@@ -50,7 +50,11 @@ class PairModel:
         )
         self.metrics = ModelMetrics(self.pair)
         self.metrics.load_time = self.translator.load_seconds
-        self.engine = Engine(self.translator, self._sized(s.model_dump()), max_length=s.max_decoding_length)
+        tr = self.translator
+        self.metrics.info_tags.update(digest=tr.digest, compute_type=tr.compute_type, device=tr.device.type)
+        config = self._sized(s.model_dump())
+        self.metrics.capacity = (config.max_queue, config.decode_slots)
+        self.engine = Engine(self.translator, config, max_length=s.max_decoding_length)
         # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
         self.engine.warm_up([self.translator.encode(WARMUP)])
         self.engine.observer = self.metrics  # the warm-up is not traffic
@@ -64,7 +68,9 @@ class PairModel:
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """Serve's user_config: batching knobs, applied live."""
-        self.engine.reconfigure(self._sized(config))
+        sized = self._sized(config)
+        self.engine.reconfigure(sized)
+        self.metrics.capacity = (sized.max_queue, sized.decode_slots)
 
     def _sized(self, config: dict[str, Any]) -> BatchingConfig:
         return sized_for(self.translator.device.type, config)

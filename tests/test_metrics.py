@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import httpx
 import pytest
@@ -78,8 +80,8 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
     expected = {
         ("ray_beamserve_requests_total", tuple(ok.items())): 7,
         ("ray_beamserve_request_latency_seconds_count", tuple(ok.items())): 7,
-        ("ray_beamserve_cache_lookups_total", (("pair", "en-de"), ("result", "miss"))): 1,
-        ("ray_beamserve_cache_lookups_total", (("pair", "en-de"), ("result", "hit"))): 1,
+        ("ray_beamserve_cache_sentences_total", (("pair", "en-de"), ("result", "miss"))): 1,
+        ("ray_beamserve_cache_sentences_total", (("pair", "en-de"), ("result", "hit"))): 1,
         ("ray_beamserve_requests_total", (("endpoint", "/v1/translate"), ("pair", "unknown"), ("status", "400"))): 1,
         ("ray_beamserve_source_tokens_total", (("pair", "en-de"),)): usage["source_tokens"],
         ("ray_beamserve_generated_tokens_total", (("pair", "en-de"),)): usage["target_tokens"],
@@ -98,32 +100,53 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
         time.sleep(0.5)
     assert got == expected
     assert total(after, "ray_beamserve_model_load_seconds", pair="en-de") > 0
-    assert "ray_beamserve_queue_depth" in after and "ray_beamserve_active_sentences" in after
+    assert "ray_beamserve_queued_sentences" in after and "ray_beamserve_active_sentences" in after
+    # Capacity beside the work (alerts read ratios), and which weights each replica serves.
+    assert total(after, "ray_beamserve_queue_capacity_sentences", pair="en-de") == stats_after["config"]["max_queue"]
+    assert total(after, "ray_beamserve_decode_slots", pair="en-de") == stats_after["config"]["decode_slots"]
+    [(info, one)] = [(ls, v) for ls, v in after["ray_beamserve_model_info"] if ls["pair"] == "en-de"]
+    assert one == 1 and info["digest"] == stats_after["digest"]
+    assert (info["compute_type"], info["device"]) == ("float32", "cpu")
     assert "ray_beamserve_gpu_memory_allocated_bytes" in after
+    # The latency SLO's alerts read the 1 s bucket by this exact label (deploy/prometheus/alerts.yml).
+    assert any(ls.get("le") == "1.0" for ls, _ in after["ray_beamserve_request_latency_seconds_bucket"])
     labels = {k for name, series in after.items() if name.startswith("ray_beamserve_") for ls, _ in series for k in ls}
     assert not labels & {"text", "ip", "client", "request_id"}
 
 
-def test_prometheus_rules_and_config_check() -> None:
+def test_prometheus_rules_pass_promtool_and_their_unit_tests() -> None:
     rules = yaml.safe_load((REPO / "deploy/prometheus/alerts.yml").read_text())
-    names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
-    assert names == {
-        "BeamserveHighP95Latency",
-        "BeamserveQueueSaturated",
-        "BeamserveHigh5xxRate",
-        "BeamserveNoReplicasReady",
-    }
+    names = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    assert {
+        "BeamserveErrorBudgetBurnFast",
+        "BeamserveLatencyBudgetBurnFast",
+        "BeamserveQueueNearCapacity",
+        "BeamserveShedding",
+        "BeamserveModelFailedToLoad",
+        "BeamserveReplicaRestarts",
+        "BeamserveReplicasPending",
+        "BeamserveScrapeDown",
+    } <= names
     for group in rules["groups"]:
         for rule in group["rules"]:
-            assert rule["expr"].strip() and rule["labels"]["severity"] in {"warning", "critical"}
-            assert "ray_" in rule["expr"]
+            assert "ray_" in rule["expr"] or "beamserve:" in rule["expr"] or "up{" in rule["expr"]
+            if "alert" in rule:
+                assert rule["labels"]["severity"] in {"warning", "critical"}
+    # Every alert is exercised by a unit test (deploy/prometheus/alerts_test.yml).
+    tests = yaml.safe_load((REPO / "deploy/prometheus/alerts_test.yml").read_text())
+    tested = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"]}
+    assert names <= tested
     config = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
     assert config["rule_files"] == ["alerts.yml"] and config["scrape_configs"][0]["job_name"] == "beamserve"
-    promtool = shutil.which("promtool")
-    if promtool:  # Debian's `prometheus` package; structural checks above run either way
-        for args in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"]):
-            proc = subprocess.run([promtool, *args], cwd=REPO / "deploy/prometheus", capture_output=True, text=True)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
+    promtool = shutil.which("promtool", path=str(Path(sys.executable).parent)) or shutil.which("promtool")
+    assert promtool, "promtool is not installed (make test unpacks it into .venv/bin)"
+    for args in (
+        ["check", "rules", "alerts.yml"],
+        ["check", "config", "prometheus.yml"],
+        ["test", "rules", "alerts_test.yml"],
+    ):
+        proc = subprocess.run([promtool, *args], cwd=REPO / "deploy/prometheus", capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_grafana_dashboard_covers_the_operator_questions() -> None:
@@ -137,10 +160,29 @@ def test_grafana_dashboard_covers_the_operator_questions() -> None:
         "source_tokens_total",
         "generated_tokens_total",
         "batch_sentences_bucket",
-        "queue_depth",
+        "queued_sentences",
+        "queue_capacity_sentences",
         "active_sentences",
-        "rejected_total",
-        "timeouts_total",
+        "decode_slots",
+        "rejected_requests_total",
+        "expired_sentences_total",
+        "model_info",
     ):
         assert f"ray_beamserve_{metric}" in exprs, metric
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+    # Per-namespace and per-pair variables, and every beamserve query scoped by both.
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert {"datasource", "namespace", "pair"} <= variables
+    for use in re.findall(r"ray_beamserve_[a-z_]+\{[^}]*\}|ray_beamserve_[a-z_]+", exprs):
+        assert 'namespace=~"$namespace"' in use and 'pair=~"$pair"' in use, use
+
+
+def test_dashboard_and_alerts_name_only_metrics_the_service_exports() -> None:
+    defined = set(re.findall(r'"(beamserve_[a-z_]+)"', (REPO / "service" / "metrics.py").read_text()))
+    used = re.findall(
+        r"ray_(beamserve_[a-z_]+)",
+        (REPO / "deploy/grafana/beamserve-dashboard.json").read_text()
+        + (REPO / "deploy/prometheus/alerts.yml").read_text(),
+    )
+    for name in used:
+        assert re.sub(r"_(total|bucket|count|sum)$", "", name) in defined, name
