@@ -3,7 +3,10 @@ replica processes sharing one GPU (Ray Serve's fractional num_gpus: BEAMSERVE_RE
 four on a GPU), each with its own engine and host thread, against one replica alone.
 
     python loadtests/bench_packing.py --device cuda --replicas 1,2,4,8      # gpu_run.sh's "packing" stage
-    python loadtests/bench_packing.py --device cpu --replicas 1,2 --requests 64   # the harness, on a CPU
+    python loadtests/bench_packing.py --device cpu --replicas 1x2,2x1 --requests 512   # on 2 cores
+
+A layout is REPLICAS or REPLICASxTHREADS (torch threads per replica, 1 by default): on a CPU,
+1x2,2x1 compares one two-thread replica with two one-thread replicas on the same cores.
 
 Each replica is a process as under Serve: it loads the model, builds the continuous-batching engine
 at the device's sizes (service/scheduler.sized_for), warms up, then waits at a barrier; all are
@@ -20,6 +23,7 @@ import asyncio
 import gzip
 import multiprocessing as mp
 import os
+import queue
 import random
 import sys
 import time
@@ -35,14 +39,16 @@ from reports import emit  # noqa: E402
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 
 
-def replica(device: str, model: str, texts: list[str], beam: int, barrier: Any, out: Any) -> None:
+def replica(device: str, model: str, texts: list[str], beam: int, threads: int, barrier: Any, out: Any) -> None:
     """One replica process: load, warm up, wait for the others, decode its share; report its end time."""
     from model import DecodeOptions, Translator
     from service.engine import Engine
     from service.scheduler import sized_for
 
-    tr = Translator.load(model, device, num_threads=1)
-    config = replace(sized_for(tr.device.type, {"mode": "continuous"}), max_queue_wait_s=600.0)
+    tr = Translator.load(model, device, num_threads=threads)
+    # The whole share is accepted at once: the work is what is measured, not admission.
+    config = sized_for(tr.device.type, {"mode": "continuous"})
+    config = replace(config, max_queue_wait_s=600.0, max_queue=max(config.max_queue, len(texts)))
     engine = Engine(tr, config, max_length=256)
     engine.warm_up([tr.encode(t) for t in texts[:8]])
     sources = [tr.encode(t) for t in texts]
@@ -57,17 +63,24 @@ def replica(device: str, model: str, texts: list[str], beam: int, barrier: Any, 
     engine.close()
 
 
-def measure(n: int, device: str, model: str, texts: list[str], beam: int) -> float:
+def measure(n: int, threads: int, device: str, model: str, texts: list[str], beam: int) -> float:
     """Sentences a second of n replica processes sharing the device, on one burst split among them."""
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(n + 1), ctx.Queue()
     shares = [texts[i::n] for i in range(n)]
-    procs = [ctx.Process(target=replica, args=(device, model, s, beam, barrier, out)) for s in shares]
+    procs = [ctx.Process(target=replica, args=(device, model, s, beam, threads, barrier, out)) for s in shares]
     for p in procs:
         p.start()
     barrier.wait(timeout=600)
     start = time.time()
-    ends = [out.get(timeout=1200) for _ in procs]
+    ends: list[float] = []
+    while len(ends) < n:
+        try:
+            ends.append(out.get(timeout=1.0))
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                raise SystemExit(f"a replica process failed (exit codes {failed})") from None
     for p in procs:
         p.join(60)
     return len(texts) / (max(ends) - start)
@@ -77,7 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="en-de")
-    ap.add_argument("--replicas", default="1,2,4", help="replica processes sharing the device, each count a run")
+    ap.add_argument("--replicas", default="1,2,4", help="layouts, each a run: REPLICAS or REPLICASxTHREADS")
     ap.add_argument("--requests", type=int, default=2048, help="one-sentence requests in the burst")
     ap.add_argument("--beam-size", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
@@ -87,18 +100,18 @@ def main() -> None:
         pool = [line.strip() for line in f if line.strip()]
     rng = random.Random(args.seed)
     texts = [rng.choice(pool) for _ in range(args.requests)]
-    counts = [int(n) for n in args.replicas.split(",")]
-    rates: dict[int, float] = {}
-    for n in counts:
-        rates[n] = measure(n, args.device, args.model, texts, args.beam_size)
-        print(f"{n} replica(s): {rates[n]:.1f} sentences/s", file=sys.stderr, flush=True)
-    base = rates[counts[0]]
+    layouts = [(int(n), int(t or 1)) for n, _, t in (item.partition("x") for item in args.replicas.split(","))]
+    rates: list[float] = []  # per layout, in order (a layout may come twice, alternating with another)
+    for n, threads in layouts:
+        rates.append(measure(n, threads, args.device, args.model, texts, args.beam_size))
+        print(f"{n} replica(s) x {threads} thread(s): {rates[-1]:.1f} sentences/s", file=sys.stderr, flush=True)
+    base = rates[0]
     lines = [
         f"{args.requests} one-sentence requests, beam {args.beam_size}, {args.model}, device {args.device}, "
-        "one host thread per replica:\n",
-        f"| replicas on the device | sentences/s | vs {counts[0]} |",
-        "|---:|---:|---:|",
-        *(f"| {n} | {rate:.1f} | {rate / base:.2f}x |" for n, rate in rates.items()),
+        "each replica a process with its own engine:\n",
+        "| replicas on the device | torch threads each | sentences/s | vs the first |",
+        "|---:|---:|---:|---:|",
+        *(f"| {n} | {t} | {rate:.1f} | {rate / base:.2f}x |" for (n, t), rate in zip(layouts, rates, strict=True)),
     ]
     emit("\n".join(lines) + "\n", args.out)
 
