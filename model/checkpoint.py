@@ -1,8 +1,9 @@
 """Checkpoints: beamserve's own format, and import/export of Hugging Face MarianMT directories.
 
 Own format (a directory): beamserve.json (ModelConfig), model.safetensors (our parameter names),
-source.spm, target.spm, vocab.json. The tokenizer files are Marian's, so export only renames
-tensors and writes Marian's config.
+source.spm, target.spm, vocab.json, and target_vocab.json for a model with separate source and
+target vocabularies. The tokenizer files are Marian's, so export only renames tensors and writes
+Marian's config.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from model.transformer import Seq2Seq
 
 OWN_CONFIG = "beamserve.json"
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+TARGET_VOCAB = "target_vocab.json"  # separate vocabularies only
+
+
+def tokenizer_files(directory: Path) -> list[str]:
+    return [*TOKENIZER_FILES, *([TARGET_VOCAB] if (directory / TARGET_VOCAB).exists() else [])]
+
 
 # (our name pattern, Hugging Face Marian name template); applied to layer parameters.
 _LAYER_NAMES = [
@@ -53,7 +60,7 @@ def save(model: Seq2Seq, out: Path, tokenizer_dir: Path | None, dtype: torch.dty
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     if tokenizer_dir is not None and tokenizer_dir.resolve() != out.resolve():
-        for name in TOKENIZER_FILES:
+        for name in tokenizer_files(tokenizer_dir):
             shutil.copyfile(tokenizer_dir / name, out / name)
 
 
@@ -78,11 +85,12 @@ def build(path: Path) -> Seq2Seq:
 
 def _config_from_hf(hf: dict[str, Any], vocab: dict[str, int]) -> ModelConfig:
     vocab_size = hf["vocab_size"]
-    if hf.get("decoder_vocab_size") not in (None, vocab_size) or not hf.get("share_encoder_decoder_embeddings", True):
-        raise NotImplementedError("Marian models with separate source and target vocabularies are not supported")
+    shared = hf.get("share_encoder_decoder_embeddings", True)
     activation = {"silu": "swish"}.get(hf.get("activation_function", "swish"), hf.get("activation_function", "swish"))
     return ModelConfig(
         vocab_size=vocab_size,
+        decoder_vocab_size=vocab_size if shared else hf.get("decoder_vocab_size") or vocab_size,
+        share_embeddings=shared,
         d_model=hf["d_model"],
         encoder_layers=hf["encoder_layers"],
         decoder_layers=hf["decoder_layers"],
@@ -120,11 +128,18 @@ def _import_hf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
     cfg = _config_from_hf(hf_config, vocab)
     hf = _read_hf_weights(path)
-    shared = next((hf[k] for k in ("model.shared.weight", "model.encoder.embed_tokens.weight") if k in hf), None)
-    if shared is None:
-        raise KeyError(f"{path}: no shared embedding (model.shared.weight) in the weights")
-    bias = hf.get("final_logits_bias", torch.zeros(1, cfg.vocab_size))
-    state = {"embed.weight": shared.float(), "final_logits_bias": bias.float().view(-1)}
+    names = ("model.shared.weight", "model.encoder.embed_tokens.weight")
+    source = next((hf[k] for k in (names if cfg.share_embeddings else names[::-1]) if k in hf), None)
+    if source is None:
+        raise KeyError(f"{path}: no source embedding ({' or '.join(names)}) in the weights")
+    bias = hf.get("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
+    state = {"embed.weight": source.float(), "final_logits_bias": bias.float().view(-1)}
+    if not cfg.share_embeddings:
+        # The target side's own embedding; the output projection is tied to it unless lm_head is its own.
+        target = hf.get("model.decoder.embed_tokens.weight", hf.get("lm_head.weight"))
+        if target is None:
+            raise KeyError(f"{path}: separate vocabularies but no model.decoder.embed_tokens.weight")
+        state["target_embed.weight"] = target.float()
     if not cfg.tie_embeddings:
         state["lm_head.weight"] = hf["lm_head.weight"].float()
     for ours in Seq2Seq(cfg).state_dict():
@@ -146,7 +161,15 @@ def export_hf(src: Path, out: Path) -> None:
     if cfg.normalize_before:
         raise ValueError("Marian (Hugging Face) has no pre-norm variant; this model uses normalize_before=True")
     out.mkdir(parents=True, exist_ok=True)
-    hf: dict[str, torch.Tensor] = {"model.shared.weight": state["embed.weight"]}
+    if cfg.share_embeddings:
+        hf: dict[str, torch.Tensor] = {"model.shared.weight": state["embed.weight"]}
+    else:
+        hf = {
+            "model.encoder.embed_tokens.weight": state["embed.weight"],
+            "model.decoder.embed_tokens.weight": state["target_embed.weight"],
+        }
+        if cfg.tie_embeddings:  # transformers ties lm_head to the decoder's embedding; written out for other readers
+            hf["lm_head.weight"] = state["target_embed.weight"].clone()
     if cfg.final_logits_bias:
         hf["final_logits_bias"] = state["final_logits_bias"].view(1, -1)
     if not cfg.tie_embeddings:
@@ -174,12 +197,13 @@ def export_hf(src: Path, out: Path) -> None:
                 "eos_token": "</s>",
                 "unk_token": "<unk>",
                 "pad_token": "<pad>",
+                "separate_vocabs": not cfg.share_embeddings,
             },
             indent=2,
         )
         + "\n"
     )
-    for name in TOKENIZER_FILES:
+    for name in tokenizer_files(src):
         if src.resolve() != out.resolve():
             shutil.copyfile(src / name, out / name)
 
@@ -189,7 +213,7 @@ def _hf_config(cfg: ModelConfig) -> dict[str, Any]:
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
         "vocab_size": cfg.vocab_size,
-        "decoder_vocab_size": cfg.vocab_size,
+        "decoder_vocab_size": cfg.decoder_vocab_size,
         "d_model": cfg.d_model,
         "encoder_layers": cfg.encoder_layers,
         "decoder_layers": cfg.decoder_layers,
@@ -205,7 +229,7 @@ def _hf_config(cfg: ModelConfig) -> dict[str, Any]:
         "decoder_start_token_id": cfg.decoder_start_token_id,
         "forced_eos_token_id": cfg.forced_eos_token_id,
         "bos_token_id": None,
-        "share_encoder_decoder_embeddings": True,
+        "share_encoder_decoder_embeddings": cfg.share_embeddings,
         "tie_word_embeddings": cfg.tie_embeddings,
         "dropout": cfg.dropout,
         "attention_dropout": cfg.attention_dropout,

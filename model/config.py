@@ -15,7 +15,9 @@ Activation = Literal["relu", "swish", "gelu"]
 class ModelConfig:
     """Encoder-decoder Transformer configuration (names follow Marian/Hugging Face)."""
 
-    vocab_size: int  # shared source/target vocabulary, padding token included
+    vocab_size: int  # the source vocabulary (shared with the target unless share_embeddings is off), <pad> included
+    decoder_vocab_size: int = 0  # the target vocabulary; 0: the same as vocab_size
+    share_embeddings: bool = True  # one embedding for source and target (Marian's share_encoder_decoder_embeddings)
     d_model: int = 512  # width of every residual stream
     encoder_layers: int = 6  # encoder blocks
     decoder_layers: int = 6  # decoder blocks
@@ -40,7 +42,14 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon
 
     def __post_init__(self) -> None:
-        # Resolve the -1 conventions once, so every consumer sees real ids.
+        # Resolve the -1 and 0 conventions once, so every consumer sees real ids and sizes.
+        if self.decoder_vocab_size <= 0:
+            object.__setattr__(self, "decoder_vocab_size", self.vocab_size)
+        if self.share_embeddings and self.decoder_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"a shared embedding needs one vocabulary: vocab_size {self.vocab_size}, "
+                f"decoder_vocab_size {self.decoder_vocab_size}"
+            )
         if self.pad_token_id < 0:
             object.__setattr__(self, "pad_token_id", self.vocab_size - 1)
         if self.decoder_start_token_id < 0:
@@ -48,6 +57,9 @@ class ModelConfig:
         for name in ("encoder_attention_heads", "decoder_attention_heads"):
             if self.d_model % getattr(self, name):
                 raise ValueError(f"d_model={self.d_model} is not divisible by {name}={getattr(self, name)}")
+        # Marian pads both sides with one id and starts the decoder on it: it must be a target id too.
+        if max(self.pad_token_id, self.decoder_start_token_id) >= self.decoder_vocab_size:
+            raise ValueError(f"pad and decoder start ids must be below decoder_vocab_size {self.decoder_vocab_size}")
         if self.activation not in ("relu", "swish", "gelu"):
             raise ValueError(f"activation must be relu, swish or gelu, not {self.activation!r}")
 

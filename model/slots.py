@@ -120,7 +120,7 @@ def decode_step(
     t_len, p_len = t_len or state.run_tokens.shape[2], p_len or state.src_mask.shape[1]
     # (N,) each row's position; an inactive slot's may lie past t_len, and its rows' writes are moot.
     rows_pos = state.pos.clamp(max=t_len - 1)[:, None].expand(S, K).reshape(N)
-    x = model.embed_at(state.tokens[:, None], rows_pos[:, None])  # (N, 1, C)
+    x = model.embed_at(state.tokens[:, None], rows_pos[:, None], target=True)  # (N, 1, C)
     self_mask = (torch.arange(t_len, device=x.device) <= rows_pos[:, None])[:, None, None, :]  # (N, 1, 1, t)
     cross_mask = state.src_mask[:, None, None, :p_len]  # (S, 1, 1, p)
     for i, layer in enumerate(model.decoders):

@@ -1,4 +1,5 @@
-"""SentencePiece tokenization with Marian's file layout: source.spm, target.spm and a joint vocab.json."""
+"""SentencePiece tokenization with Marian's file layout: source.spm, target.spm and a joint vocab.json,
+or vocab.json (source) and target_vocab.json for a model with separate vocabularies."""
 
 from __future__ import annotations
 
@@ -13,28 +14,38 @@ SPECIAL = ("</s>", "<unk>", "<pad>")
 class Tokenizer:
     """Text <-> ids exactly as Hugging Face's MarianTokenizer does it (so outputs match HF)."""
 
-    def __init__(self, source_spm: Path, target_spm: Path, vocab: dict[str, int]) -> None:
+    def __init__(
+        self, source_spm: Path, target_spm: Path, vocab: dict[str, int], target_vocab: dict[str, int] | None = None
+    ) -> None:
         self.source = spm.SentencePieceProcessor(model_file=str(source_spm))
         self.target = spm.SentencePieceProcessor(model_file=str(target_spm))
-        self.vocab = vocab
-        self.pieces = {i: p for p, i in vocab.items()}
+        self.vocab = vocab  # source pieces (and target ones, shared)
+        self.target_vocab = target_vocab if target_vocab is not None else vocab
+        self.separate = target_vocab is not None
+        self.pieces = {i: p for p, i in self.target_vocab.items()}  # target ids -> pieces, for decode
         self.eos_id = vocab["</s>"]
         self.unk_id = vocab["<unk>"]
         self.pad_id = vocab["<pad>"]
-        self.special_ids = {vocab[s] for s in SPECIAL if s in vocab}
+        # Dropped from decoded text: the specials of both vocabularies (they share </s> and <unk>).
+        self.special_ids = {v[s] for v in (vocab, self.target_vocab) for s in SPECIAL if s in v}
+        self.target_eos_id = self.target_vocab["</s>"]
+        self.target_unk_id = self.target_vocab["<unk>"]
 
     @classmethod
     def load(cls, directory: Path) -> Tokenizer:
         vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
-        return cls(directory / "source.spm", directory / "target.spm", vocab)
+        target = directory / "target_vocab.json"
+        target_vocab = json.loads(target.read_text(encoding="utf-8")) if target.exists() else None
+        return cls(directory / "source.spm", directory / "target.spm", vocab, target_vocab)
 
     def __len__(self) -> int:
         return max(self.vocab.values()) + 1
 
     def fingerprint(self) -> bytes:
-        """What decides how text becomes ids and back: both SentencePiece models and the vocabulary."""
-        vocab = json.dumps(self.vocab, sort_keys=True, ensure_ascii=False).encode()
-        return self.source.serialized_model_proto() + self.target.serialized_model_proto() + vocab
+        """What decides how text becomes ids and back: both SentencePiece models and the vocabularies."""
+        vocabs = [self.vocab, *([self.target_vocab] if self.separate else [])]
+        dumped = b"".join(json.dumps(v, sort_keys=True, ensure_ascii=False).encode() for v in vocabs)
+        return self.source.serialized_model_proto() + self.target.serialized_model_proto() + dumped
 
     def encode(self, text: str) -> list[int]:
         """Source text -> ids ending in </s>; a leading >>xx<< language code stays one token."""
@@ -59,11 +70,12 @@ class Tokenizer:
             code, offset = [(0, end + 2)], end + 2
         rest = text[offset:]
         proto = (self.target if target else self.source).encode(rest, return_type="proto")
+        vocab, unk = (self.target_vocab, self.target_unk_id) if target else (self.vocab, self.unk_id)
         chars = _char_index(rest)
         ids = [self.vocab.get(text[:offset], self.unk_id)] if code else []
         spans = list(code)
         for piece in proto.pieces:
-            ids.append(self.vocab.get(piece.piece, self.unk_id))
+            ids.append(vocab.get(piece.piece, unk))
             begin, end = chars[piece.begin], chars[piece.end]
             spans.append((offset + begin + len(rest[begin:end]) - len(rest[begin:end].lstrip()), offset + end))
         return ids, spans
@@ -71,7 +83,7 @@ class Tokenizer:
     def encode_target(self, text: str) -> list[int]:
         """Target text -> ids ending in </s> (training labels)."""
         pieces = self.target.encode(text, out_type=str)
-        return [self.vocab.get(p, self.unk_id) for p in pieces] + [self.eos_id]
+        return [self.target_vocab.get(p, self.target_unk_id) for p in pieces] + [self.target_eos_id]
 
 
 def _char_index(text: str) -> list[int]:

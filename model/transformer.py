@@ -104,13 +104,15 @@ def _sublayer(x: torch.Tensor, norm: nn.LayerNorm, fn, dropout: nn.Dropout, pre:
 
 
 class Seq2Seq(nn.Module):
-    """The encoder-decoder Transformer of "Attention Is All You Need" with shared embeddings."""
+    """The encoder-decoder Transformer of "Attention Is All You Need" with shared embeddings (or, as some
+    Marian models have them, separate source and target vocabularies and embeddings)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        C, V = cfg.d_model, cfg.vocab_size
-        self.embed = nn.Embedding(V, C, padding_idx=cfg.pad_token_id)
+        C, V = cfg.d_model, cfg.decoder_vocab_size  # V: the target vocabulary, the logits' width
+        self.embed = nn.Embedding(cfg.vocab_size, C, padding_idx=cfg.pad_token_id)  # source (and target if shared)
+        self.target_embed = None if cfg.share_embeddings else nn.Embedding(V, C, padding_idx=cfg.pad_token_id)
         self.positions = PositionalEncoding(cfg.max_position_embeddings, C)
         self.scale = embedding_scale(C, cfg.scale_embedding)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -134,13 +136,24 @@ class Seq2Seq(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
         # Embeddings ~ N(0, 1/C), so that after the sqrt(C) scale they are ~ N(0, 1).
-        nn.init.normal_(self.embed.weight, std=self.cfg.d_model**-0.5)
-        with torch.no_grad():
-            self.embed.weight[self.cfg.pad_token_id].zero_()
+        for embed in (self.embed, self.target_embed):
+            if embed is not None:
+                nn.init.normal_(embed.weight, std=self.cfg.d_model**-0.5)
+                with torch.no_grad():
+                    embed.weight[self.cfg.pad_token_id].zero_()
 
-    def embed_at(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Token embedding * sqrt(C) + sinusoid. ids: (B, T), positions broadcastable -> (B, T, C)."""
-        return self.dropout(self.embed(ids) * self.scale + self.positions(positions))
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The output projection (V, C): its own, or tied to the target side's embedding."""
+        if self.lm_head is not None:
+            return self.lm_head.weight
+        return (self.target_embed or self.embed).weight
+
+    def embed_at(self, ids: torch.Tensor, positions: torch.Tensor, *, target: bool = False) -> torch.Tensor:
+        """Token embedding * sqrt(C) + sinusoid. ids: (B, T), positions broadcastable -> (B, T, C);
+        target ids through the target embedding where the vocabularies are separate."""
+        embed = self.target_embed if target and self.target_embed is not None else self.embed
+        return self.dropout(embed(ids) * self.scale + self.positions(positions))
 
     def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """src_ids, src_mask: (B, S) -> memory (B, S, C); src_mask is True on real tokens."""
@@ -156,7 +169,7 @@ class Seq2Seq(nn.Module):
         """Teacher-forced decoding of every position at once. tgt_in: (B, T) -> logits (B, T, V)."""
         T = tgt_in.shape[1]
         self._check_length(T)
-        x = self.embed_at(tgt_in, torch.arange(T, device=tgt_in.device))
+        x = self.embed_at(tgt_in, torch.arange(T, device=tgt_in.device), target=True)
         mask = src_mask[:, None, None, :]
         for layer in self.decoder_layers:
             x = layer(x, memory, mask)
@@ -169,9 +182,8 @@ class Seq2Seq(nn.Module):
         """Decoder states (..., C) -> logits (..., V) through the (tied) output projection."""
         if self.decoder_norm is not None:
             h = self.decoder_norm(h)
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         # One fused GEMM + bias: a separate add would make a second pass over the (N, V) logits.
-        return linear(h, weight, self.final_logits_bias)
+        return linear(h, self.output_weight, self.final_logits_bias)
 
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
@@ -236,7 +248,7 @@ class Seq2Seq(nn.Module):
             self._check_length(T)
             positions = pos[:, None]  # (N, 1)
             self_mask = (torch.arange(T, device=pos.device) <= positions)[:, None, None, :]  # (N, 1, 1, T)
-        x = self.embed_at(tokens[:, None], positions)  # (N, 1, C)
+        x = self.embed_at(tokens[:, None], positions, target=True)  # (N, 1, C)
         for i, layer in enumerate(self.decoders):
             x = layer.step(x, i, pos, cache, cross, self_mask)
         h = x[:, 0] if order is None else x[:, 0].index_select(0, order)  # (N, C)

@@ -128,7 +128,7 @@ class Translator:
                 torch.backends.cuda.enable_cudnn_sdp(False)
             model = checkpoint.build(directory).to(dev, torch_dtype)
             if ctype.int8:
-                compute.quantize_int8(model, model.embed.weight if model.lm_head is None else model.lm_head.weight)
+                compute.quantize_int8(model, model.output_weight)
             # The count for this thread and for threads that run torch later (each takes it on first use).
             torch.set_num_threads(num_threads or cpus)
             translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)

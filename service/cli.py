@@ -183,7 +183,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     }
     settings = Settings(**overrides)
     print(
-        f"starting Ray ({settings.num_cpus or 'all'} CPUs) and the Serve app for {settings.model_list()} ...",
+        f"starting Ray ({settings.num_cpus or 'all'} CPUs) and the Serve app for "
+        f"{[e.name for e in settings.entries()]} ...",
         file=sys.stderr,
         flush=True,
     )

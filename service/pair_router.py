@@ -187,11 +187,11 @@ class PairRouter:
         return [[h[0] for h in hs] for hs in (await self._plain(Ask(pair, opts), call.request.texts))["translations"]]
 
     async def _infos(self) -> list[dict[str, Any]]:
-        """Every pair replica's info() (see PairModel.info); a pair that does not answer within
-        pair_health.ASK_S as {"name", "source", "target", "ready": False}."""
+        """Per pair, its model replica's info() (see PairModel.info) with the pair's name, source and
+        target; a pair whose replica does not answer within pair_health.ASK_S has "ready": False alone."""
         infos = await self.health.ask_all()
         return [
-            info or {"name": pair, "source": pair.split("-")[0], "target": pair.split("-")[1], "ready": False}
+            {**(info or {"ready": False}), "name": pair, "source": pair.split("-")[0], "target": pair.split("-")[1]}
             for pair, info in infos.items()
         ]
 
@@ -305,7 +305,8 @@ class PairRouter:
             summary.add_decoded(len(sentences), len(sentences), 0.0, 0.0)
         else:
             with self.admission[pair].holding(len(todo) * options["beam_size"]):
-                out = await self._remote(pair, "translate", todo, options, timeout=timeout, pass_time=True)
+                target = pair.split("-")[1]
+                out = await self._remote(pair, "translate", target, todo, options, timeout=timeout, pass_time=True)
             summary.add_decoded(len(sentences), len(sentences) - len(todo), out["queue_wait_s"], out["decode_s"])
             for sentence, nbest, (src, tgt) in zip(todo, out["translations"], out["tokens"], strict=True):
                 entry = Entry([(text, score) for text, score in nbest], src, tgt)
@@ -342,7 +343,8 @@ class PairRouter:
                     wanted.setdefault((sentence, translation), len(wanted))
         # The alignment gets what is left of the request's time.
         left = max(0.1, deadline - time.monotonic())
-        links = await self._remote(ask.pair, "align", list(wanted), timeout=left) if wanted else []
+        target = ask.pair.split("-")[1]
+        links = await self._remote(ask.pair, "align", target, list(wanted), timeout=left) if wanted else []
         renders, k = [], 0
         for doc in docs:
             ranks = []

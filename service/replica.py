@@ -3,17 +3,17 @@ there is one). It raises the typed errors of service/errors.py; the gateway answ
 
 import asyncio
 import math
-import re
 from functools import partial
 from typing import Any
 
 from ray import serve
 
 from model.options import DecodeOptions
-from model.translator import Translator, resolve_model_path
+from model.translator import Translator
 from service import allocator, local_ray
 from service.engine import BatchingConfig, Engine, RequestTiming
 from service.metrics import ModelMetrics
+from service.registry import ModelEntry
 from service.scheduler import sized_for
 from service.settings import Settings
 
@@ -25,28 +25,21 @@ ALIGN_PAIRS_PER_TURN = 16
 HEALTH_STALL_S = 60.0
 
 
-def pair_of(model: str) -> str:
-    """'en-de' from a model name or a directory such as .../opus-mt-en-de."""
-    name = resolve_model_path(model).name
-    match = re.search(r"([a-z]{2,3})-([a-z]{2,3})$", name)
-    if not match:
-        raise ValueError(f"cannot tell the language pair of model {model!r}: name its directory like 'en-de'")
-    return f"{match.group(1)}-{match.group(2)}"
-
-
 # Requests past max_ongoing_requests wait in Serve's queue; past max_queued_requests the gateway is
 # told at once (BackPressureError, answered 503), so nothing waits unbounded outside the engine's queue.
 @serve.deployment(max_ongoing_requests=512, max_queued_requests=256, health_check_period_s=10)
 class PairModel:
-    """One language pair's model and batching engine on one replica."""
+    """One model of the registry and its batching engine on one replica; it answers the entry's pairs
+    (a multilingual model: each target through its target token)."""
 
-    def __init__(self, model: str, settings: dict[str, Any]) -> None:
+    def __init__(self, entry: dict[str, Any], settings: dict[str, Any]) -> None:
         local_ray.pin_replica_grpc()
         s = Settings(**settings)
+        self.entry = ModelEntry.model_validate(entry)
         threads = s.threads or max(1, math.ceil(s.replica_cpus))
-        self.pair = pair_of(model)
+        self.pair = self.entry.name  # the metrics' pair label: the model's name (its one pair, most often)
         self.translator = Translator.load(
-            model, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
+            self.entry.path, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
         )
         self.metrics = ModelMetrics(self.pair)
         self.metrics.load_time = self.translator.load_seconds
@@ -75,10 +68,18 @@ class PairModel:
     def _sized(self, config: dict[str, Any]) -> BatchingConfig:
         return sized_for(self.translator.device.type, config)
 
-    async def translate(self, texts: list[str], options: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Each text's n-best (text, score) list and the token counts; raises SourceError (a text the model
-        cannot take) and the engine's RequestTooLargeError, QueueFullError, DeadlineExceededError."""
-        sources = [self.translator.encode(t) for t in texts]
+    def _source(self, target: str, text: str) -> str:
+        """The text as the model takes it toward `target`: behind the target's token, if it has one."""
+        token = self.entry.target_tokens.get(target)
+        return f"{token} {text}" if token else text
+
+    async def translate(
+        self, target: str, texts: list[str], options: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any]:
+        """Each text's n-best (text, score) list toward `target` and the token counts; raises SourceError
+        (a text the model cannot take) and the engine's RequestTooLargeError, QueueFullError,
+        DeadlineExceededError."""
+        sources = [self.translator.encode(self._source(target, t)) for t in texts]
         timing = RequestTiming()
         hyps = await self.engine.translate(sources, DecodeOptions(**options), timeout_s, timing)
         decode = self.translator.tokenizer.decode
@@ -92,23 +93,25 @@ class PairModel:
             "decode_s": timing.decode_s,
         }
 
-    async def align(self, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:
+    async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:
         """Per (source, translation) pair, each target token's character span and that of the source token
         it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread, a
         few pairs a turn so that decoder steps go on in between. Raises SourceError."""
+        token = self.entry.target_tokens.get(target)
+        shift = len(token) + 1 if token else 0  # source spans are the text's, without the target token
+        tagged = [(self._source(target, s), t) for s, t in pairs]
         links: list[list[Any]] = []
-        for start in range(0, len(pairs), ALIGN_PAIRS_PER_TURN):
-            chunk = pairs[start : start + ALIGN_PAIRS_PER_TURN]
+        for start in range(0, len(tagged), ALIGN_PAIRS_PER_TURN):
+            chunk = tagged[start : start + ALIGN_PAIRS_PER_TURN]
             links += await asyncio.wrap_future(self.engine.call(partial(self.translator.align, chunk)))
-        return [[[*k.target, *k.source] for k in pair] for pair in links]
+        return [[[*k.target, max(0, k.source[0] - shift), max(0, k.source[1] - shift)] for k in pair] for pair in links]
 
     def info(self) -> dict[str, Any]:
         tr = self.translator
         stats = self.engine.stats
         return {
-            "name": self.pair,
-            "source": self.pair.split("-")[0],
-            "target": self.pair.split("-")[1],
+            "model": self.entry.name,
+            "pairs": self.entry.pairs,
             "device": str(tr.device),
             "dtype": str(tr.dtype).removeprefix("torch."),
             "compute_type": tr.compute_type,

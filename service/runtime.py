@@ -31,12 +31,12 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
     from ray import serve
 
     cpus = settings.num_cpus or len(os.sched_getaffinity(0))
-    pairs = len(settings.model_list())
-    if settings.replica_cpus * pairs > cpus:
+    wanted = sum(settings.for_entry(e).replica_cpus for e in settings.entries())
+    if wanted > cpus:
         # Asking Ray for more CPUs than exist leaves replicas pending forever and serve.run hangs.
         raise ValueError(
-            f"{pairs} model replicas x {settings.replica_cpus} CPUs exceed the {cpus} CPUs given to Ray; "
-            "lower BEAMSERVE_REPLICA_CPUS or raise BEAMSERVE_NUM_CPUS"
+            f"the model replicas ask for {wanted:g} CPUs, more than the {cpus} given to Ray; "
+            "lower BEAMSERVE_REPLICA_CPUS (or an entry's replica_cpus) or raise BEAMSERVE_NUM_CPUS"
         )
     # Ray exports metrics on loopback only; another metrics host gets a relay (service/metrics_relay.py).
     relayed = settings.metrics_host != "127.0.0.1"
@@ -75,7 +75,7 @@ def deploy(
     except RuntimeError:
         deployments = serve.status().applications[app_name].deployments
         failed = {name: d.message for name, d in deployments.items() if d.status != "HEALTHY"}
-        if "Gateway" in failed or len(failed) >= len(deployments) - 1:
+        if "Gateway" in failed or len(failed) >= len(deployments) - 1:  # the gateway, or every model
             raise
         for name, message in failed.items():
             say(f"warning: {name} failed to deploy; its pair answers 503 (pair_unavailable) until it is fixed:")

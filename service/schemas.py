@@ -112,9 +112,10 @@ class TranslateResponse(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    name: str
+    name: str  # the pair, "en-de"
     source: str
     target: str
+    model: str | None = None  # the registry's model that answers it (several pairs for a multilingual one)
     ready: bool  # false: the pair's replicas are down or loading (its requests get 503), the rest unknown
     device: str | None = None
     dtype: str | None = None

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.options import COMPUTE_TYPES
+from service import registry
 from service.allocator import Allocator
+from service.registry import ModelEntry
 from service.scheduler import BatchingConfig, Mode
 
 ComputeTypeName = Literal[COMPUTE_TYPES]  # type: ignore[valid-type]
@@ -18,6 +20,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BEAMSERVE_", extra="ignore")
 
     models: str = Field("en-de,en-fr", description="comma-separated model names or directories, one per pair")
+    # Models with their languages and settings (service/registry.py): inline JSON, a JSON or YAML file's
+    # path, or a list in the Serve config's args. When set, `models` is not read.
+    model_registry: str | list[dict[str, Any]] = ""
     host: str = "127.0.0.1"
     port: int = 8000
     metrics_host: str = "127.0.0.1"  # where Prometheus metrics are served (elsewhere than loopback: a relay)
@@ -67,8 +72,13 @@ class Settings(BaseSettings):
     waiting_served_ratio: float = BatchingConfig.waiting_served_ratio
     max_queue_wait_s: float = BatchingConfig.max_queue_wait_s
 
-    def model_list(self) -> list[str]:
-        return [m.strip() for m in self.models.split(",") if m.strip()]
+    def entries(self) -> list[ModelEntry]:
+        """The models to serve (service/registry.py); ValueError says what is wrong."""
+        return registry.entries(self.models, self.model_registry)
+
+    def for_entry(self, entry: ModelEntry) -> Settings:
+        """These settings with the entry's own over them."""
+        return self.model_copy(update=entry.settings)
 
     def origins(self) -> list[str]:
         return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

@@ -1,0 +1,158 @@
+"""The models a server serves, and the language pairs each one answers.
+
+Two ways to say it:
+- `models` (BEAMSERVE_MODELS): comma-separated shipped names or directories, one pair each, the pair
+  read from the name's end (`en-de`, `.../opus-mt-en-de`);
+- `model_registry` (BEAMSERVE_MODEL_REGISTRY): a list of entries, as JSON (inline, or a file's path)
+  or YAML in the Serve config's args. An entry names its directory, its source and target languages
+  (several for a multilingual model), the token that picks each target language where the model
+  takes one (`>>fra<<`: OPUS-MT's convention, put in front of every source sentence), and settings of
+  its own (compute type, device, batching sizes) over the server's:
+
+      [{"name": "en-romance", "path": "/models/opus-mt-en-ROMANCE", "sources": ["en"],
+        "targets": ["fr", "es", "it"],
+        "target_tokens": {"fr": ">>fra<<", "es": ">>spa<<", "it": ">>ita<<"},
+        "settings": {"compute_type": "int8", "max_batch_size": 32}}]
+
+Each entry is one Serve deployment (`model-<name>`); each (source, target) it lists routes to it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+# Settings an entry may set for its own replicas (the rest are the server's: limits, keys, host...).
+ENTRY_SETTINGS = {
+    "device",
+    "dtype",
+    "compute_type",
+    "threads",
+    "replica_cpus",
+    "replica_gpus",
+    "allocator",
+    "mode",
+    "max_batch_tokens",
+    "max_batch_size",
+    "batch_wait_ms",
+    "max_queue",
+    "decode_slots",
+    "max_waiting_steps",
+    "waiting_served_ratio",
+    "max_queue_wait_s",
+}
+LANGUAGE = re.compile(r"^[a-z]{2,3}$")
+
+
+class ModelEntry(BaseModel):
+    """One model: where it is, the pairs it answers, and its own settings."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")  # the deployment is model-<name>
+    path: str  # a directory, or a shipped model's name
+    sources: list[str] = Field(min_length=1)
+    targets: list[str] = Field(min_length=1)
+    target_tokens: dict[str, str] = {}  # target language -> the token put before each source sentence
+    settings: dict[str, Any] = {}
+
+    @field_validator("sources", "targets")
+    @classmethod
+    def _codes(cls, codes: list[str]) -> list[str]:
+        lowered = [c.strip().lower() for c in codes]
+        bad = [c for c in lowered if not LANGUAGE.match(c)]
+        if bad:
+            raise ValueError(f"language codes are 2 or 3 letters: {bad}")
+        return lowered
+
+    @field_validator("settings")
+    @classmethod
+    def _settings(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(settings) - ENTRY_SETTINGS)
+        if unknown:
+            raise ValueError(f"settings an entry cannot set: {unknown}; it may set {sorted(ENTRY_SETTINGS)}")
+        return settings
+
+    @model_validator(mode="after")
+    def _tokens(self) -> ModelEntry:
+        self.target_tokens = {k.lower(): v for k, v in self.target_tokens.items()}
+        stray = sorted(set(self.target_tokens) - set(self.targets))
+        if stray:
+            raise ValueError(f"{self.name}: target_tokens for languages it does not list as targets: {stray}")
+        if len(self.targets) > 1 and set(self.target_tokens) != set(self.targets):
+            missing = sorted(set(self.targets) - set(self.target_tokens))
+            raise ValueError(f"{self.name}: a model with several targets needs a token for each; none for {missing}")
+        for token in self.target_tokens.values():
+            if not (token.startswith(">>") and token.endswith("<<")):
+                raise ValueError(f"{self.name}: a target token looks like >>fra<<, not {token!r}")
+        return self
+
+    @property
+    def pairs(self) -> list[str]:
+        return [f"{s}-{t}" for s in self.sources for t in self.targets if s != t]
+
+
+def pair_of(model: str) -> str:
+    """'en-de' from a model name or a directory such as .../opus-mt-en-de."""
+    from model.translator import resolve_model_path  # torch: only where models are named this way
+
+    name = resolve_model_path(model).name
+    match = re.search(r"([a-z]{2,3})-([a-z]{2,3})$", name)
+    if not match:
+        raise ValueError(
+            f"cannot tell the language pair of model {model!r}: name its directory like 'en-de', "
+            "or list it in model_registry with its languages"
+        )
+    return f"{match.group(1)}-{match.group(2)}"
+
+
+def entries(models: str, registry: str | list[dict[str, Any]]) -> list[ModelEntry]:
+    """The registry's entries when it is set, else one entry per model of `models`; ValueError names
+    what is wrong (a bad entry, two entries answering one pair)."""
+    if registry:
+        raw = registry if isinstance(registry, list) else _read(registry)
+        if not isinstance(raw, list):
+            raise ValueError("model_registry is a list of entries")
+        found = [ModelEntry.model_validate(item) for item in raw]
+    else:
+        found = []
+        for model in (m.strip() for m in models.split(",") if m.strip()):
+            source, target = pair_of(model).split("-")
+            found.append(ModelEntry(name=f"{source}-{target}", path=model, sources=[source], targets=[target]))
+    if not found:
+        raise ValueError("no models to serve: set models or model_registry")
+    names = [e.name for e in found]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names repeat: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    routing(found)  # raises on a pair two entries answer
+    return found
+
+
+def routing(found: list[ModelEntry]) -> dict[str, ModelEntry]:
+    """Each served pair's entry."""
+    out: dict[str, ModelEntry] = {}
+    for entry in found:
+        for pair in entry.pairs:
+            if pair in out:
+                raise ValueError(f"{pair} is answered by two models: {out[pair].name} and {entry.name}")
+            out[pair] = entry
+    return out
+
+
+def _read(text: str) -> Any:
+    """Inline JSON, or a JSON or YAML file's path."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        return json.loads(stripped)
+    path = Path(stripped)
+    if not path.is_file():
+        raise ValueError(f"model_registry is neither inline JSON nor a file: {text!r}")
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    return json.loads(path.read_text(encoding="utf-8"))
