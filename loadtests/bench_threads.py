@@ -47,8 +47,8 @@ def measure(setup: str, requests: int, threads: int, seed: int) -> dict[str, flo
     sys.path.insert(0, str(REPO))
     from model import DecodeOptions, Translator
     from service.engine import Engine
-    from service.replica import WARMUP
     from service.scheduler import BatchingConfig
+    from service.served_model import WARMUP
 
     tr = Translator.load("en-de", "cpu", num_threads=threads)
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:

@@ -89,10 +89,12 @@ class Server:
             text=True,
         )
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        line = "-"
+        while line and "listening" not in line:  # Ray may print a warning or two first
+            line = self.proc.stdout.readline()
         if "listening" not in line:
             self.stop()
-            raise SystemExit(f"the server did not start: {line!r}")
+            raise SystemExit("the server did not start")
         deadline = time.monotonic() + 60
         while httpx.get(f"{self.url}/readyz", timeout=10).status_code != 200:
             if time.monotonic() > deadline:

@@ -13,6 +13,7 @@ from ray import serve
 
 from service.allocator import replica_env
 from service.gateway import Gateway
+from service.pool import POOL, ModelPool
 from service.replica import PairModel
 from service.scheduler import batching_knobs
 from service.settings import Settings
@@ -27,7 +28,9 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     import torch
 
     pairs: dict[str, Any] = {}
-    for entry in settings.entries():
+    found = settings.entries()
+    pooled = [e for e in found if e.pool]
+    for entry in (e for e in found if not e.pool):
         own = settings.for_entry(entry)
         env = replica_env(own.allocator)
         gpus = own.replica_gpus if own.replica_gpus is not None else (1 if torch.cuda.is_available() else 0)
@@ -41,5 +44,21 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
             user_config=batching_knobs(own.model_dump()),
         ).bind(entry.model_dump(), own.model_dump())
         pairs.update(dict.fromkeys(entry.pairs, handle))
+    if pooled:  # one deployment for every pooled model; the gateway names the model with each call
+        gpus = settings.replica_gpus if settings.replica_gpus is not None else (1 if torch.cuda.is_available() else 0)
+        env = replica_env(settings.allocator)
+        pool = ModelPool.options(  # type: ignore[attr-defined]
+            name=POOL,
+            num_replicas=settings.pool_replicas,
+            ray_actor_options={
+                "num_cpus": settings.replica_cpus,
+                "num_gpus": gpus,
+                **({"runtime_env": {"env_vars": env}} if env else {}),
+            },
+            user_config=batching_knobs(settings.model_dump()),
+        ).bind([e.model_dump() for e in pooled], settings.model_dump())
+        for entry in pooled:
+            pairs.update(dict.fromkeys(entry.pairs, pool))
     gateway = Gateway.options(num_replicas=settings.gateway_replicas)  # type: ignore[attr-defined]
-    return gateway.bind(pairs, settings.model_dump())
+    by_pair = {pair: e.name for e in pooled for pair in e.pairs}
+    return gateway.bind(pairs, settings.model_dump(), by_pair)

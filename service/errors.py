@@ -11,6 +11,7 @@ from ray.serve.exceptions import BackPressureError
 
 from model.errors import InputTooLongError, InvalidTextError
 from service.html_text import HtmlLimitError
+from service.registry import ModelUnavailableError
 from service.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 
 # Error type -> (HTTP status, error code); the first match wins, so subclasses go before their bases.
@@ -22,12 +23,14 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     QueueFullError: (503, "overloaded"),
     BackPressureError: (503, "overloaded"),  # Serve's queue ahead of a replica (max_queued_requests) is full
     DeadlineExceededError: (504, "timeout"),
+    ModelUnavailableError: (503, "pair_unavailable"),  # a pooled model that would not load
     # The pair's replica died or restarts mid-request: Serve replaces it within seconds.
     RayActorError: (503, "replica_unavailable"),
     ActorUnavailableError: (503, "replica_unavailable"),
 }
 RETRY_AFTER_S = {
     "replica_unavailable": 5.0,
+    "pair_unavailable": 5.0,
     "overloaded": 1.0,
 }  # answers that say when to retry without the error telling
 

@@ -43,9 +43,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 class Gateway(PairRouter):
     """HTTP ingress: validates, routes by (source, target) to the pair's deployment, maps errors."""
 
-    def __init__(self, pairs: dict[str, DeploymentHandle[Any]], settings: dict[str, Any]) -> None:
+    def __init__(
+        self, pairs: dict[str, DeploymentHandle[Any]], settings: dict[str, Any], pooled: dict[str, str] | None = None
+    ) -> None:
         local_ray.pin_replica_grpc()
-        super().__init__(pairs, Settings(**settings))
+        super().__init__(pairs, Settings(**settings), pooled or {})
         limits = KeyLimits(
             self.settings.key_requests_per_minute,
             self.settings.key_characters_per_day,

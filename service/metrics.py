@@ -205,6 +205,12 @@ class ModelMetrics:
         self.load_time = 0.0  # re-exported on every sync: a gauge set only once can age out of the export
         self.capacity = (0, 0)  # (max_queue, decode_slots), set by the replica on (re)configuration
 
+    def closed(self) -> None:
+        """The model left its replica (a pool evicted it): its info and gauges say so."""
+        self.info.set(0, self.info_tags)
+        for gauge in (self.queue_depth, self.active, self.queue_capacity, self.slots):
+            gauge.set(0)
+
     def on_batch(self, sentences: int, padded: int, real: int, waits: list[float]) -> None:
         self.batches.inc(1)
         self.batch_sentences.observe(sentences)

@@ -59,11 +59,19 @@ def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
 class PairRouter:
     """Translates texts on the pair deployments: the machinery under the Gateway's routes."""
 
-    def __init__(self, pairs: dict[str, DeploymentHandle[Any]], settings: Settings) -> None:
-        self.pairs = pairs
+    def __init__(
+        self, pairs: dict[str, DeploymentHandle[Any]], settings: Settings, pooled: dict[str, str] | None = None
+    ) -> None:
+        """pairs: each pair's deployment; pooled: the pairs the model pool answers, and their model's name
+        (the multiplexed model id each call carries, so that Serve routes it to a replica holding it)."""
+        self.pooled = pooled or {}
+        self.pairs = {
+            pair: handle.options(multiplexed_model_id=self.pooled[pair]) if pair in self.pooled else handle
+            for pair, handle in pairs.items()
+        }
         self.settings = settings
         self.admission = {pair: PairAdmission(pair) for pair in pairs}
-        self.health = PairHealth(pairs)
+        self.health = PairHealth(pairs)  # without a model id: a pooled pair's health is the pool's, no load
         self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
         self.cache = TranslationCache(settings.cache_entries, settings.cache_bytes)
         # Candidates for detection: every language served, source or target, so a text already in the
@@ -190,10 +198,14 @@ class PairRouter:
         """Per pair, its model replica's info() (see PairModel.info) with the pair's name, source and
         target; a pair whose replica does not answer within pair_health.ASK_S has "ready": False alone."""
         infos = await self.health.ask_all()
-        return [
-            {**(info or {"ready": False}), "name": pair, "source": pair.split("-")[0], "target": pair.split("-")[1]}
-            for pair, info in infos.items()
-        ]
+        out = []
+        for pair, info in infos.items():
+            source, target = pair.split("-")
+            row = {**(info or {"ready": False}), "name": pair, "source": source, "target": target}
+            if pair in self.pooled:
+                row["model"] = self.pooled[pair]
+            out.append(row)
+        return out
 
     def _check(self, req: TranslateRequest, request: Request) -> tuple[str, DecodeOptions]:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""

@@ -48,6 +48,10 @@ ENTRY_SETTINGS = {
 LANGUAGE = re.compile(r"^[a-z]{2,3}$")
 
 
+class ModelUnavailableError(Exception):
+    """A model that cannot be loaded now (a pooled model whose files fail to load)."""
+
+
 class ModelEntry(BaseModel):
     """One model: where it is, the pairs it answers, and its own settings."""
 
@@ -59,6 +63,7 @@ class ModelEntry(BaseModel):
     targets: list[str] = Field(min_length=1)
     target_tokens: dict[str, str] = {}  # target language -> the token put before each source sentence
     settings: dict[str, Any] = {}
+    pool: bool = False  # loaded on demand by the model pool (service/pool.py), not a deployment of its own
 
     @field_validator("sources", "targets")
     @classmethod

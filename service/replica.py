@@ -1,135 +1,43 @@
-"""PairModel: one language pair's model and batching engine on one Serve replica (GPU-resident when
-there is one). It raises the typed errors of service/errors.py; the gateway answers them."""
+"""PairModel: a dedicated deployment's replica, holding one model of the registry and its engine
+(service/served_model.py) for as long as it lives."""
 
-import asyncio
-import math
-from functools import partial
 from typing import Any
 
 from ray import serve
 
-from model.options import DecodeOptions
-from model.translator import Translator
-from service import allocator, local_ray
-from service.engine import BatchingConfig, Engine, RequestTiming
-from service.metrics import ModelMetrics
+from service import local_ray
 from service.registry import ModelEntry
-from service.scheduler import sized_for
+from service.served_model import ServedModel
 from service.settings import Settings
-
-WARMUP = "A man in a blue shirt is standing on a ladder."
-# Alignment runs between decoder steps; 16 pairs take 57 ms on one CPU thread (about 3 steps of a full
-# batch), 64 pairs 236 ms.
-ALIGN_PAIRS_PER_TURN = 16
-# A turn is one decoder step (milliseconds) or one request-mode batch (seconds at most on a CPU).
-HEALTH_STALL_S = 60.0
 
 
 # Requests past max_ongoing_requests wait in Serve's queue; past max_queued_requests the gateway is
 # told at once (BackPressureError, answered 503), so nothing waits unbounded outside the engine's queue.
 @serve.deployment(max_ongoing_requests=512, max_queued_requests=256, health_check_period_s=10)
 class PairModel:
-    """One model of the registry and its batching engine on one replica; it answers the entry's pairs
-    (a multilingual model: each target through its target token)."""
+    """One model of the registry on one replica; it answers the entry's pairs."""
 
     def __init__(self, entry: dict[str, Any], settings: dict[str, Any]) -> None:
         local_ray.pin_replica_grpc()
-        s = Settings(**settings)
-        self.entry = ModelEntry.model_validate(entry)
-        threads = s.threads or max(1, math.ceil(s.replica_cpus))
-        self.pair = self.entry.name  # the metrics' pair label: the model's name (its one pair, most often)
-        self.translator = Translator.load(
-            self.entry.path, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
-        )
-        self.metrics = ModelMetrics(self.pair)
-        self.metrics.load_time = self.translator.load_seconds
-        tr = self.translator
-        self.metrics.info_tags.update(digest=tr.digest, compute_type=tr.compute_type, device=tr.device.type)
-        config = self._sized(s.model_dump())
-        self.metrics.capacity = (config.max_queue, config.decode_slots)
-        self.engine = Engine(self.translator, config, max_length=s.max_decoding_length)
-        # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
-        self.engine.warm_up([self.translator.encode(WARMUP)])
-        self.engine.observer = self.metrics  # the warm-up is not traffic
-        self.ready = True
+        self.model = ServedModel(ModelEntry.model_validate(entry), Settings(**settings))
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine died or wedged is replaced, not only a dead one."""
-        problem = self.engine.health(stall_s=HEALTH_STALL_S)
+        problem = self.model.health()
         if problem is not None:
             raise RuntimeError(problem)
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """Serve's user_config: batching knobs, applied live."""
-        sized = self._sized(config)
-        self.engine.reconfigure(sized)
-        self.metrics.capacity = (sized.max_queue, sized.decode_slots)
-
-    def _sized(self, config: dict[str, Any]) -> BatchingConfig:
-        return sized_for(self.translator.device.type, config)
-
-    def _source(self, target: str, text: str) -> str:
-        """The text as the model takes it toward `target`: behind the target's token, if it has one."""
-        token = self.entry.target_tokens.get(target)
-        return f"{token} {text}" if token else text
+        self.model.reconfigure(config)
 
     async def translate(
         self, target: str, texts: list[str], options: dict[str, Any], timeout_s: float
     ) -> dict[str, Any]:
-        """Each text's n-best (text, score) list toward `target` and the token counts; raises SourceError
-        (a text the model cannot take) and the engine's RequestTooLargeError, QueueFullError,
-        DeadlineExceededError."""
-        sources = [self.translator.encode(self._source(target, t)) for t in texts]
-        timing = RequestTiming()
-        hyps = await self.engine.translate(sources, DecodeOptions(**options), timeout_s, timing)
-        decode = self.translator.tokenizer.decode
-        tokens = [(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)]
-        return {
-            "translations": [[(decode(h.tokens), h.score) for h in hs] for hs in hyps],
-            "tokens": tokens,  # each text's (source, target) token counts
-            "source_tokens": sum(s for s, _ in tokens),
-            "target_tokens": sum(t for _, t in tokens),
-            "queue_wait_s": timing.queue_wait_s,
-            "decode_s": timing.decode_s,
-        }
+        return await self.model.translate(target, texts, options, timeout_s)
 
     async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:
-        """Per (source, translation) pair, each target token's character span and that of the source token
-        it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread, a
-        few pairs a turn so that decoder steps go on in between. Raises SourceError."""
-        token = self.entry.target_tokens.get(target)
-        shift = len(token) + 1 if token else 0  # source spans are the text's, without the target token
-        tagged = [(self._source(target, s), t) for s, t in pairs]
-        links: list[list[Any]] = []
-        for start in range(0, len(tagged), ALIGN_PAIRS_PER_TURN):
-            chunk = tagged[start : start + ALIGN_PAIRS_PER_TURN]
-            links += await asyncio.wrap_future(self.engine.call(partial(self.translator.align, chunk)))
-        return [[[*k.target, max(0, k.source[0] - shift), max(0, k.source[1] - shift)] for k in pair] for pair in links]
+        return await self.model.align(target, pairs)
 
     def info(self) -> dict[str, Any]:
-        tr = self.translator
-        stats = self.engine.stats
-        return {
-            "model": self.entry.name,
-            "pairs": self.entry.pairs,
-            "device": str(tr.device),
-            "dtype": str(tr.dtype).removeprefix("torch."),
-            "compute_type": tr.compute_type,
-            "digest": tr.digest,
-            "max_source_tokens": tr.max_source_tokens,
-            "ready": self.ready,
-            "queued": self.engine.queued,
-            "active": self.engine.active,
-            "batches": stats.batches,
-            "batched_sentences": stats.sentences,
-            "max_batch_sentences": stats.max_sentences,
-            "rejected": stats.rejected,
-            "expired": stats.expired,
-            "cancelled": stats.cancelled,
-            "padded_tokens": stats.padded_tokens,
-            "real_tokens": stats.real_tokens,
-            "steps": stats.steps,
-            "config": vars(self.engine.config),
-            "allocator": allocator.in_use(),
-            "resident_bytes": allocator.resident_bytes(),
-        }
+        return self.model.info()

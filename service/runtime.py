@@ -31,8 +31,10 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
     from ray import serve
 
     cpus = settings.num_cpus or len(os.sched_getaffinity(0))
-    wanted = sum(settings.for_entry(e).replica_cpus for e in settings.entries())
-    if wanted > cpus:
+    found = settings.entries()
+    wanted = sum(settings.for_entry(e).replica_cpus for e in found if not e.pool)
+    wanted += settings.pool_replicas * settings.replica_cpus if any(e.pool for e in found) else 0
+    if wanted > cpus + 1e-6:  # fractions of a CPU add up with rounding
         # Asking Ray for more CPUs than exist leaves replicas pending forever and serve.run hangs.
         raise ValueError(
             f"the model replicas ask for {wanted:g} CPUs, more than the {cpus} given to Ray; "

@@ -116,6 +116,7 @@ class ModelInfo(BaseModel):
     source: str
     target: str
     model: str | None = None  # the registry's model that answers it (several pairs for a multilingual one)
+    pool: dict[str, object] | None = None  # a pooled model's: the pool replica asked, the models it holds
     ready: bool  # false: the pair's replicas are down or loading (its requests get 503), the rest unknown
     device: str | None = None
     dtype: str | None = None

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     # Models with their languages and settings (service/registry.py): inline JSON, a JSON or YAML file's
     # path, or a list in the Serve config's args. When set, `models` is not read.
     model_registry: str | list[dict[str, Any]] = ""
+    # The model pool (service/pool.py) for registry entries with "pool": true.
+    pool_replicas: int = 1  # replicas of the pool deployment (each with replica_cpus, replica_gpus)
+    pool_models_per_replica: int = 4  # models a pool replica holds at once; past it, the least recently used goes
     host: str = "127.0.0.1"
     port: int = 8000
     metrics_host: str = "127.0.0.1"  # where Prometheus metrics are served (elsewhere than loopback: a relay)

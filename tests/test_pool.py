@@ -1,0 +1,165 @@
+"""The model pool, end to end: twenty Marian models built here (random weights, each its own seed)
+served from two pool replicas that hold four models each, beside a dedicated deployment. Under
+concurrent load every pair answers with what its model gives alone, models are evicted and loaded
+again, and no replica holds (or runs engines for) more models than its bound."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from model import Translator
+
+from .conftest import REPO, free_port
+
+pytestmark = pytest.mark.slow
+
+TARGETS = [
+    "hr",
+    "ga",
+    "es",
+    "it",
+    "pt",
+    "nl",
+    "sv",
+    "da",
+    "fi",
+    "pl",
+    "cs",
+    "ro",
+    "hu",
+    "el",
+    "bg",
+    "sk",
+    "sl",
+    "lt",
+    "lv",
+    "et",
+]  # twenty pairs from English
+PER_REPLICA = 4
+TEXTS = ["A dog runs.", "Two men are talking on a bench."]
+
+
+@pytest.fixture(scope="module")
+def twenty(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """en-xx -> a directory holding a small Marian model of its own (its seed the pair's index)."""
+    import torch
+    import transformers
+
+    from .test_marian_layouts import save_marian, small_config
+
+    vocab = json.loads((tiny_dir / "vocab.json").read_text(encoding="utf-8"))
+    config = small_config(vocab_size=len(vocab), pad_token_id=vocab["<pad>"], decoder_start_token_id=vocab["<pad>"])
+    root = tmp_path_factory.mktemp("twenty")
+    out = {}
+    for i, target in enumerate(TARGETS):
+        path = save_marian(config, root / f"en-{target}", tiny_dir, vocab)
+        torch.manual_seed(100 + i)  # save_marian seeds alike: give each model weights of its own
+        transformers.MarianMTModel(config).save_pretrained(path)
+        out[f"en-{target}"] = path
+    return out
+
+
+@pytest.fixture(scope="module")
+def pooled(twenty: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    registry: list[dict[str, Any]] = [{"name": "en-de", "path": "en-de", "sources": ["en"], "targets": ["de"]}]
+    registry += [
+        {"name": pair, "path": str(path), "sources": ["en"], "targets": [pair[3:]], "pool": True}
+        for pair, path in twenty.items()
+    ]
+    port = free_port()
+    env = {
+        **os.environ,
+        "BEAMSERVE_MODEL_REGISTRY": json.dumps(registry),
+        "BEAMSERVE_POOL_REPLICAS": "2",
+        "BEAMSERVE_POOL_MODELS_PER_REPLICA": str(PER_REPLICA),
+        "BEAMSERVE_REPLICA_CPUS": "0.5",
+        "BEAMSERVE_CACHE_ENTRIES": "0",  # every request reaches a model
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
+    proc = subprocess.Popen(
+        [*cmd, "--num-cpus", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert "listening on" in proc.stdout.readline()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "not ready within 60s"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def pool_replicas(url: str) -> dict[str, dict[str, Any]]:
+    """Each pool replica's last report (asked through every pooled pair, so both replicas answer)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(5):
+        for model in httpx.get(f"{url}/v1/models", timeout=30).json()["models"]:
+            if model.get("pool"):
+                seen[model["pool"]["replica"]] = model["pool"]
+    return seen
+
+
+def test_twenty_pairs_from_a_pool_answer_as_their_models_alone(pooled: str, twenty: dict[str, Path]) -> None:
+    expected = {p: [r.hypotheses[0] for r in Translator.load(d, "cpu").translate(TEXTS)] for p, d in twenty.items()}
+    models = {m["name"]: m for m in httpx.get(f"{pooled}/v1/models", timeout=30).json()["models"]}
+    assert set(models) == {*twenty, "en-de"} and all(models[p]["model"] == p and models[p]["pool"] for p in twenty)
+    assert models["en-de"]["pool"] is None and models["en-de"]["digest"]  # the dedicated deployment
+
+    def ask(pair: str) -> tuple[str, int, list[str]]:
+        body = {"texts": TEXTS, "source": "en", "target": pair[3:], "split_sentences": False}
+        r = httpx.post(f"{pooled}/v1/translate", json=body, timeout=60)
+        return pair, r.status_code, [t["text"] for t in r.json().get("translations", [])]
+
+    # Three rounds of every pair, eight at a time: far more models than the eight the pool holds.
+    work = list(twenty) * 3
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, work))
+        dedicated = httpx.post(
+            f"{pooled}/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de"}, timeout=60
+        )
+    assert dedicated.status_code == 200
+    for pair, status, texts in answers:
+        assert status == 200 and texts == expected[pair], pair
+
+    replicas = pool_replicas(pooled)
+    assert len(replicas) == 2
+    assert sum(r["loads"] for r in replicas.values()) >= len(twenty)
+    assert sum(r["evictions"] for r in replicas.values()) >= len(twenty) - 2 * PER_REPLICA  # evicted, reloaded
+    for report in replicas.values():
+        assert len(report["held"]) <= PER_REPLICA
+        assert report["engine_threads"] == len(report["held"])  # evicted models' engines have stopped
+
+
+def test_a_pooled_model_loads_on_demand_while_others_answer(pooled: str) -> None:
+    """A cold model's first answer waits for its load, and does not fail; the loaded ones answer meanwhile."""
+    replicas = pool_replicas(pooled)
+    held = {m for r in replicas.values() for m in r["held"]}
+    cold = next(f"en-{t}" for t in TARGETS if f"en-{t}" not in held)
+    warm = next(iter(held))
+
+    def ask(pair: str) -> tuple[int, float]:
+        start = time.monotonic()
+        body = {"texts": TEXTS, "source": "en", "target": pair[3:]}
+        return httpx.post(f"{pooled}/v1/translate", json=body, timeout=60).status_code, time.monotonic() - start
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        cold_call = pool.submit(ask, cold)
+        warm_calls = [ask(warm) for _ in range(3)]
+        assert cold_call.result()[0] == 200
+    assert all(status == 200 for status, _ in warm_calls)
