@@ -169,12 +169,12 @@ class Gateway(PairRouter):
     async def deepl_languages(self, request: Request) -> list[deepl.DeepLLanguage]:
         """type=source|target, in the query or (as DeepL's clients send it) a form body of the GET."""
         kind = request.query_params.get("type") or (await request.form()).get("type") or "source"
-        return deepl.languages(list(self.pairs), str(kind))
+        return deepl.languages(sorted({*self.pairs, *self.pivoted}), str(kind))
 
     @app.get("/languages", response_model=list[Language])
     async def languages(self) -> list[Language]:
         targets: dict[str, list[str]] = {}
-        for pair in sorted(self.pairs):
+        for pair in sorted({*self.pairs, *self.pivoted}):
             src, tgt = pair.split("-")
             targets.setdefault(src, []).append(tgt)
             targets.setdefault(tgt, [])

@@ -35,6 +35,7 @@ RETRY_MIN_S = 1.0  # a call retried after its replica died needs at least this m
 SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to this many characters
 T = TypeVar("T")
 DETECT_CHARS = 1000  # the characters of a text that language detection looks at
+PIVOT = "en"  # a pair with no model of its own goes through it when both halves are served
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,13 @@ class PairRouter:
             for pair, handle in pairs.items()
         }
         self.settings = settings
+        # Pairs served through the pivot language: src -> en -> tgt where both halves have a model.
+        self.pivoted = {
+            f"{a.split('-')[0]}-{b.split('-')[1]}"
+            for a in pairs
+            for b in pairs
+            if a.split("-")[1] == PIVOT == b.split("-")[0] and a.split("-")[0] != b.split("-")[1]
+        } - set(pairs)
         self.admission = {pair: PairAdmission(pair) for pair in pairs}
         self.health = PairHealth(pairs)  # without a model id: a pooled pair's health is the pool's, no load
         self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
@@ -133,6 +141,7 @@ class PairRouter:
                 score=hs[0][1],
                 hypotheses=[h[0] for h in hs] if n > 1 else None,
                 scores=[h[1] for h in hs] if n > 1 else None,
+                pivot=PIVOT if pair in self.pivoted else None,
             )
             for hs in out["translations"]
         ]
@@ -158,7 +167,7 @@ class PairRouter:
         for i, found in enumerate(detected):
             groups.setdefault(found.language, []).append(i)
         for language, idx in groups.items():
-            if language != target and f"{language}-{target}" not in self.pairs:
+            if language != target and not self._serves(f"{language}-{target}"):
                 raise ApiError(
                     400,
                     "unsupported_pair",
@@ -202,8 +211,9 @@ class PairRouter:
         for pair, info in infos.items():
             source, target = pair.split("-")
             row = {**(info or {"ready": False}), "name": pair, "source": source, "target": target}
-            if pair in self.pooled:
+            if pair in self.pooled:  # the pool replica asked reports the digests of the models it holds
                 row["model"] = self.pooled[pair]
+                row["digest"] = (row.get("pool") or {}).get("digests", {}).get(self.pooled[pair])
             out.append(row)
         return out
 
@@ -211,16 +221,17 @@ class PairRouter:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
         s = self.settings
         pair = f"{req.source}-{req.target}"
-        request.state.pair = pair if pair in self.pairs else "unknown"
-        if pair not in self.pairs:
+        request.state.pair = pair if self._serves(pair) else "unknown"
+        if not self._serves(pair):
             raise ApiError(
                 400,
                 "unsupported_pair",
-                f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}",
+                f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}"
+                + (f"; through {PIVOT}: {', '.join(sorted(self.pivoted))}" if self.pivoted else ""),
             )
         request_log.current().add_texts(pair, req.texts)
         self.health.refresh_soon()
-        if self.health.down(pair):  # its replicas are down or loading: this pair's requests fail, not the pod
+        if any(self.health.down(p) for p in self._legs(pair)):  # down or loading: this pair fails, not the pod
             raise ApiError(
                 503, "pair_unavailable", f"the {pair} model is not available now; retry later", {"Retry-After": "5"}
             )
@@ -235,6 +246,16 @@ class PairRouter:
             except InvalidTextError as exc:
                 raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
         return pair, self._options(req)
+
+    def _serves(self, pair: str) -> bool:
+        return pair in self.pairs or pair in self.pivoted
+
+    def _legs(self, pair: str) -> list[str]:
+        """The served pairs a pair goes through: itself, or its two halves through the pivot."""
+        if pair not in self.pivoted:
+            return [pair]
+        source, target = pair.split("-")
+        return [f"{source}-{PIVOT}", f"{PIVOT}-{target}"]
 
     def _count(self, texts: list[str], status: int = 422) -> None:
         """ApiError `status` for more texts than a request may hold."""
@@ -299,7 +320,17 @@ class PairRouter:
         self, pair: str, sentences: list[str], options: dict[str, Any], timeout: float, *, cache: bool
     ) -> dict[str, Any]:
         """Each sentence's n-best and the token counts: from the cache where it holds the sentence (with
-        `cache`), the rest decoded on the pair's replica, each distinct sentence once."""
+        `cache`), the rest decoded on the pair's replica, each distinct sentence once. A pair served
+        through the pivot: each sentence's best translation into it, then that into the target with
+        the request's options; "pivot" maps each sentence to its pivot translation."""
+        if pair in self.pivoted:
+            first, second = self._legs(pair)
+            deadline = time.monotonic() + timeout
+            there = await self._decode(first, sentences, {**options, "num_hypotheses": 1}, timeout, cache=cache)
+            middle = [nbest[0][0] for nbest in there["translations"]]
+            left = max(0.1, deadline - time.monotonic())
+            out = await self._decode(second, middle, options, left, cache=cache)
+            return {**out, "source_tokens": there["source_tokens"], "pivot": dict(zip(sentences, middle, strict=True))}
         store = self.cache if cache and self.cache.enabled else None
         digest = await self._digest(pair) if store is not None else ""
         found: dict[str, Entry] = {}
@@ -355,8 +386,13 @@ class PairRouter:
                     wanted.setdefault((sentence, translation), len(wanted))
         # The alignment gets what is left of the request's time.
         left = max(0.1, deadline - time.monotonic())
-        target = ask.pair.split("-")[1]
-        links = await self._remote(ask.pair, "align", target, list(wanted), timeout=left) if wanted else []
+        links: Any
+        if not wanted:
+            links = []
+        elif ask.pair in self.pivoted:
+            links = await self._align_through_pivot(ask.pair, list(wanted), out["pivot"], left)
+        else:
+            links = await self._remote(ask.pair, "align", ask.pair.split("-")[1], list(wanted), timeout=left)
         renders, k = [], 0
         for doc in docs:
             ranks = []
@@ -374,6 +410,27 @@ class PairRouter:
             renders.append(ranks)
             k += len(doc.texts)
         return out, renders
+
+    async def _align_through_pivot(
+        self, pair: str, wanted: list[tuple[str, str]], middle: dict[str, str], timeout: float
+    ) -> list[list[list[int]]]:
+        """Links of (sentence, translation) pairs served through the pivot: each target token to the
+        pivot token it attends to most (second model), and that to its source token (first model)."""
+        first, second = self._legs(pair)
+        there, back = await asyncio.gather(
+            self._remote(first, "align", PIVOT, [(s, middle[s]) for s, _ in wanted], timeout=timeout),
+            self._remote(second, "align", pair.split("-")[1], [(middle[s], t) for s, t in wanted], timeout=timeout),
+        )
+        out = []
+        for to_pivot, to_target in zip(there, back, strict=True):
+            composed = []
+            for t_start, t_end, p_start, p_end in to_target:
+                # The first model's link whose pivot-side span overlaps this one most.
+                best = max(to_pivot, key=lambda k: min(k[1], p_end) - max(k[0], p_start), default=None)
+                if best is not None and min(best[1], p_end) > max(best[0], p_start):
+                    composed.append([t_start, t_end, best[2], best[3]])
+            out.append(composed)
+        return out
 
     def _timeout(self, timeout_s: float | None = None) -> float:
         """A request's timeout: its own when shorter than the server's."""

@@ -98,6 +98,7 @@ class Translation(BaseModel):
     hypotheses: list[str] | None = None  # the n-best list when num_hypotheses > 1
     scores: list[float] | None = None
     detected_source: DetectedLanguage | None = None  # when the request named no source language
+    pivot: str | None = None  # the language it went through, where no model translates the pair directly
 
 
 class Usage(BaseModel):

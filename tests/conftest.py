@@ -3,13 +3,17 @@ downloaded), real sentences, and the real Ray Serve app on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -78,10 +82,47 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def serving(
+    env: dict[str, str],
+    *,
+    stderr: Path | None = None,
+    ready: Callable[[httpx.Response], bool] = lambda r: r.status_code == 200,
+    timeout_s: float = 90.0,
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`beamserve serve` on free loopback ports with these BEAMSERVE_* settings (2 CPUs), until
+    `ready` holds for its /readyz answer; yields its URL and process, and stops it after. Its stderr
+    goes to `stderr` when given."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
+    with open(stderr or os.devnull, "w") as err:
+        proc = subprocess.Popen(
+            [*cmd, "--num-cpus", "2"],
+            cwd=REPO,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        line = "-"
+        while line and "listening on" not in line:  # Ray may print a warning first
+            line = proc.stdout.readline()
+        assert "listening on" in line, stderr.read_text()[-3000:] if stderr else "the server did not start"
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while not ready(httpx.get(f"{url}/readyz", timeout=10)):
+            assert time.monotonic() < deadline, f"not ready within {timeout_s:.0f}s"
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def wait_ready(url: str, timeout_s: float = 60.0) -> None:
     """Until /readyz answers 200 (a new gateway's first probe may find no pair status yet)."""
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
         assert time.monotonic() < deadline, f"{url} not ready within {timeout_s:.0f}s"

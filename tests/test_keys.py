@@ -6,9 +6,7 @@ same server runs its model in int8 (BEAMSERVE_COMPUTE_TYPE), as a replica config
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import REPO, free_port
+from .conftest import free_port, serving
 
 pytestmark = pytest.mark.slow
 
@@ -74,9 +72,7 @@ def redis_url() -> Iterator[str]:
 def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     keys_file = Path(tmp_path_factory.mktemp("keys")) / "keys.json"
     keys_file.write_text(json.dumps(KEYS))
-    port = free_port()
     env = {
-        **os.environ,
         "BEAMSERVE_MODELS": "en-de",
         "BEAMSERVE_API_KEYS_FILE": str(keys_file),
         "BEAMSERVE_LIMITS_STORAGE": redis_url,
@@ -84,25 +80,9 @@ def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "BEAMSERVE_CORS_ORIGINS": "https://app.example",
         "BEAMSERVE_CACHE_ENTRIES": "0",
         "BEAMSERVE_COMPUTE_TYPE": "int8",
-        "PYTHONUNBUFFERED": "1",
     }
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
-    proc = subprocess.Popen(
-        [*cmd, "--num-cpus", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, "not ready within 90s"
-            time.sleep(0.5)
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    with serving(env) as running:
+        yield running
 
 
 def test_the_compute_type_setting_reaches_the_replica(keyed: tuple[str, subprocess.Popen[str]]) -> None:

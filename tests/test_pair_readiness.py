@@ -4,10 +4,7 @@ corrupt. The server starts and serves the good pair; the broken pair answers its
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import REPO, free_port
+from .conftest import REPO, serving
 
 pytestmark = pytest.mark.slow
 
@@ -26,27 +23,9 @@ def half_broken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     shutil.copytree(REPO / "model" / "pretrained" / "en-fr", broken)
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # a truncated download
-    port = free_port()
-    env = {**os.environ, "BEAMSERVE_MODELS": f"en-de,{broken}", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
     log = Path(tmp_path_factory.mktemp("log")) / "stderr.txt"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [*cmd, "--num-cpus", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True
-        )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening on" in line, log.read_text()[-3000:]
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, "not ready within 60s"
-            time.sleep(0.2)
+    with serving({"BEAMSERVE_MODELS": f"en-de,{broken}"}, stderr=log) as (url, _):
         yield url, log.read_text()
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def test_a_pair_that_cannot_load_is_named_and_the_server_serves_the_others(half_broken: tuple[str, str]) -> None:

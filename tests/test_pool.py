@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +17,7 @@ import pytest
 
 from model import Translator
 
-from .conftest import REPO, free_port
+from .conftest import serving
 
 pytestmark = pytest.mark.slow
 
@@ -77,32 +74,15 @@ def pooled(twenty: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         {"name": pair, "path": str(path), "sources": ["en"], "targets": [pair[3:]], "pool": True}
         for pair, path in twenty.items()
     ]
-    port = free_port()
     env = {
-        **os.environ,
         "BEAMSERVE_MODEL_REGISTRY": json.dumps(registry),
         "BEAMSERVE_POOL_REPLICAS": "2",
         "BEAMSERVE_POOL_MODELS_PER_REPLICA": str(PER_REPLICA),
         "BEAMSERVE_REPLICA_CPUS": "0.5",
         "BEAMSERVE_CACHE_ENTRIES": "0",  # every request reaches a model
-        "PYTHONUNBUFFERED": "1",
     }
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
-    proc = subprocess.Popen(
-        [*cmd, "--num-cpus", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        assert "listening on" in proc.stdout.readline()
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
-            assert time.monotonic() < deadline, "not ready within 60s"
-            time.sleep(0.2)
+    with serving(env) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def pool_replicas(url: str) -> dict[str, dict[str, Any]]:
@@ -142,7 +122,7 @@ def test_twenty_pairs_from_a_pool_answer_as_their_models_alone(pooled: str, twen
     assert sum(r["loads"] for r in replicas.values()) >= len(twenty)
     assert sum(r["evictions"] for r in replicas.values()) >= len(twenty) - 2 * PER_REPLICA  # evicted, reloaded
     for report in replicas.values():
-        assert len(report["held"]) <= PER_REPLICA
+        assert len(report["held"]) <= PER_REPLICA and set(report["digests"]) == set(report["held"])
         assert report["engine_threads"] == len(report["held"])  # evicted models' engines have stopped
 
 

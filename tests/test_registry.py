@@ -1,14 +1,11 @@
 """The model registry: entries parsed and checked, and a real server that serves what it lists: a
-shipped model with a setting of its own (int8), and a multilingual Marian model (built here with
-transformers) that answers two pairs, routed by target language through its >>xx<< tokens."""
+shipped model with a setting of its own (int8), a multilingual Marian model (built here with
+transformers) that answers two pairs, routed by target language through its >>xx<< tokens, and a
+de-en model, so that German to French and Spanish go through English (pivoting)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +15,7 @@ import pytest
 from model import Translator
 from service.registry import ModelEntry, entries
 
-from .conftest import REPO, free_port
+from .conftest import serving
 
 ROMANCE = {
     "name": "en-multi",
@@ -81,41 +78,52 @@ def multilingual_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def served(multilingual_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def german_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    import transformers
+
+    from .test_marian_layouts import save_marian, small_config
+
+    vocab = json.loads((tiny_dir / "vocab.json").read_text(encoding="utf-8"))
+    config = small_config(vocab_size=len(vocab), pad_token_id=vocab["<pad>"], decoder_start_token_id=vocab["<pad>"])
+    path = save_marian(config, tmp_path_factory.mktemp("de") / "opus-mt-de-en", tiny_dir, vocab)
+    torch.manual_seed(23)  # weights of its own, not the multilingual model's
+    transformers.MarianMTModel(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(multilingual_dir: Path, german_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     registry = tmp_path_factory.mktemp("registry") / "models.json"
+    half = {"replica_cpus": 0.5}  # three models on two CPUs
     shipped = {"name": "en-de", "path": "en-de", "sources": ["en"], "targets": ["de"]}
+    german = {"name": "de-en", "path": str(german_dir), "sources": ["de"], "targets": ["en"], "settings": half}
     registry.write_text(
-        json.dumps([{**shipped, "settings": {"compute_type": "int8"}}, {**ROMANCE, "path": str(multilingual_dir)}])
+        json.dumps(
+            [
+                {**shipped, "settings": {"compute_type": "int8", **half}},
+                {**ROMANCE, "path": str(multilingual_dir), "settings": half},
+                german,
+            ]
+        )
     )
-    port = free_port()
-    env = {**os.environ, "BEAMSERVE_MODEL_REGISTRY": str(registry), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
-    proc = subprocess.Popen(
-        [*cmd, "--num-cpus", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        assert "listening on" in proc.stdout.readline()
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{url}/readyz", timeout=10).json().get("pairs", {}).get("en-es") != "ready":
-            assert time.monotonic() < deadline, "not ready within 60s"
-            time.sleep(0.2)
+    with serving(
+        {"BEAMSERVE_MODEL_REGISTRY": str(registry)},
+        ready=lambda r: r.json().get("pairs", {}).get("en-es") == "ready",
+    ) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 @pytest.mark.slow
 def test_the_server_serves_what_the_registry_lists(served: str, multilingual_dir: Path, sources: list[str]) -> None:
     models = {m["name"]: m for m in httpx.get(f"{served}/v1/models", timeout=10).json()["models"]}
-    assert set(models) == {"en-de", "en-fr", "en-es"}
+    assert set(models) == {"en-de", "en-fr", "en-es", "de-en"}
     assert (models["en-de"]["model"], models["en-de"]["compute_type"]) == ("en-de", "int8")  # its own setting
     assert models["en-fr"]["model"] == models["en-es"]["model"] == "en-multi"
     assert models["en-fr"]["digest"] == models["en-es"]["digest"] != models["en-de"]["digest"]
     languages = {lang["code"]: lang["targets"] for lang in httpx.get(f"{served}/languages", timeout=10).json()}
     assert languages["en"] == ["de", "es", "fr"]
+    assert languages["de"] == ["en", "es", "fr"]  # es and fr through English
     deepl = {lang["language"] for lang in httpx.get(f"{served}/v2/languages?type=target", timeout=10).json()}
     assert {"DE", "ES", "FR"} <= deepl
 
@@ -139,6 +147,27 @@ def test_the_server_serves_what_the_registry_lists(served: str, multilingual_dir
     assert r.status_code == 200 and r.json()["translations"][0]["text"].count("<b>") == 1
     unknown = httpx.post(f"{served}/v1/translate", json={"texts": ["x"], "source": "en", "target": "it"}, timeout=10)
     assert unknown.status_code == 400 and "en-es, en-fr" in unknown.json()["detail"]
+
+
+@pytest.mark.slow
+def test_a_pair_with_no_model_goes_through_english(served: str, german_dir: Path, multilingual_dir: Path) -> None:
+    texts = ["Ein Hund rennt im Park.", "Zwei Männer sitzen auf einer Bank."]
+    german, multi = Translator.load(german_dir, "cpu"), Translator.load(multilingual_dir, "cpu")
+    english = [r.hypotheses[0] for r in german.translate(texts, beam_size=4)]
+    expected = [r.hypotheses[0] for r in multi.translate([f">>spa<< {e}" for e in english], beam_size=4)]
+    body = {"texts": texts, "source": "de", "target": "es", "beam_size": 4, "split_sentences": False}
+    r = httpx.post(f"{served}/v1/translate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert [t["text"] for t in r.json()["translations"]] == expected
+    assert all(t["pivot"] == "en" for t in r.json()["translations"])  # marked as such
+    direct = httpx.post(f"{served}/v1/translate", json={**body, "source": "en", "texts": english}, timeout=60)
+    assert all(t["pivot"] is None for t in direct.json()["translations"])
+    # LibreTranslate's route and markup (aligned through both models) take the same way.
+    libre = httpx.post(f"{served}/translate", json={"q": texts[0], "source": "de", "target": "es"}, timeout=60)
+    assert libre.status_code == 200 and libre.json()["translatedText"] == expected[0]
+    html = {"texts": ["Ein <b>Hund</b> rennt."], "source": "de", "target": "fr", "tag_handling": "html"}
+    r = httpx.post(f"{served}/v1/translate", json=html, timeout=60)
+    assert r.status_code == 200 and r.json()["translations"][0]["text"].count("<b>") == 1
 
 
 def test_entries_carry_settings_over_the_servers() -> None:
