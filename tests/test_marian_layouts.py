@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from model import Translator, checkpoint
+from model.config import preset
 
 from .test_hf_equivalence import assert_same_as_generate
 
@@ -25,14 +26,11 @@ EXTRA_TARGET_PIECES = 37  # the target vocabulary is larger than the source one,
 
 
 def small_config(**sizes: Any) -> Any:
+    """A MarianConfig of the `tiny` preset's sizes (model/config.py)."""
+    tiny = preset("tiny", 8)
+    layers = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads")
     return transformers.MarianConfig(
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
+        **{name: getattr(tiny, name) for name in (*layers, "encoder_ffn_dim", "decoder_ffn_dim")},
         max_position_embeddings=128,
         init_std=0.3,  # logits far apart: no near-ties for rounding to break differently
         eos_token_id=0,
