@@ -20,7 +20,8 @@ install: $(VENV)/.installed
 # prometheus package, unpacked into the virtual environment (nothing installed system-wide, no service).
 $(VENV)/bin/promtool: | $(VENV)/.installed
 	rm -rf $(VENV)/promdeb && mkdir -p $(VENV)/promdeb
-	cd $(VENV)/promdeb && apt-get download -q prometheus 2>&1 | tail -1 && dpkg-deb -x prometheus_*.deb root
+	cd $(VENV)/promdeb && { apt-get download -q prometheus || { apt-get update -q && apt-get download -q prometheus; }; } \
+	  2>&1 | tail -1 && dpkg-deb -x prometheus_*.deb root
 	cp $(VENV)/promdeb/root/usr/bin/promtool $@
 	rm -rf $(VENV)/promdeb
 
