@@ -39,7 +39,8 @@ class ModelPool:
 
         async def load(name: str) -> "Evictable":
             entry = self.entries[name]
-            own = self.settings.for_entry(entry).model_copy(update=self.batching)
+            # The pool's live batching knobs, then the entry's own settings over them.
+            own = self.settings.model_copy(update=self.batching).for_entry(entry)
             model = await asyncio.to_thread(ServedModel, entry, own)
             self.loads += 1
             self.held[name] = model
@@ -69,7 +70,7 @@ class ModelPool:
         """Serve's user_config: batching knobs, applied live to every model held and to later loads."""
         self.batching = dict(config)
         for model in self.held.values():
-            model.reconfigure(config)
+            model.reconfigure({**config, **{k: v for k, v in model.entry.settings.items() if k in config}})
 
     async def translate(
         self, target: str, texts: list[str], options: dict[str, Any], timeout_s: float

@@ -80,8 +80,8 @@ class Settings(BaseSettings):
         return registry.entries(self.models, self.model_registry)
 
     def for_entry(self, entry: ModelEntry) -> Settings:
-        """These settings with the entry's own over them."""
-        return self.model_copy(update=entry.settings)
+        """These settings with the entry's own over them, validated as the server's are."""
+        return Settings(**{**self.model_dump(), **entry.settings})
 
     def origins(self) -> list[str]:
         return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

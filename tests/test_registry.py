@@ -178,3 +178,6 @@ def test_entries_carry_settings_over_the_servers() -> None:
     assert isinstance(entry, ModelEntry)
     own = settings.for_entry(entry)
     assert (own.compute_type, settings.compute_type, own.max_texts) == ("int8", None, settings.max_texts)
+    bad = Settings(model_registry=[{**ROMANCE, "path": "x", "settings": {"compute_type": "int4"}}])
+    with pytest.raises(ValueError, match="compute_type"):  # an entry's values are checked as the server's
+        bad.for_entry(bad.entries()[0])
