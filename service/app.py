@@ -2,9 +2,10 @@
 the registry (service/registry.py, service/replica.py), each answering its language pairs.
 `serve run service.app:build_app` and the Serve config import it.
 
-One deployment per model (not model multiplexing): each model is always loaded (the models are
-small), scales on its own load with its own autoscaling config, and a model's replicas never evict
-each other's weights, which multiplexing's per-replica LRU would do under mixed traffic.
+By default each model has a deployment of its own: it is always loaded (the models are small),
+scales on its own load with its own autoscaling config, and no model evicts another's weights.
+Entries marked `pool` share one multiplexed deployment instead (service/pool.py): many rarely used
+models on a few replicas, the least recently used evicted.
 """
 
 from typing import Any
@@ -19,42 +20,38 @@ from service.scheduler import batching_knobs
 from service.settings import Settings
 
 
+def actor_options(s: Settings) -> dict[str, Any]:
+    """What a model replica asks Ray for: its CPUs and GPUs (one when CUDA is present, unless set), and
+    the allocator's environment."""
+    import torch
+
+    gpus = s.replica_gpus if s.replica_gpus is not None else (1 if torch.cuda.is_available() else 0)
+    env = replica_env(s.allocator)
+    return {"num_cpus": s.replica_cpus, "num_gpus": gpus, **({"runtime_env": {"env_vars": env}} if env else {})}
+
+
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     """Application builder for `serve run service.app:build_app` and the Serve config's import_path.
 
     args (all optional) are Settings fields, e.g. {"models": "en-de,en-fr", "replica_cpus": 1}.
     """
     settings = Settings(**(args or {}))
-    import torch
-
     pairs: dict[str, Any] = {}
     found = settings.entries()
     pooled = [e for e in found if e.pool]
     for entry in (e for e in found if not e.pool):
         own = settings.for_entry(entry)
-        env = replica_env(own.allocator)
-        gpus = own.replica_gpus if own.replica_gpus is not None else (1 if torch.cuda.is_available() else 0)
         handle = PairModel.options(  # type: ignore[attr-defined]
             name=f"model-{entry.name}",
-            ray_actor_options={
-                "num_cpus": own.replica_cpus,
-                "num_gpus": gpus,
-                **({"runtime_env": {"env_vars": env}} if env else {}),
-            },
+            ray_actor_options=actor_options(own),
             user_config=batching_knobs(own.model_dump()),
         ).bind(entry.model_dump(), own.model_dump())
         pairs.update(dict.fromkeys(entry.pairs, handle))
     if pooled:  # one deployment for every pooled model; the gateway names the model with each call
-        gpus = settings.replica_gpus if settings.replica_gpus is not None else (1 if torch.cuda.is_available() else 0)
-        env = replica_env(settings.allocator)
         pool = ModelPool.options(  # type: ignore[attr-defined]
             name=POOL,
             num_replicas=settings.pool_replicas,
-            ray_actor_options={
-                "num_cpus": settings.replica_cpus,
-                "num_gpus": gpus,
-                **({"runtime_env": {"env_vars": env}} if env else {}),
-            },
+            ray_actor_options=actor_options(settings),
             user_config=batching_knobs(settings.model_dump()),
         ).bind([e.model_dump() for e in pooled], settings.model_dump())
         for entry in pooled:

@@ -37,8 +37,8 @@ class Settings(BaseSettings):
     device: str | None = None  # cpu or cuda (default: cuda when present)
     dtype: str | None = None  # float32, float16, bfloat16 (default: float16 on cuda, float32 on cpu)
     compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/compute_type.py); not with dtype
-    # Serve's logging_config for `beamserve serve` (the Serve config sets its own): JSON lines in Ray's
-    # session log directory, one summary per request (service/request_log.py).
+    # Serve's logging_config for `beamserve serve` (the Serve config sets its own): JSON lines in each
+    # replica's log file under Ray's logs directory, one summary per request (service/request_log.py).
     log_encoding: Literal["JSON", "TEXT"] = "JSON"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     allocator: Allocator = "auto"  # model replicas' malloc: jemalloc when the host has it (service/allocator.py)
