@@ -4,6 +4,12 @@ Own format (a directory): beamserve.json (ModelConfig), model.safetensors (our p
 source.spm, target.spm, vocab.json, and target_vocab.json for a model with separate source and
 target vocabularies. The tokenizer files are Marian's, so export only renames tensors and writes
 Marian's config.
+
+An int8 checkpoint (`save_int8`, `beamserve quantize`; "quantization": "int8" in the safetensors
+metadata) holds each weight that computes in int8 as int8 rows and its row scales ("NAME.scale"),
+the output projection as "output_projection" where it is tied to the embedding table (which stays
+float); a replica loads it without quantising, to the same bits as quantising at load. Read as
+float, its int8 weights are dequantised.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from model.compute_type import OUTPUT_PROJECTION, int8_weights
 from model.config import ModelConfig
+from model.quant import Int8Weight, int8_of, int8_weight, quantize_weight
 from model.transformer import Seq2Seq
 
 OWN_CONFIG = "beamserve.json"
@@ -64,11 +73,65 @@ def save(model: Seq2Seq, out: Path, tokenizer_dir: Path | None, dtype: torch.dty
             shutil.copyfile(tokenizer_dir / name, out / name)
 
 
+QUANTIZATION = "quantization"  # the safetensors metadata key of an int8 checkpoint
+SCALE = ".scale"
+
+
+def save_int8(model: Seq2Seq, out: Path, tokenizer_dir: Path | None) -> None:
+    """Write the own format with the int8 weights (those `model` computes with where it was loaded with
+    compute_type int8, else quantised now) in place of the float ones."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.cfg.save(out / OWN_CONFIG)
+    int8 = int8_weights(model, model.output_weight)
+    tensors = {k: _compact(v) for k, v in model.state_dict().items() if k not in int8}
+    for name, weight in int8.items():
+        q = int8_of(weight) or quantize_weight(weight)
+        tensors[name], tensors[name + SCALE] = q.qweight.contiguous(), q.scale.contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", QUANTIZATION: "int8"})
+    if tokenizer_dir is not None and tokenizer_dir.resolve() != out.resolve():
+        for name in tokenizer_files(tokenizer_dir):
+            shutil.copyfile(tokenizer_dir / name, out / name)
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """t on CPU in float16 where that holds every value exactly (a float16 checkpoint's), else float32."""
+    t = t.detach().to("cpu", torch.float32).contiguous()
+    half = t.half()
+    return half if torch.equal(half.float(), t) else t
+
+
+def quantization(path: Path) -> str | None:
+    """ "int8" for an int8 checkpoint directory, else None."""
+    if not is_own_checkpoint(path):
+        return None
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return (f.metadata() or {}).get(QUANTIZATION)
+
+
+def saved_int8(path: Path) -> dict[str, Int8Weight]:
+    """An int8 checkpoint's int8 weights by name (compute_type.int8_weights' names); {} for others."""
+    if quantization(path) != "int8":
+        return {}
+    tensors = load_file(str(path / "model.safetensors"))
+    names = [k[: -len(SCALE)] for k in tensors if k.endswith(SCALE)]
+    return {name: int8_weight(tensors[name], tensors[name + SCALE]) for name in names}
+
+
+def _read_own(path: Path) -> dict[str, torch.Tensor]:
+    """An own checkpoint's state dict in float32, int8 weights dequantised."""
+    tensors = load_file(str(path / "model.safetensors"))
+    scales = {k[: -len(SCALE)]: v for k, v in tensors.items() if k.endswith(SCALE)}
+    state = {k: v.float() for k, v in tensors.items() if not k.endswith(SCALE) and k not in scales}
+    for name, scale in scales.items():
+        if name != OUTPUT_PROJECTION:  # a tied projection is the embedding table, stored in float
+            state[name] = Int8Weight(tensors[name], scale).dequantize()
+    return state
+
+
 def load(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read a checkpoint directory in either format -> (config, our state dict in float32)."""
     if is_own_checkpoint(path):
-        cfg = ModelConfig.load(path / OWN_CONFIG)
-        return cfg, {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+        return ModelConfig.load(path / OWN_CONFIG), _read_own(path)
     if is_hf_marian(path):
         return _import_hf(path)
     missing = [n for n in ("beamserve.json", "config.json") if not (path / n).exists()]

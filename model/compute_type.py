@@ -17,7 +17,7 @@ from torch import nn
 
 from model.gemm import Linear
 from model.options import COMPUTE_TYPES
-from model.quant import use_int8
+from model.quant import Int8Weight, use_int8
 
 FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 INT8 = {"int8": "float32", "int8_float32": "float32", "int8_bfloat16": "bfloat16"}  # -> the float type elsewhere
@@ -68,8 +68,21 @@ def resolve(name: str, device: torch.device) -> ComputeType:
     return ComputeType(name, FLOATS[name], False)
 
 
-def quantize_int8(model: nn.Module, output_weight: torch.Tensor) -> None:
-    """Route every linear layer's GEMM and the output projection through int8 (weights quantised per
-    row now, once). Embedding lookups keep the float table."""
-    for w in [*(m.weight for m in model.modules() if isinstance(m, Linear)), output_weight]:
-        use_int8(w)
+def int8_weights(model: nn.Module, output_weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The weights that compute in int8, by name: every linear layer's, and the output projection
+    (OUTPUT_PROJECTION: with tied embeddings it is the embedding table, which lookups read in float)."""
+    named = {f"{name}.weight": m.weight for name, m in model.named_modules() if isinstance(m, Linear)}
+    if not any(w is output_weight for w in named.values()):  # an own lm_head is a Linear already
+        named[OUTPUT_PROJECTION] = output_weight
+    return named
+
+
+OUTPUT_PROJECTION = "output_projection"
+
+
+def quantize_int8(model: nn.Module, output_weight: torch.Tensor, saved: dict[str, Int8Weight] | None = None) -> None:
+    """Route every linear layer's GEMM and the output projection through int8: the weights `saved` in an
+    int8 checkpoint (model/checkpoint.py), or else quantised per row now, once. Embedding lookups keep
+    the float table."""
+    for name, w in int8_weights(model, output_weight).items():
+        use_int8(w, saved.get(name) if saved is not None else None)

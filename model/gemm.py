@@ -4,10 +4,12 @@ PyTorch's F.linear on CPU calls MKL's sgemm. On the decoder's shapes (a few hund
 against a weight) oneDNN's matmul is faster, most of all for the (rows, d_model) x (d_model, vocab)
 output projection (`python loadtests/bench_gemm.py`), and it fuses the feed-forward activation into
 the GEMM. Each weight is reordered once into oneDNN's blocked layout (`packed`) instead of on every
-call; the packed copy is redone when the weight changes (its version counter moves). Below about 8M
-multiply-adds oneDNN's per-call overhead loses to MKL, so small GEMMs (a few rows against a
-d_model x d_model weight) stay with F.linear. The op has no autograd formula, so training (grad
-enabled) and other devices and dtypes keep F.linear; results agree with it to float32 rounding.
+call; the packed copy is redone when the weight changes (its version counter moves). Every CPU
+float32 inference GEMM takes it, small ones included: with the packed weight, oneDNN computes a row
+to the same bits whatever other rows it is multiplied beside (one row alone is given a zero row
+for company), where MKL's sgemm takes other kernels, summing in other orders, by the row count; so a
+sentence's translation never depends on its batch. The op has no autograd formula, so training
+(grad enabled) and other devices and dtypes keep F.linear; results agree with it to float32 rounding.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ INPLACE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu_,
     "swish": lambda y: F.silu(y, inplace=True),
 }
-MIN_MACS = 1 << 23  # rows x C_in x C_out below which MKL's sgemm is as fast or faster (bench_gemm.py)
 PACK_ROWS = 64  # row count oneDNN picks the packed layout for (any count may use it; a 1-row
 # layout was slower from 16 rows up, 64 and 256 alike, in an ad hoc timing of the decoder's shapes)
 
@@ -70,11 +71,13 @@ def linear(
     if q is not None:  # compute_type int8 (model/quant.py)
         y = linear_int8(x, q, bias)
         return INPLACE_ACTIVATIONS[activation](y) if activation is not None else y
-    if uses_onednn(x) and x.numel() * weight.shape[0] >= MIN_MACS:
-        lead = x.shape[:-1]
+    if uses_onednn(x):
+        lead, rows = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        if rows.shape[0] == 1:  # oneDNN's one-row kernel sums in another order than its matrix kernel
+            rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
         post_op = FUSED_ACTIVATIONS.get(activation or "", "none")
-        y = _LINEAR(x.reshape(-1, x.shape[-1]), packed(weight), bias, post_op, [], "")  # type: ignore[operator]
-        return y.view(*lead, weight.shape[0])
+        y = _LINEAR(rows, packed(weight), bias, post_op, [], "")  # type: ignore[operator]
+        return y[: lead.numel()].view(*lead, weight.shape[0])
     y = F.linear(x, weight, bias)
     return ACTIVATIONS[activation](y) if activation is not None else y
 

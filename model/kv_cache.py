@@ -177,6 +177,7 @@ class CrossCache:
     row_index: torch.Tensor | None = None  # (N,) sentence * beams + beam of each hypothesis row
     beams: int = 0  # query positions per sentence when row_index is set
     keys_transposed: bool = False
+    min_positions: int = 0  # source positions kept however short the sources (Seq2Seq.cross_cache)
 
     def keys(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s keys as (B, H, S, D), whatever their storage."""
@@ -203,7 +204,7 @@ class CrossCache:
 
     def trim(self) -> None:
         """Drop source positions no remaining sentence uses (after long sentences left)."""
-        S = int(self.src_mask.sum(-1).max()) if self.src_mask.numel() else 0
+        S = max(int(self.src_mask.sum(-1).max()), self.min_positions) if self.src_mask.numel() else 0
         if 0 < S < self.src_mask.shape[3]:
             self.k = [k.narrow(self._k_source_dim, 0, S) for k in self.k]
             self.v = [v[:, :, :S] for v in self.v]

@@ -34,22 +34,19 @@ def attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
 
 
-# ATen's CPU softmax over a last dimension narrower than one AVX-512 vector of floats (16) runs a
-# scalar loop: 234 us on (1024 rows x 15) against 16 us at 16 wide (1 thread). A decode step meets such
-# widths in every cross-attention (sources are mostly under 16 tokens) and in self-attention's first 15
-# steps. 0 sends every width to torch.softmax (bench_decode.py's beamserve-softmax; bench_switch.py).
-SMALL_SOFTMAX_WIDTH = 16
-
-
 def softmax_(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension; narrow CPU rows outside autograd are computed in place.
+    """Softmax over the last dimension; on CPU outside autograd, in place and padding-blind: a row's
+    result does not change, to the bit, with how many masked (-inf) positions follow its last real one.
 
-    exp(x - max) / sum as four vectorised passes: 41 us on (1024 x 15), 1 thread.
+    ATen's softmax sums a row in vector lanes grouped by the row's width (and below 16 wide runs a
+    scalar loop, 234 us on 1024 x 15 against 16 us at 16 wide), so a sentence's attention weights
+    would depend on how far its batch pads it. Here the sum runs in position order (cumsum
+    accumulates sequentially, in double), which trailing zeros leave unchanged.
     """
-    if scores.device.type != "cpu" or scores.shape[-1] >= SMALL_SOFTMAX_WIDTH or scores.requires_grad:
+    if scores.device.type != "cpu" or scores.requires_grad:
         return torch.softmax(scores, dim=-1)
     e = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
-    return e.div_(e.sum(-1, keepdim=True))
+    return e.div_(e.cumsum(-1)[..., -1:])
 
 
 # ATen's CPU bmm runs matrices of fewer multiply-adds than this through a scalar loop, 3-10x slower

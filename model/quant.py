@@ -6,8 +6,12 @@ each output element is then scaled by its row's and its column's scale, so a sen
 depends on what it is batched with (a per-tensor activation scale, as PyTorch's dynamic quantisation
 uses, would make it depend on the batch's largest value).
 
-The int8 weight is kept as (N, K), row-major, and handed to `torch._int_mm` as its transposed view:
-oneDNN's int8 GEMM (VNNI where the CPU has it) reads it in that layout without a copy.
+The GEMM is oneDNN's int8 matmul (`onednn::qlinear_pointwise`, VNNI or AMX where the CPU has them) on
+a copy of the weight reordered once into oneDNN's blocked layout, with the column scales applied in its
+epilogue: the product is exact in int32 and then scaled as one float multiply per element, so it equals
+`torch._int_mm` (which reorders the weight on every call) times the column scales, to the bit, in 2-4x
+less time on the decoder's shapes (`python loadtests/bench_gemm.py`). Builds without that op keep
+`torch._int_mm` on the (N, K) weight's transposed view.
 """
 
 from __future__ import annotations
@@ -26,9 +30,31 @@ class Int8Weight:
 
     qweight: torch.Tensor  # (N, K) int8, contiguous
     scale: torch.Tensor  # (N,) float32
+    packed: torch.Tensor | None = None  # qweight in oneDNN's blocked layout; None: torch._int_mm instead
+    zero_points: torch.Tensor | None = None  # (N,) int64 zeros, as oneDNN's op takes them
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scale[:, None]  # (N, K)
+
+
+def _onednn_qlinear() -> bool:
+    try:
+        probe = torch.ops.onednn.qlinear_prepack(torch.ones(2, 4, dtype=torch.int8), None)
+        y = torch.ops.onednn.qlinear_pointwise(
+            torch.ones(1, 4, dtype=torch.int8), 1.0, 0, probe, torch.ones(2), torch.zeros(2, dtype=torch.int64),
+            None, 1.0, 0, torch.float32, "none", [], "",
+        )  # fmt: skip
+        return bool(torch.equal(y, torch.full((1, 2), 4.0)))
+    except (AttributeError, RuntimeError, NotImplementedError):  # a build or CPU without oneDNN's int8 path
+        return False
+
+
+ONEDNN_INT8 = _onednn_qlinear()
+# oneDNN's op costs about 40 us a call before any arithmetic; torch._int_mm about 20 us plus a reorder of
+# the weight. So oneDNN for large weights (the output projection, the feed-forward of d_model 512) and
+# for many rows; _int_mm for the rest (`python loadtests/bench_gemm.py`). Both give the same bits.
+ONEDNN_MIN_WEIGHT = 1 << 20  # N x K
+ONEDNN_MIN_MACS = 1 << 25  # M x N x K
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,20 +68,31 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_weight(weight: torch.Tensor) -> Int8Weight:
     q, scale = quantize_rows(weight.detach())
-    return Int8Weight(q.contiguous(), scale.squeeze(1).contiguous())
+    return int8_weight(q.contiguous(), scale.squeeze(1).contiguous())
+
+
+def int8_weight(qweight: torch.Tensor, scale: torch.Tensor) -> Int8Weight:
+    """An int8 (N, K) weight and its (N,) row scales, packed for oneDNN where it runs."""
+    if not ONEDNN_INT8 or qweight.device.type != "cpu":
+        return Int8Weight(qweight, scale)
+    with torch.inference_mode():
+        packed = torch.ops.onednn.qlinear_prepack(qweight, None)
+    zeros = torch.zeros(qweight.shape[0], dtype=torch.int64)
+    return Int8Weight(qweight, scale.float(), packed, zeros)
 
 
 # id(weight) -> (the weight, its int8 form): which float weights compute in int8 (`use_int8`).
 _int8: dict[int, tuple[weakref.ref[torch.Tensor], Int8Weight]] = {}
 
 
-def use_int8(weight: torch.Tensor) -> Int8Weight:
-    """From now on `model.gemm.linear` multiplies by `weight` in int8 (on CPU, outside autograd)."""
+def use_int8(weight: torch.Tensor, saved: Int8Weight | None = None) -> Int8Weight:
+    """From now on `model.gemm.linear` multiplies by `weight` in int8 (on CPU, outside autograd): by
+    `saved` where given (an int8 checkpoint's), else by `weight` quantised now."""
     key = id(weight)
     found = _int8.get(key)
-    if found is not None and found[0]() is weight:
+    if found is not None and found[0]() is weight and saved is None:
         return found[1]
-    q = quantize_weight(weight)
+    q = saved if saved is not None else quantize_weight(weight)
     if found is None:  # forget the int8 copy with the weight (ids are reused after it is freed)
         weakref.finalize(weight, _int8.pop, key, None)
     _int8[key] = (weakref.ref(weight), q)
@@ -72,12 +109,20 @@ def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None
     back per row and per column. Returns (..., N) in x's dtype."""
     lead, K = x.shape[:-1], x.shape[-1]
     xq, xs = quantize_rows(x.reshape(-1, K))  # (M, K) int8, (M, 1)
+    M, N = xq.shape[0], q.qweight.shape[0]
+    if q.packed is not None and (N * K >= ONEDNN_MIN_WEIGHT or M * N * K >= ONEDNN_MIN_MACS):
+        if M == 1:  # oneDNN's one-row int8 primitive is 30-250x slower than its two-row one
+            xq = torch.cat([xq, xq.new_zeros(1, K)])
+        # (M, N) float32: the exact int32 product times the column scales, in oneDNN's epilogue
+        y = torch.ops.onednn.qlinear_pointwise(
+            xq, 1.0, 0, q.packed, q.scale, q.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+        )[:M]
+        # the row scales, and the bias after them, in one pass
+        y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
+        return y.view(*lead, N).to(x.dtype)
     acc = torch._int_mm(xq, q.qweight.t())  # (M, N) int32, exact
-    # (M, N) float32 with the row scales: a conversion, then an in-place product (a mixed-type multiply
-    # converts into a copy first anyway, then allocates its result)
-    y = acc.to(torch.float32).mul_(xs)
-    if bias is not None:
-        y = torch.addcmul(bias.float(), y, q.scale, out=y)  # column scales and bias in one more pass
-    else:
-        y.mul_(q.scale)
-    return y.view(*lead, q.qweight.shape[0]).to(x.dtype)
+    # (M, N) float32 with the column scales: a conversion, then an in-place product (a mixed-type
+    # multiply converts into a copy first anyway, then allocates its result)
+    y = acc.to(torch.float32).mul_(q.scale)
+    y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
+    return y.view(*lead, N).to(x.dtype)

@@ -5,12 +5,25 @@ from __future__ import annotations
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
 from model.gemm import Linear, linear
 from model.kv_cache import CrossCache, KVCache
-from model.layers import FeedForward, MultiHeadAttention, PositionalEncoding, attention, embedding_scale
+from model.layers import (
+    NAIVE_BMM_MACS,
+    FeedForward,
+    MultiHeadAttention,
+    PositionalEncoding,
+    attention,
+    embedding_scale,
+)
+
+# A sentence's translation on CPU must not depend on its batch, to the bit (tests/test_compute_type.py). The
+# cross-attention's batched matmuls sum a row in the same order whatever the source is padded to, as long
+# as every batch takes ATen's matrix kernel: two query rows or more, and M x D x S >= NAIVE_BMM_MACS.
+MIN_CROSS_QUERIES = 2
 
 
 class EncoderLayer(nn.Module):
@@ -89,8 +102,13 @@ class DecoderLayer(nn.Module):
         else:  # rows in any order: scatter them to their sentence's query slots (unused slots stay 0)
             q = q.new_zeros(B * cross.beams, H, D).index_copy_(0, cross.row_index, q[:, :, 0])
             q = q.view(B, cross.beams, H, D)
-        out = attention(q.transpose(1, 2), cross.keys(layer), cross.v[layer], cross.src_mask)  # (B, H, K, D)
-        out = out.transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
+        K = q.shape[1]
+        if K < MIN_CROSS_QUERIES and q.device.type == "cpu":
+            # One query row would be a matrix-vector product, whose sums MKL groups by the source length:
+            # a second (zero) row keeps the matrix kernel, padding-blind like the rest of the step.
+            q = torch.cat([q, q.new_zeros(B, MIN_CROSS_QUERIES - K, H, D)], dim=1)
+        out = attention(q.transpose(1, 2), cross.keys(layer), cross.v[layer], cross.src_mask)  # (B, H, K', D)
+        out = out[:, :, :K].transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
         if cross.row_index is not None:
             out = out.index_select(0, cross.row_index)  # (N, H, 1, D)
         return self.cross_attn.merge_heads(out)
@@ -187,12 +205,21 @@ class Seq2Seq(nn.Module):
 
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
+        positions, D = memory.shape[1], self.cfg.d_model // self.cfg.decoder_attention_heads
+        least = -(-NAIVE_BMM_MACS // (MIN_CROSS_QUERIES * D))  # source positions
+        if positions < least and memory.device.type == "cpu":
+            # Masked positions up to the least: below it ATen multiplies in a scalar loop that rounds
+            # otherwise than the matrix kernel a longer source in the same batch takes.
+            memory = F.pad(memory, (0, 0, 0, least - positions))
+            src_mask = F.pad(src_mask, (0, least - positions), value=False)
         kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
         # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
         # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
         transposed = memory.device.type == "cpu"
         keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
-        return CrossCache(keys, [v.contiguous() for _, v in kv], src_mask[:, None, None, :], keys_transposed=transposed)
+        values = [v.contiguous() for _, v in kv]
+        least = least if memory.device.type == "cpu" else 0
+        return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=transposed, min_positions=least)
 
     def new_cache(
         self,

@@ -21,6 +21,7 @@ from model.allocator import retain_freed_memory
 from model.decoding import generate, pad_batch
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
 from model.options import DecodeOptions, max_length
+from model.quant import int8_of
 from model.search import Hypothesis, SearchOptions
 from model.tokenizer import Tokenizer
 from model.transformer import Seq2Seq
@@ -98,6 +99,9 @@ class Translator:
             raise ValueError(f"device {str(dev)!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU")
         if dtype is not None and compute_type is not None:
             raise ValueError("give dtype or compute_type, not both")
+        saved = checkpoint.quantization(directory)
+        if saved == "int8" and dtype is None and compute_type in (None, "default") and dev.type == "cpu":
+            compute_type = "int8"  # as CTranslate2: a quantised model's default is the type it was saved in
         if compute_type is not None:
             ctype = compute.resolve(compute_type, dev)
         else:
@@ -127,8 +131,8 @@ class Translator:
                 # the steps. Flash / memory-efficient attention need no plan.
                 torch.backends.cuda.enable_cudnn_sdp(False)
             model = checkpoint.build(directory).to(dev, torch_dtype)
-            if ctype.int8:
-                compute.quantize_int8(model, model.output_weight)
+            if ctype.int8:  # an int8 checkpoint's own weights, else quantised now
+                compute.quantize_int8(model, model.output_weight, checkpoint.saved_int8(directory))
             # The count for this thread and for threads that run torch later (each takes it on first use).
             torch.set_num_threads(num_threads or cpus)
             translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
@@ -149,11 +153,18 @@ class Translator:
 
     @cached_property
     def digest(self) -> str:
-        """sha256 of what decides the translations: every weight as loaded (name, dtype, shape, bytes), the
-        compute type, and the tokenizer's models and vocabulary. Equal digests translate alike; a cache can
-        key on it."""
+        """sha256 of what decides the translations: every weight as computed with (name, dtype, shape,
+        bytes; the int8 form of those that compute in int8), the compute type, and the tokenizer's models
+        and vocabulary. Equal digests translate alike (a model quantised at load and its int8 checkpoint
+        included); a cache can key on it."""
         h = hashlib.sha256()
-        for name, tensor in sorted(self.model.state_dict().items()):
+        tensors = dict(self.model.state_dict())
+        for name, weight in compute.int8_weights(self.model, self.model.output_weight).items():
+            q = int8_of(weight)
+            if q is not None:
+                tensors.pop(name, None)  # its float form is not what the GEMMs read
+                tensors[f"{name}:int8"], tensors[f"{name}:int8{checkpoint.SCALE}"] = q.qweight, q.scale
+        for name, tensor in sorted(tensors.items()):
             t = tensor.detach().contiguous().cpu()
             h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
             h.update(t.view(-1).view(torch.uint8).numpy().tobytes())

@@ -162,6 +162,19 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from model import Translator, checkpoint
+    from model.translator import resolve_model_path
+
+    source = resolve_model_path(args.model)
+    tr = Translator.load(source, "cpu", compute_type="int8")
+    out = Path(args.out)
+    checkpoint.save_int8(tr.model, out, source)
+    size = (out / "model.safetensors").stat().st_size / 2**20
+    print(f"wrote an int8 model to {out} ({size:.1f} MiB of weights; it loads as compute_type int8 on CPU)")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -265,6 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_export_hf)
+
+    p = sub.add_parser(
+        "quantize", help="write a model with int8 weights, which a replica loads without quantising (compute type int8)"
+    )
+    p.add_argument("--model", required=True, help="model directory or shipped name (en-de, en-fr)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_quantize)
 
     return parser
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from model.gemm import Linear, linear, packed, uses_onednn
 
 
-@pytest.mark.parametrize("rows", [1, 7, 256])  # 256 rows go through oneDNN (packed weights), 1 and 7 F.linear
+@pytest.mark.parametrize("rows", [1, 7, 256])  # one row is given a zero row for company (model/gemm.py)
 @pytest.mark.parametrize("activation", [None, "relu", "swish"])
 def test_inference_linear_equals_f_linear(rows: int, activation: str | None) -> None:
     torch.manual_seed(0)
@@ -20,6 +20,18 @@ def test_inference_linear_equals_f_linear(rows: int, activation: str | None) -> 
         out = linear(x, w, b, activation)
     assert out.shape == (rows, 3, 512)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("c_in", "c_out"), [(256, 256), (256, 1024), (1024, 256), (256, 8000), (2048, 512)])
+def test_a_row_of_a_float32_product_is_the_same_bits_beside_any_number_of_rows(c_in: int, c_out: int) -> None:
+    # What makes a sentence's float32 translation independent of its batch (tests/test_compute_type.py).
+    torch.manual_seed(c_in + c_out)
+    x, w, b = torch.randn(256, c_in), torch.randn(c_out, c_in) * 0.05, torch.randn(c_out)
+    with torch.inference_mode():
+        alone = linear(x[:1], w, b)
+        for rows in (2, 3, 4, 13, 64, 100, 256):
+            assert torch.equal(linear(x[:rows], w, b)[:1], alone), rows
+        assert torch.equal(linear(x[:4], w, b, "swish")[:1], linear(x[:1], w, b, "swish"))
 
 
 def test_onednn_is_used_for_cpu_float32_inference_only() -> None:

@@ -53,9 +53,8 @@ def test_decode_step_attention_equals_sdpa_on_both_sides_of_the_tiny_matmul_path
     torch.testing.assert_close(attention(q, k_t, v, mask), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("width", [1, 5, 15, 16, 17])
-def test_softmax_matches_aten_on_both_sides_of_the_narrow_row_path(width: int) -> None:
-    # Rows narrower than 16 are computed by softmax_'s own passes (layers.SMALL_SOFTMAX_WIDTH).
+@pytest.mark.parametrize("width", [1, 5, 15, 16, 17, 40])
+def test_softmax_matches_aten(width: int) -> None:
     torch.manual_seed(width)
     scores = torch.randn(64, 4, 4, width) * 4
     scores[..., 1:] = scores[..., 1:].masked_fill(torch.rand(64, 1, 1, width - 1) > 0.6, float("-inf"))
@@ -63,6 +62,16 @@ def test_softmax_matches_aten_on_both_sides_of_the_narrow_row_path(width: int) -
     got = softmax_(scores.clone())
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
     assert bool((got[scores == float("-inf")] == 0).all())
+
+
+@pytest.mark.parametrize("width", [1, 7, 15, 16, 33])
+def test_softmax_of_a_row_is_the_same_bits_whatever_masked_padding_follows_it(width: int) -> None:
+    torch.manual_seed(width)
+    scores = torch.randn(8, 4, 4, width) * 4
+    alone = softmax_(scores.clone())
+    for pad in (1, 9, 16, 40):
+        padded = torch.cat([scores, torch.full((8, 4, 4, pad), float("-inf"))], dim=-1)
+        assert torch.equal(softmax_(padded)[..., :width], alone), pad
 
 
 def test_softmax_keeps_autograd_working_on_narrow_rows() -> None:

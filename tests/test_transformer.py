@@ -53,3 +53,14 @@ def test_padded_encoder_output_equals_unpadded(tr: Translator, sources: list[str
         for i, ids in enumerate(batch):
             alone = tr.model.encode(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.bool))
             torch.testing.assert_close(padded[i, : len(ids)], alone[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_padded_batch_decodes_each_sentence_to_the_same_bits_as_alone(tr: Translator, beam_size: int) -> None:
+    # One- and two-token sources beside long ones: the cross-attention's padding of short sources
+    # and, with one beam, MIN_CROSS_QUERIES keep every sentence on the same kernels alone and batched.
+    texts = ["A", "Hi.", "A man in a blue shirt is standing on a ladder cleaning windows.", "Two dogs play."]
+    batched = tr.translate(texts, beam_size=beam_size, max_decoding_length=12)
+    for text, together in zip(texts, batched, strict=True):
+        [alone] = tr.translate([text], beam_size=beam_size, max_decoding_length=12)
+        assert (alone.token_ids, alone.scores) == (together.token_ids, together.scores), text
