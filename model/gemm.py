@@ -24,8 +24,8 @@ from model.quant import int8_of, linear_int8
 
 
 def _onednn_op() -> object | None:
-    try:
-        return torch.ops.mkldnn._linear_pointwise if torch.backends.mkldnn.is_available() else None  # type: ignore[no-untyped-call]
+    try:  # the overload itself: calling the packet resolves it on every call (a few us each)
+        return torch.ops.mkldnn._linear_pointwise.default if torch.backends.mkldnn.is_available() else None  # type: ignore[no-untyped-call]
     except (AttributeError, RuntimeError):  # a build without oneDNN
         return None
 
@@ -67,17 +67,20 @@ def linear(
     """
     if activation is not None and activation not in FUSED_ACTIVATIONS:
         raise ValueError(f"no fused activation {activation!r}; one of {sorted(FUSED_ACTIVATIONS)}")
-    q = int8_of(weight) if x.device.type == "cpu" and not torch.is_grad_enabled() else None
-    if q is not None:  # compute_type int8 (model/quant.py)
-        y = linear_int8(x, q, bias)
-        return INPLACE_ACTIVATIONS[activation](y) if activation is not None else y
-    if uses_onednn(x):
-        lead, rows = x.shape[:-1], x.reshape(-1, x.shape[-1])
-        if rows.shape[0] == 1:  # oneDNN's one-row kernel sums in another order than its matrix kernel
-            rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
-        post_op = FUSED_ACTIVATIONS.get(activation or "", "none")
-        y = _LINEAR(rows, packed(weight), bias, post_op, [], "")  # type: ignore[operator]
-        return y[: lead.numel()].view(*lead, weight.shape[0])
+    # The checks in the order that costs least on the decoder's path: a decode step makes ~50 such calls.
+    if x.is_cpu and not torch.is_grad_enabled():
+        q = int8_of(weight)
+        if q is not None:  # compute_type int8 (model/quant.py)
+            y = linear_int8(x, q, bias)
+            return INPLACE_ACTIVATIONS[activation](y) if activation is not None else y
+        if x.dtype == torch.float32 and _LINEAR is not None and not torch.compiler.is_compiling():
+            rows = x.reshape(-1, x.shape[-1])
+            post_op = "none" if activation is None else FUSED_ACTIVATIONS[activation]
+            if rows.shape[0] == 1:  # oneDNN's one-row kernel sums in another order than its matrix kernel
+                y = _LINEAR(torch.cat([rows, rows.new_zeros(rows.shape)]), packed(weight), bias, post_op, [], "")[:1]  # type: ignore[operator]
+            else:
+                y = _LINEAR(rows, packed(weight), bias, post_op, [], "")  # type: ignore[operator]
+            return y.view(*x.shape[:-1], weight.shape[0])
     y = F.linear(x, weight, bias)
     return ACTIVATIONS[activation](y) if activation is not None else y
 

@@ -63,6 +63,34 @@ def _batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)  # (..., M, K, N) summed over K
 
 
+# A decode step's attention on CPU sums each query row in an order that does not depend on its batch (how
+# many key positions the batch pads to, how many rows) only while every batch takes ATen's matrix kernel:
+# a lone query row would be a matrix-vector product, whose sums MKL groups by the key length, and below
+# NAIVE_BMM_MACS ATen multiplies in a scalar loop. So queries come at least MIN_QUERIES to a matrix
+# (zero rows beside them) over at least least_keys(D) positions (masked ones after the real ones).
+MIN_QUERIES = 2
+
+
+def least_keys(head_dim: int) -> int:
+    return -(-NAIVE_BMM_MACS // (MIN_QUERIES * head_dim))
+
+
+def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """`attention` for decode steps, padding-blind on CPU (above). q: (B, H, T, D), k, v: (B, H, S, D),
+    mask broadcastable to (B, H, T, S) or None -> (B, H, T, D)."""
+    if q.device.type != "cpu":
+        return attention(q, k, v, mask)
+    B, H, T, D = q.shape
+    if T < MIN_QUERIES:
+        q = torch.cat([q, q.new_zeros(B, H, MIN_QUERIES - T, D)], dim=2)
+    keys, least = k.shape[2], least_keys(D)
+    if keys < least:
+        k, v = (F.pad(x, (0, 0, 0, least - keys)) for x in (k, v))
+        real = torch.arange(least, device=q.device) < keys  # (least,)
+        mask = real if mask is None else F.pad(mask.expand(*mask.shape[:-1], keys), (0, least - keys), value=False)
+    return attention(q, k, v, mask)[:, :, :T]
+
+
 def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
     """(T, T) boolean mask: position i may attend to positions <= i."""
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()

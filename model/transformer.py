@@ -12,18 +12,13 @@ from model.config import ModelConfig
 from model.gemm import Linear, linear
 from model.kv_cache import CrossCache, KVCache
 from model.layers import (
-    NAIVE_BMM_MACS,
     FeedForward,
     MultiHeadAttention,
     PositionalEncoding,
-    attention,
     embedding_scale,
+    least_keys,
+    step_attention,
 )
-
-# A sentence's translation on CPU must not depend on its batch, to the bit (tests/test_compute_type.py). The
-# cross-attention's batched matmuls sum a row in the same order whatever the source is padded to, as long
-# as every batch takes ATen's matrix kernel: two query rows or more, and M x D x S >= NAIVE_BMM_MACS.
-MIN_CROSS_QUERIES = 2
 
 
 class EncoderLayer(nn.Module):
@@ -90,7 +85,7 @@ class DecoderLayer(nn.Module):
         k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
         k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, T, D)
         # Rows at a shared position see every cached one; rows at their own positions are masked.
-        return self.self_attn.merge_heads(attention(self.self_attn.project_q(h), k, v, mask))
+        return self.self_attn.merge_heads(step_attention(self.self_attn.project_q(h), k, v, mask))
 
     def _cross_step(self, h: torch.Tensor, layer: int, cross: CrossCache) -> torch.Tensor:
         q = self.cross_attn.project_q(h)  # (N, H, 1, D)
@@ -102,13 +97,8 @@ class DecoderLayer(nn.Module):
         else:  # rows in any order: scatter them to their sentence's query slots (unused slots stay 0)
             q = q.new_zeros(B * cross.beams, H, D).index_copy_(0, cross.row_index, q[:, :, 0])
             q = q.view(B, cross.beams, H, D)
-        K = q.shape[1]
-        if K < MIN_CROSS_QUERIES and q.device.type == "cpu":
-            # One query row would be a matrix-vector product, whose sums MKL groups by the source length:
-            # a second (zero) row keeps the matrix kernel, padding-blind like the rest of the step.
-            q = torch.cat([q, q.new_zeros(B, MIN_CROSS_QUERIES - K, H, D)], dim=1)
-        out = attention(q.transpose(1, 2), cross.keys(layer), cross.v[layer], cross.src_mask)  # (B, H, K', D)
-        out = out[:, :, :K].transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
+        out = step_attention(q.transpose(1, 2), cross.keys(layer), cross.v[layer], cross.src_mask)  # (B, H, K, D)
+        out = out.transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
         if cross.row_index is not None:
             out = out.index_select(0, cross.row_index)  # (N, H, 1, D)
         return self.cross_attn.merge_heads(out)
@@ -205,11 +195,9 @@ class Seq2Seq(nn.Module):
 
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
-        positions, D = memory.shape[1], self.cfg.d_model // self.cfg.decoder_attention_heads
-        least = -(-NAIVE_BMM_MACS // (MIN_CROSS_QUERIES * D))  # source positions
+        positions, least = memory.shape[1], least_keys(self.cfg.d_model // self.cfg.decoder_attention_heads)
         if positions < least and memory.device.type == "cpu":
-            # Masked positions up to the least: below it ATen multiplies in a scalar loop that rounds
-            # otherwise than the matrix kernel a longer source in the same batch takes.
+            # Masked positions up to the least once here, not in every step (layers.step_attention).
             memory = F.pad(memory, (0, 0, 0, least - positions))
             src_mask = F.pad(src_mask, (0, least - positions), value=False)
         kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views

@@ -43,7 +43,8 @@ def assert_same_as_alone(tr: Translator, arrivals: list[Arrival], results: dict[
     for _, key, ids, opts in arrivals:
         alone = tr.decode_batch([ids], opts)[0]
         assert [h.tokens for h in results[key]] == [h.tokens for h in alone], (key, opts)
-        assert [h.score for h in results[key]] == pytest.approx([h.score for h in alone], abs=1e-4)
+        # To the bit: padding-blind decode steps (layers.step_attention) and row-wise GEMMs (model/gemm.py).
+        assert [h.score for h in results[key]] == [h.score for h in alone], (key, opts)
 
 
 @pytest.mark.parametrize("first_step_apart", [True, False])  # False: as on a GPU, K rows from the start

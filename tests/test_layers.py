@@ -2,8 +2,9 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from model.layers import PositionalEncoding, attention, sinusoidal_table, softmax_, subsequent_mask
+from model.layers import PositionalEncoding, attention, sinusoidal_table, softmax_, step_attention, subsequent_mask
 
 
 def test_attention_is_softmax_of_scaled_dot_products() -> None:
@@ -80,3 +81,20 @@ def test_softmax_keeps_autograd_working_on_narrow_rows() -> None:
     softmax_(scores * 1.0)[..., 0].sum().backward()
     expected = torch.func.grad(lambda s: torch.softmax(s, -1)[..., 0].sum())(scores.detach())
     torch.testing.assert_close(scores.grad, expected)
+
+
+@pytest.mark.parametrize(("queries", "keys"), [(1, 1), (1, 3), (1, 12), (4, 2), (4, 20)])
+def test_step_attention_gives_a_row_the_same_bits_however_its_batch_pads_it(queries: int, keys: int) -> None:
+    # Rows at their own positions (continuous batching): a row alone over its own keys, and beside rows
+    # with more keys, its own then masked.
+    torch.manual_seed(queries * 100 + keys)
+    q, k, v = torch.randn(1, 4, queries, 64), torch.randn(1, 4, keys, 64), torch.randn(1, 4, keys, 64)
+    alone = step_attention(q, k, v, None)
+    torch.testing.assert_close(alone, attention(q, k, v), atol=1e-5, rtol=1e-5)
+    for longest in (keys + 1, keys + 7, 40):
+        others = [torch.randn(5, 4, n, 64) for n in (queries, longest, longest)]
+        qb = torch.cat([q, others[0]])
+        kb = torch.cat([F.pad(k, (0, 0, 0, longest - keys)), others[1]])
+        vb = torch.cat([F.pad(v, (0, 0, 0, longest - keys)), others[2]])
+        mask = (torch.arange(longest) < torch.tensor([keys, *[longest] * 5])[:, None])[:, None, None, :]
+        assert torch.equal(step_attention(qb, kb, vb, mask)[:1], alone), longest
