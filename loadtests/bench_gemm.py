@@ -1,4 +1,6 @@
-"""The decoder's GEMM shapes: F.linear (MKL sgemm) vs model.gemm.linear (oneDNN), side by side on CPU.
+"""The decoder's GEMM shapes, side by side on CPU: F.linear (MKL sgemm) vs model.gemm.linear (oneDNN,
+float32), and the two int8 paths of model/quant.py (torch._int_mm vs oneDNN's prepacked int8 matmul,
+each with its scaling passes; the same bits).
 
 python loadtests/bench_gemm.py [--threads 2] [--d-model 256] [--ffn 1024] [--vocab 8000]
 """
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.gemm import linear
+from model.quant import ONEDNN_INT8, Int8Weight, linear_int8, quantize_weight
 
 
 def best_ms(fn: Callable[[], object], repeats: int = 5, n: int = 50) -> float:
@@ -41,15 +44,42 @@ def main() -> None:
     C = args.d_model
     shapes = {"attention proj": (C, C), "ffn fc1": (args.ffn, C), "ffn fc2": (C, args.ffn), "output": (args.vocab, C)}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; times in ms (best of 5)")
-    print("| shape | rows | F.linear | oneDNN | ratio |\n|---|---|---|---|---|")
+    print(
+        "| shape | rows | F.linear | oneDNN float32 | ratio | int8 `_int_mm` | int8 oneDNN | ratio |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     with torch.inference_mode():
         for name, (n_out, n_in) in shapes.items():
-            w, b = torch.randn(n_out, n_in), torch.randn(n_out)
-            for rows in (16, 64, 256):
+            w, b = torch.randn(n_out, n_in) * 0.05, torch.randn(n_out)
+            packed = quantize_weight(w)
+            plain = Int8Weight(packed.qweight, packed.scale)  # no oneDNN copy: torch._int_mm
+            for rows in (4, 16, 64, 256):
                 x = torch.randn(rows, n_in)
                 ref = best_ms(lambda x=x, w=w, b=b: F.linear(x, w, b))
                 ours = best_ms(lambda x=x, w=w, b=b: linear(x, w, b))
-                print(f"| {name} ({n_in}->{n_out}) | {rows} | {ref:.3f} | {ours:.3f} | {ref / ours:.2f}x |", flush=True)
+                int_mm = best_ms(lambda x=x, b=b, q=plain: linear_int8(x, q, b))
+                # Where oneDNN's int8 matmul is a reference loop (model.quant.ONEDNN_INT8 False) it is not timed.
+                cells = "reference loop | |"
+                if ONEDNN_INT8:
+                    onednn = best_ms(lambda x=x, b=b, q=packed: _onednn_int8(x, q, b))
+                    cells = f"{onednn:.3f} | {int_mm / onednn:.2f}x |"
+                print(
+                    f"| {name} ({n_in}->{n_out}) | {rows} | {ref:.3f} | {ours:.3f} | {ref / ours:.2f}x "
+                    f"| {int_mm:.3f} | {cells}",
+                    flush=True,
+                )
+
+
+def _onednn_int8(x: torch.Tensor, q: Int8Weight, b: torch.Tensor) -> torch.Tensor:
+    """model.quant's oneDNN path whatever the size (linear_int8 keeps _int_mm for small products)."""
+    from model import quant
+
+    saved = quant.ONEDNN_MIN_WEIGHT
+    quant.ONEDNN_MIN_WEIGHT = 0
+    try:
+        return linear_int8(x, q, b)
+    finally:
+        quant.ONEDNN_MIN_WEIGHT = saved
 
 
 if __name__ == "__main__":

@@ -193,7 +193,7 @@ class InflightBatch:
         if keep.numel() < b:
             cross.select(keep)
         # Every beam continues its sentence's one row: position 0 of rows N + i * K + k is that row's.
-        k, v = (c[:, keep].repeat_interleave(K, dim=1) for c in (first.k, first.v))  # (L, b' * K, H, 1, D)
+        k, v = (c[:, keep, :, :1].repeat_interleave(K, dim=1) for c in (first.k, first.v))  # (L, b' * K, H, 1, D)
         self.cache.write(self.rows, k, v)
         return keep, token[keep].reshape(-1)
 

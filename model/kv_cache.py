@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from model.layers import attended_keys
+
 
 class KVCache:
     """Self-attention keys/values of every decoder layer, preallocated and written in place.
@@ -14,6 +16,8 @@ class KVCache:
     rows are compacted away by `reorder`. Every row may sit at its own position (continuous batching,
     where sentences join at different steps); positions fill up to `length`. The position capacity
     starts at `max_length` and doubles when a row passes it (a rare copy, never a per-step one).
+    On CPU attention reads up to `layers.attended_keys` positions (the extra ones masked), so the
+    buffer holds those too and a step never copies keys to pad them.
     """
 
     def __init__(
@@ -38,6 +42,7 @@ class KVCache:
         self.rows = rows
         self.length = 0  # positions written so far (the longest row)
         self.limit = limit or max_length  # the capacity may grow up to this many positions
+        self.padded = device.type == "cpu"  # attention reads visible(length) positions
 
     @property
     def max_length(self) -> int:
@@ -61,16 +66,25 @@ class KVCache:
         """
         n = self.rows
         if isinstance(pos, int):
-            self._fit(pos + 1)
             self.length = max(self.length, pos + 1)
+            t = self.visible(self.length)
+            self._fit(t)
             self.k[layer, :n, :, pos] = k[:, :, 0]
             self.v[layer, :n, :, pos] = v[:, :, 0]
-        else:
+            if t > self.length:  # masked, but read: 0 * NaN from unwritten memory would be NaN
+                self.k[layer, :n, :, self.length : t] = 0
+                self.v[layer, :n, :, self.length : t] = 0
+        else:  # positions reserved, the cache zeroed (Seq2Seq.new_cache(zeroed=True))
             index = torch.arange(n, device=pos.device)
             self.k[layer, index, :, pos] = k[:, :, 0]
             self.v[layer, index, :, pos] = v[:, :, 0]
-        t = self.length
+            t = self.visible(self.length)
         return self.k[layer, :n, :, :t], self.v[layer, :n, :, :t]
+
+    def visible(self, length: int) -> int:
+        """Positions attention reads when `length` are written: on CPU up to layers.attended_keys, masked
+        past `length` (within the capacity limit; beyond it the step pads a copy)."""
+        return min(attended_keys(length, self.k.shape[4]), max(self.limit, length)) if self.padded else length
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Rows start.. take positions [0, t) from k, v (L, n, H, t, D); the live row count is not changed."""
@@ -85,7 +99,7 @@ class KVCache:
         T is the furthest row's position + 1: once a long sentence leaves, shorter ones stop paying for it.
         """
         length = int(pos.max()) + 1
-        self._fit(length)
+        self._fit(self.visible(length))
         self.length = length
         return length
 
@@ -177,7 +191,7 @@ class CrossCache:
     row_index: torch.Tensor | None = None  # (N,) sentence * beams + beam of each hypothesis row
     beams: int = 0  # query positions per sentence when row_index is set
     keys_transposed: bool = False
-    min_positions: int = 0  # source positions kept however short the sources (Seq2Seq.cross_cache)
+    padded: bool = False  # source positions kept at layers.attended_keys (CPU; Seq2Seq.cross_cache)
 
     def keys(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s keys as (B, H, S, D), whatever their storage."""
@@ -204,7 +218,9 @@ class CrossCache:
 
     def trim(self) -> None:
         """Drop source positions no remaining sentence uses (after long sentences left)."""
-        S = max(int(self.src_mask.sum(-1).max()), self.min_positions) if self.src_mask.numel() else 0
+        S = int(self.src_mask.sum(-1).max()) if self.src_mask.numel() else 0
+        if self.padded and S:
+            S = attended_keys(S, self.v[0].shape[-1])
         if 0 < S < self.src_mask.shape[3]:
             self.k = [k.narrow(self._k_source_dim, 0, S) for k in self.k]
             self.v = [v[:, :, :S] for v in self.v]

@@ -25,13 +25,17 @@ def attention(
     q: (B, H, T, D), k and v: (B, H, S, D), mask broadcastable to (B, H, T, S) -> (B, H, T, D)
     """
     if q.device.type == "cpu" and q.shape[-2] <= 8 and not causal and not dropout:
-        # Decode steps (a query or a few beams): PyTorch's CPU flash kernel is 2-4x slower here than
-        # two batched matmuls (measured on the decode shapes), so compute the same formula directly.
-        scores = _batched_matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (B, H, T, S)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return _batched_matmul(softmax_(scores), v)
+        return _step_formula(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+
+
+def _step_formula(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """`attention` as two batched matmuls: on decode steps (a query or a few beams) PyTorch's CPU flash
+    kernel is 2-4x slower (measured on the decode shapes)."""
+    scores = _batched_matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return _batched_matmul(softmax_(scores), v)
 
 
 def softmax_(scores: torch.Tensor) -> torch.Tensor:
@@ -64,31 +68,52 @@ def _batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # A decode step's attention on CPU sums each query row in an order that does not depend on its batch (how
-# many key positions the batch pads to, how many rows) only while every batch takes ATen's matrix kernel:
-# a lone query row would be a matrix-vector product, whose sums MKL groups by the key length, and below
-# NAIVE_BMM_MACS ATen multiplies in a scalar loop. So queries come at least MIN_QUERIES to a matrix
-# (zero rows beside them) over at least least_keys(D) positions (masked ones after the real ones).
+# many key positions the batch pads to, how many rows) only while every batch takes the same kernel of
+# ATen's batched GEMM (MKL). MKL picks kernels by the matrix shape, differently by CPU: a lone query row
+# would be a matrix-vector product, below NAIVE_BMM_MACS ATen multiplies in a scalar loop, and on AMD's
+# Zen 4, 2-3 query rows, 4 and more, a key count that is not a multiple of 4, and fewer than 12 keys
+# beside 4 or more rows each take a kernel of their own. So a step's shapes are canonical: self-attention
+# queries (one a row) come MIN_QUERIES to a matrix (zero rows beside them), cross-attention queries (a
+# sentence's beams, whose count varies within a continuous batch) a multiple of CROSS_QUERY_MULTIPLE, and
+# keys number a multiple of KEY_MULTIPLE, at least least_keys(D) (masked ones after the real ones).
 MIN_QUERIES = 2
+CROSS_QUERY_MULTIPLE = 4
+KEY_MULTIPLE = 4
+LEAST_KEYS = 12
 
 
 def least_keys(head_dim: int) -> int:
-    return -(-NAIVE_BMM_MACS // (MIN_QUERIES * head_dim))
+    return _round_up(max(LEAST_KEYS, -(-NAIVE_BMM_MACS // (MIN_QUERIES * head_dim))), KEY_MULTIPLE)
 
 
-def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attended_keys(keys: int, head_dim: int) -> int:
+    """Key positions a CPU decode step attends over for `keys` real ones (masked ones after them)."""
+    return max(least_keys(head_dim), _round_up(keys, KEY_MULTIPLE))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def step_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, cross: bool = False
+) -> torch.Tensor:
     """`attention` for decode steps, padding-blind on CPU (above). q: (B, H, T, D), k, v: (B, H, S, D),
-    mask broadcastable to (B, H, T, S) or None -> (B, H, T, D)."""
+    mask broadcastable to (B, H, T, S) or None -> (B, H, T, D). `cross`: q holds each sentence's beams.
+    Callers hand over keys already at attended_keys(S) (the caches keep them so); others are padded here."""
     if q.device.type != "cpu":
         return attention(q, k, v, mask)
     B, H, T, D = q.shape
-    if T < MIN_QUERIES:
-        q = torch.cat([q, q.new_zeros(B, H, MIN_QUERIES - T, D)], dim=2)
-    keys, least = k.shape[2], least_keys(D)
-    if keys < least:
-        k, v = (F.pad(x, (0, 0, 0, least - keys)) for x in (k, v))
-        real = torch.arange(least, device=q.device) < keys  # (least,)
-        mask = real if mask is None else F.pad(mask.expand(*mask.shape[:-1], keys), (0, least - keys), value=False)
-    return attention(q, k, v, mask)[:, :, :T]
+    rows = _round_up(T, CROSS_QUERY_MULTIPLE) if cross else max(T, MIN_QUERIES)
+    if rows > T:
+        q = torch.cat([q, q.new_zeros(B, H, rows - T, D)], dim=2)
+    keys = k.shape[2]
+    attended = attended_keys(keys, D)
+    if keys < attended:
+        k, v = (F.pad(x, (0, 0, 0, attended - keys)) for x in (k, v))
+        real = torch.arange(attended, device=q.device) < keys  # (S',)
+        mask = real if mask is None else F.pad(mask.expand(*mask.shape[:-1], keys), (0, attended - keys), value=False)
+    return _step_formula(q, k, v, mask)[:, :, :T]
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:

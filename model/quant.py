@@ -10,13 +10,16 @@ The GEMM is oneDNN's int8 matmul (`onednn::qlinear_pointwise`, VNNI or AMX where
 a copy of the weight reordered once into oneDNN's blocked layout, with the column scales applied in its
 epilogue: the product is exact in int32 and then scaled as one float multiply per element, so it equals
 `torch._int_mm` (which reorders the weight on every call) times the column scales, to the bit, in 2-4x
-less time on the decoder's shapes (`python loadtests/bench_gemm.py`). Builds without that op keep
-`torch._int_mm` on the (N, K) weight's transposed view.
+less time on the decoder's shapes (`python loadtests/bench_gemm.py`). Builds without that op, and CPUs
+where it is a reference loop rather than a JIT kernel (ONEDNN_INT8), keep `torch._int_mm` on the (N, K)
+weight's transposed view.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +40,8 @@ class Int8Weight:
         return self.qweight.float() * self.scale[:, None]  # (N, K)
 
 
-def _onednn_qlinear() -> bool:
+def _onednn_qlinear_computes() -> bool:
+    """Whether this build has oneDNN's int8 matmul and it computes right."""
     try:
         probe = torch.ops.onednn.qlinear_prepack(torch.ones(2, 4, dtype=torch.int8), None)
         y = torch.ops.onednn.qlinear_pointwise(
@@ -49,7 +53,33 @@ def _onednn_qlinear() -> bool:
         return False
 
 
-ONEDNN_INT8 = _onednn_qlinear()
+def _onednn_qlinear_is_fast() -> bool:
+    """Whether oneDNN's int8 matmul is a real kernel here: where its JIT does not serve the CPU (AMD's Zen 4
+    with PyTorch 2.13) the op falls back to a reference loop 1,000x slower than torch._int_mm. Timed
+    against that on a 1M multiply-add product: ~0.1 ms either way where both are real, ~20 ms for the loop."""
+    with torch.inference_mode():
+        x, w = torch.ones(16, 256, dtype=torch.int8), torch.ones(256, 256, dtype=torch.int8)
+        packed = torch.ops.onednn.qlinear_prepack(w, None)
+        scale, zeros = torch.ones(256), torch.zeros(256, dtype=torch.int64)
+        onednn = _best_s(lambda: torch.ops.onednn.qlinear_pointwise(
+            x, 1.0, 0, packed, scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+        ))  # fmt: skip
+        int_mm = _best_s(lambda: torch._int_mm(x, w.t()))
+    return onednn < 10 * int_mm + 1e-4
+
+
+def _best_s(fn: Callable[[], object], repeats: int = 3) -> float:
+    fn()  # the first call builds the primitive
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+ONEDNN_INT8_COMPUTES = _onednn_qlinear_computes()
+ONEDNN_INT8 = ONEDNN_INT8_COMPUTES and _onednn_qlinear_is_fast()  # used where it runs, and fast
 # oneDNN's op costs about 40 us a call before any arithmetic; torch._int_mm about 20 us plus a reorder of
 # the weight. So oneDNN for large weights (the output projection, the feed-forward of d_model 512) and
 # for many rows; _int_mm for the rest (`python loadtests/bench_gemm.py`). Both give the same bits.
@@ -71,9 +101,9 @@ def quantize_weight(weight: torch.Tensor) -> Int8Weight:
     return int8_weight(q.contiguous(), scale.squeeze(1).contiguous())
 
 
-def int8_weight(qweight: torch.Tensor, scale: torch.Tensor) -> Int8Weight:
-    """An int8 (N, K) weight and its (N,) row scales, packed for oneDNN where it runs."""
-    if not ONEDNN_INT8 or qweight.device.type != "cpu":
+def int8_weight(qweight: torch.Tensor, scale: torch.Tensor, onednn: bool = ONEDNN_INT8) -> Int8Weight:
+    """An int8 (N, K) weight and its (N,) row scales, packed for oneDNN where it runs (`onednn`)."""
+    if not onednn or qweight.device.type != "cpu":
         return Int8Weight(qweight, scale)
     with torch.inference_mode():
         packed = torch.ops.onednn.qlinear_prepack(qweight, None)

@@ -15,8 +15,8 @@ from model.layers import (
     FeedForward,
     MultiHeadAttention,
     PositionalEncoding,
+    attended_keys,
     embedding_scale,
-    least_keys,
     step_attention,
 )
 
@@ -97,7 +97,8 @@ class DecoderLayer(nn.Module):
         else:  # rows in any order: scatter them to their sentence's query slots (unused slots stay 0)
             q = q.new_zeros(B * cross.beams, H, D).index_copy_(0, cross.row_index, q[:, :, 0])
             q = q.view(B, cross.beams, H, D)
-        out = step_attention(q.transpose(1, 2), cross.keys(layer), cross.v[layer], cross.src_mask)  # (B, H, K, D)
+        keys, values = cross.keys(layer), cross.v[layer]
+        out = step_attention(q.transpose(1, 2), keys, values, cross.src_mask, cross=True)  # (B, H, K, D)
         out = out.transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
         if cross.row_index is not None:
             out = out.index_select(0, cross.row_index)  # (N, H, 1, D)
@@ -195,19 +196,19 @@ class Seq2Seq(nn.Module):
 
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
-        positions, least = memory.shape[1], least_keys(self.cfg.d_model // self.cfg.decoder_attention_heads)
-        if positions < least and memory.device.type == "cpu":
-            # Masked positions up to the least once here, not in every step (layers.step_attention).
-            memory = F.pad(memory, (0, 0, 0, least - positions))
-            src_mask = F.pad(src_mask, (0, least - positions), value=False)
+        cpu = memory.device.type == "cpu"
+        positions = memory.shape[1]
+        attended = attended_keys(positions, self.cfg.d_model // self.cfg.decoder_attention_heads) if cpu else positions
+        if attended > positions:
+            # Masked positions up to what a CPU step attends over, once here (layers.step_attention).
+            memory = F.pad(memory, (0, 0, 0, attended - positions))
+            src_mask = F.pad(src_mask, (0, attended - positions), value=False)
         kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
         # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
         # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
-        transposed = memory.device.type == "cpu"
-        keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
+        keys = [(k.transpose(-1, -2) if cpu else k).contiguous() for k, _ in kv]
         values = [v.contiguous() for _, v in kv]
-        least = least if memory.device.type == "cpu" else 0
-        return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=transposed, min_positions=least)
+        return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=cpu, padded=cpu)
 
     def new_cache(
         self,
@@ -258,11 +259,15 @@ class Seq2Seq(nn.Module):
         if isinstance(pos, int):
             self._check_length(pos + 1)
             positions = torch.tensor([pos], device=tokens.device)
+            written = max(cache.length, pos + 1)
+            if cache.visible(written) > written:  # CPU: masked positions after the written ones (KVCache)
+                self_mask = torch.arange(cache.visible(written), device=tokens.device) < written  # (T',)
         else:
             T = cache.reserve(pos)
             self._check_length(T)
             positions = pos[:, None]  # (N, 1)
-            self_mask = (torch.arange(T, device=pos.device) <= positions)[:, None, None, :]  # (N, 1, 1, T)
+            visible = torch.arange(cache.visible(T), device=pos.device)
+            self_mask = (visible <= positions)[:, None, None, :]  # (N, 1, 1, T')
         x = self.embed_at(tokens[:, None], positions, target=True)  # (N, 1, C)
         for i, layer in enumerate(self.decoders):
             x = layer.step(x, i, pos, cache, cross, self_mask)

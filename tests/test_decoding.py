@@ -94,9 +94,10 @@ def test_a_finished_sentence_is_refilled_by_the_last_block() -> None:
 def test_cpu_cross_cache_stores_keys_transposed_and_keeps_them_through_select_extend_trim() -> None:
     st = stepper(B=3, K=2)
     cross = st.cross
-    # Sources shorter than ceil(NAIVE_BMM_MACS / (2 x D)) = 25 positions are padded to that (transformer.py).
-    least = cross.min_positions
-    assert least == 25 and bool((~cross.src_mask[..., 5:]).all())
+    # Sources are padded to layers.attended_keys: at least ceil(NAIVE_BMM_MACS / (2 x D)) = 25 positions,
+    # a multiple of 4 (Seq2Seq.cross_cache).
+    least = 28
+    assert cross.padded and cross.src_mask.shape[-1] == least and bool((~cross.src_mask[..., 5:]).all())
     assert cross.keys_transposed and cross.k[0].shape[-2:] == (8, least)  # (B, H, D, S) for d_model 16, 2 heads
     short = st.model.cross_cache(
         st.model.encode(torch.randint(0, 23, (1, 3)), torch.ones(1, 3, dtype=torch.bool)),
@@ -107,8 +108,8 @@ def test_cpu_cross_cache_stores_keys_transposed_and_keeps_them_through_select_ex
         torch.ones(1, 30, dtype=torch.bool),
     )
     cross.extend(short)
-    cross.extend(long)  # padded to 30 source positions
-    assert cross.k[0].shape == (5, 2, 8, 30)
+    cross.extend(long)  # 30 source positions, padded to 32
+    assert cross.k[0].shape == (5, 2, 8, 32)
     torch.testing.assert_close(cross.keys(0)[3, :, :least], short.keys(0)[0])
     assert bool((cross.keys(0)[3, :, least:] == 0).all()) and not cross.src_mask[3, ..., 3:].any()
     cross.select(torch.tensor([3]))  # only the short sentence: trim drops the padding past the least

@@ -98,3 +98,21 @@ def test_step_attention_gives_a_row_the_same_bits_however_its_batch_pads_it(quer
         vb = torch.cat([F.pad(v, (0, 0, 0, longest - keys)), others[2]])
         mask = (torch.arange(longest) < torch.tensor([keys, *[longest] * 5])[:, None])[:, None, None, :]
         assert torch.equal(step_attention(qb, kb, vb, mask)[:1], alone), longest
+
+
+@pytest.mark.parametrize(("beams", "keys"), [(1, 3), (2, 9), (4, 13), (5, 20)])
+def test_cross_step_attention_gives_a_sentence_the_same_bits_beside_more_beams_and_longer_sources(
+    beams: int, keys: int
+) -> None:
+    # Continuous batching: a sentence's beams are query rows, as many as the batch's widest search (the
+    # rest zeros), over the batch's longest source (the rest masked).
+    torch.manual_seed(beams * 100 + keys)
+    q, k, v = torch.randn(1, 4, beams, 64), torch.randn(1, 4, keys, 64), torch.randn(1, 4, keys, 64)
+    alone = step_attention(q, k, v, None, cross=True)
+    torch.testing.assert_close(alone, attention(q, k, v), atol=1e-5, rtol=1e-5)
+    for widest, longest in ((beams, keys + 1), (5, keys + 6), (8, 41)):
+        qb = torch.cat([F.pad(q, (0, 0, 0, widest - beams)), torch.randn(3, 4, widest, 64)])
+        kb = torch.cat([F.pad(k, (0, 0, 0, longest - keys)), torch.randn(3, 4, longest, 64)])
+        vb = torch.cat([F.pad(v, (0, 0, 0, longest - keys)), torch.randn(3, 4, longest, 64)])
+        mask = (torch.arange(longest) < torch.tensor([keys, longest, longest, longest])[:, None])[:, None, None, :]
+        assert torch.equal(step_attention(qb, kb, vb, mask, cross=True)[:1, :, :beams], alone), (widest, longest)
