@@ -19,7 +19,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.gemm import linear
-from model.quant import ONEDNN_INT8, Int8Weight, linear_int8, quantize_weight
+from model.quant import Int8Weight, linear_int8, onednn_int8, quantize_weight
 
 
 def best_ms(fn: Callable[[], object], repeats: int = 5, n: int = 50) -> float:
@@ -58,9 +58,9 @@ def main() -> None:
                 ref = best_ms(lambda x=x, w=w, b=b: F.linear(x, w, b))
                 ours = best_ms(lambda x=x, w=w, b=b: linear(x, w, b))
                 int_mm = best_ms(lambda x=x, b=b, q=plain: linear_int8(x, q, b))
-                # Where oneDNN's int8 matmul is a reference loop (model.quant.ONEDNN_INT8 False) it is not timed.
+                # Where oneDNN's int8 matmul is a reference loop (model.quant.onednn_int8() False) it is not timed.
                 cells = "reference loop | |"
-                if ONEDNN_INT8:
+                if onednn_int8():
                     onednn = best_ms(lambda x=x, b=b, q=packed: _onednn_int8(x, q, b))
                     cells = f"{onednn:.3f} | {int_mm / onednn:.2f}x |"
                 print(

@@ -11,12 +11,13 @@ a copy of the weight reordered once into oneDNN's blocked layout, with the colum
 epilogue: the product is exact in int32 and then scaled as one float multiply per element, so it equals
 `torch._int_mm` (which reorders the weight on every call) times the column scales, to the bit, in 2-4x
 less time on the decoder's shapes (`python loadtests/bench_gemm.py`). Builds without that op, and CPUs
-where it is a reference loop rather than a JIT kernel (ONEDNN_INT8), keep `torch._int_mm` on the (N, K)
+where it is a reference loop rather than a JIT kernel (onednn_int8()), keep `torch._int_mm` on the (N, K)
 weight's transposed view.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Callable
@@ -40,7 +41,8 @@ class Int8Weight:
         return self.qweight.float() * self.scale[:, None]  # (N, K)
 
 
-def _onednn_qlinear_computes() -> bool:
+@functools.cache
+def onednn_int8_computes() -> bool:
     """Whether this build has oneDNN's int8 matmul and it computes right."""
     try:
         probe = torch.ops.onednn.qlinear_prepack(torch.ones(2, 4, dtype=torch.int8), None)
@@ -53,10 +55,16 @@ def _onednn_qlinear_computes() -> bool:
         return False
 
 
-def _onednn_qlinear_is_fast() -> bool:
-    """Whether oneDNN's int8 matmul is a real kernel here: where its JIT does not serve the CPU (AMD's Zen 4
-    with PyTorch 2.13) the op falls back to a reference loop 1,000x slower than torch._int_mm. Timed
-    against that on a 1M multiply-add product: ~0.1 ms either way where both are real, ~20 ms for the loop."""
+@functools.cache
+def onednn_int8() -> bool:
+    """Whether int8 GEMMs take oneDNN's int8 matmul: it computes right here and is a real kernel. Where
+    oneDNN's JIT does not serve the CPU (AMD's Zen 4 with PyTorch 2.13) the op falls back to a reference
+    loop 1,000x slower than torch._int_mm, so it is timed against that on a 1M multiply-add product (~0.1 ms
+    either way where both are real, ~20 ms for the loop). Asked at the first quantised weight, inside
+    Translator.load's one thread: run at import, the probe would start an OpenMP team in the importing
+    thread (model/translator.py says why a server must not have two)."""
+    if not onednn_int8_computes():
+        return False
     with torch.inference_mode():
         x, w = torch.ones(16, 256, dtype=torch.int8), torch.ones(256, 256, dtype=torch.int8)
         packed = torch.ops.onednn.qlinear_prepack(w, None)
@@ -78,8 +86,6 @@ def _best_s(fn: Callable[[], object], repeats: int = 3) -> float:
     return best
 
 
-ONEDNN_INT8_COMPUTES = _onednn_qlinear_computes()
-ONEDNN_INT8 = ONEDNN_INT8_COMPUTES and _onednn_qlinear_is_fast()  # used where it runs, and fast
 # oneDNN's op costs about 40 us a call before any arithmetic; torch._int_mm about 20 us plus a reorder of
 # the weight. So oneDNN for large weights (the output projection, the feed-forward of d_model 512) and
 # for many rows; _int_mm for the rest (`python loadtests/bench_gemm.py`). Both give the same bits.
@@ -101,9 +107,10 @@ def quantize_weight(weight: torch.Tensor) -> Int8Weight:
     return int8_weight(q.contiguous(), scale.squeeze(1).contiguous())
 
 
-def int8_weight(qweight: torch.Tensor, scale: torch.Tensor, onednn: bool = ONEDNN_INT8) -> Int8Weight:
-    """An int8 (N, K) weight and its (N,) row scales, packed for oneDNN where it runs (`onednn`)."""
-    if not onednn or qweight.device.type != "cpu":
+def int8_weight(qweight: torch.Tensor, scale: torch.Tensor, onednn: bool | None = None) -> Int8Weight:
+    """An int8 (N, K) weight and its (N,) row scales, packed for oneDNN where it runs (`onednn`; by
+    default where onednn_int8())."""
+    if qweight.device.type != "cpu" or not (onednn_int8() if onednn is None else onednn):
         return Int8Weight(qweight, scale)
     with torch.inference_mode():
         packed = torch.ops.onednn.qlinear_prepack(qweight, None)

@@ -16,7 +16,7 @@ from model import Translator, checkpoint
 from model import compute_type as compute
 from model.gemm import Linear
 from model.layers import FeedForward
-from model.quant import ONEDNN_INT8_COMPUTES, Int8Weight, int8_of, int8_weight, linear_int8, quantize_weight
+from model.quant import Int8Weight, int8_of, int8_weight, linear_int8, onednn_int8_computes, quantize_weight
 from model.translator import PRETRAINED_DIR
 from service.cli import main
 
@@ -117,10 +117,10 @@ def test_an_int8_product_row_is_exactly_the_same_in_any_batch(k: int, n: int) ->
 
 
 def test_the_onednn_and_int_mm_paths_give_the_same_bits() -> None:
-    if not ONEDNN_INT8_COMPUTES:
+    if not onednn_int8_computes():
         pytest.skip("this torch build has no oneDNN int8 matmul")
     torch.manual_seed(1)
-    # 16 rows: where oneDNN's int8 matmul is a reference loop (quant.ONEDNN_INT8 False) it still computes
+    # 16 rows: where oneDNN's int8 matmul is a reference loop (quant.onednn_int8() False) it still computes
     x, w, b = torch.randn(16, 512), torch.randn(2048, 512) * 0.05, torch.randn(2048)
     plain = quantize_weight(w)
     packed = int8_weight(plain.qweight, plain.scale, onednn=True)
