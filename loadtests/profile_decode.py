@@ -3,6 +3,7 @@ against device time per decoder step.
 
     python loadtests/profile_decode.py --device cuda            # today's path, batches of 64
     python loadtests/profile_decode.py --device cuda --slots    # the static decode state, CUDA graphs
+    python loadtests/profile_decode.py --compute-type int8 --threads 1
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
+    p.add_argument("--compute-type", default=None, help="float32, int8, bfloat16, ... (model/compute_type.py)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: every CPU)")
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k")
@@ -34,7 +37,9 @@ def main() -> None:
     import os
 
     data = Path(os.environ.get("BEAMSERVE_DATA", args.data))
-    tr = Translator.load("en-de", args.device, dtype=args.dtype)
+    tr = Translator.load(
+        "en-de", args.device, dtype=args.dtype, compute_type=args.compute_type, num_threads=args.threads
+    )
     with gzip.open(data / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f][: args.batch * 2]
     enc = sorted((tr.encode(t) for t in texts), key=len)
