@@ -43,6 +43,8 @@ class KVCache:
         self.length = 0  # positions written so far (the longest row)
         self.limit = limit or max_length  # the capacity may grow up to this many positions
         self.padded = device.type == "cpu"  # attention reads visible(length) positions
+        # Positions below this hold no never-written memory (masked positions are read: 0 * NaN is NaN).
+        self.zeroed_to = self.limit if zeroed else 0
 
     @property
     def max_length(self) -> int:
@@ -60,7 +62,8 @@ class KVCache:
         k: torch.Tensor,
         v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (N, H, 1, D) at `pos` (an int, or (N,) per row); return positions [0, length) as (N, H, T, D).
+        """Write k, v (N, H, 1, D) at `pos` (an int, or (N,) per row); return positions [0, visible(length))
+        as (N, H, T', D).
 
         Per-row positions must be reserved first; the caller masks each row's positions past its own.
         """
@@ -69,11 +72,12 @@ class KVCache:
             self.length = max(self.length, pos + 1)
             t = self.visible(self.length)
             self._fit(t)
+            if t > self.zeroed_to:  # once per newly visible position, every layer (before any writes there)
+                self.k[:, :, :, self.zeroed_to : t] = 0
+                self.v[:, :, :, self.zeroed_to : t] = 0
+                self.zeroed_to = t
             self.k[layer, :n, :, pos] = k[:, :, 0]
             self.v[layer, :n, :, pos] = v[:, :, 0]
-            if t > self.length:  # masked, but read: 0 * NaN from unwritten memory would be NaN
-                self.k[layer, :n, :, self.length : t] = 0
-                self.v[layer, :n, :, self.length : t] = 0
         else:  # positions reserved, the cache zeroed (Seq2Seq.new_cache(zeroed=True))
             index = torch.arange(n, device=pos.device)
             self.k[layer, index, :, pos] = k[:, :, 0]
