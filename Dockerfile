@@ -15,10 +15,12 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 # jemalloc, which the model replicas preload (BEAMSERVE_ALLOCATOR=auto): under glibc's malloc a
 # replica's resident memory creeps with the ever-changing tensor sizes of decoding; under jemalloc it
-# levels off (docs/benchmarks.md "Memory"). The distribution's package, its version the base image's.
+# levels off (docs/benchmarks.md "Memory"). A C compiler, for beamserve's int8 row kernels (setup.py).
+# The distribution's packages, their versions the base image's.
 USER 0
 # hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 
 # Ray's image otherwise runs as the non-root user `ray` (uid 1000) with a user-owned Python; numeric
 # so Kubernetes' runAsNonRoot can verify it.
@@ -32,7 +34,7 @@ COPY --chown=ray:users deploy/requirements.lock ./deploy/requirements.lock
 RUN pip install --no-cache-dir --require-hashes --no-deps -r deploy/requirements.lock \
  && pip install --no-cache-dir torch==2.13.0 --index-url "${TORCH_INDEX}"
 
-COPY --chown=ray:users pyproject.toml README.md LICENSE ./
+COPY --chown=ray:users pyproject.toml setup.py README.md LICENSE ./
 COPY --chown=ray:users model ./model
 COPY --chown=ray:users service ./service
 COPY --chown=ray:users deploy ./deploy

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from model import native
+
 QMAX = 127.0  # symmetric int8: -127..127, so a row's scale maps its largest magnitude to 127
 
 
@@ -102,6 +104,15 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.div(w, scale).round_().to(torch.int8), scale
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows for a GEMM's activation rows x (M, K): in one pass where the C kernels are built."""
+    if not native.available():
+        return quantize_rows(x)
+    if x.dtype != torch.float32 or x.stride(-1) != 1:
+        x = x.float().contiguous()
+    return native.quantize_rows(x)
+
+
 def quantize_weight(weight: torch.Tensor) -> Int8Weight:
     q, scale = quantize_rows(weight.detach())
     return int8_weight(q.contiguous(), scale.squeeze(1).contiguous())
@@ -145,7 +156,7 @@ def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None
     """x (..., K) @ weight^T + bias with int8 operands: x quantised per row, the int32 product scaled
     back per row and per column. Returns (..., N) in x's dtype."""
     lead, K = x.shape[:-1], x.shape[-1]
-    xq, xs = quantize_rows(x.reshape(-1, K))  # (M, K) int8, (M, 1)
+    xq, xs = quantize_activations(x.reshape(-1, K))  # (M, K) int8, (M, 1)
     M, N = xq.shape[0], q.qweight.shape[0]
     if q.packed is not None and (N * K >= ONEDNN_MIN_WEIGHT or M * N * K >= ONEDNN_MIN_MACS):
         if M == 1:  # oneDNN's one-row int8 primitive is 30-250x slower than its two-row one
@@ -158,6 +169,8 @@ def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None
         y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
         return y.view(*lead, N).to(x.dtype)
     acc = torch._int_mm(xq, q.qweight.t())  # (M, N) int32, exact
+    if native.available():  # one pass, over acc's own memory
+        return native.scale_back_(acc, q.scale, xs, None if bias is None else bias.float()).view(*lead, N).to(x.dtype)
     # (M, N) float32 with the column scales: a conversion, then an in-place product (a mixed-type
     # multiply converts into a copy first anyway, then allocates its result)
     y = acc.to(torch.float32).mul_(q.scale)

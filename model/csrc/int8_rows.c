@@ -1,0 +1,82 @@
+/* The per-row passes around an int8 GEMM (model/quant.py), each one pass over memory instead of PyTorch's
+ * three to eight: quantising activation rows, and scaling the int32 product back with the bias.
+ *
+ * Loaded with ctypes (model/native.py), not imported: no Python API, plain pointers. Each function gives
+ * the same bits as model/quant.py's PyTorch ops: the same float division and round-half-to-even, and the
+ * scale-back's product and sum in the order and with the single rounding of ATen's vectorised addcmul
+ * (a fused multiply-add). So a sentence's translation does not depend on whether this library is built.
+ */
+#include <math.h>
+#include <stdint.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define QMAX 127.0f
+
+static float scale_of(float absmax) { return (absmax < 1e-12f ? 1e-12f : absmax) / QMAX; }
+
+static void quantize_row_generic(const float *x, int64_t cols, int8_t *q, float *scale) {
+    float m = 0.0f;
+    for (int64_t c = 0; c < cols; c++) {
+        float a = fabsf(x[c]);
+        m = a > m ? a : m;
+    }
+    float s = scale_of(m);
+    *scale = s;
+    for (int64_t c = 0; c < cols; c++) q[c] = (int8_t)(int32_t)rintf(x[c] / s);
+}
+
+#if defined(__x86_64__)
+/* Compilers do not vectorise the largest-magnitude reduction or the rounding conversion on their own. */
+__attribute__((target("avx512f,avx512bw"))) static void quantize_row_avx512(const float *x, int64_t cols, int8_t *q,
+                                                                          float *scale) {
+    __m512 m = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + c)));
+    float mx = _mm512_reduce_max_ps(m);
+    for (; c < cols; c++) {
+        float a = fabsf(x[c]);
+        mx = a > mx ? a : mx;
+    }
+    float s = scale_of(mx);
+    *scale = s;
+    const __m512 vs = _mm512_set1_ps(s);
+    for (c = 0; c + 16 <= cols; c += 16) {
+        /* the default rounding mode: to nearest, ties to even, as rintf and torch.round */
+        __m512i i = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(x + c), vs));
+        _mm_storeu_si128((__m128i *)(q + c), _mm512_cvtsepi32_epi8(i));
+    }
+    for (; c < cols; c++) q[c] = (int8_t)(int32_t)rintf(x[c] / s);
+}
+#endif
+
+/* x (rows, cols) float32 with row stride ld -> q (rows, cols) int8 and scale (rows,): each row on its own
+ * scale, its largest magnitude / 127, q = round(x / scale). */
+void beamserve_quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld, int8_t *q, float *scale) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+        for (int64_t r = 0; r < rows; r++) quantize_row_avx512(x + r * ld, cols, q + r * cols, scale + r);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < rows; r++) quantize_row_generic(x + r * ld, cols, q + r * cols, scale + r);
+}
+
+/* y = acc * col_scale * row_scale (+ bias): acc (rows, cols) int32, y (rows, cols) float32, which may be acc's
+ * own memory (each element is read before it is written). */
+#if defined(__x86_64__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void beamserve_scale_back(const int32_t *acc, int64_t rows, int64_t cols, const float *col_scale,
+                          const float *row_scale, const float *bias, float *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        const int32_t *a = acc + r * cols;
+        float *yr = y + r * cols;
+        float rs = row_scale[r];
+        if (bias)
+            for (int64_t c = 0; c < cols; c++) yr[c] = fmaf((float)a[c] * col_scale[c], rs, bias[c]);
+        else
+            for (int64_t c = 0; c < cols; c++) yr[c] = ((float)a[c] * col_scale[c]) * rs;
+    }
+}

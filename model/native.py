@@ -1,0 +1,75 @@
+"""The int8 row kernels of model/csrc/int8_rows.c, where the package was built with them.
+
+An int8 GEMM (model/quant.py) is wrapped in per-row passes: quantising the activation rows, and scaling
+the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
+passes over memory, each a call of its own; on the decoder's shapes they took as long as the GEMM.
+The C kernels do each in one pass and give the same bits (tests/test_native.py), so a translation does
+not depend on whether they are built. `pip install` compiles them (setup.py; optional: without a C
+compiler the install goes on without them); BEAMSERVE_NATIVE_KERNELS=0 turns them off.
+
+They are single-threaded: below ATen's parallel grain (32,768 elements) its own ops are too, and above
+it one pass on one thread still beat three on two (`python loadtests/bench_gemm.py --threads 2`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+
+import torch
+
+ENV = "BEAMSERVE_NATIVE_KERNELS"
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    try:
+        spec = importlib.util.find_spec("model._int8_rows")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:  # built without them (no C compiler)
+        return None
+    try:
+        lib = ctypes.CDLL(spec.origin)
+    except OSError:
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.beamserve_quantize_rows.argtypes = [p, i64, i64, i64, p, p]
+    lib.beamserve_quantize_rows.restype = None
+    lib.beamserve_scale_back.argtypes = [p, i64, i64, p, p, p, p]
+    lib.beamserve_scale_back.restype = None
+    return lib
+
+
+_LIB = _load()
+
+
+def available() -> bool:
+    """Whether the C kernels run here (built, loadable, not turned off)."""
+    return _LIB is not None
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) float32 on CPU, unit column stride -> (M, K) int8 and (M, 1) float32 scales, as
+    model.quant.quantize_rows computes them. Only where available()."""
+    assert _LIB is not None
+    M, K = x.shape
+    q = torch.empty(M, K, dtype=torch.int8)
+    scale = torch.empty(M, 1)
+    _LIB.beamserve_quantize_rows(x.data_ptr(), M, K, x.stride(0), q.data_ptr(), scale.data_ptr())
+    return q, scale
+
+
+def scale_back_(
+    acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """acc (M, N) contiguous int32 -> acc * col_scale (N,) * row_scale (M, 1) + bias (N,), float32, written
+    over acc's own memory (returned as a float32 view of it). Only where available()."""
+    assert _LIB is not None
+    M, N = acc.shape
+    y = acc.view(torch.float32)
+    b = None if bias is None else bias.data_ptr()
+    _LIB.beamserve_scale_back(acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr())
+    return y
