@@ -12,7 +12,8 @@ system runs in its own worker process (see `SystemWorker`), all started before t
 
 Systems (--systems): beamserve; beamserve-es (early_stopping=True, CTranslate2's stopping rule);
 beamserve-bf16 (dtype bfloat16); beamserve-int8 and beamserve-int8_bfloat16 (compute_type: int8 GEMMs
-with per-row scales, float32 or bfloat16 elsewhere); beamserve-slots (the static decode state, model/slot_decoder.py: B
+with per-row scales, float32 or bfloat16 elsewhere); beamserve-int8-pytorch (int8 without the C row
+kernels, model/native.py); beamserve-slots (the static decode state, model/slot_decoder.py: B
 slots of K beams refilled as sentences finish; CUDA graphs on a GPU); hf; ct2-float32; ct2-int8;
 ct2-float16 (GPU).
 
@@ -43,7 +44,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from model import DecodeOptions, Translator, checkpoint  # noqa: E402
+from model import DecodeOptions, Translator, checkpoint, native  # noqa: E402
 from model.config import preset  # noqa: E402
 from model.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
 from model.transformer import Seq2Seq  # noqa: E402
@@ -253,7 +254,9 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     if system == "beamserve-slots":
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
         return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
-    if system in ("beamserve-int8", "beamserve-int8_bfloat16"):  # int8 GEMMs, per-row scales (model/quant.py)
+    if system in ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch"):  # model/quant.py
+        if system.endswith("-pytorch"):  # the same bits without the C row kernels (model/native.py)
+            native.turn_off()
         tr8 = Translator.load(own, args.device, compute_type=system.split("-")[1], num_threads=args.threads)
         return lambda n, B, K: run_beamserve(tr8, encoded[:n], B, K, steps)
     if system == "beamserve-bf16":  # the same weights in bfloat16 (fast on CPUs with AVX512-BF16 or AMX)

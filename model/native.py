@@ -7,8 +7,9 @@ The C kernels do each in one pass and give the same bits (tests/test_native.py),
 not depend on whether they are built. `pip install` compiles them (setup.py; optional: without a C
 compiler the install goes on without them); BEAMSERVE_NATIVE_KERNELS=0 turns them off.
 
-They are single-threaded: below ATen's parallel grain (32,768 elements) its own ops are too, and above
-it one pass on one thread still beat three on two (`python loadtests/bench_gemm.py --threads 2`).
+They run on the calling thread: a one-thread pass still beats PyTorch's passes spread over threads, as
+int8 decoding on two threads gains as much from them as on one (docs/benchmarks.md, "Compute types on
+CPU": `beamserve-int8` against `beamserve-int8-pytorch`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def _load() -> ctypes.CDLL | None:
 
 
 _LIB = _load()
+
+
+def turn_off() -> None:
+    """From now on model/quant.py computes with PyTorch's ops (side-by-side measurements, tests)."""
+    global _LIB
+    _LIB = None
 
 
 def available() -> bool:
