@@ -41,10 +41,14 @@ def _load() -> ctypes.CDLL | None:
     lib.beamserve_quantize_rows.restype = None
     lib.beamserve_scale_back.argtypes = [p, i64, i64, p, p, p, p]
     lib.beamserve_scale_back.restype = None
+    lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
     return lib
 
 
 _LIB = _load()
+# Which kernels beat PyTorch's vectorised operators on this CPU: a kernel the compiler leaves scalar here
+# (the quantisation without AVX-512, the scale-back without a vector fused multiply-add) would be slower.
+_VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
 
 
 def turn_off() -> None:
@@ -53,14 +57,29 @@ def turn_off() -> None:
     _LIB = None
 
 
-def available() -> bool:
-    """Whether the C kernels run here (built, loadable, not turned off)."""
+def built() -> bool:
+    """Whether the library is built and loaded (and not turned off), whatever this CPU runs of it."""
     return _LIB is not None
+
+
+def available() -> bool:
+    """Whether any C kernel runs here (built, loadable, not turned off, vectorised on this CPU)."""
+    return quantizes() or scales_back()
+
+
+def quantizes() -> bool:
+    """Whether quantize_rows runs here."""
+    return _LIB is not None and bool(_VECTORISED & 1)
+
+
+def scales_back() -> bool:
+    """Whether scale_back_ runs here."""
+    return _LIB is not None and bool(_VECTORISED & 2)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) float32 on CPU, unit column stride -> (M, K) int8 and (M, 1) float32 scales, as
-    model.quant.quantize_rows computes them. Only where available()."""
+    model.quant.quantize_rows computes them. Only where quantizes()."""
     assert _LIB is not None
     M, K = x.shape
     q = torch.empty(M, K, dtype=torch.int8)
@@ -73,7 +92,7 @@ def scale_back_(
     acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """acc (M, N) contiguous int32 -> acc * col_scale (N,) * row_scale (M, 1) + bias (N,), float32, written
-    over acc's own memory (returned as a float32 view of it). Only where available()."""
+    over acc's own memory (returned as a float32 view of it). Only where scales_back()."""
     assert _LIB is not None
     M, N = acc.shape
     y = acc.view(torch.float32)

@@ -106,7 +106,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows for a GEMM's activation rows x (M, K): in one pass where the C kernels are built."""
-    if not native.available():
+    if not native.quantizes():
         return quantize_rows(x)
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
@@ -169,7 +169,7 @@ def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None
         y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
         return y.view(*lead, N).to(x.dtype)
     acc = torch._int_mm(xq, q.qweight.t())  # (M, N) int32, exact
-    if native.available():  # one pass, over acc's own memory
+    if native.scales_back():  # one pass, over acc's own memory
         return native.scale_back_(acc, q.scale, xs, None if bias is None else bias.float()).view(*lead, N).to(x.dtype)
     # (M, N) float32 with the column scales: a conversion, then an in-place product (a mixed-type
     # multiply converts into a copy first anyway, then allocates its result)

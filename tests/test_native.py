@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,14 +16,20 @@ from model.quant import linear_int8, quantize_rows, quantize_weight
 
 from .conftest import read_lines
 
-WHY_NOT = f"turned off ({native.ENV}=0)" if os.environ.get(native.ENV) == "0" else "not built (no C compiler)"
+WHY_NOT = f"turned off ({native.ENV}=0)" if os.environ.get(native.ENV) == "0" else "not built or not vectorised here"
 built = pytest.mark.skipif(not native.available(), reason=f"the C kernels are {WHY_NOT}")
+quantizes = pytest.mark.skipif(not native.quantizes(), reason=f"the C quantisation is {WHY_NOT}")
 
 
-def test_the_kernels_are_built_where_the_install_had_a_c_compiler() -> None:
+def test_the_kernels_are_built_where_the_install_had_a_c_compiler_and_run_where_they_vectorise() -> None:
     # setup.py builds them as optional, so a broken build would only show as slower int8 decoding.
-    if platform.system() == "Linux" and shutil.which("cc") and native.ENV not in os.environ:
-        assert native.available()
+    if platform.system() != "Linux" or not shutil.which("cc") or native.ENV in os.environ:
+        return
+    assert native.built()
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    if platform.machine() == "x86_64":
+        assert native.quantizes() == ({"avx512f", "avx512bw"} <= flags)
+        assert native.scales_back() == ({"avx2", "fma", "bmi2", "movbe"} <= flags)
 
 
 def _activations(rows: int, cols: int) -> torch.Tensor:
@@ -34,7 +41,7 @@ def _activations(rows: int, cols: int) -> torch.Tensor:
     return x
 
 
-@built
+@quantizes
 @pytest.mark.parametrize("cols", [1, 15, 16, 17, 64, 256, 1000, 1024])
 def test_quantize_rows_gives_torchs_bits(cols: int) -> None:
     x = _activations(9, cols)

@@ -51,6 +51,20 @@ __attribute__((target("avx512f,avx512bw"))) static void quantize_row_avx512(cons
 }
 #endif
 
+/* Which kernels run vectorised on this CPU: bit 0 beamserve_quantize_rows (AVX-512), bit 1 beamserve_scale_back
+ * (a vector fused multiply-add). model/native.py leaves the others to PyTorch's vectorised operators. */
+int beamserve_vectorised(void) {
+#if defined(__x86_64__)
+    int quantize = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    int scale_back = __builtin_cpu_supports("x86-64-v3") != 0;
+    return quantize | scale_back << 1;
+#elif defined(__aarch64__)
+    return 2;
+#else
+    return 0;
+#endif
+}
+
 /* x (rows, cols) float32 with row stride ld -> q (rows, cols) int8 and scale (rows,): each row on its own
  * scale, its largest magnitude / 127, q = round(x / scale). */
 void beamserve_quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld, int8_t *q, float *scale) {
