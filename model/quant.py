@@ -12,7 +12,8 @@ epilogue: the product is exact in int32 and then scaled as one float multiply pe
 `torch._int_mm` (which reorders the weight on every call) times the column scales, to the bit, in 2-4x
 less time on the decoder's shapes (`python loadtests/bench_gemm.py`). Builds without that op, and CPUs
 where it is a reference loop rather than a JIT kernel (onednn_int8()), keep `torch._int_mm` on the (N, K)
-weight's transposed view.
+weight's transposed view. Quantising the activation rows, and scaling `torch._int_mm`'s product back,
+run in C where model/native.py has its kernels, to the same bits.
 """
 
 from __future__ import annotations
@@ -170,9 +171,10 @@ def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None
         return y.view(*lead, N).to(x.dtype)
     acc = torch._int_mm(xq, q.qweight.t())  # (M, N) int32, exact
     if native.scales_back():  # one pass, over acc's own memory
-        return native.scale_back_(acc, q.scale, xs, None if bias is None else bias.float()).view(*lead, N).to(x.dtype)
-    # (M, N) float32 with the column scales: a conversion, then an in-place product (a mixed-type
-    # multiply converts into a copy first anyway, then allocates its result)
-    y = acc.to(torch.float32).mul_(q.scale)
-    y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
+        y = native.scale_back_(acc, q.scale, xs, None if bias is None else bias.float())
+    else:
+        # (M, N) float32 with the column scales: a conversion, then an in-place product (a mixed-type
+        # multiply converts into a copy first anyway, then allocates its result)
+        y = acc.to(torch.float32).mul_(q.scale)
+        y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
     return y.view(*lead, N).to(x.dtype)

@@ -28,6 +28,8 @@ static void quantize_row_generic(const float *x, int64_t cols, int8_t *q, float 
 }
 
 #if defined(__x86_64__)
+static int has_avx512(void) { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
+
 /* Compilers do not vectorise the largest-magnitude reduction or the rounding conversion on their own. */
 __attribute__((target("avx512f,avx512bw"))) static void quantize_row_avx512(const float *x, int64_t cols, int8_t *q,
                                                                           float *scale) {
@@ -55,9 +57,7 @@ __attribute__((target("avx512f,avx512bw"))) static void quantize_row_avx512(cons
  * (a vector fused multiply-add). model/native.py leaves the others to PyTorch's vectorised operators. */
 int beamserve_vectorised(void) {
 #if defined(__x86_64__)
-    int quantize = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    int scale_back = __builtin_cpu_supports("x86-64-v3") != 0;
-    return quantize | scale_back << 1;
+    return has_avx512() | (__builtin_cpu_supports("x86-64-v3") != 0) << 1;
 #elif defined(__aarch64__)
     return 2;
 #else
@@ -69,7 +69,7 @@ int beamserve_vectorised(void) {
  * scale, its largest magnitude / 127, q = round(x / scale). */
 void beamserve_quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld, int8_t *q, float *scale) {
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    if (has_avx512()) {
         for (int64_t r = 0; r < rows; r++) quantize_row_avx512(x + r * ld, cols, q + r * cols, scale + r);
         return;
     }
