@@ -238,7 +238,7 @@ def beam_step(
 
     # The K best candidates that did not end keep running.
     running = top_scores + hits.float() * NEG
-    keep = running.topk(K, dim=1).indices  # (b, K)
+    keep = top_indices(running, K)  # (b, K)
     src_beam, token = top_beam.gather(1, keep), top_token.gather(1, keep)
 
     # Candidates ranked among the top K that ended may enter the finished set.
@@ -248,7 +248,7 @@ def beam_step(
     if bool(qualifies.any()):
         seqs = _extend(state.run_tokens, top_beam, top_token, pos)  # (b, 2K, T)
         merged_scores = torch.cat([state.fin_scores, top_scores / norm + (~qualifies).float() * NEG], dim=1)
-        best = merged_scores.topk(K, dim=1).indices  # (b, K) of 3K
+        best = top_indices(merged_scores, K)  # (b, K) of 3K
         state.fin_scores = merged_scores.gather(1, best)
         state.fin_tokens = torch.cat([state.fin_tokens, seqs], dim=1).gather(1, best[:, :, None].expand(b, K, T))
         state.fin_flags = torch.cat([state.fin_flags, qualifies], dim=1).gather(1, best)
@@ -271,36 +271,53 @@ def top_candidates(
     *,
     chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The n best of run_scores[:, k] + log_probs[:, k, v] over every beam k and token v, best first.
+    """The n best of run_scores[:, k] + log_probs[:, k, v] over every beam k and token v, best first;
+    equal scores by beam, then token id, lower first (top_indices).
 
     log_probs (b, K, V), run_scores (b, K) -> scores, beam, token, each (b, n).
 
-    A sentence's best n candidates are among each beam's best n tokens (a beam adds one score to all
-    of its tokens), so the plain way ranks those (b, K * n). On CPU, torch.topk over a row of V costs
-    about 10 us a row whatever n is: half the output GEMM's time at beam 4 batch 64. With `chunk`, the
-    vocabulary is cut into blocks of that many tokens and only block maxima are ranked first: a
-    candidate among the n best lies in one of the n blocks whose maxima (plus their beam's score) are
-    best, as each better-ranked block holds a better candidate; those n blocks' tokens are then ranked.
-    Same scores and tokens in 2.5-3x less time on (64, 4, 8000) (ties may come out in another order).
+    The plain way ranks all (b, K * V). On CPU, torch.topk over a row of V costs about 10 us a row
+    whatever n is: half the output GEMM's time at beam 4 batch 64. With `chunk`, the vocabulary is cut
+    into blocks of that many tokens and only block maxima are ranked first: a candidate among the n
+    best lies in one of the n blocks whose maxima (plus their beam's score) rank best, as each
+    better-ranked block holds a better candidate (or an equal one of lower beam or token id); those n
+    blocks' tokens are then ranked. The same candidates in 2.5-3x less time on (64, 4, 8000).
     """
     b, K, V = log_probs.shape
     if chunk is None or 4 * chunk > V:  # too few blocks to gain from them
-        M = min(n, V)
-        beam_lp, beam_token = log_probs.topk(M, dim=2)  # (b, K, M)
-        scores, pick = (beam_lp + run_scores[:, :, None]).view(b, K * M).topk(n, dim=1)  # (b, n)
-        return scores, pick // M, beam_token.view(b, K * M).gather(1, pick)
+        scores = (log_probs + run_scores[:, :, None]).view(b, K * V)
+        pick = top_indices(scores, n)  # (b, n) of K * V
+        return scores.gather(1, pick), pick // V, pick % V
     C, tail = divmod(V, chunk)
     block_max = log_probs[..., : C * chunk].view(b, K, C, chunk).amax(-1)  # (b, K, C)
     if tail:  # the last tokens form a shorter block
         block_max = torch.cat([block_max, log_probs[..., C * chunk :].amax(-1, keepdim=True)], dim=2)
         C += 1
-    blocks = (block_max + run_scores[:, :, None]).view(b, K * C).topk(n, dim=1).indices  # (b, n)
+    blocks = top_indices((block_max + run_scores[:, :, None]).view(b, K * C), n)  # (b, n)
     beam = blocks // C
     token = (blocks % C)[:, :, None] * chunk + torch.arange(chunk, device=log_probs.device)  # (b, n, chunk)
     values = log_probs.view(b, K * V).gather(1, (beam[:, :, None] * V + token.clamp(max=V - 1)).view(b, -1))
     values = values.view(b, n, chunk).masked_fill(token >= V, float("-inf")) + run_scores.gather(1, beam)[:, :, None]
-    scores, pick = values.view(b, n * chunk).topk(n, dim=1)  # (b, n)
-    return scores, beam.gather(1, pick // chunk), token.view(b, n * chunk).gather(1, pick)
+    order = (beam[:, :, None] * V + token).view(b, n * chunk)  # each candidate's place in (K * V)
+    values, token = values.view(b, n * chunk), token.view(b, n * chunk)
+    pick = top_indices(values, n, order)  # (b, n)
+    return values.gather(1, pick), beam.gather(1, pick // chunk), token.gather(1, pick)
+
+
+def top_indices(scores: torch.Tensor, n: int, order: torch.Tensor | None = None) -> torch.Tensor:
+    """Where the n best of each row of scores (b, M) are, best first; equal scores rank by `order` (b, M)
+    (distinct, below 2**32; by default the position), lower first. torch.topk leaves ties in no set order,
+    and low-precision logits tie often (bfloat16 keeps 8 bits): ranked by (score, order), one beam picks
+    the token greedy search's argmax does, and each search keeps its candidates in one order everywhere.
+
+    Each float32 score's bits become an integer of the same order (a negative's magnitude bits flipped),
+    shifted above the order's place; topk over those int64 keys has no ties.
+    """
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes +0.0, equal to it
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # (b, M): as the scores are, as signed integers
+    if order is None:
+        order = torch.arange(scores.shape[1], device=scores.device)
+    return ((ordered.to(torch.int64) << 32) | (0xFFFFFFFF - order)).topk(n, dim=1).indices
 
 
 def _extend(tokens: torch.Tensor, beam: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

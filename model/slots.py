@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from model.layers import attention
-from model.search import CHUNK, NEG, SearchOptions, top_candidates
+from model.search import CHUNK, NEG, SearchOptions, top_candidates, top_indices
 from model.transformer import DecoderLayer, Seq2Seq, _sublayer
 
 
@@ -238,14 +238,14 @@ def _beam_step(log_probs: torch.Tensor, state: SlotState, opts: SearchOptions) -
     hits = (top_token == opts.eos_token_id) | at_limit[:, None]  # (S, 2K)
 
     running = top_scores + hits.float() * NEG
-    keep = running.topk(K, dim=1).indices  # (S, K)
+    keep = top_indices(running, K)  # (S, K)
     src_beam, token = top_beam.gather(1, keep), top_token.gather(1, keep)
 
     all_finished = state.fin_flags.all(1)  # (S,)
     qualifies = hits & (torch.arange(2 * K, device=hits.device) < K) & state.improvable[:, None]
     seqs = _extend(state.run_tokens, top_beam, top_token, state.pos)  # (S, 2K, T)
     merged = torch.cat([state.fin_scores, top_scores / norm + (~qualifies).float() * NEG], dim=1)  # (S, 3K)
-    best = merged.topk(K, dim=1).indices  # (S, K)
+    best = top_indices(merged, K)  # (S, K)
     fin_scores = merged.gather(1, best)
     fin_tokens = torch.cat([state.fin_tokens, seqs], dim=1).gather(1, best[:, :, None].expand(S, K, T))
     fin_flags = torch.cat([state.fin_flags, qualifies], dim=1).gather(1, best)

@@ -9,18 +9,28 @@ import pytest
 import torch
 
 from model import DecodeOptions, Translator
+from model.compute_type import supported
 from model.config import preset
 from model.inflight import TOKEN_WIDTH, InflightBatch
 from model.search import Hypothesis
 from model.transformer import Seq2Seq
 from tests.conftest import read_lines
 
+_loaded: dict[str, Translator] = {}
+
+
+def load(compute_type: str) -> Translator:
+    if compute_type not in _loaded:
+        _loaded[compute_type] = Translator.load("en-de", "cpu", compute_type=compute_type, num_threads=2)
+    return _loaded[compute_type]
+
 
 @pytest.fixture(scope="module")
 def tr() -> Translator:
-    return Translator.load("en-de", "cpu", num_threads=2)
+    return load("float32")
 
 
+OTHER_TYPES = [t for t in ("int8", "bfloat16", "int8_bfloat16") if t in supported(torch.device("cpu"))]
 Arrival = tuple[int, int, list[int], DecodeOptions]  # (step, key, source ids, options)
 
 
@@ -47,8 +57,12 @@ def assert_same_as_alone(tr: Translator, arrivals: list[Arrival], results: dict[
         assert [h.score for h in results[key]] == [h.score for h in alone], (key, opts)
 
 
-@pytest.mark.parametrize("first_step_apart", [True, False])  # False: as on a GPU, K rows from the start
-def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(tr: Translator, first_step_apart: bool) -> None:
+@pytest.mark.parametrize(
+    ("compute_type", "first_step_apart"),  # False: as on a GPU, K rows from the start
+    [("float32", True), ("float32", False)] + [(t, True) for t in OTHER_TYPES],
+)
+def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(compute_type: str, first_step_apart: bool) -> None:
+    tr = load(compute_type)
     rng = random.Random(0)
     texts = read_lines("test_2016_flickr.en.gz", 36)
     texts += [" ".join(texts[i : i + 4]) for i in (0, 8)]  # long sources

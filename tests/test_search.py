@@ -5,7 +5,16 @@ import math
 import pytest
 import torch
 
-from model.search import NEG, Hypothesis, SearchOptions, beam_search, greedy_search, log_softmax_, top_candidates
+from model.search import (
+    NEG,
+    Hypothesis,
+    SearchOptions,
+    beam_search,
+    greedy_search,
+    log_softmax_,
+    top_candidates,
+    top_indices,
+)
 
 EOS, A, B, START = 0, 1, 2, 3
 # P(next token | prefix); unlisted prefixes use DEFAULT.
@@ -110,6 +119,47 @@ def test_blockwise_candidate_ranking_equals_plain_topk(V: int, chunk: int) -> No
         assert torch.equal(b1[finite], b2[finite]) and torch.equal(t1[finite], t2[finite])
     picked = run_scores.gather(1, blocks[1]) + log_probs[torch.arange(b)[:, None], blocks[1], blocks[2]]
     assert torch.equal(picked, blocks[0])
+
+
+@pytest.mark.parametrize("chunk", [None, 32])
+def test_equal_scores_rank_by_beam_then_token_id(chunk: int | None) -> None:
+    """Low-precision logits tie often (bfloat16 keeps 8 bits): candidates of equal score come out lowest
+    beam, then lowest token id, first, in the plain and the blockwise ranking alike."""
+    b, K, V = 3, 4, 1000
+    log_probs = torch.full((b, K, V), -20.0)
+    run_scores = torch.zeros(b, K)
+    for beam, token in [(3, 5), (2, 900), (1, 40), (1, 39), (0, 999), (2, 7)]:  # six ties at the top
+        log_probs[:, beam, token] = -1.0
+    log_probs[:, 0, 300] = -0.5  # one better than all of them
+    scores, beams, tokens = top_candidates(log_probs, run_scores, 5, chunk=chunk)
+    assert scores.tolist() == [[-0.5, -1.0, -1.0, -1.0, -1.0]] * b
+    ranked = list(zip(beams[0].tolist(), tokens[0].tolist(), strict=True))
+    assert ranked == [(0, 300), (0, 999), (1, 39), (1, 40), (2, 7)]
+    assert torch.equal(beams, beams[:1].expand(b, -1)) and torch.equal(tokens, tokens[:1].expand(b, -1))
+
+
+def test_top_indices_orders_signed_zeros_infinities_and_ties() -> None:
+    scores = torch.tensor([[-0.0, 0.0, float("-inf"), 1.0, -3.5, 1.0, float("inf"), -1e-30, 2.5e-38]])
+    assert top_indices(scores, 9).tolist() == [[6, 3, 5, 8, 0, 1, 7, 4, 2]]
+    assert top_indices(scores, 3, order=torch.tensor([[0, 1, 2, 3, 4, 2, 5, 6, 7]])).tolist() == [[6, 5, 3]]
+
+
+def test_one_beam_picks_greedy_searchs_token_among_equal_scores() -> None:
+    """Beam search with one beam takes the token greedy's argmax does when the best scores tie."""
+
+    class Tied:
+        def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+            out = torch.full((tokens.numel(), 64), -30.0)
+            out[:, [50, 9, 33]] = 2.0  # three equally likely tokens
+            out[:, EOS] = 2.0 if pos >= 2 else -30.0
+            return out
+
+        def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
+            pass
+
+    greedy = greedy_search(Tied(), torch.tensor([8]), opts(beam_size=1))[0][0]
+    beam = beam_search(Tied(), torch.tensor([8]), opts(beam_size=1))[0][0]
+    assert greedy.tokens == beam.tokens == [9, 9] and greedy.score == beam.score
 
 
 @pytest.mark.parametrize("vocab", [7, 8000])
