@@ -15,7 +15,7 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 # jemalloc, which the model replicas preload (BEAMSERVE_ALLOCATOR=auto): under glibc's malloc a
 # replica's resident memory creeps with the ever-changing tensor sizes of decoding; under jemalloc it
-# levels off (docs/benchmarks.md "Memory"). A C compiler, for beamserve's int8 row kernels (setup.py).
+# levels off (docs/benchmarks.md "Memory"). A C compiler, for beamserve's C kernels (setup.py).
 # The distribution's packages, their versions the base image's.
 USER 0
 # hadolint ignore=DL3008

@@ -1,7 +1,8 @@
-"""The int8 row kernels (model/csrc/int8_rows.c), built as a plain shared library beside the package.
+"""beamserve's C kernels (model/csrc: the int8 row passes, decode-step attention), built as one plain shared
+library beside the package.
 
-Optional: without a C compiler the build goes on without it, and model/quant.py computes the same bits
-with PyTorch's ops (model/native.py says which runs).
+Optional: without a C compiler the build goes on without it, and the model computes with PyTorch's ops
+(model/native.py says which runs).
 """
 
 from setuptools import Extension, setup
@@ -9,9 +10,10 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "model._int8_rows",
-            sources=["model/csrc/int8_rows.c"],
-            # No contraction of a separate multiply and add into one rounding: the bits must match PyTorch's.
+            "model._native",
+            sources=["model/csrc/int8_rows.c", "model/csrc/attention.c"],
+            # No contraction of a separate multiply and add into one rounding: the int8 passes must match
+            # PyTorch's bits, and the attention's bits must not depend on the CPU.
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"],
             optional=True,
         )

@@ -24,7 +24,7 @@ class CachedStepper:
         self.beams = beams
         B = src_mask.shape[0]
         self.cross: CrossCache = model.cross_cache(memory, src_mask)  # sentences in cache block order
-        self.cache: KVCache = model.new_cache(B * beams, max_length, memory.dtype, memory.device)
+        self.cache: KVCache = model.new_cache(B * beams, max_length, memory.dtype, memory.device, lineage=True)
         self.cache.resize(B, 0)  # one row per sentence until beam search's first reorder
         self.phys = torch.arange(B, device=memory.device)  # (N,) cache row of each search row
         self.identity = True  # phys is arange: nothing to permute

@@ -18,6 +18,11 @@ class KVCache:
     starts at `max_length` and doubles when a row passes it (a rare copy, never a per-step one).
     On CPU attention reads up to `layers.attended_keys` positions (the extra ones masked), so the
     buffer holds those too and a step never copies keys to pad them.
+
+    With `lineage` (rows at one shared position, attention in C: model/native.py) a reorder copies no
+    keys: `lineage[n, t]` is the buffer row holding position t of row n, a move copies those indices,
+    and a step writes each row's new position into its own buffer row (a position no row has yet, so
+    nothing another row reads is overwritten).
     """
 
     def __init__(
@@ -32,6 +37,7 @@ class KVCache:
         device: torch.device,
         limit: int | None = None,
         zeroed: bool = False,
+        lineage: bool = False,
     ) -> None:
         shape = (layers, rows, heads, max_length, head_dim)  # (L, N, H, T_max, D)
         # Rows at their own positions (zeroed=True) see masked positions they never wrote: a masked
@@ -45,6 +51,8 @@ class KVCache:
         self.padded = device.type == "cpu"  # attention reads visible(length) positions
         # Positions below this hold no never-written memory (masked positions are read: 0 * NaN is NaN).
         self.zeroed_to = self.limit if zeroed else 0
+        # (N, T_max): the buffer row holding each row's position t; None: row n holds its own
+        self.lineage = torch.arange(rows, device=device)[:, None].repeat(1, max_length) if lineage else None
 
     @property
     def max_length(self) -> int:
@@ -78,7 +86,11 @@ class KVCache:
                 self.zeroed_to = t
             self.k[layer, :n, :, pos] = k[:, :, 0]
             self.v[layer, :n, :, pos] = v[:, :, 0]
+            if self.lineage is not None and layer == 0:
+                self.lineage[:n, pos] = torch.arange(n, device=self.lineage.device)
         else:  # positions reserved, the cache zeroed (Seq2Seq.new_cache(zeroed=True))
+            if self.lineage is not None:
+                raise ValueError("a lineage cache holds rows at one shared position")
             index = torch.arange(n, device=pos.device)
             self.k[layer, index, :, pos] = k[:, :, 0]
             self.v[layer, index, :, pos] = v[:, :, 0]
@@ -122,7 +134,10 @@ class KVCache:
         # Copy only rows whose source differs, and only the filled prefix.
         moved = (dest != src).nonzero()[:, 0]
         t = self.length if filled is None or not moved.numel() else min(self.length, int(filled[src[moved]].max()))
-        if moved.numel():
+        if self.lineage is not None:  # which buffer rows hold the positions moves; the keys stay
+            if moved.numel():
+                self.lineage[:, :t].index_copy_(0, dest[moved], self.lineage[src[moved], :t])
+        elif moved.numel():
             # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
             for cache in (self.k, self.v):
                 cache[:, :, :, :t].index_copy_(1, dest[moved], cache[:, src[moved], :, :t])
@@ -145,6 +160,11 @@ class KVCache:
             grown = old.new_zeros((*old.shape[:3], new, old.shape[4]))
             grown[:, :, :, : old.shape[3]] = old
             setattr(self, name, grown)
+        if self.lineage is not None:
+            rows = self.lineage.shape[0]
+            wider = torch.arange(rows, device=self.lineage.device)[:, None].repeat(1, new)
+            wider[:, : self.lineage.shape[1]] = self.lineage
+            self.lineage = wider
 
 
 def fill_holes(index: torch.Tensor) -> torch.Tensor:

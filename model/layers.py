@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model import native
 from model.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, Linear, linear
 
 
@@ -114,6 +115,18 @@ def step_attention(
         real = torch.arange(attended, device=q.device) < keys  # (S',)
         mask = real if mask is None else F.pad(mask.expand(*mask.shape[:-1], keys), (0, attended - keys), value=False)
     return _step_formula(q, k, v, mask)[:, :, :T]
+
+
+def attends_natively(x: torch.Tensor) -> bool:
+    """Whether decode-step attention on x's device and dtype runs in C (model/native.py): CPU float32
+    inference with the library built."""
+    return (
+        native.attends()
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:

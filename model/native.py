@@ -1,15 +1,20 @@
-"""The int8 row kernels of model/csrc/int8_rows.c, where the package was built with them.
+"""beamserve's C kernels (model/csrc), where the package was built with them: the passes around an int8
+GEMM, and a decode step's attention.
 
 An int8 GEMM (model/quant.py) is wrapped in per-row passes: quantising the activation rows, and scaling
 the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
 passes over memory, each a call of its own; on the decoder's shapes they took as long as the GEMM.
 The C kernels do each in one pass and give the same bits (tests/test_native.py), so a translation does
-not depend on whether they are built. `pip install` compiles them (setup.py; optional: without a C
-compiler the install goes on without them); BEAMSERVE_NATIVE_KERNELS=0 turns them off.
+not depend on whether they are built.
 
-They run on the calling thread: a one-thread pass still beats PyTorch's passes spread over threads, as
-int8 decoding on two threads gains as much from them as on one (docs/benchmarks.md, "Compute types on
-CPU": `beamserve-int8` against `beamserve-int8-pytorch`).
+A decode step's attention (csrc/attention.c: every row's query against its cached keys and values, in
+one pass) computes its own bits, the same on every CPU and in every batch, within float32 rounding of
+PyTorch's; a model that attends with it says so in its digest (Translator.digest), as its scores differ
+in the last bits from a replica's without the library.
+
+`pip install` compiles the library (setup.py; optional: without a C compiler the install goes on without
+it); BEAMSERVE_NATIVE_KERNELS=0 turns it off. The kernels run on the calling thread: a one-thread pass
+still beats PyTorch's passes spread over threads (docs/benchmarks.md, "Compute types on CPU").
 """
 
 from __future__ import annotations
@@ -27,21 +32,27 @@ def _load() -> ctypes.CDLL | None:
     if os.environ.get(ENV, "1") == "0":
         return None
     try:
-        spec = importlib.util.find_spec("model._int8_rows")
+        spec = importlib.util.find_spec("model._native")
     except (ImportError, ValueError):
         return None
     if spec is None or spec.origin is None:  # built without them (no C compiler)
         return None
     try:
-        lib = ctypes.CDLL(spec.origin)
-    except OSError:
+        return declared(ctypes.CDLL(spec.origin))
+    except (OSError, AttributeError):
         return None
+
+
+def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """lib with its functions' argument and result types declared."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.beamserve_quantize_rows.argtypes = [p, i64, i64, i64, p, p]
     lib.beamserve_quantize_rows.restype = None
     lib.beamserve_scale_back.argtypes = [p, i64, i64, p, p, p, p]
     lib.beamserve_scale_back.restype = None
     lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
+    lib.beamserve_attend.argtypes = [p, p, p, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, ctypes.c_float, p, p]
+    lib.beamserve_attend.restype = None
     return lib
 
 
@@ -52,7 +63,7 @@ _VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
 
 
 def turn_off() -> None:
-    """From now on model/quant.py computes with PyTorch's ops (side-by-side measurements, tests)."""
+    """From now on the model computes with PyTorch's ops only (side-by-side measurements, tests)."""
     global _LIB
     _LIB = None
 
@@ -63,8 +74,13 @@ def built() -> bool:
 
 
 def available() -> bool:
-    """Whether any C kernel runs here (built, loadable, not turned off, vectorised on this CPU)."""
+    """Whether any int8 C kernel runs here (built, loadable, not turned off, vectorised on this CPU)."""
     return quantizes() or scales_back()
+
+
+def attends() -> bool:
+    """Whether decode-step attention runs in C here (wherever the library is built and not turned off)."""
+    return _LIB is not None
 
 
 def quantizes() -> bool:
@@ -99,3 +115,32 @@ def scale_back_(
     b = None if bias is None else bias.data_ptr()
     _LIB.beamserve_scale_back(acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr())
     return y
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    length: int | torch.Tensor,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v for each row's one query over its own positions; only where attends().
+
+    q: (N, H, D) float32, contiguous. k, v: (R, H, T, D) float32 with equal strides and unit stride over D.
+    length: positions every row attends over, or (N,) int64 per row. rows: where position t of row n
+    lives, k[rows[n, t], :, t] ((N, T) int64, any strides; (N, 1) expanded over T for one row per query
+    row, as a sentence's cross-attention keys); None: row n. Returns (N, H, D).
+    """
+    assert _LIB is not None
+    N, H, D = q.shape
+    assert q.is_contiguous() and k.stride() == v.stride() and k.stride(3) == 1 and k.dtype == v.dtype == torch.float32
+    most = int(length) if isinstance(length, int) else int(length.max()) if length.numel() else 0
+    lengths = None if isinstance(length, int) else length.contiguous()
+    out = torch.empty(N, H, D)
+    scratch = torch.empty(max(most, 1))
+    r, rs, ts = (None, 0, 0) if rows is None else (rows.data_ptr(), rows.stride(0), rows.stride(1))
+    _LIB.beamserve_attend(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), N, H, D, k.stride(0), k.stride(1), k.stride(2),
+        None if lengths is None else lengths.data_ptr(), most, r, rs, ts, D**-0.5, scratch.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
+    return out

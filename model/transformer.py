@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model import native
 from model.config import ModelConfig
 from model.gemm import Linear, linear
 from model.kv_cache import CrossCache, KVCache
@@ -16,6 +17,7 @@ from model.layers import (
     MultiHeadAttention,
     PositionalEncoding,
     attended_keys,
+    attends_natively,
     embedding_scale,
     step_attention,
 )
@@ -84,13 +86,29 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
         k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, T, D)
+        if attends_natively(h):  # each row over its own positions, wherever its cache lineage keeps them
+            N, _, C = h.shape
+            q = self.self_attn.q_proj(h).view(N, self.self_attn.heads, -1)  # (N, H, D)
+            out = native.attend(q, cache.k[layer], cache.v[layer], pos + 1, cache.lineage)
+            return self.self_attn.out_proj(out.view(N, 1, C))
         # Rows at a shared position see every cached one; rows at their own positions are masked.
         return self.self_attn.merge_heads(step_attention(self.self_attn.project_q(h), k, v, mask))
 
     def _cross_step(self, h: torch.Tensor, layer: int, cross: CrossCache) -> torch.Tensor:
+        B = cross.src_mask.shape[0]
+        if attends_natively(h) and not cross.keys_transposed:  # each row over its sentence's source
+            N, _, C = h.shape
+            q = self.cross_attn.q_proj(h).view(N, self.cross_attn.heads, -1)  # (N, H, D)
+            if cross.row_index is None:
+                sentence = torch.arange(N, device=h.device) // (N // B)  # (N,)
+            else:
+                sentence = cross.row_index // cross.beams
+            lengths = cross.src_mask.view(B, -1).sum(-1).index_select(0, sentence)  # (N,)
+            rows = sentence[:, None].expand(N, cross.src_mask.shape[-1])  # (N, S) the same row at every position
+            out = native.attend(q, cross.k[layer], cross.v[layer], lengths, rows)
+            return self.cross_attn.out_proj(out.view(N, 1, C))
         q = self.cross_attn.project_q(h)  # (N, H, 1, D)
         N, H, _, D = q.shape
-        B = cross.src_mask.shape[0]
         # The K beams of a sentence share its keys/values: treat beams as query positions.
         if cross.row_index is None:
             q = q.view(B, N // B, H, D)  # (B, K, H, D), rows of a sentence contiguous
@@ -206,9 +224,10 @@ class Seq2Seq(nn.Module):
         kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
         # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
         # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
-        keys = [(k.transpose(-1, -2) if cpu else k).contiguous() for k, _ in kv]
+        transposed = cpu and not attends_natively(memory)  # the C kernel reads (B, H, S, D)
+        keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
         values = [v.contiguous() for _, v in kv]
-        return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=cpu, padded=cpu)
+        return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=transposed, padded=cpu)
 
     def new_cache(
         self,
@@ -219,8 +238,10 @@ class Seq2Seq(nn.Module):
         *,
         limit: int | None = None,
         zeroed: bool = False,
+        lineage: bool = False,
     ) -> KVCache:
-        """A self-attention cache of `rows` rows and `max_length` positions (growing up to `limit`)."""
+        """A self-attention cache of `rows` rows and `max_length` positions (growing up to `limit`);
+        `lineage`: reorders move row indices, not keys (KVCache), where attention runs in C."""
         cfg = self.cfg
         heads = cfg.decoder_attention_heads
         return KVCache(
@@ -233,6 +254,7 @@ class Seq2Seq(nn.Module):
             device=device,
             limit=limit,
             zeroed=zeroed,
+            lineage=lineage and attends_natively(self.embed.weight) and device.type == "cpu",
         )
 
     def decode_step(

@@ -1,13 +1,25 @@
-"""model.decoding.CachedStepper: a reorder copies few cache rows and every search row still sees its
-own prefix."""
+"""model.decoding.CachedStepper: a reorder copies few cache rows (or, with attention in C, only their
+lineage: KVCache) and every search row still sees its own prefix."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from model import native
 from model.config import ModelConfig
 from model.decoding import CachedStepper
 from model.transformer import Seq2Seq
+
+
+@pytest.fixture(autouse=True, params=["c", "torch"])
+def attention(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with decode-step attention in C (a lineage cache) and in PyTorch's ops (keys copied)."""
+    if request.param == "c" and not native.attends():
+        pytest.skip("the C kernels are not built here")
+    if request.param == "torch":
+        monkeypatch.setattr(native, "_LIB", None)
+    return str(request.param)
 
 
 def stepper(B: int, K: int) -> CachedStepper:
@@ -39,7 +51,9 @@ def mark_rows(st: CachedStepper) -> None:
 
 def row_marks(st: CachedStepper) -> list[int]:
     """The original row each search row's prefix came from."""
-    return [int(st.cache.k[0, int(r), 0, 0, 0]) for r in st.phys]
+    lineage = st.cache.lineage
+    held = st.phys if lineage is None else lineage[st.phys, 0]  # the buffer row holding position 0
+    return [int(st.cache.k[0, int(r), 0, 0, 0]) for r in held]
 
 
 @torch.inference_mode()
@@ -91,14 +105,17 @@ def test_a_finished_sentence_is_refilled_by_the_last_block() -> None:
 
 
 @torch.inference_mode()
-def test_cpu_cross_cache_stores_keys_transposed_and_keeps_them_through_select_extend_trim() -> None:
+def test_cpu_cross_cache_keeps_its_keys_through_select_extend_trim(attention: str) -> None:
     st = stepper(B=3, K=2)
     cross = st.cross
+    assert st.cache.lineage is None if attention == "torch" else st.cache.lineage is not None
     # Sources are padded to layers.attended_keys: at least ceil(NAIVE_BMM_MACS / (2 x D)) = 25 positions,
     # a multiple of 4 (Seq2Seq.cross_cache).
     least = 28
     assert cross.padded and cross.src_mask.shape[-1] == least and bool((~cross.src_mask[..., 5:]).all())
-    assert cross.keys_transposed and cross.k[0].shape[-2:] == (8, least)  # (B, H, D, S) for d_model 16, 2 heads
+    # PyTorch's batched matmul reads keys (B, H, D, S) faster; the C kernel reads (B, H, S, D).
+    assert cross.keys_transposed == (attention == "torch")
+    assert cross.keys(0).shape[-2:] == (least, 8)  # d_model 16, 2 heads
     short = st.model.cross_cache(
         st.model.encode(torch.randint(0, 23, (1, 3)), torch.ones(1, 3, dtype=torch.bool)),
         torch.ones(1, 3, dtype=torch.bool),
@@ -109,7 +126,7 @@ def test_cpu_cross_cache_stores_keys_transposed_and_keeps_them_through_select_ex
     )
     cross.extend(short)
     cross.extend(long)  # 30 source positions, padded to 32
-    assert cross.k[0].shape == (5, 2, 8, 32)
+    assert cross.keys(0).shape == (5, 2, 32, 8)
     torch.testing.assert_close(cross.keys(0)[3, :, :least], short.keys(0)[0])
     assert bool((cross.keys(0)[3, :, least:] == 0).all()) and not cross.src_mask[3, ..., 3:].any()
     cross.select(torch.tensor([3]))  # only the short sentence: trim drops the padding past the least
