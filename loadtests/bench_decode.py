@@ -10,12 +10,13 @@ test_2016_flickr sentences sorted by length, identical for every system; each ce
 --repeats timed passes after one warm-up batch, the systems taking turns within each pass. Each
 system runs in its own worker process (see `SystemWorker`), all started before the first pass.
 
-Systems (--systems): beamserve; beamserve-es (early_stopping=True, CTranslate2's stopping rule);
+Systems (--systems): beamserve; beamserve-es and beamserve-int8-es (early_stopping=True, CTranslate2's
+stopping rule);
 beamserve-bf16 (dtype bfloat16); beamserve-int8 and beamserve-int8_bfloat16 (compute_type: int8 GEMMs
-with per-row scales, float32 or bfloat16 elsewhere); beamserve-int8-pytorch (int8 without the C row
-kernels, model/native.py); beamserve-slots (the static decode state, model/slot_decoder.py: B
-slots of K beams refilled as sentences finish; CUDA graphs on a GPU); hf; ct2-float32; ct2-int8;
-ct2-float16 (GPU).
+with per-row scales, float32 or bfloat16 elsewhere); beamserve-pytorch and beamserve-int8-pytorch
+(float32 and int8 in PyTorch's ops only, without the C kernels of model/native.py); beamserve-slots
+(the static decode state, model/slot_decoder.py: B slots of K beams refilled as sentences finish; CUDA
+graphs on a GPU); hf; ct2-float32; ct2-int8; ct2-float16 (GPU).
 
 A suffix -interN (beamserve-inter2, ct2-float32-inter2) decodes N batches in parallel, each worker with
 --threads / N intra-op threads: CTranslate2's inter_threads, and beamserve's (`Translator.load(...,
@@ -249,16 +250,20 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
         return lambda n, B, K: run_beamserve(pool, encoded[:n], B, K, steps)
     if system == "beamserve":
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
+    if system == "beamserve-pytorch":  # PyTorch's ops only: decode-step attention without the C kernel
+        native.turn_off()
+        return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
     if system == "beamserve-slots":
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
         return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
-    if system in ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch"):  # model/quant.py
-        if system.endswith("-pytorch"):  # the same bits without the C row kernels (model/native.py)
+    if system in ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch", "beamserve-int8-es"):
+        if system.endswith("-pytorch"):  # PyTorch's ops only: no C row kernels, no C attention (model/native.py)
             native.turn_off()
+        early = system.endswith("-es")  # CTranslate2's stopping rule, as beamserve-es
         tr8 = Translator.load(own, args.device, compute_type=system.split("-")[1], num_threads=args.threads)
-        return lambda n, B, K: run_beamserve(tr8, encoded[:n], B, K, steps)
+        return lambda n, B, K: run_beamserve(tr8, encoded[:n], B, K, steps, early_stopping=early)
     if system == "beamserve-bf16":  # the same weights in bfloat16 (fast on CPUs with AVX512-BF16 or AMX)
         tr16 = Translator.load(own, args.device, dtype="bfloat16", num_threads=args.threads)
         return lambda n, B, K: run_beamserve(tr16, encoded[:n], B, K, steps)
@@ -351,6 +356,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
         f" (random weights, {steps} decoding steps per sentence)" if steps else " (shipped weights, natural lengths)"
     )
     pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
+    pairs += [("beamserve", "beamserve-pytorch"), ("beamserve-int8", "beamserve-int8-pytorch")]
+    pairs += [("beamserve-int8", "beamserve"), ("beamserve-int8", "ct2-int8"), ("beamserve-int8-es", "ct2-int8")]
     if "beamserve-slots" in workers:
         pairs += [("beamserve-slots", "beamserve"), ("beamserve-slots", "hf")]
     if "beamserve-es" in workers:

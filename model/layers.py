@@ -121,7 +121,7 @@ def attends_natively(x: torch.Tensor) -> bool:
     """Whether decode-step attention on x's device and dtype runs in C (model/native.py): CPU float32
     inference with the library built."""
     return (
-        native.attends()
+        native.steps()
         and x.dtype == torch.float32
         and x.device.type == "cpu"
         and not torch.is_grad_enabled()
@@ -171,11 +171,24 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """Full (non-incremental) attention of x (B, T, C) over source (B, S, C) -> (B, T, C)."""
         k, v = self.project_kv(source)
+        if source is x and mask is not None and not causal and attends_natively(x):
+            return self._each_in_c(x, k, v, mask)
         q = self.project_q(x)
         if source is x and mask is not None and not causal and not self.training and x.device.type == "cpu":
             return self.merge_heads(self._each_unpadded(q, k, v, mask))
         p = self.dropout if self.training else 0.0
         return self.merge_heads(attention(q, k, v, mask, causal=causal, dropout=p))
+
+    def _each_in_c(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Self-attention of each right-padded sequence over its own length, in C (model/native.py): every
+        query row of x (B, S, C) against its sequence's keys and values k, v (B, H, S, D), mask broadcastable
+        to (B, 1, 1, S), True on real tokens -> (B, S, C). Padded rows attend too; nothing reads them."""
+        B, S, C = x.shape
+        lengths = mask.reshape(B, -1).sum(-1)  # (B,)
+        sequence = torch.arange(B, device=x.device).repeat_interleave(S)  # (B * S,) each query row's
+        q = self.q_proj(x).view(B * S, self.heads, self.head_dim)
+        out = native.attend(q, k, v, lengths.repeat_interleave(S), sequence[:, None].expand(B * S, S))
+        return self.out_proj(out.view(B, S, C))
 
     @staticmethod
     def _each_unpadded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,16 @@
 """beamserve's C kernels (model/csrc), where the package was built with them: the passes around an int8
-GEMM, and a decode step's attention.
+GEMM, and a decode step's attention, log-softmax and candidate ranking.
 
 An int8 GEMM (model/quant.py) is wrapped in per-row passes: quantising the activation rows, and scaling
 the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
 passes over memory, each a call of its own; on the decoder's shapes they took as long as the GEMM.
-The C kernels do each in one pass and give the same bits (tests/test_native.py), so a translation does
-not depend on whether they are built.
+The C kernels do each in one pass and give the same bits (tests/test_native.py).
 
-A decode step's attention (csrc/attention.c: every row's query against its cached keys and values, in
-one pass) computes its own bits, the same on every CPU and in every batch, within float32 rounding of
-PyTorch's; a model that attends with it says so in its digest (Translator.digest), as its scores differ
-in the last bits from a replica's without the library.
+A decode step's attention (csrc/attention.c: every row's query against its cached keys and values in
+one pass) and log-softmax (csrc/search.c) compute their own bits, the same on every CPU, vector width
+and batch, within float32 rounding of PyTorch's; a model that decodes with them says so in its digest
+(Translator.digest), as its scores differ in the last bits from a replica's without the library. The
+candidate ranking (csrc/search.c) gives search.top_candidates's exact answer in one pass.
 
 `pip install` compiles the library (setup.py; optional: without a C compiler the install goes on without
 it); BEAMSERVE_NATIVE_KERNELS=0 turns it off. The kernels run on the calling thread: a one-thread pass
@@ -53,6 +53,9 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
     lib.beamserve_attend.argtypes = [p, p, p, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, ctypes.c_float, p, p]
     lib.beamserve_attend.restype = None
+    lib.beamserve_log_softmax.argtypes, lib.beamserve_log_softmax.restype = [p, i64, i64, i64], None
+    lib.beamserve_top_candidates.argtypes = [p, p, i64, i64, i64, i64, p, p, p]
+    lib.beamserve_top_candidates.restype = None
     return lib
 
 
@@ -78,8 +81,9 @@ def available() -> bool:
     return quantizes() or scales_back()
 
 
-def attends() -> bool:
-    """Whether decode-step attention runs in C here (wherever the library is built and not turned off)."""
+def steps() -> bool:
+    """Whether a decode step's C kernels (attention, log-softmax, candidate ranking) run here: wherever the
+    library is built and not turned off."""
     return _LIB is not None
 
 
@@ -124,7 +128,7 @@ def attend(
     length: int | torch.Tensor,
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v for each row's one query over its own positions; only where attends().
+    """softmax(q k^T / sqrt(D)) v for each row's one query over its own positions; only where steps().
 
     q: (N, H, D) float32, contiguous. k, v: (R, H, T, D) float32 with equal strides and unit stride over D.
     length: positions every row attends over, or (N,) int64 per row. rows: where position t of row n
@@ -144,3 +148,31 @@ def attend(
         None if lengths is None else lengths.data_ptr(), most, r, rs, ts, D**-0.5, scratch.data_ptr(), out.data_ptr(),
     )  # fmt: skip
     return out
+
+
+def log_softmax_(x: torch.Tensor) -> torch.Tensor:
+    """Each row of x (M, V) float32 on CPU, unit column stride, replaced by its log-softmax; returns x.
+    Only where steps()."""
+    assert _LIB is not None and x.dtype == torch.float32 and x.stride(-1) == 1
+    rows = x.view(-1, x.shape[-1]) if x.dim() != 2 else x
+    _LIB.beamserve_log_softmax(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0))
+    return x
+
+
+MOST_CANDIDATES = 64
+
+
+def top_candidates(
+    log_probs: torch.Tensor, run_scores: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """search.top_candidates in one pass: log_probs (b, K, V) and run_scores (b, K) float32 on CPU, n at
+    most MOST_CANDIDATES -> scores, beam, token, each (b, n). Only where steps()."""
+    assert _LIB is not None and n <= MOST_CANDIDATES
+    b, K, V = log_probs.shape
+    lp, run = log_probs.contiguous(), run_scores.contiguous()
+    scores = torch.empty(b, n)
+    beam, token = torch.empty(b, n, dtype=torch.int64), torch.empty(b, n, dtype=torch.int64)
+    _LIB.beamserve_top_candidates(
+        lp.data_ptr(), run.data_ptr(), b, K, V, n, scores.data_ptr(), beam.data_ptr(), token.data_ptr()
+    )
+    return scores, beam, token

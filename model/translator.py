@@ -14,13 +14,12 @@ from pathlib import Path
 
 import torch
 
-from model import checkpoint
+from model import checkpoint, native
 from model import compute_type as compute
 from model.align import Link, attention_alignment
 from model.allocator import retain_freed_memory
 from model.decoding import generate, pad_batch
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
-from model.layers import attends_natively
 from model.options import DecodeOptions, max_length
 from model.quant import int8_of
 from model.search import Hypothesis, SearchOptions
@@ -171,15 +170,9 @@ class Translator:
             h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
         h.update(self.tokenizer.fingerprint())
         h.update(f"compute_type:{self.compute_type}".encode())  # int8 GEMMs translate differently
-        if self.attends_natively:  # its own last bits (model/native.py)
-            h.update(b"attention:c")
+        if self.device.type == "cpu" and native.steps():  # the C decode-step kernels' own last bits
+            h.update(b"kernels:c")
         return h.hexdigest()
-
-    @property
-    def attends_natively(self) -> bool:
-        """Whether decode steps attend in C (model/native.py): float32 attention on CPU, library built."""
-        with torch.inference_mode():
-            return attends_natively(self.model.embed.weight)
 
     @property
     def max_source_tokens(self) -> int:

@@ -19,13 +19,14 @@ import torch
 from model import DecodeOptions, Translator, native
 from model.kv_cache import KVCache
 from model.quant import linear_int8, quantize_rows, quantize_weight
+from model.search import NEG, top_candidates
 from model.transformer import Seq2Seq
 
 from .conftest import read_lines
 
 WHY_NOT = f"turned off ({native.ENV}=0)" if os.environ.get(native.ENV) == "0" else "not built or not vectorised here"
 built = pytest.mark.skipif(not native.available(), reason=f"the C kernels are {WHY_NOT}")
-attends = pytest.mark.skipif(not native.attends(), reason=f"the C kernels are {WHY_NOT}")
+steps = pytest.mark.skipif(not native.steps(), reason=f"the C kernels are {WHY_NOT}")
 quantizes = pytest.mark.skipif(not native.quantizes(), reason=f"the C quantisation is {WHY_NOT}")
 
 
@@ -33,7 +34,7 @@ def test_the_kernels_are_built_where_the_install_had_a_c_compiler_and_run_where_
     # setup.py builds them as optional, so a broken build would only show as slower int8 decoding.
     if platform.system() != "Linux" or not shutil.which("cc") or native.ENV in os.environ:
         return
-    assert native.built() and native.attends()
+    assert native.built() and native.steps()
     flags = set(Path("/proc/cpuinfo").read_text().split())
     if platform.machine() == "x86_64":
         assert native.quantizes() == ({"avx512f", "avx512bw"} <= flags)
@@ -105,7 +106,7 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[
     return out
 
 
-@attends
+@steps
 @pytest.mark.parametrize(("H", "D"), [(4, 64), (8, 64), (2, 24), (16, 32), (1, 7)])
 def test_step_attention_in_c_equals_the_formula_row_by_row_in_any_batch(H: int, D: int) -> None:
     g = torch.Generator().manual_seed(H * D)
@@ -125,7 +126,7 @@ def test_step_attention_in_c_equals_the_formula_row_by_row_in_any_batch(H: int, 
     assert torch.equal(native.attend(q, k, v, 17), native.attend(q, k, v, same))  # one length or a length a row
 
 
-@attends
+@steps
 def test_step_attention_in_c_reads_each_position_from_the_row_its_lineage_names() -> None:
     g = torch.Generator().manual_seed(7)
     N, H, T, D = 12, 4, 30, 64
@@ -143,9 +144,9 @@ def test_step_attention_in_c_reads_each_position_from_the_row_its_lineage_names(
     assert torch.equal(native.attend(q, k, v, 30, sentence[:, None].expand(N, T)), native.attend(q, *spread, 30))
 
 
-@attends
+@steps
 @pytest.mark.parametrize("compute_type", ["float32", "int8"])
-def test_translations_with_attention_in_c_match_pytorchs_and_the_lineage_cache_the_copying_one(
+def test_translations_with_the_step_kernels_match_pytorchs_and_the_lineage_cache_the_copying_one(
     compute_type: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     texts = read_lines("test_2016_flickr.en.gz", 48)
@@ -162,7 +163,7 @@ def test_translations_with_attention_in_c_match_pytorchs_and_the_lineage_cache_t
     assert [[(h.tokens, h.score) for h in hs] for hs in c] == [
         [(h.tokens, h.score) for h in hs] for hs in tr.translate_ids(sources, opts)
     ]
-    monkeypatch.setattr(native, "_LIB", None)  # attention in PyTorch's ops
+    monkeypatch.setattr(native, "_LIB", None)  # attention, log-softmax and ranking in PyTorch's ops
     torch_ = tr.translate_ids(sources, opts)
     if compute_type == "float32":  # int8 rounds an activation otherwise now and then: 4 of the 1,000 test
         # sentences' best int8 translations differ (none in float32; the quality test holds int8's BLEU)
@@ -173,9 +174,9 @@ def test_translations_with_attention_in_c_match_pytorchs_and_the_lineage_cache_t
     assert Translator.load("en-de", "cpu", compute_type=compute_type).digest != digest
 
 
-@attends
+@steps
 @pytest.mark.parametrize("arch", ["x86-64", "x86-64-v3", "x86-64-v4"])  # 4, 8 and 16 floats a vector
-def test_step_attention_in_c_gives_the_same_bits_built_for_any_vector_width(
+def test_the_step_kernels_give_the_same_bits_built_for_any_vector_width(
     arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cc, flags = shutil.which("cc"), set(Path("/proc/cpuinfo").read_text().split())
@@ -190,6 +191,8 @@ def test_step_attention_in_c_gives_the_same_bits_built_for_any_vector_width(
         lengths, rows = torch.randint(0, T + 1, (N,), generator=g), torch.randint(0, N, (N, T), generator=g)
         cases.append((q, k, v, lengths, rows))
     installed = [native.attend(q, k, v, lengths, rows) for q, k, v, lengths, rows in cases]
+    logits = [torch.randn(7, V, generator=g) * 5 for V in (8000, 33, 1)]
+    log_probs = [native.log_softmax_(x.clone()) for x in logits]
     library = tmp_path / "native.so"
     sources = sorted(str(c) for c in (Path(native.__file__).parent / "csrc").glob("*.c"))
     build = [cc, "-O3", "-ffp-contract=off", "-fno-math-errno", f"-march={arch}", "-DBEAMSERVE_ONE_TARGET"]
@@ -197,3 +200,44 @@ def test_step_attention_in_c_gives_the_same_bits_built_for_any_vector_width(
     monkeypatch.setattr(native, "_LIB", native.declared(ctypes.CDLL(str(library))), raising=True)
     for (q, k, v, lengths, rows), expected in zip(cases, installed, strict=True):
         assert torch.equal(native.attend(q, k, v, lengths, rows), expected)
+    for x, expected in zip(logits, log_probs, strict=True):
+        assert torch.equal(native.log_softmax_(x.clone()), expected)
+
+
+@steps
+@pytest.mark.parametrize("V", [8000, 1000, 33, 5])
+def test_log_softmax_in_c_is_within_float32_rounding_of_torchs_and_row_by_row(V: int) -> None:
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(40, V, generator=g) * 6
+    x[1] = 0.0  # a flat row
+    x[2, : V // 2] = -1e4  # half the row far below the rest
+    out = native.log_softmax_(x.clone())
+    torch.testing.assert_close(out, torch.log_softmax(x.double(), -1).float(), atol=2e-6, rtol=2e-6)
+    for r in (0, 1, 2, 39):
+        assert torch.equal(native.log_softmax_(x[r : r + 1].clone()), out[r : r + 1])
+    wide = torch.zeros(40, V + 9)
+    wide[:, :V] = x
+    native.log_softmax_(wide[:, :V])  # rows of a wider tensor, in place
+    assert torch.equal(wide[:, :V], out) and not wide[:, V:].any()
+
+
+@steps
+@pytest.mark.parametrize(("K", "V", "n"), [(4, 8000, 8), (1, 8000, 2), (5, 301, 10), (2, 7, 14), (4, 1000, 64)])
+def test_candidate_ranking_in_c_gives_pytorchs_exact_answer(K: int, V: int, n: int) -> None:
+    g = torch.Generator().manual_seed(K * V + n)
+    b = 16
+    log_probs = torch.log_softmax(torch.randn(b, K, V, generator=g) * 3, dim=-1)
+    log_probs[:, :, V // 3] = float("-inf")  # a suppressed token
+    log_probs[0, :, 1:] = float("-inf")  # a sentence forced to end: one finite token a beam
+    log_probs[2] = log_probs[2].round(decimals=1)  # many equal scores: ranked by beam, then token
+    run_scores = torch.randn(b, K, generator=g) * 3
+    run_scores[1, 1:] = NEG  # beams not yet expanded
+    run_scores[2] = 0.0
+    c = native.top_candidates(log_probs, run_scores, n)
+    native_lib, native._LIB = native._LIB, None  # PyTorch's plain and blockwise rankings
+    try:
+        for chunk in (None, 32):
+            for ours, theirs in zip(c, top_candidates(log_probs, run_scores, n, chunk=chunk), strict=True):
+                assert torch.equal(ours, theirs), chunk
+    finally:
+        native._LIB = native_lib

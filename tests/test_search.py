@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from model import native
 from model.search import (
     NEG,
     Hypothesis,
@@ -163,12 +164,21 @@ def test_one_beam_picks_greedy_searchs_token_among_equal_scores() -> None:
 
 
 @pytest.mark.parametrize("vocab", [7, 8000])
-def test_log_softmax_over_the_logits_gives_the_same_values_to_the_bit(vocab: int) -> None:
+@pytest.mark.parametrize("kernels", ["c", "torch"])
+def test_log_softmax_over_the_logits_gives_the_same_values_to_the_bit(
+    vocab: int, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written over contiguous logits, the values a new tensor would get: ATen's, or with the C kernels
+    built, theirs (model/native.py)."""
+    if kernels == "c" and not native.steps():
+        pytest.skip("the C kernels are not built here")
+    if kernels == "torch":
+        monkeypatch.setattr(native, "_LIB", None)
     torch.manual_seed(0)
     logits = torch.randn(40, vocab) * 5
-    want = torch.log_softmax(logits, dim=-1)
+    want = native.log_softmax_(logits.clone()) if kernels == "c" else torch.log_softmax(logits, dim=-1)
     assert torch.equal(log_softmax_(logits.clone()), want)  # contiguous: written over the logits
-    view = torch.randn(40, 2 * vocab)[:, :vocab]  # not contiguous: a new tensor, the source untouched
+    view = torch.randn(40, 2 * vocab)[:, :vocab]  # not contiguous: a new tensor (ATen's), the source untouched
     before = view.clone()
     assert torch.equal(log_softmax_(view), torch.log_softmax(before, dim=-1))
     assert torch.equal(view, before)
