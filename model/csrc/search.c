@@ -17,10 +17,16 @@ typedef int32_t i16 __attribute__((vector_size(64)));
 #define LANES 16
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-ALWAYS_INLINE v16 load(const float *p, int64_t n, float fill) { /* n floats, `fill` after them */
+ALWAYS_INLINE v16 load(const float *p, int64_t n, float fill) { /* n floats (none if n <= 0), `fill` after */
     v16 x;
     for (int j = 0; j < LANES; j++) x[j] = fill;
-    memcpy(&x, p, (size_t)(n < LANES ? n : LANES) * sizeof(float));
+    if (n > 0) memcpy(&x, p, (size_t)(n < LANES ? n : LANES) * sizeof(float));
+    return x;
+}
+
+ALWAYS_INLINE v16 load16(const float *p) { /* one vector load */
+    v16 x;
+    memcpy(&x, p, sizeof x);
     return x;
 }
 
@@ -60,27 +66,37 @@ static double log_at_least_one(double s) {
 }
 
 /* x (rows, cols) float32 with row stride ld: each row's log-softmax, x - max - log(sum(exp(x - max))),
- * written over it. The sum runs in 16 lanes (j, j + 16, ... in order), then a fixed tree; in float. */
+ * written over it. The sum runs in four 16-lane vectors (vector i of the row into partial i % 4, in
+ * order), added as (0 + 1) + (2 + 3), then its lanes as a fixed tree; in float. Four partial maxima and
+ * sums keep four independent chains in flight. */
 #if defined(__x86_64__) && !defined(BEAMSERVE_ONE_TARGET)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
+    const int64_t block = 4 * LANES, full = cols - cols % block; /* whole blocks of four vectors, then the rest */
     for (int64_t r = 0; r < rows; r++) {
         float *row = x + r * ld;
-        v16 mx = load(row, cols, -INFINITY);
-        for (int64_t c = LANES; c < cols; c += LANES) mx = vmax(mx, load(row + c, cols - c, -INFINITY));
-        float m = mx[0];
-        for (int j = 1; j < LANES; j++) m = mx[j] > m ? mx[j] : m;
-        v16 acc = {0};
-        for (int64_t c = 0; c < cols; c += LANES) {
-            v16 e = exp_nonpositive(load(row + c, cols - c, m) - m);
-            if (cols - c < LANES) /* lanes past the row add nothing */
-                for (int j = (int)(cols - c); j < LANES; j++) e[j] = 0.0f;
-            acc += e;
+        v16 mx[4];
+        for (int i = 0; i < 4; i++) mx[i] = load(row + full + i * LANES, cols - full - i * LANES, -INFINITY);
+        for (int64_t c = 0; c < full; c += block)
+            for (int i = 0; i < 4; i++) mx[i] = vmax(mx[i], load16(row + c + i * LANES));
+        v16 top = vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3]));
+        float m = top[0];
+        for (int j = 1; j < LANES; j++) m = top[j] > m ? top[j] : m;
+        v16 acc[4] = {{0}, {0}, {0}, {0}};
+        for (int64_t c = 0; c < full; c += block)
+            for (int i = 0; i < 4; i++) acc[i] += exp_nonpositive(load16(row + c + i * LANES) - m);
+        for (int i = 0; i < 4; i++) {
+            int64_t left = cols - full - i * LANES; /* floats of the row in this tail vector */
+            if (left <= 0) continue;
+            v16 e = exp_nonpositive(load(row + full + i * LANES, left, m) - m);
+            for (int64_t j = left; j < LANES; j++) e[j] = 0.0f; /* lanes past the row add nothing */
+            acc[i] += e;
         }
+        v16 sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         for (int w = LANES / 2; w > 0; w /= 2)
-            for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-        float lse = (float)log_at_least_one((double)acc[0]); /* acc[0] >= 1: the maximum's own exp(0) */
+            for (int j = 0; j < w; j++) sum[j] += sum[j + w];
+        float lse = (float)log_at_least_one((double)sum[0]); /* >= 1: the maximum's own exp(0) */
         for (int64_t c = 0; c < cols; c++) row[c] = (row[c] - m) - lse;
     }
 }
@@ -100,14 +116,14 @@ void beamserve_top_candidates(const float *lp, const float *run, int64_t batch, 
         for (int64_t k = 0; k < K; k++) {
             const float *row = lp + (b * K + k) * V;
             const float base = run[b * K + k];
-            for (int64_t c = 0; c < V; c += LANES) {
-                int64_t width = V - c < LANES ? V - c : LANES;
-                if (held == n) { /* only lanes above the n-th best can enter */
-                    v16 s = load(row + c, width, -INFINITY) + base;
-                    i16 above = s > best[n - 1];
-                    int any = 0;
-                    for (int j = 0; j < LANES; j++) any |= above[j];
-                    if (!any) continue;
+            for (int64_t c = 0; c < V; c += 4 * LANES) {
+                int64_t width = V - c < 4 * LANES ? V - c : 4 * LANES;
+                if (held == n && width == 4 * LANES) { /* only a score above the n-th best can enter */
+                    v16 top = vmax(vmax(load16(row + c), load16(row + c + LANES)),
+                                   vmax(load16(row + c + 2 * LANES), load16(row + c + 3 * LANES)));
+                    for (int w = LANES / 2; w > 0; w /= 2)
+                        for (int j = 0; j < w; j++) top[j] = top[j] > top[j + w] ? top[j] : top[j + w];
+                    if (!(top[0] + base > best[n - 1])) continue; /* the sum rounds monotonically */
                 }
                 for (int64_t j = 0; j < width; j++) {
                     float s = row[c + j] + base;
