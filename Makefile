@@ -6,7 +6,7 @@ DATA ?= ../shared/data/multi30k
 
 .PHONY: lock install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory loadtest faults soak clean
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c model/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch first (it lies on disk here), so nothing pulls a multi-GB CUDA build.

@@ -12,6 +12,7 @@ setup(
         Extension(
             "model._native",
             sources=["model/csrc/int8_rows.c", "model/csrc/attention.c", "model/csrc/search.c"],
+            depends=["model/csrc/vec16.h"],
             # No contraction of a separate multiply and add into one rounding: the int8 passes must match
             # PyTorch's bits, and the decode-step kernels' bits must not depend on the CPU.
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"],

@@ -117,13 +117,14 @@ def step_attention(
     return _step_formula(q, k, v, mask)[:, :, :T]
 
 
-def attends_natively(x: torch.Tensor) -> bool:
-    """Whether decode-step attention on x's device and dtype runs in C (model/native.py): CPU float32
-    inference with the library built."""
+def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
+    """Whether decode-step attention on x's device and dtype, with heads of `head_dim`, runs in C
+    (model/native.py): CPU float32 inference with the library built."""
     return (
         native.steps()
         and x.dtype == torch.float32
         and x.device.type == "cpu"
+        and head_dim <= native.MOST_HEAD_DIM
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
     )
@@ -171,7 +172,7 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """Full (non-incremental) attention of x (B, T, C) over source (B, S, C) -> (B, T, C)."""
         k, v = self.project_kv(source)
-        if source is x and mask is not None and not causal and attends_natively(x):
+        if source is x and mask is not None and not causal and attends_natively(x, self.head_dim):
             return self._each_in_c(x, k, v, mask)
         q = self.project_q(x)
         if source is x and mask is not None and not causal and not self.training and x.device.type == "cpu":

@@ -86,7 +86,8 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
         k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, T, D)
-        if attends_natively(h):  # each row over its own positions, wherever its cache lineage keeps them
+        # In C each row attends over its own positions, wherever its cache lineage keeps them.
+        if attends_natively(h, self.self_attn.head_dim):
             N, _, C = h.shape
             q = self.self_attn.q_proj(h).view(N, self.self_attn.heads, -1)  # (N, H, D)
             out = native.attend(q, cache.k[layer], cache.v[layer], pos + 1, cache.lineage)
@@ -96,7 +97,8 @@ class DecoderLayer(nn.Module):
 
     def _cross_step(self, h: torch.Tensor, layer: int, cross: CrossCache) -> torch.Tensor:
         B = cross.src_mask.shape[0]
-        if attends_natively(h) and not cross.keys_transposed:  # each row over its sentence's source
+        # In C each row attends over its sentence's source positions.
+        if attends_natively(h, self.cross_attn.head_dim) and not cross.keys_transposed:
             N, _, C = h.shape
             q = self.cross_attn.q_proj(h).view(N, self.cross_attn.heads, -1)  # (N, H, D)
             if cross.row_index is None:
@@ -216,7 +218,8 @@ class Seq2Seq(nn.Module):
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
         cpu = memory.device.type == "cpu"
         positions = memory.shape[1]
-        attended = attended_keys(positions, self.cfg.d_model // self.cfg.decoder_attention_heads) if cpu else positions
+        head_dim = self.cfg.d_model // self.cfg.decoder_attention_heads
+        attended = attended_keys(positions, head_dim) if cpu else positions
         if attended > positions:
             # Masked positions up to what a CPU step attends over, once here (layers.step_attention).
             memory = F.pad(memory, (0, 0, 0, attended - positions))
@@ -224,7 +227,7 @@ class Seq2Seq(nn.Module):
         kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
         # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
         # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
-        transposed = cpu and not attends_natively(memory)  # the C kernel reads (B, H, S, D)
+        transposed = cpu and not attends_natively(memory, head_dim)  # the C kernel reads (B, H, S, D)
         keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
         values = [v.contiguous() for _, v in kv]
         return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=transposed, padded=cpu)
@@ -254,7 +257,7 @@ class Seq2Seq(nn.Module):
             device=device,
             limit=limit,
             zeroed=zeroed,
-            lineage=lineage and attends_natively(self.embed.weight) and device.type == "cpu",
+            lineage=lineage and attends_natively(self.embed.weight, cfg.d_model // heads) and device.type == "cpu",
         )
 
     def decode_step(

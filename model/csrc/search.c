@@ -7,49 +7,8 @@
  * search.top_candidates's answer: the same float additions, and equal scores ranked by beam, then token.
  */
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
-#pragma GCC diagnostic ignored "-Wpsabi" /* 64-byte vectors only pass between inlined functions */
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16 __attribute__((vector_size(64)));
-#define LANES 16
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-ALWAYS_INLINE v16 load(const float *p, int64_t n, float fill) { /* n floats (none if n <= 0), `fill` after */
-    v16 x;
-    for (int j = 0; j < LANES; j++) x[j] = fill;
-    if (n > 0) memcpy(&x, p, (size_t)(n < LANES ? n : LANES) * sizeof(float));
-    return x;
-}
-
-ALWAYS_INLINE v16 load16(const float *p) { /* one vector load */
-    v16 x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
-
-ALWAYS_INLINE v16 select(i16 mask, v16 a, v16 b) { return (v16)((mask & (i16)a) | (~mask & (i16)b)); }
-
-ALWAYS_INLINE v16 vmax(v16 a, v16 b) { return select(a > b, a, b); }
-
-/* exp(x) lane by lane for x <= 0, as csrc/attention.c's: Cephes' expf polynomial, exp(-87) below -87. */
-ALWAYS_INLINE v16 exp_nonpositive(v16 x) {
-    x = vmax(x, (v16){0} - 87.0f);
-    v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    v16 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v16 p = r * 0.0f + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    i16 e = (__builtin_convertvector(n, i16) + 127) << 23;
-    return p * (v16)e;
-}
+#include "vec16.h"
 
 /* log(s) for s >= 1 in double: s = m 2^e with m in [1, 2), log m = 2 atanh((m - 1) / (m + 1)) by its series
  * (|z| <= 1/3: 20 terms reach double precision). Plain double arithmetic, so it is the same everywhere. */
