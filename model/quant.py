@@ -76,7 +76,12 @@ def onednn_int8() -> bool:
             x, 1.0, 0, packed, scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
         ))  # fmt: skip
         int_mm = _best_s(lambda: torch._int_mm(x, w.t()))
-    return onednn < 10 * int_mm + 1e-4
+    # The absolute bound holds when other processes slow torch._int_mm's timing down: a real kernel does
+    # the product in well under 2 ms on any CPU, the loop in no less.
+    return onednn < 10 * int_mm + 1e-4 and onednn < REAL_KERNEL_S
+
+
+REAL_KERNEL_S = 2e-3
 
 
 def _best_s(fn: Callable[[], object], repeats: int = 3) -> float:
