@@ -46,6 +46,8 @@ from urllib.parse import urlencode
 import httpx
 import psutil
 
+from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
+
 REPO = Path(__file__).resolve().parents[1]
 RECOVERY_S = 30.0  # a killed replica must be answering again within this
 SENTENCES = [
@@ -54,12 +56,6 @@ SENTENCES = [
     "A woman in a red dress is singing on a stage.",
     "A little girl climbs into a wooden playhouse.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:

@@ -13,7 +13,6 @@ import argparse
 import csv
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +21,14 @@ from pathlib import Path
 
 import httpx
 
+from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
+
 REPO = Path(__file__).resolve().parents[1]
 MODES = {
     "batching": {},  # the default: continuous batching
     "request-batching": {"BEAMSERVE_MODE": "request"},
     "no-batching": {"BEAMSERVE_MODE": "none"},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ready(url: str) -> bool:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from service import local_ray
@@ -18,9 +20,27 @@ _RELAY: list[MetricsRelay] = []  # the metrics relay of the instance this proces
 
 
 def free_loopback_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, below the kernel's ephemeral range: Ray's processes take dozens of
+    ports the kernel assigns from that range, so one handed out from it here could be taken by a Ray
+    worker before its owner binds it."""
+    low = _ephemeral_low()
+    for port in random.sample(range(low // 2, low), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
+            return port
+    with socket.socket() as s:  # all 64 taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux
+        return 32768
 
 
 def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+
+from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
@@ -74,12 +75,6 @@ def tiny_dir(tiny_run: Path) -> Path:
 def sources() -> list[str]:
     """Real sentences of mixed lengths (val split)."""
     return read_lines("val.en.gz", 12)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
