@@ -120,14 +120,7 @@ def step_attention(
 def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
     """Whether decode-step attention on x's device and dtype, with heads of `head_dim`, runs in C
     (model/native.py): CPU float32 inference with the library built."""
-    return (
-        native.steps()
-        and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and head_dim <= native.MOST_HEAD_DIM
-        and not torch.is_grad_enabled()
-        and not torch.compiler.is_compiling()
-    )
+    return native.runs_on(x) and head_dim <= native.MOST_HEAD_DIM and not torch.is_grad_enabled()
 
 
 def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:

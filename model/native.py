@@ -87,6 +87,14 @@ def steps() -> bool:
     return _LIB is not None
 
 
+def runs_on(x: torch.Tensor) -> bool:
+    """Whether the decode-step kernels take x: steps() here, x float32 on CPU, not inside torch.compile's
+    tracing (a ctypes call would break its graph)."""
+    return (
+        _LIB is not None and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling()
+    )
+
+
 def quantizes() -> bool:
     """Whether quantize_rows runs here."""
     return _LIB is not None and bool(_VECTORISED & 1)

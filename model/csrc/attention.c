@@ -19,12 +19,10 @@
 ALWAYS_INLINE float dot(const v16 *q, const float *k, int64_t chunks, int64_t D) {
     v16 acc = {0};
     for (int64_t c = 0; c < chunks; c++) acc += q[c] * load(k + c * LANES, D - c * LANES, 0.0f);
-    v16 t = acc + __builtin_shuffle(acc, (__attribute__((vector_size(64))) int32_t){8, 9, 10, 11, 12, 13, 14, 15});
-    t = t + __builtin_shuffle(t, (__attribute__((vector_size(64))) int32_t){4, 5, 6, 7});
-    t = t + __builtin_shuffle(t, (__attribute__((vector_size(64))) int32_t){2, 3});
-    return t[0] + t[1];
+    return lanes_sum(acc);
 }
-/* One head of one row: `chunks` 16-float pieces of the head's D floats (CHUNKS when the compiler knows it). */
+
+/* One head of one row: `chunks` 16-float pieces of the head's D floats (a constant where D is 64). */
 ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, int64_t D, int64_t chunks, int64_t len,
                                const int64_t *rows, int64_t ts, int64_t row0, int64_t sN, int64_t sT, float scale,
                                float *s, float *out) {

@@ -39,9 +39,7 @@ void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
         for (int i = 0; i < 4; i++) mx[i] = load(row + full + i * LANES, cols - full - i * LANES, -INFINITY);
         for (int64_t c = 0; c < full; c += block)
             for (int i = 0; i < 4; i++) mx[i] = vmax(mx[i], load16(row + c + i * LANES));
-        v16 top = vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3]));
-        float m = top[0];
-        for (int j = 1; j < LANES; j++) m = top[j] > m ? top[j] : m;
+        const float m = lanes_max(vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3])));
         v16 acc[4] = {{0}, {0}, {0}, {0}};
         for (int64_t c = 0; c < full; c += block)
             for (int i = 0; i < 4; i++) acc[i] += exp_nonpositive(load16(row + c + i * LANES) - m);
@@ -52,10 +50,8 @@ void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
             for (int64_t j = left; j < LANES; j++) e[j] = 0.0f; /* lanes past the row add nothing */
             acc[i] += e;
         }
-        v16 sum = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        for (int w = LANES / 2; w > 0; w /= 2)
-            for (int j = 0; j < w; j++) sum[j] += sum[j + w];
-        float lse = (float)log_at_least_one((double)sum[0]); /* >= 1: the maximum's own exp(0) */
+        const float sum = lanes_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+        float lse = (float)log_at_least_one((double)sum); /* >= 1: the maximum's own exp(0) */
         for (int64_t c = 0; c < cols; c++) row[c] = (row[c] - m) - lse;
     }
 }
@@ -78,11 +74,9 @@ void beamserve_top_candidates(const float *lp, const float *run, int64_t batch, 
             for (int64_t c = 0; c < V; c += 4 * LANES) {
                 int64_t width = V - c < 4 * LANES ? V - c : 4 * LANES;
                 if (held == n && width == 4 * LANES) { /* only a score above the n-th best can enter */
-                    v16 top = vmax(vmax(load16(row + c), load16(row + c + LANES)),
-                                   vmax(load16(row + c + 2 * LANES), load16(row + c + 3 * LANES)));
-                    for (int w = LANES / 2; w > 0; w /= 2)
-                        for (int j = 0; j < w; j++) top[j] = top[j] > top[j + w] ? top[j] : top[j + w];
-                    if (!(top[0] + base > best[n - 1])) continue; /* the sum rounds monotonically */
+                    float top = lanes_max(vmax(vmax(load16(row + c), load16(row + c + LANES)),
+                                               vmax(load16(row + c + 2 * LANES), load16(row + c + 3 * LANES))));
+                    if (!(top + base > best[n - 1])) continue; /* the sum rounds monotonically */
                 }
                 for (int64_t j = 0; j < width; j++) {
                     float s = row[c + j] + base;

@@ -35,6 +35,22 @@ ALWAYS_INLINE v16 select(i16 mask, v16 a, v16 b) { return (v16)((mask & (i16)a) 
 
 ALWAYS_INLINE v16 vmax(v16 a, v16 b) { return select(a > b, a, b); }
 
+/* The 16 lanes added as a fixed tree: j and j + 8, then j + 4, j + 2, j + 1. */
+ALWAYS_INLINE float lanes_sum(v16 x) {
+    x = x + __builtin_shuffle(x, (i16){8, 9, 10, 11, 12, 13, 14, 15});
+    x = x + __builtin_shuffle(x, (i16){4, 5, 6, 7});
+    x = x + __builtin_shuffle(x, (i16){2, 3});
+    return x[0] + x[1];
+}
+
+/* The largest of the 16 lanes (as vmax picks it, in the same tree). */
+ALWAYS_INLINE float lanes_max(v16 x) {
+    x = vmax(x, __builtin_shuffle(x, (i16){8, 9, 10, 11, 12, 13, 14, 15}));
+    x = vmax(x, __builtin_shuffle(x, (i16){4, 5, 6, 7}));
+    x = vmax(x, __builtin_shuffle(x, (i16){2, 3}));
+    return x[0] > x[1] ? x[0] : x[1];
+}
+
 /* exp(x) lane by lane for x <= 0 (a score less its row's maximum), within 2 ulp: x = n ln2 + r with
  * |r| <= ln2 / 2, a degree-6 polynomial for exp(r) (Cephes' expf), times 2^n built in the exponent bits.
  * Below -87 it returns exp(-87), about 1.6e-38: such a weight adds nothing a float32 sum can hold. */
