@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Hashable
 
@@ -16,13 +17,10 @@ from model.search import Hypothesis
 from model.transformer import Seq2Seq
 from tests.conftest import read_lines
 
-_loaded: dict[str, Translator] = {}
 
-
+@functools.cache
 def load(compute_type: str) -> Translator:
-    if compute_type not in _loaded:
-        _loaded[compute_type] = Translator.load("en-de", "cpu", compute_type=compute_type, num_threads=2)
-    return _loaded[compute_type]
+    return Translator.load("en-de", "cpu", compute_type=compute_type, num_threads=2)
 
 
 @pytest.fixture(scope="module")

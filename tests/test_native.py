@@ -223,7 +223,9 @@ def test_log_softmax_in_c_is_within_float32_rounding_of_torchs_and_row_by_row(V:
 
 @steps
 @pytest.mark.parametrize(("K", "V", "n"), [(4, 8000, 8), (1, 8000, 2), (5, 301, 10), (2, 7, 14), (4, 1000, 64)])
-def test_candidate_ranking_in_c_gives_pytorchs_exact_answer(K: int, V: int, n: int) -> None:
+def test_candidate_ranking_in_c_gives_pytorchs_exact_answer(
+    K: int, V: int, n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     g = torch.Generator().manual_seed(K * V + n)
     b = 16
     log_probs = torch.log_softmax(torch.randn(b, K, V, generator=g) * 3, dim=-1)
@@ -234,10 +236,7 @@ def test_candidate_ranking_in_c_gives_pytorchs_exact_answer(K: int, V: int, n: i
     run_scores[1, 1:] = NEG  # beams not yet expanded
     run_scores[2] = 0.0
     c = native.top_candidates(log_probs, run_scores, n)
-    native_lib, native._LIB = native._LIB, None  # PyTorch's plain and blockwise rankings
-    try:
-        for chunk in (None, 32):
-            for ours, theirs in zip(c, top_candidates(log_probs, run_scores, n, chunk=chunk), strict=True):
-                assert torch.equal(ours, theirs), chunk
-    finally:
-        native._LIB = native_lib
+    monkeypatch.setattr(native, "_LIB", None)  # PyTorch's plain and blockwise rankings
+    for chunk in (None, 32):
+        for ours, theirs in zip(c, top_candidates(log_probs, run_scores, n, chunk=chunk), strict=True):
+            assert torch.equal(ours, theirs), chunk
