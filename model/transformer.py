@@ -86,8 +86,9 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
         k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, T, D)
-        # In C each row attends over its own positions, wherever its cache lineage keeps them.
-        if attends_natively(h, self.self_attn.head_dim):
+        # In C each row attends over its own positions, wherever its cache lineage keeps them (a lineage
+        # cache, whose rows are not copied on reorders, is read by nothing else).
+        if cache.lineage is not None or attends_natively(h, self.self_attn.head_dim):
             N, _, C = h.shape
             q = self.self_attn.q_proj(h).view(N, self.self_attn.heads, -1)  # (N, H, D)
             out = native.attend(q, cache.k[layer], cache.v[layer], pos + 1, cache.lineage)
