@@ -1,22 +1,30 @@
 """beamserve's C kernels (model/csrc: the int8 row passes, a decode step's attention, log-softmax and
-candidate ranking), built as one plain shared library beside the package.
+candidate ranking), built as plain shared libraries beside the package: on x86-64 once for the baseline
+and once each for the x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) levels, of which model/native.py
+loads the best this CPU runs.
 
-Optional: without a C compiler the build goes on without it, and the model computes with PyTorch's ops
+Optional: without a C compiler the build goes on without them, and the model computes with PyTorch's ops
 (model/native.py says which runs).
 """
 
+import platform
+
 from setuptools import Extension, setup
 
+SOURCES = ["model/csrc/int8_rows.c", "model/csrc/attention.c", "model/csrc/search.c"]
+# No contraction of a separate multiply and add into one rounding: the int8 passes must match PyTorch's
+# bits, and the decode-step kernels' bits must not depend on the CPU.
+FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
+LEVELS = ["x86-64-v3", "x86-64-v4"] if platform.machine() in ("x86_64", "AMD64") else []
+
+
+def library(name: str, flags: list[str]) -> Extension:
+    return Extension(
+        name, sources=SOURCES, depends=["model/csrc/vec16.h"], extra_compile_args=FLAGS + flags, optional=True
+    )
+
+
 setup(
-    ext_modules=[
-        Extension(
-            "model._native",
-            sources=["model/csrc/int8_rows.c", "model/csrc/attention.c", "model/csrc/search.c"],
-            depends=["model/csrc/vec16.h"],
-            # No contraction of a separate multiply and add into one rounding: the int8 passes must match
-            # PyTorch's bits, and the decode-step kernels' bits must not depend on the CPU.
-            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"],
-            optional=True,
-        )
-    ]
+    ext_modules=[library("model._native", [])]
+    + [library(f"model._native_{level[-2:]}", [f"-march={level}"]) for level in LEVELS]
 )

@@ -13,7 +13,9 @@ and batch, within float32 rounding of PyTorch's; a model that decodes with them 
 candidate ranking (csrc/search.c) gives search.top_candidates's exact answer in one pass.
 
 `pip install` compiles the library (setup.py; optional: without a C compiler the install goes on without
-it); BEAMSERVE_NATIVE_KERNELS=0 turns it off. The kernels run on the calling thread: a one-thread pass
+it), on x86-64 once per level: the baseline (SSE2), x86-64-v3 (AVX2) and x86-64-v4 (AVX-512), the best
+this CPU runs loaded. BEAMSERVE_NATIVE_KERNELS=0 turns it off; =x86-64-v3 (or another level) loads the
+build a CPU of that level would, to measure it. The kernels run on the calling thread: a one-thread pass
 still beats PyTorch's passes spread over threads (docs/benchmarks.md, "Compute types on CPU").
 """
 
@@ -26,16 +28,39 @@ import os
 import torch
 
 ENV = "BEAMSERVE_NATIVE_KERNELS"
+LEVELS = {"x86-64": 1, "x86-64-v2": 2, "x86-64-v3": 3, "x86-64-v4": 4}
+# The library's builds beside the baseline one, best first: (x86-64 level, module).
+LEVEL_BUILDS = ((4, "model._native_v4"), (3, "model._native_v3"))
 
 
-def _load() -> ctypes.CDLL | None:
-    if os.environ.get(ENV, "1") == "0":
+def _load() -> tuple[ctypes.CDLL, str] | None:
+    """The best build this CPU runs, or the one BEAMSERVE_NATIVE_KERNELS names (`x86-64-v3`, `x86-64`: what a
+    CPU of that level computes, for measurements and tests), and its module; None where turned off (`0`)
+    or not built."""
+    setting = os.environ.get(ENV, "1")
+    if setting == "0":
         return None
+    baseline = _open("model._native")
+    if baseline is None:
+        return None
+    level = baseline.beamserve_cpu_level()
+    if setting != "1":
+        if setting not in LEVELS:
+            raise ValueError(f"{ENV}={setting!r}: expected 0, 1 or one of {', '.join(LEVELS)}")
+        level = min(level, LEVELS[setting])
+    for least, module in LEVEL_BUILDS:
+        lib = _open(module) if level >= least else None
+        if lib is not None:
+            return lib, module
+    return baseline, "model._native"
+
+
+def _open(module: str) -> ctypes.CDLL | None:
     try:
-        spec = importlib.util.find_spec("model._native")
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
-    if spec is None or spec.origin is None:  # built without them (no C compiler)
+    if spec is None or spec.origin is None:  # built without it (no C compiler, another architecture)
         return None
     try:
         return declared(ctypes.CDLL(spec.origin))
@@ -51,6 +76,7 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_scale_back.argtypes = [p, i64, i64, p, p, p, p]
     lib.beamserve_scale_back.restype = None
     lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
+    lib.beamserve_cpu_level.argtypes, lib.beamserve_cpu_level.restype = [], ctypes.c_int
     lib.beamserve_attend.argtypes = [p, p, p, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, ctypes.c_float, p, p]
     lib.beamserve_attend.restype = None
     lib.beamserve_log_softmax.argtypes, lib.beamserve_log_softmax.restype = [p, i64, i64, i64], None
@@ -59,7 +85,9 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-_LIB = _load()
+_LOADED = _load()
+_LIB = None if _LOADED is None else _LOADED[0]
+BUILD = None if _LOADED is None else _LOADED[1]  # the build loaded: model._native_v4, ... (None: none)
 # Which kernels beat PyTorch's vectorised operators on this CPU: a kernel the compiler leaves scalar here
 # (the quantisation without AVX-512, the scale-back without a vector fused multiply-add) would be slower.
 _VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0

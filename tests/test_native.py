@@ -6,10 +6,12 @@ beam's positions from its cache lineage as from copied rows."""
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -174,34 +176,48 @@ def test_translations_with_the_step_kernels_match_pytorchs_and_the_lineage_cache
     assert Translator.load("en-de", "cpu", compute_type=compute_type).digest != digest
 
 
+X86_BUILDS = {"model._native": 1, "model._native_v3": 3, "model._native_v4": 4}  # 4, 8 and 16 floats a register
+
+
 @steps
-@pytest.mark.parametrize("arch", ["x86-64", "x86-64-v3", "x86-64-v4"])  # 4, 8 and 16 floats a vector
-def test_the_step_kernels_give_the_same_bits_built_for_any_vector_width(
-    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cc, flags = shutil.which("cc"), set(Path("/proc/cpuinfo").read_text().split())
-    if platform.machine() != "x86_64" or not cc:
-        pytest.skip("needs an x86-64 CPU and a C compiler")
-    if arch == "x86-64-v4" and not {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-        pytest.skip("this CPU has no AVX-512")
+@pytest.mark.parametrize("module", list(X86_BUILDS))
+def test_the_step_kernels_give_the_same_bits_in_every_build(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if platform.machine() != "x86_64" or not shutil.which("cc"):
+        pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, f"setup.py did not build {module}"
+    library = native.declared(ctypes.CDLL(spec.origin))
+    if library.beamserve_cpu_level() < X86_BUILDS[module]:
+        pytest.skip(f"this CPU does not run {module}")
     g = torch.Generator().manual_seed(3)
     cases = []
     for N, H, T, D in [(40, 4, 33, 64), (9, 3, 20, 24), (5, 2, 17, 100)]:
         q, k, v = (torch.randn(*shape, generator=g) for shape in [(N, H, D), (N, H, T, D), (N, H, T, D)])
         lengths, rows = torch.randint(0, T + 1, (N,), generator=g), torch.randint(0, N, (N, T), generator=g)
         cases.append((q, k, v, lengths, rows))
-    installed = [native.attend(q, k, v, lengths, rows) for q, k, v, lengths, rows in cases]
+    loaded = [native.attend(q, k, v, lengths, rows) for q, k, v, lengths, rows in cases]
     logits = [torch.randn(7, V, generator=g) * 5 for V in (8000, 33, 1)]
     log_probs = [native.log_softmax_(x.clone()) for x in logits]
-    library = tmp_path / "native.so"
-    sources = sorted(str(c) for c in (Path(native.__file__).parent / "csrc").glob("*.c"))
-    build = [cc, "-O3", "-ffp-contract=off", "-fno-math-errno", f"-march={arch}", "-DBEAMSERVE_ONE_TARGET"]
-    subprocess.run([*build, "-shared", "-fPIC", *sources, "-o", str(library)], check=True)
-    monkeypatch.setattr(native, "_LIB", native.declared(ctypes.CDLL(str(library))), raising=True)
-    for (q, k, v, lengths, rows), expected in zip(cases, installed, strict=True):
+    monkeypatch.setattr(native, "_LIB", library)
+    for (q, k, v, lengths, rows), expected in zip(cases, loaded, strict=True):
         assert torch.equal(native.attend(q, k, v, lengths, rows), expected)
     for x, expected in zip(logits, log_probs, strict=True):
         assert torch.equal(native.log_softmax_(x.clone()), expected)
+
+
+@pytest.mark.parametrize(
+    ("setting", "build"), [("x86-64-v3", "model._native_v3"), ("x86-64", "model._native"), ("0", "None")]
+)
+def test_the_setting_loads_the_build_a_cpu_of_that_level_would(setting: str, build: str) -> None:
+    if platform.machine() != "x86_64" or not native.built() or native.ENV in os.environ:
+        pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
+    env = {**os.environ, native.ENV: setting}
+    code = "from model import native; print(native.BUILD)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == build
+    env[native.ENV] = "avx2"
+    failed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert failed.returncode != 0 and "expected 0, 1 or one of x86-64" in failed.stderr
 
 
 @steps

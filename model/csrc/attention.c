@@ -17,8 +17,8 @@
 /* Lane j sums a[d] b[d] for d = j, j + 16, ... in order; the 16 lanes are then added as a fixed tree
  * (j and j + 8, then j + 4, j + 2, j + 1). */
 ALWAYS_INLINE float dot(const v16 *q, const float *k, int64_t chunks, int64_t D) {
-    v16 acc = {0};
-    for (int64_t c = 0; c < chunks; c++) acc += q[c] * load(k + c * LANES, D - c * LANES, 0.0f);
+    v16 acc = splat(0.0f);
+    for (int64_t c = 0; c < chunks; c++) acc = vadd(acc, vmul(q[c], load(k + c * LANES, D - c * LANES, 0.0f)));
     return lanes_sum(acc);
 }
 
@@ -34,18 +34,18 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
     }
     float m = s[0];
     for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;
-    for (int64_t t = 0; t < len; t += LANES) store(s + t, exp_nonpositive(load(s + t, len - t, m) - m), len - t);
+    for (int64_t t = 0; t < len; t += LANES) store(s + t, exp_nonpositive(vsub(load(s + t, len - t, m), splat(m))), len - t);
     double sum = 0.0;
     for (int64_t t = 0; t < len; t++) sum += s[t];
     float total = (float)sum;
     for (int64_t t = 0; t < len; t++) s[t] = s[t] / total;
-    v16 acc[16] = {{0}};
+    v16 acc[16];
+    for (int64_t c = 0; c < chunks; c++) acc[c] = splat(0.0f);
     for (int64_t t = 0; t < len; t++) {
         int64_t row = rows ? rows[t * ts] : row0;
         const float *vp = v + row * sN + t * sT;
-        v16 w = {0};
-        w += s[t];
-        for (int64_t c = 0; c < chunks; c++) acc[c] += w * load(vp + c * LANES, D - c * LANES, 0.0f);
+        v16 w = splat(s[t]);
+        for (int64_t c = 0; c < chunks; c++) acc[c] = vadd(acc[c], vmul(w, load(vp + c * LANES, D - c * LANES, 0.0f)));
     }
     for (int64_t c = 0; c < chunks; c++) store(out + c * LANES, acc[c], D - c * LANES);
 }
@@ -54,9 +54,6 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
  * unit stride over D; out (N, H, D) contiguous. Row n attends over positions [0, len) with len = lengths[n],
  * or `length` for every row when lengths is NULL (rows with no positions get zeros). Position t of row n
  * is read from cache row rows[n * rs + t * ts], or from row n when rows is NULL. scratch: max len floats. */
-#if defined(__x86_64__) && !defined(BEAMSERVE_ONE_TARGET) /* one build for the compiler's -march (tests) */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
 void beamserve_attend(const float *q, const float *k, const float *v, int64_t N, int64_t H, int64_t D, int64_t sN,
                       int64_t sH, int64_t sT, const int64_t *lengths, int64_t length, const int64_t *rows, int64_t rs,
                       int64_t ts, float scale, float *scratch, float *out) {

@@ -8,7 +8,7 @@
  */
 #include <math.h>
 #include <stdint.h>
-#if defined(__x86_64__)
+#if defined(__AVX512BW__)
 #include <immintrin.h>
 #endif
 
@@ -16,7 +16,7 @@
 
 static float scale_of(float absmax) { return (absmax < 1e-12f ? 1e-12f : absmax) / QMAX; }
 
-static void quantize_row_generic(const float *x, int64_t cols, int8_t *q, float *scale) {
+static inline void quantize_row_generic(const float *x, int64_t cols, int8_t *q, float *scale) {
     float m = 0.0f;
     for (int64_t c = 0; c < cols; c++) {
         float a = fabsf(x[c]);
@@ -27,12 +27,9 @@ static void quantize_row_generic(const float *x, int64_t cols, int8_t *q, float 
     for (int64_t c = 0; c < cols; c++) q[c] = (int8_t)(int32_t)rintf(x[c] / s);
 }
 
-#if defined(__x86_64__)
-static int has_avx512(void) { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
-
+#if defined(__AVX512BW__)
 /* Compilers do not vectorise the largest-magnitude reduction or the rounding conversion on their own. */
-__attribute__((target("avx512f,avx512bw"))) static void quantize_row_avx512(const float *x, int64_t cols, int8_t *q,
-                                                                          float *scale) {
+static void quantize_row_avx512(const float *x, int64_t cols, int8_t *q, float *scale) {
     __m512 m = _mm512_setzero_ps();
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + c)));
@@ -53,13 +50,30 @@ __attribute__((target("avx512f,avx512bw"))) static void quantize_row_avx512(cons
 }
 #endif
 
-/* Which kernels run vectorised on this CPU: bit 0 beamserve_quantize_rows (AVX-512), bit 1 beamserve_scale_back
- * (a vector fused multiply-add). model/native.py leaves the others to PyTorch's vectorised operators. */
+/* Which kernels this build runs vectorised: bit 0 beamserve_quantize_rows (AVX-512), bit 1 beamserve_scale_back
+ * (a vector fused multiply-add; without one, fmaf is a library call a lane). model/native.py leaves the
+ * others to PyTorch's vectorised operators. */
 int beamserve_vectorised(void) {
+#if defined(__AVX512BW__)
+    const int quantises = 1;
+#else
+    const int quantises = 0;
+#endif
+#if defined(__FMA__) || defined(__aarch64__)
+    return quantises | 2;
+#else
+    return quantises;
+#endif
+}
+
+/* The best x86-64 level this CPU runs (4, 3, 2 or 1; 0 elsewhere): which of the library's builds to load. */
+int beamserve_cpu_level(void) {
 #if defined(__x86_64__)
-    return has_avx512() | (__builtin_cpu_supports("x86-64-v3") != 0) << 1;
-#elif defined(__aarch64__)
-    return 2;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) return 4;
+    if (__builtin_cpu_supports("x86-64-v3")) return 3;
+    if (__builtin_cpu_supports("x86-64-v2")) return 2;
+    return 1;
 #else
     return 0;
 #endif
@@ -68,20 +82,15 @@ int beamserve_vectorised(void) {
 /* x (rows, cols) float32 with row stride ld -> q (rows, cols) int8 and scale (rows,): each row on its own
  * scale, its largest magnitude / 127, q = round(x / scale). */
 void beamserve_quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld, int8_t *q, float *scale) {
-#if defined(__x86_64__)
-    if (has_avx512()) {
-        for (int64_t r = 0; r < rows; r++) quantize_row_avx512(x + r * ld, cols, q + r * cols, scale + r);
-        return;
-    }
-#endif
+#if defined(__AVX512BW__)
+    for (int64_t r = 0; r < rows; r++) quantize_row_avx512(x + r * ld, cols, q + r * cols, scale + r);
+#else
     for (int64_t r = 0; r < rows; r++) quantize_row_generic(x + r * ld, cols, q + r * cols, scale + r);
+#endif
 }
 
 /* y = acc * col_scale * row_scale (+ bias): acc (rows, cols) int32, y (rows, cols) float32, which may be acc's
  * own memory (each element is read before it is written). */
-#if defined(__x86_64__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
 void beamserve_scale_back(const int32_t *acc, int64_t rows, int64_t cols, const float *col_scale,
                           const float *row_scale, const float *bias, float *y) {
     for (int64_t r = 0; r < rows; r++) {

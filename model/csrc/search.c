@@ -28,9 +28,6 @@ static double log_at_least_one(double s) {
  * written over it. The sum runs in four 16-lane vectors (vector i of the row into partial i % 4, in
  * order), added as (0 + 1) + (2 + 3), then its lanes as a fixed tree; in float. Four partial maxima and
  * sums keep four independent chains in flight. */
-#if defined(__x86_64__) && !defined(BEAMSERVE_ONE_TARGET)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
 void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
     const int64_t block = 4 * LANES, full = cols - cols % block; /* whole blocks of four vectors, then the rest */
     for (int64_t r = 0; r < rows; r++) {
@@ -40,17 +37,19 @@ void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
         for (int64_t c = 0; c < full; c += block)
             for (int i = 0; i < 4; i++) mx[i] = vmax(mx[i], load16(row + c + i * LANES));
         const float m = lanes_max(vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3])));
-        v16 acc[4] = {{0}, {0}, {0}, {0}};
+        const v16 vm = splat(m);
+        v16 acc[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
         for (int64_t c = 0; c < full; c += block)
-            for (int i = 0; i < 4; i++) acc[i] += exp_nonpositive(load16(row + c + i * LANES) - m);
+            for (int i = 0; i < 4; i++) acc[i] = vadd(acc[i], exp_nonpositive(vsub(load16(row + c + i * LANES), vm)));
         for (int i = 0; i < 4; i++) {
             int64_t left = cols - full - i * LANES; /* floats of the row in this tail vector */
             if (left <= 0) continue;
-            v16 e = exp_nonpositive(load(row + full + i * LANES, left, m) - m);
-            for (int64_t j = left; j < LANES; j++) e[j] = 0.0f; /* lanes past the row add nothing */
-            acc[i] += e;
+            float e[LANES]; /* lanes past the row add nothing */
+            store(e, exp_nonpositive(vsub(load(row + full + i * LANES, left, m), vm)), LANES);
+            for (int64_t j = left; j < LANES; j++) e[j] = 0.0f;
+            acc[i] = vadd(acc[i], load16(e));
         }
-        const float sum = lanes_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+        const float sum = lanes_sum(vadd(vadd(acc[0], acc[1]), vadd(acc[2], acc[3])));
         float lse = (float)log_at_least_one((double)sum); /* >= 1: the maximum's own exp(0) */
         for (int64_t c = 0; c < cols; c++) row[c] = (row[c] - m) - lse;
     }
@@ -59,9 +58,6 @@ void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
 /* The n best of run[b, k] + lp[b, k, v] over every beam k and token v of each of `batch` sentences, best
  * first, equal scores by beam, then token, lower first (search.top_indices): scores (batch, n), beam and
  * token (batch, n) int64. lp (batch, K, V) contiguous, run (batch, K) contiguous; n <= K * V, n <= 64. */
-#if defined(__x86_64__) && !defined(BEAMSERVE_ONE_TARGET)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
 void beamserve_top_candidates(const float *lp, const float *run, int64_t batch, int64_t K, int64_t V, int64_t n,
                               float *scores, int64_t *beam, int64_t *token) {
     for (int64_t b = 0; b < batch; b++) {
