@@ -16,7 +16,8 @@ class CachedStepper:
     each sentence's rows in a block of K, blocks and rows inside them in any order (`phys`: search row
     -> cache row), so that a reorder copies few rows: a beam continuing its parent stays where the
     parent was (only extra siblings are copied), and a finished sentence's block is refilled by the
-    last block instead of shifting every block after it.
+    last block instead of shifting every block after it. A lineage cache (attention in C) copies no
+    keys at all, so its rows stay in search order and a reorder gathers only the lineage.
     """
 
     def __init__(self, model: Seq2Seq, memory: torch.Tensor, src_mask: torch.Tensor, beams: int, max_length: int):
@@ -37,6 +38,12 @@ class CachedStepper:
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
         """Search row i continues search row rows[i]; rows (b * K,) are sentence-major."""
+        if self.cache.lineage is not None:  # rows stay in search order: a reorder moves only the lineage
+            self.cache.follow(rows)
+            if sentences is not None:
+                self.cross.select(sentences)
+            self.phys = torch.arange(rows.numel(), device=rows.device)
+            return
         K, B = self.beams, self.cross.src_mask.shape[0]
         per_old = self.phys.numel() // B  # rows per sentence before: 1 at step 0, else K
         b = rows.numel() // K

@@ -143,6 +143,15 @@ class KVCache:
                 cache[:, :, :, :t].index_copy_(1, dest[moved], cache[:, src[moved], :, :t])
         self.rows = dest.numel()
 
+    def follow(self, rows: torch.Tensor) -> None:
+        """A lineage cache's reorder: row i continues row rows[i] (N',), any rows in any order. Only the lineage
+        moves: every row's next position is written into its own buffer row, which no row's lineage names
+        yet at that position."""
+        assert self.lineage is not None
+        t = self.length
+        self.lineage[: rows.numel(), :t] = self.lineage[rows, :t]  # a gather first: rows may name each other
+        self.rows = rows.numel()
+
     def resize(self, rows: int, length: int) -> None:
         """Set the live row count, and the filled length (rows joining start at their own position 0)."""
         if rows > self.capacity:
@@ -225,6 +234,17 @@ class CrossCache:
     @property
     def _k_source_dim(self) -> int:
         return 3 if self.keys_transposed else 2
+
+    def row_map(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the C attention (model/native.py) reads each of `rows` hypothesis rows' keys: its source length
+        (rows,) and its sentence's cache row at every source position (rows, S), one row expanded."""
+        B, S = self.src_mask.shape[0], self.src_mask.shape[-1]
+        if self.row_index is None:
+            sentence = torch.arange(rows, device=self.src_mask.device) // (rows // B)  # (rows,)
+        else:
+            sentence = self.row_index // self.beams
+        lengths = self.src_mask.view(B, S).sum(-1).index_select(0, sentence)  # (rows,)
+        return lengths, sentence[:, None].expand(rows, S)
 
     def select(self, sentences: torch.Tensor) -> None:
         """Keep only `sentences` (B',), e.g. when others have finished."""

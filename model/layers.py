@@ -10,6 +10,7 @@ from torch import nn
 
 from model import native
 from model.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, Linear, linear
+from model.quant import int8_of, int8_weight, linear_int8
 
 
 def attention(
@@ -154,6 +155,28 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))  # 2 x (B, H, S, D)
+
+    def project_qkv_int8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """x (N, 1, C) through the q, k and v projections as one int8 GEMM, where all three compute in int8
+        (model/quant.py): one quantisation of x and one product instead of three, to the same bits (each
+        output element is the same exact int32 sum, scaled back alike). -> q (N, H, D) contiguous and k, v
+        (N, H, 1, D); None where the projections do not all compute in int8."""
+        parts = tuple(int8_of(p.weight) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if any(p is None for p in parts) or not x.is_cpu or torch.is_grad_enabled():
+            return None
+        fused = self.__dict__.get("_qkv_int8")
+        if fused is None or any(a is not b for a, b in zip(fused[0], parts, strict=True)):  # once per quantisation
+            projections = (self.q_proj, self.k_proj, self.v_proj)
+            biases: list[torch.Tensor] = [
+                p.bias if p.bias is not None else torch.zeros(p.out_features) for p in projections
+            ]
+            bias = None if all(p.bias is None for p in projections) else torch.cat(biases).float()
+            weight = int8_weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]))  # type: ignore[union-attr]
+            fused = (parts, weight, bias)
+            self.__dict__["_qkv_int8"] = fused  # not a submodule or buffer: no state_dict entry
+        N, C = x.shape[0], x.shape[-1]
+        qkv = linear_int8(x.reshape(N, C), fused[1], fused[2]).view(N, 3, self.heads, self.head_dim)
+        return qkv[:, 0].contiguous(), qkv[:, 1, :, None], qkv[:, 2, :, None]
 
     def forward(
         self,

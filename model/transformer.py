@@ -70,10 +70,12 @@ class DecoderLayer(nn.Module):
         cache: KVCache,
         cross: CrossCache,
         self_mask: torch.Tensor | None = None,
+        row_map: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """One new position for every hypothesis row. x: (N, 1, C) -> (N, 1, C)."""
+        """One new position for every hypothesis row. x: (N, 1, C) -> (N, 1, C). row_map: cross.row_map(N) where
+        the cross-attention runs in C (computed once a step for every layer)."""
         x = _sublayer(x, self.norm1, lambda h: self._self_step(h, layer, pos, cache, self_mask), self.dropout, self.pre)
-        x = _sublayer(x, self.norm2, lambda h: self._cross_step(h, layer, cross), self.dropout, self.pre)
+        x = _sublayer(x, self.norm2, lambda h: self._cross_step(h, layer, cross, row_map), self.dropout, self.pre)
         return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
 
     def _self_step(
@@ -84,31 +86,31 @@ class DecoderLayer(nn.Module):
         cache: KVCache,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
-        k, v = cache.update(layer, pos, k_new, v_new)  # (N, H, T, D)
         # In C each row attends over its own positions, wherever its cache lineage keeps them (a lineage
         # cache, whose rows are not copied on reorders, is read by nothing else).
         if cache.lineage is not None or attends_natively(h, self.self_attn.head_dim):
             N, _, C = h.shape
-            q = self.self_attn.q_proj(h).view(N, self.self_attn.heads, -1)  # (N, H, D)
+            qkv = self.self_attn.project_qkv_int8(h)
+            if qkv is None:
+                k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
+                q = self.self_attn.q_proj(h).view(N, self.self_attn.heads, -1)  # (N, H, D)
+            else:
+                q, k_new, v_new = qkv
+            cache.update(layer, pos, k_new, v_new)
             out = native.attend(q, cache.k[layer], cache.v[layer], pos + 1, cache.lineage)
             return self.self_attn.out_proj(out.view(N, 1, C))
+        k, v = cache.update(layer, pos, *self.self_attn.project_kv(h))  # (N, H, T, D)
         # Rows at a shared position see every cached one; rows at their own positions are masked.
         return self.self_attn.merge_heads(step_attention(self.self_attn.project_q(h), k, v, mask))
 
-    def _cross_step(self, h: torch.Tensor, layer: int, cross: CrossCache) -> torch.Tensor:
+    def _cross_step(
+        self, h: torch.Tensor, layer: int, cross: CrossCache, row_map: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
         B = cross.src_mask.shape[0]
-        # In C each row attends over its sentence's source positions.
-        if attends_natively(h, self.cross_attn.head_dim) and not cross.keys_transposed:
+        if row_map is not None:  # in C each row attends over its sentence's source positions
             N, _, C = h.shape
             q = self.cross_attn.q_proj(h).view(N, self.cross_attn.heads, -1)  # (N, H, D)
-            if cross.row_index is None:
-                sentence = torch.arange(N, device=h.device) // (N // B)  # (N,)
-            else:
-                sentence = cross.row_index // cross.beams
-            lengths = cross.src_mask.view(B, -1).sum(-1).index_select(0, sentence)  # (N,)
-            rows = sentence[:, None].expand(N, cross.src_mask.shape[-1])  # (N, S) the same row at every position
-            out = native.attend(q, cross.k[layer], cross.v[layer], lengths, rows)
+            out = native.attend(q, cross.k[layer], cross.v[layer], *row_map)
             return self.cross_attn.out_proj(out.view(N, 1, C))
         q = self.cross_attn.project_q(h)  # (N, H, 1, D)
         N, H, _, D = q.shape
@@ -296,8 +298,11 @@ class Seq2Seq(nn.Module):
             columns = torch.arange(cache.visible(T), device=pos.device)
             self_mask = (columns <= positions)[:, None, None, :]  # (N, 1, 1, T')
         x = self.embed_at(tokens[:, None], positions, target=True)  # (N, 1, C)
+        head_dim = self.cfg.d_model // self.cfg.decoder_attention_heads
+        in_c = attends_natively(x, head_dim) and not cross.keys_transposed
+        row_map = cross.row_map(x.shape[0]) if in_c else None
         for i, layer in enumerate(self.decoders):
-            x = layer.step(x, i, pos, cache, cross, self_mask)
+            x = layer.step(x, i, pos, cache, cross, self_mask, row_map)
         h = x[:, 0] if order is None else x[:, 0].index_select(0, order)  # (N, C)
         return self.output(h)
 

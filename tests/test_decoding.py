@@ -57,19 +57,22 @@ def row_marks(st: CachedStepper) -> list[int]:
 
 
 @torch.inference_mode()
-def test_first_reorder_expands_each_sentence_to_k_rows_in_its_block() -> None:
+def test_first_reorder_expands_each_sentence_to_k_rows_in_its_block(attention: str) -> None:
     st = stepper(B=3, K=4)
     mark_rows(st)
     st.reorder(torch.tensor([0, 1, 2]).repeat_interleave(4), None)
     assert row_marks(st) == [0] * 4 + [1] * 4 + [2] * 4
-    assert (
-        sorted(st.phys.tolist()) == list(range(12))
-        and st.phys.view(3, 4).div(4, rounding_mode="floor").eq(torch.arange(3)[:, None]).all()
-    )
+    if attention == "c":  # a lineage cache keeps rows in search order
+        assert st.identity and st.phys.tolist() == list(range(12))
+    else:
+        assert (
+            sorted(st.phys.tolist()) == list(range(12))
+            and st.phys.view(3, 4).div(4, rounding_mode="floor").eq(torch.arange(3)[:, None]).all()
+        )
 
 
 @torch.inference_mode()
-def test_a_continuing_beam_stays_put_and_only_siblings_move() -> None:
+def test_a_continuing_beam_stays_put_and_only_siblings_move(attention: str) -> None:
     st = stepper(B=2, K=4)
     st.reorder(torch.tensor([0, 1]).repeat_interleave(4), None)
     mark_rows(st)
@@ -84,13 +87,17 @@ def test_a_continuing_beam_stays_put_and_only_siblings_move() -> None:
         move(dest, src)
 
     st.cache.move = counting  # type: ignore[method-assign]
+    keys = st.cache.k.clone()
     st.reorder(rows, None)
-    assert copies == [1]  # the second child of beam 0, into the place beam 1 left
+    # PyTorch's attention: the second child of beam 0 is copied into the place beam 1 left; in C no key moves.
+    assert copies == ([] if attention == "c" else [1])
+    # bits, as unused memory may hold NaNs
+    assert attention == "torch" or torch.equal(st.cache.k.view(torch.int32), keys.view(torch.int32))
     assert row_marks(st) == [int(before[r]) for r in rows]
 
 
 @torch.inference_mode()
-def test_a_finished_sentence_is_refilled_by_the_last_block() -> None:
+def test_a_finished_sentence_is_refilled_by_the_last_block(attention: str) -> None:
     st = stepper(B=3, K=2)
     st.reorder(torch.tensor([0, 1, 2]).repeat_interleave(2), None)
     mark_rows(st)
@@ -100,8 +107,12 @@ def test_a_finished_sentence_is_refilled_by_the_last_block() -> None:
     rows = torch.tensor([2, 3, 4, 5])
     st.reorder(rows, torch.tensor([1, 2]))
     assert row_marks(st) == [int(before[r]) for r in rows]
-    assert st.phys.tolist() == [2, 3, 0, 1]  # sentence 1 stays in block 1, sentence 2 fills block 0
-    torch.testing.assert_close(st.cross.k[0], cross_k[[2, 1]])  # cross-attention follows the blocks
+    if attention == "c":  # rows and sentences stay in search order
+        assert st.identity and st.phys.tolist() == list(range(4))
+        torch.testing.assert_close(st.cross.k[0], cross_k[[1, 2]])
+    else:
+        assert st.phys.tolist() == [2, 3, 0, 1]  # sentence 1 stays in block 1, sentence 2 fills block 0
+        torch.testing.assert_close(st.cross.k[0], cross_k[[2, 1]])  # cross-attention follows the blocks
 
 
 @torch.inference_mode()

@@ -4,7 +4,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.layers import PositionalEncoding, attention, sinusoidal_table, softmax_, step_attention, subsequent_mask
+from model.layers import (
+    MultiHeadAttention,
+    PositionalEncoding,
+    attention,
+    sinusoidal_table,
+    softmax_,
+    step_attention,
+    subsequent_mask,
+)
+from model.quant import use_int8
 
 
 def test_attention_is_softmax_of_scaled_dot_products() -> None:
@@ -116,3 +125,24 @@ def test_cross_step_attention_gives_a_sentence_the_same_bits_beside_more_beams_a
         vb = torch.cat([F.pad(v, (0, 0, 0, longest - keys)), torch.randn(3, 4, longest, 64)])
         mask = (torch.arange(longest) < torch.tensor([keys, longest, longest, longest])[:, None])[:, None, None, :]
         assert torch.equal(step_attention(qb, kb, vb, mask, cross=True)[:1, :, :beams], alone), (widest, longest)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_q_k_v_as_one_gemm_give_the_three_projections_bits(bias: bool) -> None:
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(64, 4).eval()
+    x = torch.randn(37, 1, 64) * 3
+    if not bias:
+        for p in (attn.q_proj, attn.k_proj, attn.v_proj):
+            p.bias = None
+    assert attn.project_qkv_int8(x) is None  # float32 weights: the three projections as they are
+    for p in (attn.q_proj, attn.k_proj, attn.v_proj):
+        use_int8(p.weight)
+    fused = attn.project_qkv_int8(x)
+    assert fused is not None
+    q, k, v = fused
+    assert q.is_contiguous() and q.shape == (37, 4, 16) and k.shape == v.shape == (37, 4, 1, 16)
+    assert torch.equal(q, attn.project_q(x)[:, :, 0])
+    for ours, theirs in zip((k, v), attn.project_kv(x), strict=True):
+        assert torch.equal(ours, theirs)

@@ -70,9 +70,9 @@ void beamserve_top_candidates(const float *lp, const float *run, int64_t batch, 
             for (int64_t c = 0; c < V; c += 4 * LANES) {
                 int64_t width = V - c < 4 * LANES ? V - c : 4 * LANES;
                 if (held == n && width == 4 * LANES) { /* only a score above the n-th best can enter */
-                    float top = lanes_max(vmax(vmax(load16(row + c), load16(row + c + LANES)),
-                                               vmax(load16(row + c + 2 * LANES), load16(row + c + 3 * LANES))));
-                    if (!(top + base > best[n - 1])) continue; /* the sum rounds monotonically */
+                    v16 top = vmax(vmax(load16(row + c), load16(row + c + LANES)),
+                                   vmax(load16(row + c + 2 * LANES), load16(row + c + 3 * LANES)));
+                    if (!any_above(top, base, best[n - 1])) continue;
                 }
                 for (int64_t j = 0; j < width; j++) {
                     float s = row[c + j] + base;

@@ -116,6 +116,25 @@ ALWAYS_INLINE float lanes_max(v16 x) {
     return y[0] > y[1] ? y[0] : y[1];
 }
 
+/* Whether any lane of x + b exceeds t (each sum rounded as float): as max over lanes of x, plus b, against t,
+ * since rounding is monotonic, without the reduction. */
+ALWAYS_INLINE int any_above(v16 x, float b, float t) {
+    int any = 0;
+    for (int i = 0; i < PIECES; i++) {
+        vn s = x.p[i] + b;
+#if defined(__AVX512F__)
+        any |= _mm512_cmp_ps_mask((__m512)s, _mm512_set1_ps(t), _CMP_GT_OQ) != 0;
+#elif defined(__AVX__)
+        any |= _mm256_movemask_ps(_mm256_cmp_ps((__m256)s, _mm256_set1_ps(t), _CMP_GT_OQ));
+#elif defined(__SSE__)
+        any |= _mm_movemask_ps(_mm_cmpgt_ps((__m128)s, _mm_set1_ps(t)));
+#else
+        for (int j = 0; j < WIDTH; j++) any |= s[j] > t;
+#endif
+    }
+    return any;
+}
+
 /* exp(x) lane by lane for x <= 0 (a score less its row's maximum), within 2 ulp: x = n ln2 + r with
  * |r| <= ln2 / 2, a degree-6 polynomial for exp(r) (Cephes' expf), times 2^n built in the exponent bits.
  * Below -87 it returns exp(-87), about 1.6e-38: such a weight adds nothing a float32 sum can hold. */
