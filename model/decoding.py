@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from model.kv_cache import CrossCache, KVCache, continue_in_place, fill_holes
-from model.search import Hypothesis, SearchOptions, Stepper, beam_search, greedy_search
+from model.search import Hypothesis, SearchOptions, Stepper, beam_search, greedy_search, log_softmax_
 from model.transformer import Seq2Seq
 
 
@@ -32,9 +32,9 @@ class CachedStepper:
 
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         if self.identity:
-            return self.model.decode_step(tokens, pos, self.cache, self.cross)
+            return self.model.decode_step(tokens, pos, self.cache, self.cross, log_probs=True)
         cache_tokens = torch.empty_like(tokens).index_copy_(0, self.phys, tokens)  # (N,) in cache order
-        return self.model.decode_step(cache_tokens, pos, self.cache, self.cross, order=self.phys)
+        return self.model.decode_step(cache_tokens, pos, self.cache, self.cross, order=self.phys, log_probs=True)
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
         """Search row i continues search row rows[i]; rows (b * K,) are sentence-major."""
@@ -72,7 +72,7 @@ class UncachedStepper:
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)
         memory, mask = self.memory[self.sentence], self.src_mask[self.sentence]
-        return self.model.decode(self.prefix, memory, mask)[:, -1]
+        return log_softmax_(self.model.decode(self.prefix, memory, mask)[:, -1])
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
         self.prefix, self.sentence = self.prefix[rows], self.sentence[rows]

@@ -28,7 +28,6 @@ from model.search import (
     beam_step,
     constrain,
     finished_hypotheses,
-    log_softmax_,
 )
 from model.transformer import Seq2Seq
 
@@ -180,10 +179,9 @@ class InflightBatch:
         b, K = caps.numel(), opts.beam_size
         dev = self.device
         first = self.model.new_cache(b, 1, self.dtype, dev)
-        logits = self.model.decode_step(
-            torch.full((b,), opts.start_token_id, dtype=torch.long, device=dev), 0, first, cross
-        )  # (b, V)
-        log_probs = constrain(log_softmax_(logits).repeat_interleave(K, dim=0), 0, caps.repeat_interleave(K), opts)
+        start = torch.full((b,), opts.start_token_id, dtype=torch.long, device=dev)
+        log_probs = self.model.decode_step(start, 0, first, cross, log_probs=True)  # (b, V)
+        log_probs = constrain(log_probs.repeat_interleave(K, dim=0), 0, caps.repeat_interleave(K), opts)
         _, token, done = beam_step(log_probs.view(b, K, -1), state, torch.zeros_like(caps), caps, opts)  # (b, K)
         for i in done.nonzero()[:, 0].tolist():
             self._finished.append((keys[i], finished_hypotheses(state, i, opts)))
@@ -206,8 +204,7 @@ class InflightBatch:
             return finished
         groups = list(self.groups.values())
         order = torch.cat([g.rows.view(-1) for g in groups])  # rows grouped by search, sentence, beam
-        logits = self.model.decode_step(self.tokens, self.positions, self.cache, self.cross, order)  # (N, V)
-        log_probs = log_softmax_(logits)
+        log_probs = self.model.decode_step(self.tokens, self.positions, self.cache, self.cross, order, log_probs=True)
         updates = {}
         start = 0
         for g in groups:

@@ -80,6 +80,8 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_attend.argtypes = [p, p, p, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, ctypes.c_float, p, p]
     lib.beamserve_attend.restype = None
     lib.beamserve_log_softmax.argtypes, lib.beamserve_log_softmax.restype = [p, i64, i64, i64], None
+    lib.beamserve_scale_back_log_softmax.argtypes = [p, i64, i64, p, p, p, p]
+    lib.beamserve_scale_back_log_softmax.restype = None
     lib.beamserve_top_candidates.argtypes = [p, p, i64, i64, i64, i64, p, p, p]
     lib.beamserve_top_candidates.restype = None
     return lib
@@ -154,6 +156,21 @@ def scale_back_(
     y = acc.view(torch.float32)
     b = None if bias is None else bias.data_ptr()
     _LIB.beamserve_scale_back(acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr())
+    return y
+
+
+def scale_back_log_softmax_(
+    acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """scale_back_, then log_softmax_ of each row, a row at a time (the row still in cache): the same bits as
+    the two calls. Only where scales_back() and steps()."""
+    assert _LIB is not None
+    M, N = acc.shape
+    y = acc.view(torch.float32)
+    b = None if bias is None else bias.data_ptr()
+    _LIB.beamserve_scale_back_log_softmax(
+        acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr()
+    )
     return y
 
 

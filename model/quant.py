@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from model import native
+from model.search import log_softmax_
 
 QMAX = 127.0  # symmetric int8: -127..127, so a row's scale maps its largest magnitude to 127
 
@@ -158,9 +159,12 @@ def int8_of(weight: torch.Tensor) -> Int8Weight | None:
     return found[1] if found is not None and found[0]() is weight else None
 
 
-def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_int8(
+    x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None, *, log_softmax: bool = False
+) -> torch.Tensor:
     """x (..., K) @ weight^T + bias with int8 operands: x quantised per row, the int32 product scaled
-    back per row and per column. Returns (..., N) in x's dtype."""
+    back per row and per column. Returns (..., N) in x's dtype; with `log_softmax`, each row's
+    log-softmax (float32, model.search.log_softmax_), in the scale-back's pass where the C kernels run."""
     lead, K = x.shape[:-1], x.shape[-1]
     xq, xs = quantize_activations(x.reshape(-1, K))  # (M, K) int8, (M, 1)
     M, N = xq.shape[0], q.qweight.shape[0]
@@ -173,8 +177,11 @@ def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None
         )[:M]
         # the row scales, and the bias after them, in one pass
         y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
-        return y.view(*lead, N).to(x.dtype)
+        return log_softmax_(y.view(*lead, N)) if log_softmax else y.view(*lead, N).to(x.dtype)
     acc = torch._int_mm(xq, q.qweight.t())  # (M, N) int32, exact
+    if log_softmax and native.scales_back() and native.runs_on(x):
+        y = native.scale_back_log_softmax_(acc, q.scale, xs, None if bias is None else bias.float())
+        return y.view(*lead, N)
     if native.scales_back():  # one pass, over acc's own memory
         y = native.scale_back_(acc, q.scale, xs, None if bias is None else bias.float())
     else:
@@ -182,4 +189,4 @@ def linear_int8(x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None
         # multiply converts into a copy first anyway, then allocates its result)
         y = acc.to(torch.float32).mul_(q.scale)
         y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
-    return y.view(*lead, N).to(x.dtype)
+    return log_softmax_(y.view(*lead, N)) if log_softmax else y.view(*lead, N).to(x.dtype)

@@ -29,7 +29,8 @@ class Stepper(Protocol):
     reorder gives each sentence its K rows, later ones keep K rows per live sentence."""
 
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
-        """tokens (N,) at position pos -> logits (N, V) for position pos + 1."""
+        """tokens (N,) at position pos -> float32 log-probabilities (N, V) for position pos + 1, as
+        log_softmax_ gives them."""
         ...
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
@@ -140,7 +141,7 @@ def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptio
     scores = torch.zeros(B, device=device)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for n in range(int(max_lengths.max())):
-        log_probs = log_softmax_(stepper.step(tokens, n))  # (b, V)
+        log_probs = stepper.step(tokens, n)  # (b, V)
         log_probs = constrain(log_probs, n, max_lengths[alive], opts, history)
         tokens = log_probs.argmax(-1)  # (b,)
         scores = scores + log_probs.gather(1, tokens[:, None])[:, 0]
@@ -346,7 +347,7 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for n in range(int(max_lengths.max())):
         b = alive.numel()
-        log_probs = log_softmax_(stepper.step(tokens, n))  # (b*K, V); (b, V) at step 0
+        log_probs = stepper.step(tokens, n)  # (b*K, V); (b, V) at step 0
         if n == 0:
             log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
         log_probs = constrain(

@@ -28,30 +28,44 @@ static double log_at_least_one(double s) {
  * written over it. The sum runs in four 16-lane vectors (vector i of the row into partial i % 4, in
  * order), added as (0 + 1) + (2 + 3), then its lanes as a fixed tree; in float. Four partial maxima and
  * sums keep four independent chains in flight. */
-void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
+static void log_softmax_row(float *row, int64_t cols) {
     const int64_t block = 4 * LANES, full = cols - cols % block; /* whole blocks of four vectors, then the rest */
+    v16 mx[4];
+    for (int i = 0; i < 4; i++) mx[i] = load(row + full + i * LANES, cols - full - i * LANES, -INFINITY);
+    for (int64_t c = 0; c < full; c += block)
+        for (int i = 0; i < 4; i++) mx[i] = vmax(mx[i], load16(row + c + i * LANES));
+    const float m = lanes_max(vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3])));
+    const v16 vm = splat(m);
+    v16 acc[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+    for (int64_t c = 0; c < full; c += block)
+        for (int i = 0; i < 4; i++) acc[i] = vadd(acc[i], exp_nonpositive(vsub(load16(row + c + i * LANES), vm)));
+    for (int i = 0; i < 4; i++) {
+        int64_t left = cols - full - i * LANES; /* floats of the row in this tail vector */
+        if (left <= 0) continue;
+        float e[LANES]; /* lanes past the row add nothing */
+        store(e, exp_nonpositive(vsub(load(row + full + i * LANES, left, m), vm)), LANES);
+        for (int64_t j = left; j < LANES; j++) e[j] = 0.0f;
+        acc[i] = vadd(acc[i], load16(e));
+    }
+    const float sum = lanes_sum(vadd(vadd(acc[0], acc[1]), vadd(acc[2], acc[3])));
+    float lse = (float)log_at_least_one((double)sum); /* >= 1: the maximum's own exp(0) */
+    for (int64_t c = 0; c < cols; c++) row[c] = (row[c] - m) - lse;
+}
+
+void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++) log_softmax_row(x + r * ld, cols);
+}
+
+void beamserve_scale_back(const int32_t *acc, int64_t rows, int64_t cols, const float *col_scale,
+                          const float *row_scale, const float *bias, float *y); /* int8_rows.c */
+
+/* beamserve_scale_back, then beamserve_log_softmax, a row at a time: the same bits, with the row still in
+ * cache for the log-softmax's passes (the int8 output projection's logits, model/quant.py). */
+void beamserve_scale_back_log_softmax(const int32_t *acc, int64_t rows, int64_t cols, const float *col_scale,
+                                      const float *row_scale, const float *bias, float *y) {
     for (int64_t r = 0; r < rows; r++) {
-        float *row = x + r * ld;
-        v16 mx[4];
-        for (int i = 0; i < 4; i++) mx[i] = load(row + full + i * LANES, cols - full - i * LANES, -INFINITY);
-        for (int64_t c = 0; c < full; c += block)
-            for (int i = 0; i < 4; i++) mx[i] = vmax(mx[i], load16(row + c + i * LANES));
-        const float m = lanes_max(vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3])));
-        const v16 vm = splat(m);
-        v16 acc[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
-        for (int64_t c = 0; c < full; c += block)
-            for (int i = 0; i < 4; i++) acc[i] = vadd(acc[i], exp_nonpositive(vsub(load16(row + c + i * LANES), vm)));
-        for (int i = 0; i < 4; i++) {
-            int64_t left = cols - full - i * LANES; /* floats of the row in this tail vector */
-            if (left <= 0) continue;
-            float e[LANES]; /* lanes past the row add nothing */
-            store(e, exp_nonpositive(vsub(load(row + full + i * LANES, left, m), vm)), LANES);
-            for (int64_t j = left; j < LANES; j++) e[j] = 0.0f;
-            acc[i] = vadd(acc[i], load16(e));
-        }
-        const float sum = lanes_sum(vadd(vadd(acc[0], acc[1]), vadd(acc[2], acc[3])));
-        float lse = (float)log_at_least_one((double)sum); /* >= 1: the maximum's own exp(0) */
-        for (int64_t c = 0; c < cols; c++) row[c] = (row[c] - m) - lse;
+        beamserve_scale_back(acc + r * cols, 1, cols, col_scale, row_scale + r, bias, y + r * cols);
+        log_softmax_row(y + r * cols, cols);
     }
 }
 
