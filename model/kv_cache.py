@@ -16,13 +16,14 @@ class KVCache:
     rows are compacted away by `reorder`. Every row may sit at its own position (continuous batching,
     where sentences join at different steps); positions fill up to `length`. The position capacity
     starts at `max_length` and doubles when a row passes it (a rare copy, never a per-step one).
-    On CPU attention reads up to `layers.attended_keys` positions (the extra ones masked), so the
-    buffer holds those too and a step never copies keys to pad them.
+    On CPU PyTorch's attention reads up to `layers.attended_keys` positions (the extra ones masked), so
+    the buffer holds those too and a step never copies keys to pad them.
 
     With `lineage` (rows at one shared position, attention in C: model/native.py) a reorder copies no
     keys: `lineage[n, t]` is the buffer row holding position t of row n, a move copies those indices,
     and a step writes each row's new position into its own buffer row (a position no row has yet, so
-    nothing another row reads is overwritten).
+    nothing another row reads is overwritten). Its attention reads written positions only: nothing is
+    padded or zeroed.
     """
 
     def __init__(
@@ -48,9 +49,11 @@ class KVCache:
         self.rows = rows
         self.length = 0  # positions written so far (the longest row)
         self.limit = limit or max_length  # the capacity may grow up to this many positions
-        self.padded = device.type == "cpu"  # attention reads visible(length) positions
+        # PyTorch's CPU attention reads visible(length) positions; the C attention of a lineage cache reads
+        # only each row's written ones.
+        self.padded = device.type == "cpu" and not lineage
         # Positions below this hold no never-written memory (masked positions are read: 0 * NaN is NaN).
-        self.zeroed_to = self.limit if zeroed else 0
+        self.zeroed_to = self.limit if zeroed or lineage else 0
         # (N, T_max): the buffer row holding each row's position t; None: row n holds its own
         self.lineage = torch.arange(rows, device=device)[:, None].repeat(1, max_length) if lineage else None
 
