@@ -124,6 +124,11 @@ def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
     return native.runs_on(x) and head_dim <= native.MOST_HEAD_DIM and not torch.is_grad_enabled()
 
 
+def dropped(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """dropout(x), not called where it is the identity (inference): a decode step would dispatch a dozen."""
+    return dropout(x) if dropout.training else x
+
+
 def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
     """(T, T) boolean mask: position i may attend to positions <= i."""
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()
@@ -243,7 +248,7 @@ class FeedForward(nn.Module):
             h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
         else:
             h = self.act(self.fc1(x))
-        return self.fc2(self.dropout(h))
+        return self.fc2(dropped(self.dropout, h))
 
 
 def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:

@@ -77,8 +77,8 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_scale_back.restype = None
     lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
     lib.beamserve_cpu_level.argtypes, lib.beamserve_cpu_level.restype = [], ctypes.c_int
-    lib.beamserve_attend.argtypes = [p, p, p, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, ctypes.c_float, p, p]
-    lib.beamserve_attend.restype = None
+    lib.beamserve_attend.argtypes = [p, p, p, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, ctypes.c_float, p]
+    lib.beamserve_attend.restype = ctypes.c_int
     lib.beamserve_log_softmax.argtypes, lib.beamserve_log_softmax.restype = [p, i64, i64, i64], None
     lib.beamserve_scale_back_log_softmax.argtypes = [p, i64, i64, p, p, p, p]
     lib.beamserve_scale_back_log_softmax.restype = None
@@ -195,15 +195,16 @@ def attend(
     N, H, D = q.shape
     assert D <= MOST_HEAD_DIM and q.is_contiguous() and k.dtype == v.dtype == torch.float32
     assert k.stride() == v.stride() and k.stride(3) == 1
-    most = int(length) if isinstance(length, int) else int(length.max()) if length.numel() else 0
-    lengths = None if isinstance(length, int) else length.contiguous()
+    held = None if isinstance(length, int) else length if length.is_contiguous() else length.contiguous()
+    lengths, each = (None, length) if held is None else (held.data_ptr(), 0)  # per row: the kernel finds the longest
     out = torch.empty(N, H, D)
-    scratch = torch.empty(max(most, 1))
     r, rs, ts = (None, 0, 0) if rows is None else (rows.data_ptr(), rows.stride(0), rows.stride(1))
-    _LIB.beamserve_attend(
+    failed = _LIB.beamserve_attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), N, H, D, k.stride(0), k.stride(1), k.stride(2),
-        None if lengths is None else lengths.data_ptr(), most, r, rs, ts, D**-0.5, scratch.data_ptr(), out.data_ptr(),
+        lengths, each, r, rs, ts, D**-0.5, out.data_ptr(),
     )  # fmt: skip
+    if failed:
+        raise MemoryError("no memory for the attention's scores")
     return out
 
 

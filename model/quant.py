@@ -167,6 +167,8 @@ def linear_int8(
     log-softmax (float32, model.search.log_softmax_), in the scale-back's pass where the C kernels run."""
     lead, K = x.shape[:-1], x.shape[-1]
     xq, xs = quantize_activations(x.reshape(-1, K))  # (M, K) int8, (M, 1)
+    if bias is not None and bias.dtype != torch.float32:  # a decode step makes ~20 calls: no needless ops
+        bias = bias.float()
     M, N = xq.shape[0], q.qweight.shape[0]
     if q.packed is not None and (N * K >= ONEDNN_MIN_WEIGHT or M * N * K >= ONEDNN_MIN_MACS):
         if M == 1:  # oneDNN's one-row int8 primitive is 30-250x slower than its two-row one
@@ -176,17 +178,23 @@ def linear_int8(
             xq, 1.0, 0, q.packed, q.scale, q.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
         )[:M]
         # the row scales, and the bias after them, in one pass
-        y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
-        return log_softmax_(y.view(*lead, N)) if log_softmax else y.view(*lead, N).to(x.dtype)
+        y = torch.addcmul(bias, y, xs, out=y) if bias is not None else y.mul_(xs)
+        return _out(y.view(*lead, N), x.dtype, log_softmax)
     acc = torch._int_mm(xq, q.qweight.t())  # (M, N) int32, exact
     if log_softmax and native.scales_back() and native.runs_on(x):
-        y = native.scale_back_log_softmax_(acc, q.scale, xs, None if bias is None else bias.float())
+        y = native.scale_back_log_softmax_(acc, q.scale, xs, bias)
         return y.view(*lead, N)
     if native.scales_back():  # one pass, over acc's own memory
-        y = native.scale_back_(acc, q.scale, xs, None if bias is None else bias.float())
+        y = native.scale_back_(acc, q.scale, xs, bias)
     else:
         # (M, N) float32 with the column scales: a conversion, then an in-place product (a mixed-type
         # multiply converts into a copy first anyway, then allocates its result)
         y = acc.to(torch.float32).mul_(q.scale)
-        y = torch.addcmul(bias.float(), y, xs, out=y) if bias is not None else y.mul_(xs)
-    return log_softmax_(y.view(*lead, N)) if log_softmax else y.view(*lead, N).to(x.dtype)
+        y = torch.addcmul(bias, y, xs, out=y) if bias is not None else y.mul_(xs)
+    return _out(y.view(*lead, N), x.dtype, log_softmax)
+
+
+def _out(y: torch.Tensor, dtype: torch.dtype, log_softmax: bool) -> torch.Tensor:
+    if log_softmax:
+        return log_softmax_(y)
+    return y if dtype == torch.float32 else y.to(dtype)

@@ -18,6 +18,7 @@ from model.layers import (
     PositionalEncoding,
     attended_keys,
     attends_natively,
+    dropped,
     embedding_scale,
     step_attention,
 )
@@ -133,8 +134,8 @@ class DecoderLayer(nn.Module):
 def _sublayer(x: torch.Tensor, norm: nn.LayerNorm, fn, dropout: nn.Dropout, pre: bool) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """Residual connection around fn: post-norm LayerNorm(x + fn(x)), or pre-norm x + fn(LayerNorm(x))."""
     if pre:
-        return x + dropout(fn(norm(x)))
-    return norm(x + dropout(fn(x)))
+        return x + dropped(dropout, fn(norm(x)))
+    return norm(x + dropped(dropout, fn(x)))
 
 
 class Seq2Seq(nn.Module):
@@ -187,7 +188,7 @@ class Seq2Seq(nn.Module):
         """Token embedding * sqrt(C) + sinusoid. ids: (B, T), positions broadcastable -> (B, T, C);
         target ids through the target embedding where the vocabularies are separate."""
         embed = self.target_embed if target and self.target_embed is not None else self.embed
-        return self.dropout(embed(ids) * self.scale + self.positions(positions))
+        return dropped(self.dropout, embed(ids) * self.scale + self.positions(positions))
 
     def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """src_ids, src_mask: (B, S) -> memory (B, S, C); src_mask is True on real tokens."""

@@ -12,6 +12,8 @@
  * in position order. Compiled without contraction (-ffp-contract=off) and with no reassociation, the
  * bits do not depend on the batch, on the vector width the compiler picks, or on the CPU.
  */
+#include <stdlib.h>
+
 #include "vec16.h"
 
 /* Lane j sums a[d] b[d] for d = j, j + 16, ... in order; the 16 lanes are then added as a fixed tree
@@ -53,10 +55,16 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
 /* q (N, H, D) float32 contiguous; k and v float32 with element strides sN (row), sH (head), sT (position) and
  * unit stride over D; out (N, H, D) contiguous. Row n attends over positions [0, len) with len = lengths[n],
  * or `length` for every row when lengths is NULL (rows with no positions get zeros). Position t of row n
- * is read from cache row rows[n * rs + t * ts], or from row n when rows is NULL. scratch: max len floats. */
-void beamserve_attend(const float *q, const float *k, const float *v, int64_t N, int64_t H, int64_t D, int64_t sN,
-                      int64_t sH, int64_t sT, const int64_t *lengths, int64_t length, const int64_t *rows, int64_t rs,
-                      int64_t ts, float scale, float *scratch, float *out) {
+ * is read from cache row rows[n * rs + t * ts], or from row n when rows is NULL. Returns 0, or -1 where
+ * the scores' scratch could not be allocated. */
+int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, int64_t H, int64_t D, int64_t sN,
+                     int64_t sH, int64_t sT, const int64_t *lengths, int64_t length, const int64_t *rows, int64_t rs,
+                     int64_t ts, float scale, float *out) {
+    int64_t most = length;
+    if (lengths)
+        for (int64_t n = 0; n < N; n++) most = lengths[n] > most ? lengths[n] : most;
+    float on_stack[1024], *scratch = most <= 1024 ? on_stack : malloc((size_t)most * sizeof(float));
+    if (!scratch) return -1;
     for (int64_t n = 0; n < N; n++) {
         int64_t len = lengths ? lengths[n] : length;
         const int64_t *r = rows ? rows + n * rs : 0;
@@ -73,4 +81,6 @@ void beamserve_attend(const float *q, const float *k, const float *v, int64_t N,
                 attend_head(qh, kh, vh, D, (D + LANES - 1) / LANES, len, r, ts, n, sN, sT, scale, scratch, o);
         }
     }
+    if (scratch != on_stack) free(scratch);
+    return 0;
 }
