@@ -24,16 +24,32 @@ ALWAYS_INLINE float dot(const v16 *q, const float *k, int64_t chunks, int64_t D)
     return lanes_sum(acc);
 }
 
+/* The head attended next, whose keys and values are fetched from memory while this one computes: a head's
+ * positions are a few kilobytes apart from the next one's, too short a stream for the hardware's prefetcher
+ * (3x the time where a step's cache is past the last-level cache). */
+typedef struct {
+    const float *k, *v; /* NULL: none */
+    const int64_t *rows;
+    int64_t row0, len;
+} ahead;
+
+ALWAYS_INLINE void fetch(const float *p, int64_t D) {
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(p + d); /* a 64-byte line a time */
+}
+
 /* One head of one row: `chunks` 16-float pieces of the head's D floats (a constant where D is 64). */
 ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, int64_t D, int64_t chunks, int64_t len,
                                const int64_t *rows, int64_t ts, int64_t row0, int64_t sN, int64_t sT, float scale,
-                               float *s, float *out) {
+                               ahead next, float *s, float *out) {
     v16 qc[16];
     for (int64_t c = 0; c < chunks; c++) qc[c] = load(q + c * LANES, D - c * LANES, 0.0f);
     for (int64_t t = 0; t < len; t++) {
         int64_t row = rows ? rows[t * ts] : row0;
+        if (next.k && t < next.len) fetch(next.k + (next.rows ? next.rows[t * ts] : next.row0) * sN + t * sT, D);
         s[t] = dot(qc, k + row * sN + t * sT, chunks, D) * scale;
     }
+    for (int64_t t = len; next.k && t < next.len; t++) /* a longer next row */
+        fetch(next.k + (next.rows ? next.rows[t * ts] : next.row0) * sN + t * sT, D);
     float m = s[0];
     for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;
     for (int64_t t = 0; t < len; t += LANES) store(s + t, exp_nonpositive(vsub(load(s + t, len - t, m), splat(m))), len - t);
@@ -46,9 +62,12 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
     for (int64_t t = 0; t < len; t++) {
         int64_t row = rows ? rows[t * ts] : row0;
         const float *vp = v + row * sN + t * sT;
+        if (next.k && t < next.len) fetch(next.v + (next.rows ? next.rows[t * ts] : next.row0) * sN + t * sT, D);
         v16 w = splat(s[t]);
         for (int64_t c = 0; c < chunks; c++) acc[c] = vadd(acc[c], vmul(w, load(vp + c * LANES, D - c * LANES, 0.0f)));
     }
+    for (int64_t t = len; next.k && t < next.len; t++)
+        fetch(next.v + (next.rows ? next.rows[t * ts] : next.row0) * sN + t * sT, D);
     for (int64_t c = 0; c < chunks; c++) store(out + c * LANES, acc[c], D - c * LANES);
 }
 
@@ -74,11 +93,16 @@ int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, 
                 for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
                 continue;
             }
+            ahead next = {0, 0, 0, 0, 0};
+            if (h + 1 < H)
+                next = (ahead){k + (h + 1) * sH, v + (h + 1) * sH, r, n, len};
+            else if (n + 1 < N)
+                next = (ahead){k, v, rows ? rows + (n + 1) * rs : 0, n + 1, lengths ? lengths[n + 1] : length};
             const float *qh = q + (n * H + h) * D, *kh = k + h * sH, *vh = v + h * sH;
             if (D == 64) /* the common head size, its loops unrolled */
-                attend_head(qh, kh, vh, 64, 4, len, r, ts, n, sN, sT, scale, scratch, o);
+                attend_head(qh, kh, vh, 64, 4, len, r, ts, n, sN, sT, scale, next, scratch, o);
             else
-                attend_head(qh, kh, vh, D, (D + LANES - 1) / LANES, len, r, ts, n, sN, sT, scale, scratch, o);
+                attend_head(qh, kh, vh, D, (D + LANES - 1) / LANES, len, r, ts, n, sN, sT, scale, next, scratch, o);
         }
     }
     if (scratch != on_stack) free(scratch);
