@@ -65,6 +65,8 @@ void beamserve_scale_back_log_softmax(const int32_t *acc, int64_t rows, int64_t 
                                       const float *row_scale, const float *bias, float *y) {
     for (int64_t r = 0; r < rows; r++) {
         beamserve_scale_back(acc + r * cols, 1, cols, col_scale, row_scale + r, bias, y + r * cols);
+        if (r + 1 < rows) /* the next row from memory while this one's log-softmax computes */
+            for (int64_t c = 0; c < cols; c += 16) __builtin_prefetch(acc + (r + 1) * cols + c);
         log_softmax_row(y + r * cols, cols);
     }
 }
@@ -83,6 +85,8 @@ void beamserve_top_candidates(const float *lp, const float *run, int64_t batch, 
             const float base = run[b * K + k];
             for (int64_t c = 0; c < V; c += 4 * LANES) {
                 int64_t width = V - c < 4 * LANES ? V - c : 4 * LANES;
+                if (b + 1 < batch) /* the next sentence's block from memory while this one is ranked */
+                    for (int64_t j = 0; j < 4 * LANES; j += 16) __builtin_prefetch(row + K * V + c + j);
                 if (held == n && width == 4 * LANES) { /* only a score above the n-th best can enter */
                     v16 top = vmax(vmax(load16(row + c), load16(row + c + LANES)),
                                    vmax(load16(row + c + 2 * LANES), load16(row + c + 3 * LANES)));
