@@ -195,6 +195,6 @@ def linear_int8(
 
 
 def _out(y: torch.Tensor, dtype: torch.dtype, log_softmax: bool) -> torch.Tensor:
-    if log_softmax:
-        return log_softmax_(y)
-    return y if dtype == torch.float32 else y.to(dtype)
+    """y (float32) in x's dtype, then its log-softmax where asked (of the logits as that dtype has them)."""
+    y = y if dtype == torch.float32 else y.to(dtype)
+    return log_softmax_(y) if log_softmax else y

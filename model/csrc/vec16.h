@@ -4,8 +4,8 @@
  * gives the same bits at every width (compiled without contraction).
  *
  * The library is built once per x86-64 level (setup.py), so the width is known here. A 64-byte vector
- * type of GCC's own would do on AVX-512 only: narrower targets keep it in memory, and scalarise its
- * comparisons (an AVX2 build of the kernels ran slower than PyTorch's ops). */
+ * type of GCC's own would do on AVX-512 only: narrower targets keep it in memory and scalarise its
+ * comparisons. */
 #ifndef BEAMSERVE_VEC16_H
 #define BEAMSERVE_VEC16_H
 
