@@ -355,6 +355,10 @@ LONG = (
     "A group of young men in colorful uniforms are playing a game of soccer on a large green field "
     "while a crowd of people watches from the stands behind them."
 )
+# One sentence, long enough that three of them at beam 8 keep a replica busy for a while on any CPU.
+LONGER = LONG[:-1] + ", as a referee in a black shirt runs along the side of the field and watches the ball."
+BUSY_DAYS = ("today", "yesterday", "on Monday", "on Tuesday", "on Wednesday", "on Thursday", "on Friday",
+             "on Saturday", "on Sunday", "again")  # fmt: skip
 
 
 def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, client: httpx.Client) -> None:
@@ -372,7 +376,7 @@ def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, clien
                     ac.post(
                         "/v1/translate",
                         json={
-                            "texts": [LONG, LONG[:-1] + " today.", LONG[:-1] + " again."],
+                            "texts": [f"{LONGER[:-1]} {day}." for day in BUSY_DAYS[:3]],
                             "source": "en",
                             "target": "de",
                             "beam_size": 8,
@@ -412,11 +416,10 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
 
         async def scenario() -> None:
             async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
+                # Ten long sentences at beam 8, one a batch: decoding them outlasts the other request's 0.05 s.
+                texts = [f"{LONGER[:-1]} {day}." for day in BUSY_DAYS]
                 busy = asyncio.create_task(
-                    ac.post(
-                        "/v1/translate",
-                        json={"texts": [LONG, LONG[:-1] + " today."], "source": "en", "target": "de", "beam_size": 8},
-                    )
+                    ac.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8})
                 )
                 await asyncio.sleep(0.1)
                 with pytest.raises(httpx.TimeoutException):
@@ -430,7 +433,7 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
         asyncio.run(scenario())
         after = client.get("/v1/stats").json()["en-de"]
         assert after["cancelled"] - before["cancelled"] == 2  # both queued sentences dropped, never decoded
-        assert after["batched_sentences"] - before["batched_sentences"] == 2  # only the busy request's
+        assert after["batched_sentences"] - before["batched_sentences"] == len(BUSY_DAYS)  # only the busy request's
     finally:
         runtime.deploy(SETTINGS)
 
