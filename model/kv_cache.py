@@ -134,13 +134,13 @@ class KVCache:
 
         filled (N,), when rows sit at their own positions: only the longest moved row's prefix is copied.
         """
+        if self.lineage is not None:  # which buffer rows hold the positions moves; the keys stay
+            self.follow(torch.empty_like(src).index_copy_(0, dest, src))  # new row dest[i] continues src[i]
+            return
         # Copy only rows whose source differs, and only the filled prefix.
         moved = (dest != src).nonzero()[:, 0]
         t = self.length if filled is None or not moved.numel() else min(self.length, int(filled[src[moved]].max()))
-        if self.lineage is not None:  # which buffer rows hold the positions moves; the keys stay
-            if moved.numel():
-                self.lineage[:, :t].index_copy_(0, dest[moved], self.lineage[src[moved], :t])
-        elif moved.numel():
+        if moved.numel():
             # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
             for cache in (self.k, self.v):
                 cache[:, :, :, :t].index_copy_(1, dest[moved], cache[:, src[moved], :, :t])

@@ -213,23 +213,18 @@ class Seq2Seq(nn.Module):
     def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.decode(tgt_in, self.encode(src_ids, src_mask), src_mask)
 
-    def output(self, h: torch.Tensor) -> torch.Tensor:
-        """Decoder states (..., C) -> logits (..., V) through the (tied) output projection."""
+    def output(self, h: torch.Tensor, *, log_probs: bool = False) -> torch.Tensor:
+        """Decoder states (..., C) -> logits (..., V) through the (tied) output projection; with `log_probs`,
+        their search.log_softmax_ (float32), in one pass over the logits with the int8 projection's
+        scale-back where the C kernels run (the same bits)."""
         if self.decoder_norm is not None:
             h = self.decoder_norm(h)
-        # One fused GEMM + bias: a separate add would make a second pass over the (N, V) logits.
-        return linear(h, self.output_weight, self.final_logits_bias)
-
-    def log_probs(self, h: torch.Tensor) -> torch.Tensor:
-        """Decoder states (N, C) -> float32 log-probabilities (N, V) of the next token: `output`, then
-        search.log_softmax_, the two in one pass over the logits where the projection is int8 and the C
-        kernels run (the same bits)."""
-        if self.decoder_norm is not None:
-            h = self.decoder_norm(h)
-        q = int8_of(self.output_weight) if h.is_cpu and not torch.is_grad_enabled() else None
+        q = int8_of(self.output_weight) if log_probs and h.is_cpu and not torch.is_grad_enabled() else None
         if q is not None:
             return linear_int8(h, q, self.final_logits_bias, log_softmax=True)
-        return log_softmax_(linear(h, self.output_weight, self.final_logits_bias))
+        # One fused GEMM + bias: a separate add would make a second pass over the (N, V) logits.
+        logits = linear(h, self.output_weight, self.final_logits_bias)
+        return log_softmax_(logits) if log_probs else logits
 
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
@@ -296,7 +291,7 @@ class Seq2Seq(nn.Module):
             cache: self-attention cache holding each row's earlier positions; position pos is written.
             cross: cross-attention keys/values of the B sentences and which sentence each row is.
             order: (N,) return the rows' logits in this order (cheaper on the (N, C) states than on logits).
-            log_probs: return log-probabilities (Seq2Seq.log_probs) instead of logits.
+            log_probs: return log-probabilities (Seq2Seq.output) instead of logits.
         Returns:
             logits (N, V) for position pos + 1, or their log-softmax.
         """
@@ -321,7 +316,7 @@ class Seq2Seq(nn.Module):
         for i, layer in enumerate(self.decoders):
             x = layer.step(x, i, pos, cache, cross, self_mask, row_map)
         h = x[:, 0] if order is None else x[:, 0].index_select(0, order)  # (N, C)
-        return self.log_probs(h) if log_probs else self.output(h)
+        return self.output(h, log_probs=log_probs)
 
     def _check_length(self, length: int) -> None:
         if length > self.cfg.max_position_embeddings:

@@ -9,6 +9,7 @@ import torch
 from model import native
 from model.config import ModelConfig
 from model.decoding import CachedStepper
+from model.kv_cache import KVCache
 from model.transformer import Seq2Seq
 
 
@@ -144,3 +145,19 @@ def test_cpu_cross_cache_keeps_its_keys_through_select_extend_trim(attention: st
     cross.trim()
     assert cross.keys(1).shape == (1, 2, least, 8)
     torch.testing.assert_close(cross.keys(1), short.keys(1))
+
+
+@torch.inference_mode()
+def test_a_lineage_cache_moves_rows_as_a_copying_one_does() -> None:
+    caches = [KVCache(1, 4, 1, 3, 2, dtype=torch.float32, device=torch.device("cpu"), lineage=c) for c in (True, False)]
+    for cache in caches:
+        for pos in range(2):  # rows 0-3 write their own index at positions 0 and 1
+            marks = torch.arange(4, dtype=torch.float32)[:, None, None, None].expand(4, 1, 1, 2) + 10 * pos
+            cache.update(0, pos, marks, marks)
+        cache.move(torch.tensor([2, 0, 1]), torch.tensor([3, 3, 0]))  # rows 2, 0, 1 take rows 3, 3, 0
+    lineage, copying = caches
+    assert lineage.rows == copying.rows == 3
+    held = [[float(lineage.k[0, int(lineage.lineage[n, t]), 0, t, 0]) for t in range(2)] for n in range(3)]  # type: ignore[index]
+    assert (
+        held == [[float(copying.k[0, n, 0, t, 0]) for t in range(2)] for n in range(3)] == [[3, 13], [0, 10], [3, 13]]
+    )

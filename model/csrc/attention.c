@@ -33,6 +33,12 @@ typedef struct {
     int64_t row0, len;
 } ahead;
 
+/* Position t of a head whose positions live in cache rows `rows` (strided by ts), or all in row0. */
+ALWAYS_INLINE const float *at(const float *head, const int64_t *rows, int64_t ts, int64_t row0, int64_t t, int64_t sN,
+                              int64_t sT) {
+    return head + (rows ? rows[t * ts] : row0) * sN + t * sT;
+}
+
 ALWAYS_INLINE void fetch(const float *p, int64_t D) {
     for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(p + d); /* a 64-byte line a time */
 }
@@ -44,12 +50,11 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
     v16 qc[16];
     for (int64_t c = 0; c < chunks; c++) qc[c] = load(q + c * LANES, D - c * LANES, 0.0f);
     for (int64_t t = 0; t < len; t++) {
-        int64_t row = rows ? rows[t * ts] : row0;
-        if (next.k && t < next.len) fetch(next.k + (next.rows ? next.rows[t * ts] : next.row0) * sN + t * sT, D);
-        s[t] = dot(qc, k + row * sN + t * sT, chunks, D) * scale;
+        if (next.k && t < next.len) fetch(at(next.k, next.rows, ts, next.row0, t, sN, sT), D);
+        s[t] = dot(qc, at(k, rows, ts, row0, t, sN, sT), chunks, D) * scale;
     }
     for (int64_t t = len; next.k && t < next.len; t++) /* a longer next row */
-        fetch(next.k + (next.rows ? next.rows[t * ts] : next.row0) * sN + t * sT, D);
+        fetch(at(next.k, next.rows, ts, next.row0, t, sN, sT), D);
     float m = s[0];
     for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;
     for (int64_t t = 0; t < len; t += LANES) store(s + t, exp_nonpositive(vsub(load(s + t, len - t, m), splat(m))), len - t);
@@ -60,14 +65,13 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
     v16 acc[16];
     for (int64_t c = 0; c < chunks; c++) acc[c] = splat(0.0f);
     for (int64_t t = 0; t < len; t++) {
-        int64_t row = rows ? rows[t * ts] : row0;
-        const float *vp = v + row * sN + t * sT;
-        if (next.k && t < next.len) fetch(next.v + (next.rows ? next.rows[t * ts] : next.row0) * sN + t * sT, D);
+        const float *vp = at(v, rows, ts, row0, t, sN, sT);
+        if (next.k && t < next.len) fetch(at(next.v, next.rows, ts, next.row0, t, sN, sT), D);
         v16 w = splat(s[t]);
         for (int64_t c = 0; c < chunks; c++) acc[c] = vadd(acc[c], vmul(w, load(vp + c * LANES, D - c * LANES, 0.0f)));
     }
     for (int64_t t = len; next.k && t < next.len; t++)
-        fetch(next.v + (next.rows ? next.rows[t * ts] : next.row0) * sN + t * sT, D);
+        fetch(at(next.v, next.rows, ts, next.row0, t, sN, sT), D);
     for (int64_t c = 0; c < chunks; c++) store(out + c * LANES, acc[c], D - c * LANES);
 }
 
