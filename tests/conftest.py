@@ -4,6 +4,7 @@ downloaded), real sentences, and the real Ray Serve app on 127.0.0.1."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import os
 import subprocess
@@ -30,6 +31,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_gpu)
         if "server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+@functools.cache
+def bfloat16_rows_invariant() -> bool:
+    """Whether this CPU's bfloat16 GEMM (oneDNN) computes a row to the same bits beside any rows. It does
+    not where the CPU has AMX: oneDNN takes its AMX kernel for many rows and its AVX512-BF16 kernel for
+    few, and they round differently (scores move in the third decimal, tokens stay)."""
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for k, n in [(512, 512), (512, 2048), (2048, 512), (512, 8000)]:
+            w, x = torch.randn(n, k).bfloat16(), torch.randn(256, k).bfloat16()
+            full = torch.nn.functional.linear(x, w)
+            if any(not torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in (1, 2, 4, 8, 16, 32, 64)):
+                return False
+    return True
 
 
 def read_lines(name: str, limit: int | None = None) -> list[str]:

@@ -21,7 +21,7 @@ from model.quant import Int8Weight, int8_of, int8_weight, linear_int8, onednn_in
 from model.translator import PRETRAINED_DIR
 from service.cli import main
 
-from .conftest import read_lines
+from .conftest import bfloat16_rows_invariant, read_lines
 
 CPU = torch.device("cpu")
 MODELS = ("en-de", "en-fr")
@@ -63,10 +63,15 @@ def test_int8_weights_are_within_half_a_step_and_each_layer_close_to_float32() -
         assert err < 0.05, f"{name}: relative error {err:.4f}"  # symmetric int8, outlier channels: up to 3.5%
 
 
+# On the test set bfloat16's scores alone and batched stay this close where its GEMM rounds by row count.
+BF16_SCORES = 0.01
+
+
 # Every compute type: a sentence alone and in a batch of 64 gets the same tokens and the same scores, to
-# the bit (oneDNN's GEMMs compute a row alike beside any rows, in float32, bfloat16 and int8; attention sums
-# in the same order however far the batch pads the source: model/gemm.py, model/quant.py, layers.softmax_,
-# layers.step_attention).
+# the bit (oneDNN's GEMMs compute a row alike beside any rows, in float32 and int8, and in bfloat16 on CPUs
+# without AMX; attention sums in the same order however far the batch pads the source: model/gemm.py,
+# model/quant.py, layers.softmax_, layers.step_attention). bfloat16 on CPUs with AMX: the same tokens,
+# scores within BF16_SCORES.
 @functools.cache
 def in_batches_of_64(
     model: str, compute_type: str, beam_size: int = 4, count: int | None = None
@@ -86,9 +91,14 @@ def test_every_test_sentence_translates_alone_as_in_a_batch_of_64(
 ) -> None:
     tr = load(model, compute_type)
     texts = read_lines("test_2016_flickr.en.gz", count)
+    exact = compute_type != "bfloat16" or bfloat16_rows_invariant()
     for text, batched in zip(texts, in_batches_of_64(model, compute_type, beam_size, count), strict=True):
         [alone] = tr.translate([text], beam_size=beam_size)
-        assert (alone.token_ids, alone.scores) == (batched.token_ids, batched.scores), text
+        if exact:
+            assert (alone.token_ids, alone.scores) == (batched.token_ids, batched.scores), text
+        else:  # AMX's and AVX512-BF16's kernels round apart (conftest.bfloat16_rows_invariant)
+            assert alone.token_ids == batched.token_ids, text
+            assert alone.scores == pytest.approx(batched.scores, abs=BF16_SCORES), text
 
 
 def test_the_int8_encoder_gives_a_sentence_the_same_states_alone_and_padded_in_a_batch() -> None:

@@ -15,7 +15,8 @@ from model.config import preset
 from model.inflight import TOKEN_WIDTH, InflightBatch
 from model.search import Hypothesis
 from model.transformer import Seq2Seq
-from tests.conftest import read_lines
+from tests.conftest import bfloat16_rows_invariant, read_lines
+from tests.test_compute_type import BF16_SCORES
 
 
 @functools.cache
@@ -47,12 +48,15 @@ def run(tr: Translator, batch: InflightBatch, arrivals: list[Arrival]) -> tuple[
     return results, most
 
 
-def assert_same_as_alone(tr: Translator, arrivals: list[Arrival], results: dict[Hashable, list[Hypothesis]]) -> None:
+def assert_same_as_alone(
+    tr: Translator, arrivals: list[Arrival], results: dict[Hashable, list[Hypothesis]], *, exact: bool = True
+) -> None:
     for _, key, ids, opts in arrivals:
         alone = tr.decode_batch([ids], opts)[0]
         assert [h.tokens for h in results[key]] == [h.tokens for h in alone], (key, opts)
         # To the bit: padding-blind decode steps (layers.step_attention) and row-wise GEMMs (model/gemm.py).
-        assert [h.score for h in results[key]] == [h.score for h in alone], (key, opts)
+        got, want = [h.score for h in results[key]], [h.score for h in alone]
+        assert got == want if exact else got == pytest.approx(want, abs=BF16_SCORES), (key, opts)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +83,8 @@ def test_mixed_lengths_beams_and_arrival_times_equal_decoding_alone(compute_type
     results, most = run(tr, batch, arrivals)
     assert most >= 10  # sentences really shared decoder steps
     assert batch.rows == 0 and batch.sentences == 0 and batch.cross is None
-    assert_same_as_alone(tr, arrivals, results)
+    # bfloat16 on CPUs with AMX: scores within BF16_SCORES (conftest.bfloat16_rows_invariant).
+    assert_same_as_alone(tr, arrivals, results, exact=compute_type != "bfloat16" or bfloat16_rows_invariant())
 
 
 def test_random_model_running_to_each_sentences_own_limit() -> None:
