@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: lock install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory loadtest faults soak clean
+.PHONY: lock install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults soak clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c model/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -57,6 +57,10 @@ bench-batching: install
 
 bench-memory: install
 	$(PY) loadtests/bench_memory.py --out runs/bench/memory_latest.md
+
+# CPU per request by process, beamserve beside a bare Serve echo, both HTTP fronts, and a flood.
+bench-serving: install
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_serving.py --out runs/bench/serving_latest.md
 
 loadtest: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/run_loadtest.py --out runs/loadtest --external http://127.0.0.1:8000

@@ -8,6 +8,7 @@ Hugging Face's.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -64,9 +65,10 @@ class DecodeOptions:
             raise ValueError("length_penalty must be a finite number")
 
 
-def user_options(surface: str) -> list[Any]:
+@functools.cache
+def user_options(surface: str) -> tuple[Any, ...]:
     """The DecodeOptions fields offered on `surface` ("api" or "cli"), in declaration order."""
-    return [f for f in fields(DecodeOptions) if f.metadata[surface]]
+    return tuple(f for f in fields(DecodeOptions) if f.metadata[surface])
 
 
 def max_length(opts: DecodeOptions, source_len: int, positions: int) -> int:

@@ -217,9 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    left = runtime.drain(settings.drain_timeout_s, say=say)
-    say(f"stopping ({left} requests unfinished after {settings.drain_timeout_s:.0f}s) ..." if left else "stopping ...")
-    runtime.stop()
+    runtime.drain_and_stop(settings.drain_timeout_s, say=say)
     return 0
 
 

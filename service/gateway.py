@@ -9,13 +9,13 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from fastapi import Request
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from service import deepl, libretranslate, local_ray, request_log
-from service.bodies import read_body
+from service.bodies import json_response, openapi_body, parse_json, read_body
 from service.errors import ApiError
 from service.http import app
 from service.keys import Client, KeyLimits, Keys, load_keys
@@ -96,11 +96,17 @@ class Gateway(PairRouter):
             await self.keys.refund(client, characters)
             raise
 
-    @app.post("/v1/translate", response_model=TranslateResponse, responses=ERRORS)
-    async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
+    @app.post(
+        "/v1/translate",
+        response_model=TranslateResponse,
+        responses=ERRORS,
+        openapi_extra=openapi_body(TranslateRequest, ("application/json",)),
+    )
+    async def translate(self, request: Request) -> Response:
         with self._accepting():
+            req = parse_json(TranslateRequest, await request.body())
             async with self._billed(request, sum(map(len, req.texts))):
-                return await self._translate(req, request)
+                return json_response(await self._translate(req, request))
 
     @app.post(
         "/translate",

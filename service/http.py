@@ -20,7 +20,7 @@ from ray import serve
 from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import deepl, libretranslate, request_log
+from service import deepl, front, libretranslate, request_log
 from service.errors import ApiError, api_error
 from service.metrics import gateway_metrics
 from service.settings import Settings
@@ -54,49 +54,116 @@ app = FastAPI(
 _ENVIRONMENT = Settings()
 
 
-def replica_settings() -> Settings:
-    """The Settings of the ingress replica this runs in, for the middlewares (which run outside the
-    Gateway's methods). Serve copies the app into each replica by value, so a module global the Gateway
-    set would not be the one a middleware reads; outside a replica, the environment's Settings."""
+def replica_settings() -> Settings | None:
+    """The Settings of the ingress replica this runs in, once its Gateway is built (None before that).
+    Serve copies the app into each replica by value, so a module global the Gateway set would not be
+    the one the ingress reads; outside a replica, the environment's Settings."""
     try:
         owner = serve.get_replica_context().servable_object
     except RayServeException:
         return _ENVIRONMENT
-    settings: Settings | None = getattr(owner, "settings", None)  # None while the Gateway is being built
-    return settings or _ENVIRONMENT
+    settings: Settings | None = getattr(owner, "settings", None)
+    return settings
 
 
 class _BodyTooLargeError(Exception):
     pass
 
 
-class BodyLimit:
-    """413 for bodies over max_body_bytes, by Content-Length or while streaming; 408 for a body that
-    stops arriving for body_timeout_s (a slow client would otherwise hold
-    one of the gateway's ongoing-request slots for as long as it likes)."""
+def request_id(headers: Any) -> str:
+    """The request's id: the client's X-Request-ID, or the one the front gave it (HAProxy and Serve's
+    proxy both set the header), else a new one."""
+    return str(headers.get("x-request-id") or uuid.uuid4().hex)
+
+
+class Ingress:
+    """The gateway's one pass over each HTTP request, around the FastAPI app: its id and summary line
+    (service/request_log.py), the body limit (413 by Content-Length or while streaming; 408 for a body
+    that stops arriving for body_timeout_s, so a slow client cannot hold a slot), CORS when cors_origins
+    is set, and the request metrics (endpoint, pair, status, latency). Plain ASGI: no task or body copy
+    per request."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self.settings: Settings | None = None
+        self.cors: Any = None  # Starlette's CORS middleware around `inner` while cors_origins is set
+        self.whole_bodies = 0  # bodies up to this size arrive whole through the front (service/front.py)
+
+    def _configured(self) -> Settings:
+        """The replica's settings, read once the Gateway exists (the app is built before it)."""
+        if self.settings is not None:
+            return self.settings
+        found = replica_settings()
+        if found is None:
+            return _ENVIRONMENT
+        self.settings = found
+        self.whole_bodies = front.BUFFERED_BODY_BYTES if found.proxy == "haproxy" else 0
+        if found.origins():
+            self.cors = CORSMiddleware(
+                self.inner,
+                allow_origins=found.origins(),
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                expose_headers=["X-Request-ID", "Retry-After"],
+                max_age=600,
+            )
+        return found
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.inner(scope, receive, send)
-        settings = replica_settings()
+        start = time.perf_counter()
+        settings = self._configured()
         limit, wait = settings.max_body_bytes, settings.body_timeout_s
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await self._reject(scope, send, 413, "body_too_large", f"request body over {limit} bytes")
+        path: str = scope["path"]
+        rid = None
+        declared = b"0"  # no Content-Length and not chunked: no body (HTTP/1.1)
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                rid = value.decode("latin-1")
+            elif name == b"content-length" or name == b"transfer-encoding":
+                declared = value  # a length, or "chunked": the body's size is unknown
+        rid = rid or uuid.uuid4().hex
+        summary = request_log.start(rid, path, scope["method"])
+        status = 0
+
+        async def sent(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        size = int(declared) if declared.isdigit() else None
+        if size is not None and size > limit:
+            await _reject(path, rid, sent, 413, "body_too_large", f"request body over {limit} bytes")
+        elif size is not None and size <= self.whole_bodies:
+            # The front delivers a body this small whole (HAProxy buffers it, bounding its time), and
+            # the server reads no more than its Content-Length: nothing left to guard.
+            await (self.cors or self.inner)(scope, receive, sent)
+        else:
+            await self._guarded(scope, receive, sent, path, rid, limit, wait)
+        endpoint = path if path in ENDPOINTS else "other"
+        seconds = time.perf_counter() - start
+        gateway_metrics().observe(endpoint, scope.get("state", {}).get("pair", ""), status, seconds)
+        summary.status, summary.duration_s = status, seconds
+        if endpoint not in QUIET:
+            request_log.emit(summary)
+
+    async def _guarded(
+        self, scope: dict[str, Any], receive: Any, send: Any, path: str, rid: str, limit: int, wait: float
+    ) -> None:
+        """The app with the body counted against `limit` (413) and each part of it awaited at most
+        `wait` seconds (408)."""
         seen = 0
         answered = False  # a 408 went out: the app's own answer is dropped
 
         async def limited() -> Any:
             nonlocal seen, answered
             try:
-                message = await asyncio.wait_for(receive(), wait)
+                async with asyncio.timeout(wait):
+                    message = await receive()
             except TimeoutError:
-                await self._reject(
-                    scope, send, 408, "body_timeout", f"no part of the request body came for {wait:.0f}s"
-                )
+                await _reject(path, rid, send, 408, "body_timeout", f"no part of the request body came for {wait:.0f}s")
                 answered = True
                 return {"type": "http.disconnect"}  # the app stops reading and gives up
             seen += len(message.get("body", b""))
@@ -109,78 +176,20 @@ class BodyLimit:
                 await send(message)
 
         try:
-            await self.inner(scope, limited, guarded)
+            await (self.cors or self.inner)(scope, limited, guarded)
         except _BodyTooLargeError:
-            await self._reject(scope, send, 413, "body_too_large", f"request body over {limit} bytes")
-
-    @staticmethod
-    async def _reject(scope: dict[str, Any], send: Any, status: int, code: str, detail: str) -> None:
-        rid = request_id({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
-        status, shaped = shape_error(scope.get("path", ""), status, {"error": code, "detail": detail})
-        body = json.dumps({**shaped, "request_id": rid}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+            await _reject(path, rid, send, 413, "body_too_large", f"request body over {limit} bytes")
 
 
-app.add_middleware(BodyLimit)
+async def _reject(path: str, rid: str, send: Any, status: int, code: str, detail: str) -> None:
+    status, shaped = shape_error(path, status, {"error": code, "detail": detail})
+    body = json.dumps({**shaped, "request_id": rid}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
-class Cors:
-    """Starlette's CORS middleware over the replica's allow-list (cors_origins), or nothing while it is
-    empty: no CORS headers, and browsers refuse cross-origin calls."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.origins: list[str] = []
-        self.cors: Any = None
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        origins = replica_settings().origins()
-        if scope["type"] != "http" or not origins:
-            return await self.inner(scope, receive, send)
-        if self.cors is None or self.origins != origins:
-            self.origins = origins
-            self.cors = CORSMiddleware(
-                self.inner,
-                allow_origins=self.origins,
-                allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-                expose_headers=["X-Request-ID", "Retry-After"],
-                max_age=600,
-            )
-        await self.cors(scope, receive, send)
-
-
-app.add_middleware(Cors)  # the outermost: a preflight is answered before any other work
-
-
-def request_id(headers: Any) -> str:
-    """The request's id. Serve's proxy puts one in every request (the client's X-Request-ID, else a new
-    one) and returns it in the response's X-Request-ID header; outside Serve, a new one."""
-    return str(headers.get("x-request-id") or uuid.uuid4().hex)
-
-
-@app.middleware("http")
-async def _record(request: Request, call_next: Any) -> Any:
-    """Count every request by endpoint, pair and status, with its latency (bounded label values only),
-    and log its summary line (service/request_log.py)."""
-    start = time.perf_counter()
-    summary = request_log.start(request_id(request.headers), request.url.path, request.method)
-    response = await call_next(request)
-    endpoint = request.url.path if request.url.path in ENDPOINTS else "other"
-    pair = getattr(request.state, "pair", "")
-    seconds = time.perf_counter() - start
-    gateway_metrics().observe(endpoint, pair, response.status_code, seconds)
-    summary.status, summary.duration_s = response.status_code, seconds
-    if endpoint not in QUIET:
-        request_log.emit(summary)
-    return response
+app.add_middleware(Ingress)
 
 
 def shape_error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

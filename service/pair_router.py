@@ -98,7 +98,11 @@ class PairRouter:
         """The request's texts grouped by source language (named, or detected per text), each group
         translated on its pair, the answers in the texts' order."""
         detected, groups = await self._sources(req.source, req.target, req.texts, markup=req.tag_handling == "html")
-        parts = await asyncio.gather(*(self._translate_from(req, src, idx, request) for src, idx in groups.items()))
+        if len(groups) == 1:  # one source language: no task to gather
+            ((src, idx),) = groups.items()
+            parts = [await self._translate_from(req, src, idx, request)]
+        else:
+            parts = await asyncio.gather(*(self._translate_from(req, s, i, request) for s, i in groups.items()))
         translations = in_order(groups, [done for done, _ in parts])
         if detected is not None:
             translations = [

@@ -1,24 +1,30 @@
-"""One summary line per HTTP request, through Serve's logger: with `logging_config: {encoding: JSON}`
-(the default of `beamserve serve` and the Serve config) each is a JSON object in the gateway
-replica's log file, beside Serve's own access lines. What it holds is counts and times, never a
-text: request_id, route, method, status, pair, texts, characters, sentences, cached_sentences
-(answered without decoding: from the cache, or a repeat within the request), queue_wait_s (the
-longest any of its sentences waited to start decoding), decode_s (the longest a replica call spent
-from the first of its sentences starting to the last finishing), duration_s, client (the API key's
-name; "anonymous" while keys are off).
+"""One summary line per HTTP request, a JSON object in the gateway replica's own requests file
+(`requests_<app>_<deployment>_<replica>.log` beside Serve's replica logs, under Ray's
+`logs/serve/`): request_id, route, method, status, pair, texts, characters, sentences,
+cached_sentences (answered without decoding: from the cache, or a repeat within the request),
+queue_wait_s (the longest any of its sentences waited to start decoding), decode_s (the longest a
+replica call spent from the first of its sentences starting to the last finishing), duration_s,
+client (the API key's name; "anonymous" while keys are off). Counts and times, never a text.
 
-The ingress middleware opens a summary for each request (a context variable, which the tasks a
+The line is encoded by orjson and written with one system call, not through Python's logging (whose
+record, filters and formatter cost more than the rest of a cached request's own work). The file
+rotates as Ray's logs do (RAY_ROTATION_MAX_BYTES, RAY_ROTATION_BACKUP_COUNT).
+
+The ingress (service/http.py) opens a summary for each request (a context variable, which the tasks a
 request spawns share); the routes and the pair router add to it as they learn.
 """
 
 import contextvars
-import logging
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
 
-# Serve's own logger: inside a replica its handlers write the configured encoding to the replica's
-# log file (and stderr); a line through another logger would only reach the worker's raw stderr.
-logger = logging.getLogger("ray.serve")
+import orjson
+
+MAX_BYTES = int(os.environ.get("RAY_ROTATION_MAX_BYTES", 512 * 1024 * 1024))
+BACKUPS = int(os.environ.get("RAY_ROTATION_BACKUP_COUNT", 5))
 
 
 @dataclass
@@ -50,12 +56,21 @@ class RequestSummary:
         self.decode_s = max(self.decode_s, decode_s)
 
     def fields(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["pair"] = ",".join(out.pop("pairs"))
-        out["queue_wait_s"] = round(self.queue_wait_s, 4)
-        out["decode_s"] = round(self.decode_s, 4)
-        out["duration_s"] = round(self.duration_s, 4)
-        return out
+        return {
+            "request_id": self.request_id,
+            "route": self.route,
+            "method": self.method,
+            "status": self.status,
+            "pair": ",".join(self.pairs),
+            "texts": self.texts,
+            "characters": self.characters,
+            "sentences": self.sentences,
+            "cached_sentences": self.cached_sentences,
+            "queue_wait_s": round(self.queue_wait_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "duration_s": round(self.duration_s, 4),
+            "client": self.client,
+        }
 
 
 _current: contextvars.ContextVar[RequestSummary | None] = contextvars.ContextVar("beamserve_request", default=None)
@@ -72,18 +87,51 @@ def current() -> RequestSummary:
     return _current.get() or RequestSummary("", "", "")
 
 
+class RequestFile:
+    """JSON lines appended to one file, one write each (no buffer to lose), rotated past MAX_BYTES."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file: IO[bytes] = open(path, "ab", buffering=0)  # noqa: SIM115 (open for the replica's life)
+        self.size = self.file.tell()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = orjson.dumps(record) + b"\n"
+        if self.size + len(line) > MAX_BYTES > 0:
+            self._rotate()
+        self.file.write(line)
+        self.size += len(line)
+
+    def _rotate(self) -> None:
+        self.file.close()
+        for n in range(BACKUPS - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{n}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
+        if BACKUPS:
+            self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        else:
+            self.path.unlink(missing_ok=True)
+        self.file = open(self.path, "ab", buffering=0)  # noqa: SIM115
+        self.size = 0
+
+
+_file: RequestFile | None = None
+
+
+def request_file() -> RequestFile:
+    """This replica's requests file, opened on first use."""
+    global _file
+    if _file is None:
+        from ray import serve
+        from ray.serve._private.logging_utils import get_serve_logs_dir
+
+        ctx = serve.get_replica_context()
+        name = f"requests_{ctx.app_name}_{ctx.deployment}_{ctx.replica_id.unique_id}.log"
+        _file = RequestFile(Path(get_serve_logs_dir()) / name)
+    return _file
+
+
 def emit(summary: RequestSummary) -> None:
-    # The fields go as the record's extras: Serve's JSON formatter writes each as a key of the line.
-    fields = summary.fields()
-    logger.info(
-        "%s %s %d %s texts=%d chars=%d sentences=%d %.3fs",
-        summary.method,
-        summary.route,
-        summary.status,
-        fields["pair"] or "-",
-        summary.texts,
-        summary.characters,
-        summary.sentences,
-        summary.duration_s,
-        extra={"beamserve": "request", **fields},
-    )
+    request_file().write({"time": round(time.time(), 3), "beamserve": "request", **summary.fields()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from service import local_ray
+from service import front, local_ray
 from service.metrics_relay import MetricsRelay
 from service.settings import Settings
 
@@ -44,9 +45,14 @@ def _ephemeral_low() -> int:
 
 
 def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> None:
-    """ray.init sized for this machine, Serve's HTTP proxy on settings.host:port, the app deployed."""
+    """ray.init sized for this machine, Serve's HTTP front on settings.host:port, the app deployed."""
     # Every port Ray opens on loopback, its token authentication on (service/local_ray.py).
     local_ray.enter_local_only()
+    # The front's switches and limits, read by Ray's processes (service/front.py).
+    os.environ.update(front.environment(settings.proxy, front.limits_of(settings)))
+    # HAProxy's stats page and exporter (on loopback) on ports of this instance's, not Serve's fixed ones.
+    os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_loopback_port())
+    os.environ["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_loopback_port())
     import ray
     from ray import serve
 
@@ -70,8 +76,8 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
         _metrics_export_port=export_port,
         configure_logging=True,
         logging_level=logging.WARNING,
-        # In every worker, the proxy's among them: a dead ingress replica answered 503, not 500.
-        runtime_env={"worker_process_setup_hook": "service.proxy_errors.install"},
+        # In every worker, the proxy's and HAProxy manager's among them: JSON errors, the front's limits.
+        runtime_env={"worker_process_setup_hook": "service.front.install"},
     )
     if relayed:
         _RELAY.append(MetricsRelay(settings.metrics_host, settings.metrics_port, export_port).start())
@@ -91,7 +97,8 @@ def deploy(
 
     args = settings.model_dump() if isinstance(settings, Settings) else settings
     s = Settings(**args)
-    logging_config = {"encoding": s.log_encoding, "log_level": s.log_level}
+    # beamserve's summary line is the one line per request (service/request_log.py): no access line beside it.
+    logging_config = {"encoding": s.log_encoding, "log_level": s.log_level, "enable_access_log": False}
     try:
         serve.run(build_app(args), name=app_name, route_prefix="/", blocking=False, logging_config=logging_config)
     except RuntimeError:
@@ -104,19 +111,28 @@ def deploy(
             say(f"  {message.strip().splitlines()[-1] if message.strip() else '(no message)'}")
 
 
-def drain(timeout_s: float, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> int:
-    """Refuse new translations, then wait up to timeout_s for the accepted ones to be answered;
-    returns how many were still in flight at the end."""
+def drain_and_stop(timeout_s: float, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> int:
+    """Refuse new translations, wait up to timeout_s for the accepted ones to be answered, then stop
+    Serve and Ray; returns how many were still in flight at the end. The handle calls and Serve's
+    shutdown share one event loop: in Serve's high-throughput mode a handle's router runs on the loop
+    of its first caller, and is shut down on it."""
     from ray import serve
 
-    gateway = serve.get_deployment_handle("Gateway", app_name=app_name)
-    left = int(gateway.drain.remote().result(timeout_s=10))
-    deadline = time.monotonic() + timeout_s
-    if left:
-        say(f"draining: {left} translation requests in flight")
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = int(gateway.translations_in_flight.remote().result(timeout_s=10))
+    async def drained() -> int:
+        gateway = serve.get_deployment_handle("Gateway", app_name=app_name)
+        left = int(await asyncio.wait_for(gateway.drain.remote(), 10))
+        deadline = time.monotonic() + timeout_s
+        if left:
+            say(f"draining: {left} translation requests in flight")
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            left = int(await asyncio.wait_for(gateway.translations_in_flight.remote(), 10))
+        say(f"stopping ({left} requests unfinished after {timeout_s:.0f}s) ..." if left else "stopping ...")
+        await serve.shutdown_async()  # type: ignore[no-untyped-call]
+        return left
+
+    left = asyncio.run(drained())
+    stop()
     return left
 
 

@@ -20,10 +20,12 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from model.options import DecodeOptions
-from model.search import Hypothesis
+
+if TYPE_CHECKING:  # the gateway imports this module's errors, and must not load torch
+    from model.search import Hypothesis
 
 Mode = Literal["continuous", "request", "none"]
 # Admission looks at this many of the oldest queued sentences: enough to fill the GPU sizes' 256

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from model.options import COMPUTE_TYPES
 from service import registry
 from service.allocator import Allocator
+from service.front import Front
 from service.registry import ModelEntry
 from service.scheduler import BatchingConfig, Mode
 
@@ -27,6 +28,8 @@ class Settings(BaseSettings):
     pool_replicas: int = 1  # replicas of the pool deployment (each with replica_cpus, replica_gpus)
     pool_models_per_replica: int = 4  # models a pool replica holds at once; past it, the least recently used goes
     host: str = "127.0.0.1"
+    # The HTTP front (service/front.py): haproxy (Ray Serve's high-throughput mode) or serve (its Python proxy).
+    proxy: Front = "haproxy"
     port: int = 8000
     metrics_host: str = "127.0.0.1"  # where Prometheus metrics are served (elsewhere than loopback: a relay)
     metrics_port: int = 8080  # Prometheus metrics port
@@ -49,7 +52,8 @@ class Settings(BaseSettings):
     max_beam_size: int = 8
     max_decoding_length: int = 256
     request_timeout_s: float = 30.0  # past this, 504
-    max_in_flight: int = 512  # translation requests a gateway replica holds at once; past it, 503 at once
+    max_in_flight: int = 512  # requests a gateway replica holds at once; past it, they wait at the front
+    max_queued: int = 64  # requests the front holds per gateway replica past max_in_flight; past it, 503 at once
     drain_timeout_s: float = 40.0  # on SIGTERM, how long accepted requests may take to finish
     gateway_replicas: int = 1  # HTTP ingress replicas (beamserve serve; the Serve config autoscales them)
     # API keys and their limits (service/keys.py): off unless api_keys or api_keys_file is set.

@@ -32,14 +32,14 @@ FIELDS = {
 
 
 def summaries(ids: set[str], timeout_s: float = 10.0) -> dict[str, list[dict[str, Any]]]:
-    """The summary lines of these request ids in the gateway replicas' JSON log files."""
+    """The summary lines of these request ids in the gateway replicas' requests files."""
     import ray
 
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
     deadline = time.monotonic() + timeout_s
     while True:
         found: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
-        for path in logs.glob("replica_beamserve_Gateway_*.log"):
+        for path in logs.glob("requests_beamserve_Gateway_*.log"):
             for line in path.read_text().splitlines():
                 record = json.loads(line)  # every line is JSON
                 if record.get("beamserve") == "request" and record.get("request_id") in ids:
