@@ -4,20 +4,23 @@ Serve echo, each behind both of Serve's HTTP fronts, in one run on the same core
     python loadtests/bench_serving.py --out runs/bench/serving_latest.md        # make bench-serving
     python loadtests/bench_serving.py --requests 500 --flood 0 --fronts haproxy  # a quick look
 
-Servers (each started fresh, on loopback, one at a time):
+Servers (started fresh on loopback for each front, side by side, taking turns workload by workload):
 - echo: loadtests/serving_echo.py, a FastAPI deployment answering each POST with its body: what
   Serve itself costs a request (the floor).
 - beamserve: `beamserve serve` with the shipped en-de pair (float32, one model thread).
 Fronts: `haproxy` (Serve's high-throughput mode: HAProxy ingress, gRPC between deployments) and
 `serve` (Serve's Python HTTP proxy).
 
-Workloads (closed loop, `--concurrency` keep-alive connections, `--requests` each, after a warm-up):
+Workloads (closed loop, `--concurrency` keep-alive connections, `--requests` each, after a warm-up;
+the cached ones in `--rounds` rounds, the median round reported):
 - cached-1 / cached-10: one text, or ten texts, of test sentences the gateway's cache holds.
 - uncached-1 / uncached-10: the same shapes with `"cache": false` over `--sentences` distinct test
-  sentences, so every sentence is decoded. The echo server gets the same bodies.
+  sentences, so every sentence is decoded (UNCACHED_IN_FLIGHT in flight, fewer requests). The echo
+  server gets the cached bodies; its CPU per request is the floor each path is compared with.
 CPU is psutil's user + system time of every process of the server's tree (Ray's GCS and raylet
-included) over the workload, divided by the requests answered. The load generator
-(loadtests/http_load.py) runs on the same cores and is not counted.
+included) over the workload, less what each process spends idle (measured for IDLE_S before it),
+divided by the requests answered. The load generator (loadtests/http_load.py) runs on the same cores
+and is not counted.
 
 Flood (`--flood N`, beamserve only): N connections opened at once, each sending one uncached
 one-sentence request: the answers by status and the latency of the accepted and the refused.
@@ -50,6 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
 FRONTS = {"haproxy": "high-throughput (HAProxy)", "serve": "Serve's Python proxy"}
 WORKLOADS = ("cached-1", "cached-10", "uncached-1", "uncached-10")
+IDLE_S = 5.0  # seconds the server's idle CPU is measured for, before each workload
+UNCACHED_IN_FLIGHT = 2  # uncached requests in flight: under the engine's admission bound, none refused
 
 
 def test_sentences(n: int) -> list[str]:
@@ -120,14 +125,21 @@ class Row:
     ok: int
     seconds: float
     cpu_s: dict[str, float]
+    round: int = 0
 
     @property
     def cpu_ms(self) -> float:
         return 1000 * sum(self.cpu_s.values()) / max(1, self.ok)
 
+    @property
+    def path_ms(self) -> float:
+        """CPU a request costs outside the model replica (whose CPU is the engine's decoding)."""
+        return self.cpu_ms - 1000 * self.cpu_s.get("model replica", 0.0) / max(1, self.ok)
+
     def by_role(self) -> str:
         top = sorted(self.cpu_s.items(), key=lambda kv: -kv[1])
-        return ", ".join(f"{name} {1000 * s / max(1, self.ok):.1f}" for name, s in top if s * 1000 / self.ok >= 0.05)
+        per = [(name, 1000 * s / max(1, self.ok)) for name, s in top]
+        return ", ".join(f"{name} {ms:.1f}" for name, ms in per if ms >= 0.05)
 
 
 def bodies(workload: str, sentences: list[str]) -> list[dict[str, object]]:
@@ -140,17 +152,30 @@ def bodies(workload: str, sentences: list[str]) -> list[dict[str, object]]:
 
 
 def measure(server: Server, workload: str, sentences: list[str], requests: int, concurrency: int) -> Row:
+    if workload.startswith("uncached"):  # the model's own pace: few in flight, fewer requests
+        requests, concurrency = requests // (5 if workload.endswith("-1") else 20), UNCACHED_IN_FLIGHT
     path = "/echo" if server.kind == "echo" else "/v1/translate"
     wire = [http_load.request_bytes(path, b, port=server.port) for b in bodies(workload, sentences)]
     warm = max(concurrency * 4, requests // 10)
     asyncio.run(http_load.closed_loop(server.port, wire, total=warm, concurrency=concurrency))
+    idle = idle_rate(server)
     before = process_cpu.snapshot(server.proc.pid)
     answers, seconds = asyncio.run(http_load.closed_loop(server.port, wire, total=requests, concurrency=concurrency))
     spent = process_cpu.spent(before, process_cpu.snapshot(server.proc.pid))
+    # What the server spends with no request (Ray's and Serve's loops) is not a request's cost.
+    spent = {name: cpu - idle.get(name, 0.0) * seconds for name, cpu in spent.items()}
     ok = sum(a.status == 200 for a in answers)
     if ok < len(answers):
         print(f"  {server.kind} {workload}: {http_load.counts(answers)}", file=sys.stderr)
     return Row(server.kind, server.front, workload, len(answers), ok, seconds, spent)
+
+
+def idle_rate(server: Server, seconds: float = IDLE_S) -> dict[str, float]:
+    """CPU seconds a second each role spends with no request in flight."""
+    before = process_cpu.snapshot(server.proc.pid)
+    time.sleep(seconds)
+    spent = process_cpu.spent(before, process_cpu.snapshot(server.proc.pid))
+    return {name: cpu / seconds for name, cpu in spent.items()}
 
 
 def flood(server: Server, sentences: list[str], connections: int) -> str:
@@ -184,24 +209,53 @@ def commit() -> str:
         return "unknown"
 
 
+def ratio_to_echo(row: Row, rows: list[Row]) -> float | None:
+    """The row's path CPU over the HAProxy echo's CPU on the same body (the cached workload of its
+    shape): round by round where both ran in the round, the median of the ratios."""
+    floor = {
+        r.round: r.cpu_ms
+        for r in rows
+        if r.server == "echo" and r.front == "haproxy" and r.workload == row.workload.replace("uncached", "cached")
+    }
+    if not floor:
+        return None
+    mine = [r for r in rows if (r.server, r.front, r.workload) == (row.server, row.front, row.workload)]
+    if row.workload.startswith("cached") and row.front == "haproxy":
+        ratios = sorted(r.path_ms / floor[r.round] for r in mine if r.round in floor)
+    else:  # measured once, or behind the other front: against the echo's median round
+        echo = sorted(floor.values())[len(floor) // 2]
+        ratios = sorted(r.path_ms / echo for r in mine)
+    return ratios[len(ratios) // 2]
+
+
 def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
-    floor = {r.workload: r.cpu_ms for r in rows if r.server == "echo" and r.front == "haproxy"}
     lines = [
         "# Serving path: CPU per request",
         "",
         f"Command: `python loadtests/bench_serving.py {' '.join(sys.argv[1:])}`",
         f"Commit: {commit()}. CPU: {cpu_name()}; the load generator on the same cores.",
-        f"{args.requests} requests per workload, {args.concurrency} in flight, after a warm-up.",
+        f"{args.requests} requests per workload, {args.concurrency} in flight, after a warm-up; the cached workloads"
+        f" in {args.rounds} rounds, echo and beamserve taking turns, the median round shown.",
         "",
-        "| server | front | workload | requests/s | CPU ms / request | x echo (HAProxy) | by process (ms / request) |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| server | front | workload | requests/s | CPU ms / request | path CPU ms | path / echo (HAProxy) |"
+        " by process (ms / request) |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
-    for r in rows:
-        ratio = f"{r.cpu_ms / floor[r.workload]:.2f}x" if r.workload in floor else ""
+    for r in median_rows(rows):
+        found = ratio_to_echo(r, rows)
+        ratio = f"{found:.2f}x" if found is not None else ""
         lines.append(
             f"| {r.server} | {FRONTS[r.front]} | {r.workload} | {r.ok / r.seconds:.0f} | {r.cpu_ms:.2f} | "
-            f"{ratio} | {r.by_role()} |"
+            f"{r.path_ms:.2f} | {ratio} | {r.by_role()} |"
         )
+    lines += [
+        "",
+        "CPU: every process of the server, less its idle CPU over the same time. Path CPU: every process but",
+        "the model replica, whose CPU is the engine decoding (and its side of Serve's call). Path / echo: over the",
+        "HAProxy echo's CPU on the same body, round by round (the median ratio); uncached rows against the echo's",
+        f"median round. Uncached workloads run {UNCACHED_IN_FLIGHT} requests in flight and a fifth (one sentence) or",
+        "a twentieth (ten sentences) of the requests.",
+    ]
     if floods:
         lines += [
             "",
@@ -218,7 +272,8 @@ def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=2000, help="requests per workload")
+    ap.add_argument("--requests", type=int, default=2000, help="requests per workload and round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the cached workloads; the median is reported")
     ap.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     ap.add_argument("--sentences", type=int, default=1000, help="distinct test sentences for uncached workloads")
     ap.add_argument("--fronts", default="haproxy,serve", help="comma-separated: haproxy, serve")
@@ -230,28 +285,47 @@ def main() -> None:
     sentences = test_sentences(args.sentences)
     rows: list[Row] = []
     floods: list[str] = []
-    plan = [(k, f) for k in args.servers.split(",") for f in args.fronts.split(",")]
-    for n, (kind, front) in enumerate(plan, 1):
-        print(f"[{n}/{len(plan)}] {kind} behind {FRONTS[front]}: starting", file=sys.stderr, flush=True)
-        server = Server(kind, front)
+    workloads = args.workloads.split(",")
+    for n, front in enumerate(args.fronts.split(","), 1):
+        # The servers of a front run side by side and take turns, workload by workload, round by round:
+        # a drift of the machine's speed touches both sides of each ratio alike.
+        print(f"[{n}] {args.servers} behind {FRONTS[front]}: starting", file=sys.stderr, flush=True)
+        servers = [Server(kind, front) for kind in args.servers.split(",")]
         try:
-            for workload in args.workloads.split(","):
-                if kind == "echo" and workload.startswith("uncached"):
-                    continue  # an echo has nothing to cache: the cached rows are its floor
-                row = measure(server, workload, sentences, args.requests, args.concurrency)
-                rows.append(row)
-                print(
-                    f"  {workload}: {row.ok / row.seconds:.0f} requests/s, {row.cpu_ms:.2f} CPU ms a request "
-                    f"({row.by_role()})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            if kind == "beamserve" and args.flood:
-                floods.append(flood(server, sentences, args.flood))
-                print(f"  flood: {floods[-1]}", file=sys.stderr, flush=True)
+            for r in range(args.rounds):
+                for workload in (w for w in workloads if w.startswith("cached")):
+                    for server in servers:
+                        rows.append(measure(server, workload, sentences, args.requests, args.concurrency))
+                        rows[-1].round = r
+                        say(rows[-1], f"round {r + 1}/{args.rounds}")
+            for server in (s for s in servers if s.kind == "beamserve"):
+                for workload in (w for w in workloads if w.startswith("uncached")):
+                    rows.append(measure(server, workload, sentences, args.requests, args.concurrency))
+                    say(rows[-1], "")
+                if args.flood:
+                    floods.append(flood(server, sentences, args.flood))
+                    print(f"  flood: {floods[-1]}", file=sys.stderr, flush=True)
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
     emit(report(rows, floods, args), args.out)
+
+
+def say(row: Row, when: str) -> None:
+    print(
+        f"  {row.server} {row.workload} {when}: {row.ok / row.seconds:.0f} requests/s, {row.cpu_ms:.2f} CPU ms a"
+        f" request ({row.by_role()})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def median_rows(rows: list[Row]) -> list[Row]:
+    """Per server, front and workload, the round with the median CPU a request."""
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.server, row.front, row.workload), []).append(row)
+    return [sorted(g, key=lambda r: r.cpu_ms)[len(g) // 2] for g in groups.values()]
 
 
 if __name__ == "__main__":

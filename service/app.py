@@ -30,6 +30,14 @@ def actor_options(s: Settings) -> dict[str, Any]:
     return {"num_cpus": s.replica_cpus, "num_gpus": gpus, **({"runtime_env": {"env_vars": env}} if env else {})}
 
 
+def gateway_logging(s: Settings) -> dict[str, Any]:
+    """The gateway's Serve logging: WARNING unless DEBUG is asked. Its INFO lines would be Serve's
+    access line for each request, which beamserve's request line replaces (service/request_log.py) and
+    which Serve builds even with the access log off (then drops): at WARNING the logger skips it."""
+    level = "DEBUG" if s.log_level == "DEBUG" else "WARNING" if s.log_level == "INFO" else s.log_level
+    return {"encoding": s.log_encoding, "log_level": level, "enable_access_log": False}
+
+
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     """Application builder for `serve run service.app:build_app` and the Serve config's import_path.
 
@@ -56,6 +64,8 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
         ).bind([e.model_dump() for e in pooled], settings.model_dump())
         for entry in pooled:
             pairs.update(dict.fromkeys(entry.pairs, pool))
-    gateway = Gateway.options(num_replicas=settings.gateway_replicas)  # type: ignore[attr-defined]
+    gateway = Gateway.options(  # type: ignore[attr-defined]
+        num_replicas=settings.gateway_replicas, logging_config=gateway_logging(settings)
+    )
     by_pair = {pair: e.name for e in pooled for pair in e.pairs}
     return gateway.bind(pairs, settings.model_dump(), by_pair)

@@ -5,6 +5,7 @@ routes (service/gateway.py) sit on top of this.
 """
 
 import asyncio
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ from service.settings import Settings
 
 logger = logging.getLogger(__name__)
 RETRY_MIN_S = 1.0  # a call retried after its replica died needs at least this much of its time left
+OPTIONS_KEPT = 1024  # combinations of decoding options remembered as checked
 SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to this many characters
 T = TypeVar("T")
 DETECT_CHARS = 1000  # the characters of a text that language detection looks at
@@ -47,6 +49,12 @@ class Ask:
     timeout_s: float | None = None  # the request's own, capped by the server's
     split: bool = True  # each sentence of a text on its own
     cache: bool = True  # the gateway's cache may answer
+
+
+@functools.lru_cache(maxsize=256)
+def api_options(opts: DecodeOptions) -> dict[str, Any]:
+    """The options a replica call carries, by name (the same dict for equal options: not to be changed)."""
+    return {f.name: getattr(opts, f.name) for f in user_options("api")}
 
 
 def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
@@ -81,6 +89,7 @@ class PairRouter:
         self.admission = {pair: PairAdmission(pair) for pair in pairs}
         self.health = PairHealth(pairs)  # without a model id: a pooled pair's health is the pool's, no load
         self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
+        self._checked: dict[tuple[tuple[str, Any], ...], DecodeOptions] = {}  # the options requests gave, checked
         self.cache = TranslationCache(settings.cache_entries, settings.cache_bytes)
         # Candidates for detection: every language served, source or target, so a text already in the
         # target language is recognised (and returned as it is) and one with no model is named. Loaded
@@ -128,7 +137,8 @@ class PairRouter:
             n = self._options(req).num_hypotheses
             same = [Translation(text=t, score=0.0, hypotheses=[t] if n > 1 else None) for t in texts]
             return same, Usage(source_tokens=0, target_tokens=0)
-        req = req.model_copy(update={"texts": texts, "source": source})
+        if len(texts) != len(req.texts) or source != req.source:  # a group of a detected language
+            req = req.model_copy(update={"texts": texts, "source": source})
         pair, opts = self._check(req, request)
         ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache)
         if req.tag_handling == "html":
@@ -139,13 +149,15 @@ class PairRouter:
         else:
             out = await self._plain(ask, req.texts)
         n = opts.num_hypotheses
-        translations = [
-            Translation(
+        pivot = PIVOT if pair in self.pivoted else None
+        translations = [  # built from the replica's typed answer: nothing to validate
+            Translation.model_construct(
                 text=hs[0][0],
                 score=hs[0][1],
                 hypotheses=[h[0] for h in hs] if n > 1 else None,
                 scores=[h[1] for h in hs] if n > 1 else None,
-                pivot=PIVOT if pair in self.pivoted else None,
+                detected_source=None,
+                pivot=pivot,
             )
             for hs in out["translations"]
         ]
@@ -269,11 +281,19 @@ class PairRouter:
             )
 
     def _options(self, req: TranslateRequest) -> DecodeOptions:
-        """The request's decoding options within the server's limits; ApiError 422 otherwise."""
+        """The request's decoding options within the server's limits; ApiError 422 otherwise. Requests
+        repeat a few combinations: each is checked once (OPTIONS_KEPT remembered)."""
+        given = tuple((f.name, v) for f in user_options("api") if (v := getattr(req, f.name)) is not None)
+        found = self._checked.get(given)
+        if found is None:
+            found = self._check_options(DecodeOptions(**dict(given)))
+            if len(self._checked) >= OPTIONS_KEPT:
+                self._checked.clear()
+            self._checked[given] = found
+        return found
+
+    def _check_options(self, opts: DecodeOptions) -> DecodeOptions:
         s = self.settings
-        opts = DecodeOptions(
-            **{f.name: getattr(req, f.name) for f in user_options("api") if getattr(req, f.name) is not None}
-        )
         if opts.beam_size > s.max_beam_size:
             raise ApiError(422, "invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
         opts = replace(opts, max_decoding_length=min(opts.max_decoding_length, s.max_decoding_length))
@@ -315,7 +335,7 @@ class PairRouter:
         pieces = await asyncio.to_thread(split_all) if sum(map(len, texts)) > SPLIT_INLINE_CHARS else split_all()
         timeout = self._timeout(ask.timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
-        options = {f.name: getattr(ask.opts, f.name) for f in user_options("api")}
+        options = api_options(ask.opts)
         out = await self._decode(ask.pair, sentences, options, timeout, cache=ask.cache)
         per_sentence = iter(out["translations"])
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]

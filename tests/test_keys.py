@@ -206,3 +206,25 @@ def test_without_the_limits_store_requests_are_refused_not_let_through(
         f"{url}/v1/translate", json={"texts": [TEXT], "source": "en", "target": "de"}, headers=bearer("gamma-key")
     )
     assert r.status_code == 503 and r.json()["error"] == "limits_unavailable" and "Retry-After" in r.headers
+
+
+def test_keys_off_count_the_anonymous_characters_in_fixed_windows() -> None:
+    """Keys off and no shared store: the anonymous usage /v1/usage reports, counted in the process."""
+    import asyncio
+
+    from service.keys import ANONYMOUS, Keys
+
+    keys = Keys({}, "")
+    assert keys.local is not None and Keys({}, "redis://127.0.0.1:1").local is None  # a shared store counts there
+
+    async def use() -> tuple[int, int, float | None]:
+        await keys.charge(ANONYMOUS, 40)
+        await keys.charge(ANONYMOUS, 25)
+        await keys.refund(ANONYMOUS, 25)  # a request that failed is not counted
+        used = await keys.usage(ANONYMOUS)
+        return used.characters_day, used.characters_month, used.characters_day_resets_at
+
+    day, month, resets = asyncio.run(use())
+    assert (day, month) == (40, 40)
+    assert resets is not None and 86_000 < resets - time.time() <= 86_400
+    assert keys.local.usage().characters_day_limit == 0

@@ -85,10 +85,12 @@ def pooled(twenty: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         yield url
 
 
-def pool_replicas(url: str) -> dict[str, dict[str, Any]]:
-    """Each pool replica's last report (asked through every pooled pair, so both replicas answer)."""
+def pool_replicas(url: str, expected: int = 2, timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:
+    """Each pool replica's last report, asked through every pooled pair until `expected` replicas have
+    answered (Serve picks the replica of each call; an idle pair of them may take turns unevenly)."""
     seen: dict[str, dict[str, Any]] = {}
-    for _ in range(5):
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < expected and time.monotonic() < deadline:
         for model in httpx.get(f"{url}/v1/models", timeout=30).json()["models"]:
             if model.get("pool"):
                 seen[model["pool"]["replica"]] = model["pool"]
