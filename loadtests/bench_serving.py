@@ -162,8 +162,9 @@ def measure(server: Server, workload: str, sentences: list[str], requests: int, 
     before = process_cpu.snapshot(server.proc.pid)
     answers, seconds = asyncio.run(http_load.closed_loop(server.port, wire, total=requests, concurrency=concurrency))
     spent = process_cpu.spent(before, process_cpu.snapshot(server.proc.pid))
-    # What the server spends with no request (Ray's and Serve's loops) is not a request's cost.
-    spent = {name: cpu - idle.get(name, 0.0) * seconds for name, cpu in spent.items()}
+    # What the server spends with no request (Ray's and Serve's loops) is not a request's cost; a role
+    # whose idle rate moved more than the requests added is counted at nothing, not below.
+    spent = {name: max(0.0, cpu - idle.get(name, 0.0) * seconds) for name, cpu in spent.items()}
     ok = sum(a.status == 200 for a in answers)
     if ok < len(answers):
         print(f"  {server.kind} {workload}: {http_load.counts(answers)}", file=sys.stderr)
