@@ -33,7 +33,6 @@ import asyncio
 import gzip
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -108,12 +107,7 @@ class Server:
         raise SystemExit(f"{self.kind} ({self.front}) was not ready within 120 s")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        process_cpu.stop(self.proc)
 
 
 @dataclass

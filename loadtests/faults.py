@@ -48,6 +48,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_load
+import process_cpu
 
 from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
 
@@ -111,12 +112,7 @@ class Server:
         raise SystemExit(f"no replica of {deployment} found")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        process_cpu.stop(self.proc)
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """A lean HTTP/1.1 load generator for loopback benchmarks: keep-alive connections over asyncio streams.
 
 It shares the machine's cores with the server it measures, so it does as little as possible per
-request (a prebuilt request, the status line and Content-Length read, the body skipped): about a
-tenth of the CPU an httpx request costs. Only what a serving benchmark needs: closed loops over N
+request (a prebuilt request, the status line and Content-Length read, the body skipped): a fraction
+of the CPU an httpx request costs. Only what a serving benchmark needs: closed loops over N
 connections, and a flood of N connections each sending one request at once.
 """
 

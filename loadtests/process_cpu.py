@@ -1,10 +1,14 @@
-"""CPU seconds spent by each role of a server's process tree (psutil), for per-request costs.
+"""A server's process tree: the CPU seconds each role spends (psutil), for per-request costs, and
+stopping it.
 
 A role is read off a process's command line: Serve's replicas by deployment, Serve's proxy, HAProxy,
 Serve's controller, and the rest of Ray (GCS, raylet, the driver, agents) together.
 """
 
 from __future__ import annotations
+
+import signal
+import subprocess
 
 import psutil
 
@@ -51,3 +55,13 @@ def spent(before: Snapshot, after: Snapshot) -> dict[str, float]:
     for pid, (name, seconds) in after.items():
         out[name] = out.get(name, 0.0) + seconds - (before[pid][1] if pid in before else 0.0)
     return out
+
+
+def stop(proc: subprocess.Popen[str], timeout_s: float = 90.0) -> None:
+    """SIGTERM (the server drains and stops Ray), then SIGKILL past timeout_s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -6,9 +6,9 @@ queue_wait_s (the longest any of its sentences waited to start decoding), decode
 replica call spent from the first of its sentences starting to the last finishing), duration_s,
 client (the API key's name; "anonymous" while keys are off). Counts and times, never a text.
 
-The line is encoded by orjson and written with one system call, not through Python's logging (whose
-record, filters and formatter cost more than the rest of a cached request's own work). The file
-rotates as Ray's logs do (RAY_ROTATION_MAX_BYTES, RAY_ROTATION_BACKUP_COUNT).
+The line is encoded by orjson and written with one system call, not through Python's logging, whose
+record, filters and formatter cost many times that. The file rotates as Ray's logs do
+(RAY_ROTATION_MAX_BYTES, RAY_ROTATION_BACKUP_COUNT).
 
 The ingress (service/http.py) opens a summary for each request (a context variable, which the tasks a
 request spawns share); the routes and the pair router add to it as they learn.
