@@ -64,53 +64,82 @@ def constrain(
     max_lengths: torch.Tensor,
     opts: SearchOptions,
     history: torch.Tensor | None = None,
+    *,
+    min_lengths: torch.Tensor | None = None,
+    ngram_sizes: torch.Tensor | None = None,
+    sync: bool = True,
 ) -> torch.Tensor:
-    """Apply the decoding constraints to log_probs (N, V) of generating token number pos + 1.
+    """Apply the decoding constraints to log_probs (N, V) of generating token number pos + 1, in place.
 
     pos is the tokens generated so far, one int for all rows or (N,) per row; max_lengths (N,) is
     each row's limit on generated tokens (</s> included); history (N, T), each row's generated tokens
-    (positions from pos on are ignored), is needed for no_repeat_ngram_size.
+    (positions from pos on are ignored), is needed for no_repeat_ngram_size. min_lengths and
+    ngram_sizes (N,) give each row its own min_decoding_length and no_repeat_ngram_size (at most
+    opts.no_repeat_ngram_size). sync=False: nothing waits on the device (a step captured as a CUDA
+    graph); the same values, at the cost of a pass over log_probs every step.
     """
-    if opts.no_repeat_ngram_size and history is not None:
-        ban_repeated_ngrams(log_probs, history, pos, opts.no_repeat_ngram_size)
-    if opts.suppressed_token_ids:
-        log_probs[:, list(opts.suppressed_token_ids)] = float("-inf")
-    if isinstance(pos, int):
-        if pos < opts.min_decoding_length:
-            log_probs[:, opts.eos_token_id] = float("-inf")
-    elif opts.min_decoding_length:
-        log_probs[pos < opts.min_decoding_length, opts.eos_token_id] = float("-inf")
+    n_max = opts.no_repeat_ngram_size
+    if n_max and history is not None:
+        ban_repeated_ngrams(log_probs, history, pos, n_max if ngram_sizes is None else ngram_sizes, n_max)
+    for t in opts.suppressed_token_ids:
+        log_probs[:, t] = float("-inf")
+    eos = opts.eos_token_id
+    min_len = opts.min_decoding_length if min_lengths is None else min_lengths
+    if isinstance(pos, int) and isinstance(min_len, int):
+        if pos < min_len:
+            log_probs[:, eos] = float("-inf")
+    elif not isinstance(min_len, int) or min_len:
+        too_early = torch.as_tensor(pos < min_len, device=log_probs.device).expand(log_probs.shape[0])  # (N,)
+        log_probs[:, eos] = log_probs[:, eos].masked_fill(too_early, float("-inf"))
     if opts.forced_eos_token_id is not None:
-        last = max_lengths == pos + 1  # rows whose next token is their last
-        if bool(last.any()):
+        last = max_lengths == pos + 1  # (N,) rows whose next token is their last
+        if not sync:
+            forced = torch.full_like(log_probs[:1], float("-inf"))
+            forced[0, opts.forced_eos_token_id] = 0.0
+            log_probs.copy_(torch.where(last[:, None], forced, log_probs))
+        elif bool(last.any()):
             log_probs[last] = float("-inf")
             log_probs[last, opts.forced_eos_token_id] = 0.0
     return log_probs
 
 
-def ban_repeated_ngrams(log_probs: torch.Tensor, history: torch.Tensor, pos: int | torch.Tensor, n: int) -> None:
+def ban_repeated_ngrams(
+    log_probs: torch.Tensor,
+    history: torch.Tensor,
+    pos: int | torch.Tensor,
+    n: int | torch.Tensor,
+    n_max: int | None = None,
+) -> None:
     """Set to -inf, in place, every token that would complete an n-gram its row has already generated.
 
-    log_probs (N, V); history (N, T) generated tokens, row r's first pos[r] real; pos an int or (N,).
+    log_probs (N, V); history (N, T) generated tokens, row r's first pos[r] real; pos an int or (N,);
+    n the n-gram size, one for all rows or (N,) per row (0: none), at most n_max (n's value if one).
     Hugging Face's NoRepeatNGramLogitsProcessor and CTranslate2's no_repeat_ngram_size: the same bans
     (HF also counts the decoder start token, which never recurs, so no n-gram holding it can match).
     """
+    if isinstance(n, int):
+        if isinstance(pos, int) and pos < n:
+            return  # no whole n-gram generated yet
+        n_max = n
+    elif n_max is None:
+        raise ValueError("n-gram sizes per row need their bound, n_max")
     N, T = history.shape
-    if n > T or (isinstance(pos, int) and pos < n):
-        return
-    pos_t = torch.as_tensor(pos, device=history.device).expand(N)  # (N,)
-    starts = torch.arange(T - n + 1, device=history.device)  # (J,) where each earlier n-gram starts
-    # The last n - 1 tokens generated: an earlier n-gram that begins with them bans its last token.
-    match = starts[None, :] <= pos_t[:, None] - n  # (N, J) n-grams wholly generated
-    if n > 1:
-        tail = history.gather(1, (pos_t[:, None] - (n - 1) + torch.arange(n - 1, device=history.device)).clamp(min=0))
-        windows = history.unfold(1, n - 1, 1)[:, : T - n + 1]  # (N, J, n-1): tokens at j .. j+n-2
-        match &= (windows == tail[:, None, :]).all(-1)
-    # min(x, -inf) bans a token, min(x, +inf) leaves it: touches (N, J) entries, not all (N, V).
-    bans = torch.full(match.shape, float("inf"), dtype=log_probs.dtype, device=log_probs.device).masked_fill_(
-        match, float("-inf")
-    )
-    log_probs.scatter_reduce_(1, history[:, n - 1 :].clamp(min=0), bans, reduce="amin")
+    dev = history.device
+    pos_t = torch.as_tensor(pos, device=dev).expand(N)  # (N,)
+    n_t = torch.as_tensor(n, device=dev).expand(N)  # (N,)
+    hist = F.pad(history, (0, n_max), value=-2)  # (N, T + n_max): windows may run past T
+    windows = hist.unfold(1, n_max, 1)[:, :T]  # (N, T, n_max): tokens j .. j + n_max - 1
+    # An earlier n-gram whose first n - 1 tokens are the row's last n - 1 bans its last token.
+    w = torch.arange(n_max - 1, device=dev)  # (n_max - 1,)
+    tail = hist.gather(1, (pos_t[:, None] - (n_t[:, None] - 1) + w).clamp(min=0))  # (N, n_max - 1)
+    compared = w < (n_t[:, None] - 1)  # (N, n_max - 1) the prefix places that count for the row
+    same = (windows[:, :, : n_max - 1] == tail[:, None, :]) | ~compared[:, None, :]  # (N, T, n_max - 1)
+    starts = torch.arange(T, device=dev)  # (T,) where each earlier n-gram starts
+    match = same.all(-1) & (starts <= pos_t[:, None] - n_t[:, None]) & (n_t[:, None] > 0)  # (N, T) wholly generated
+    banned = windows.gather(2, (n_t - 1).clamp(min=0)[:, None, None].expand(N, T, 1))[..., 0]  # (N, T)
+    # min(x, -inf) bans a token, min(x, +inf) leaves it: touches (N, T) entries, not all (N, V).
+    bans = torch.full(match.shape, float("inf"), dtype=log_probs.dtype, device=log_probs.device)
+    log_probs.scatter_reduce_(1, banned.clamp(min=0), bans.masked_fill_(match, float("-inf")), reduce="amin")
 
 
 def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
@@ -190,6 +219,16 @@ class BeamState:
             torch.ones(B, dtype=torch.bool, device=device),
         )
 
+    def update(self, active: torch.Tensor | None, **values: torch.Tensor) -> None:
+        """Take the new values of some fields; with active (b,), only active sentences' values, written
+        into the tensors in place (a captured CUDA graph keeps reading them)."""
+        for name, new in values.items():
+            if active is None:
+                setattr(self, name, new)
+            else:
+                old = getattr(self, name)
+                old.copy_(torch.where(active.view(-1, *[1] * (old.dim() - 1)), new, old))
+
     def select(self, keep: torch.Tensor) -> None:
         for name in self.FIELDS:
             setattr(self, name, getattr(self, name)[keep])
@@ -221,21 +260,30 @@ def beam_step(
     pos: torch.Tensor,
     max_lengths: torch.Tensor,
     opts: SearchOptions,
+    *,
+    length_penalty: torch.Tensor | None = None,
+    early_stopping: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Advance every live sentence's beam by one token.
 
     Args:
         log_probs: (b, K, V) constrained log-probabilities of each beam's next token.
-        state: the b sentences' beams, updated in place.
+        state: the b sentences' beams, updated.
         pos: (b,) tokens each sentence has generated so far.
         max_lengths: (b,) generated-token limit of each sentence.
+        length_penalty, early_stopping: (b,) each sentence's own, in place of opts'.
+        active: (b,) bool: only these sentences' beams change, written into the state's tensors in
+            place, and nothing waits on the device (the static decode state, model/slots.py).
     Returns:
         source beam (b, K) and token (b, K) of each new running beam, and done (b,) per sentence.
     """
     b, K, _ = log_probs.shape
-    T = state.run_tokens.shape[2]
+    T = state.width
     length = pos + 1  # (b,)
-    norm = length.to(log_probs.dtype)[:, None] ** opts.length_penalty  # (b, 1)
+    penalty = opts.length_penalty if length_penalty is None else length_penalty[:, None]
+    norm = length.to(log_probs.dtype)[:, None] ** penalty  # (b, 1)
+    early = opts.early_stopping if early_stopping is None else early_stopping  # bool or (b,)
     chunk = CHUNK if log_probs.device.type == "cpu" else None  # a GPU's topk kernel is fast as it is
     top_scores, top_beam, top_token = top_candidates(log_probs, state.run_scores, 2 * K, chunk=chunk)  # (b, 2K)
     at_limit = max_lengths <= length  # (b,)
@@ -248,24 +296,33 @@ def beam_step(
 
     # Candidates ranked among the top K that ended may enter the finished set.
     qualifies = hits & (torch.arange(2 * K, device=hits.device) < K) & state.improvable[:, None]
-    if opts.early_stopping:
-        qualifies &= ~state.fin_flags.all(1, keepdim=True)
-    if bool(qualifies.any()):
+    if early is not False:
+        qualifies &= ~(state.fin_flags.all(1) & early)[:, None]
+    fin_scores, fin_tokens, fin_flags = state.fin_scores, state.fin_tokens, state.fin_flags
+    if active is not None or bool(qualifies.any()):  # nothing qualifies: the merge would keep them as they are
         seqs = _extend(state.run_tokens, top_beam, top_token, pos)  # (b, 2K, T)
-        merged_scores = torch.cat([state.fin_scores, top_scores / norm + (~qualifies).float() * NEG], dim=1)
+        merged_scores = torch.cat([fin_scores, top_scores / norm + (~qualifies).float() * NEG], dim=1)  # (b, 3K)
         best = top_indices(merged_scores, K)  # (b, K) of 3K
-        state.fin_scores = merged_scores.gather(1, best)
-        state.fin_tokens = torch.cat([state.fin_tokens, seqs], dim=1).gather(1, best[:, :, None].expand(b, K, T))
-        state.fin_flags = torch.cat([state.fin_flags, qualifies], dim=1).gather(1, best)
+        fin_scores = merged_scores.gather(1, best)
+        fin_tokens = torch.cat([fin_tokens, seqs], dim=1).gather(1, best[:, :, None].expand(b, K, T))
+        fin_flags = torch.cat([fin_flags, qualifies], dim=1).gather(1, best)
 
-    state.run_scores = running.gather(1, keep)
-    state.run_tokens = _extend(state.run_tokens, src_beam, token, pos)
-    best_possible = state.run_scores[:, 0] / norm[:, 0]
-    all_finished = state.fin_flags.all(1)
-    state.improvable &= ~all_finished | (best_possible > state.fin_scores.min(1).values)
-    done = ~state.improvable | at_limit
-    if opts.early_stopping:
-        done |= all_finished
+    run_scores = running.gather(1, keep)
+    best_possible = run_scores[:, 0] / norm[:, 0]
+    all_finished = fin_flags.all(1)
+    improvable = state.improvable & (~all_finished | (best_possible > fin_scores.min(1).values))
+    done = ~improvable | at_limit
+    if early is not False:
+        done |= all_finished & early
+    state.update(
+        active,
+        run_scores=run_scores,
+        run_tokens=_extend(state.run_tokens, src_beam, token, pos),
+        fin_scores=fin_scores,
+        fin_tokens=fin_tokens,
+        fin_flags=fin_flags,
+        improvable=improvable,
+    )
     return src_beam, token, done
 
 
@@ -332,7 +389,8 @@ def _extend(tokens: torch.Tensor, beam: torch.Tensor, token: torch.Tensor, pos: 
     b, M = beam.shape
     T = tokens.shape[2]
     seqs = tokens.gather(1, beam[:, :, None].expand(b, M, T))  # (b, M, T)
-    return seqs.scatter_(2, pos[:, None, None].expand(b, M, 1), token[:, :, None])
+    at = pos.clamp(max=T - 1)[:, None, None].expand(b, M, 1)  # a static state's finished slot's pos may reach T
+    return seqs.scatter_(2, at, token[:, :, None])
 
 
 def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions) -> list[list[Hypothesis]]:

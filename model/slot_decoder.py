@@ -46,10 +46,13 @@ class SlotDecoder:
         self.state = SlotState.allocate(
             model, shape.slots, shape.beams, shape.target_len, shape.source_len, device=device
         )
+        # What the model fixes; no_repeat_ngram_size bounds the slots' own sizes (slots.decode_step).
         self.opts = SearchOptions(
             eos_token_id=cfg.eos_token_id,
             start_token_id=cfg.decoder_start_token_id,
+            suppressed_token_ids=(cfg.pad_token_id,),
             forced_eos_token_id=cfg.forced_eos_token_id,
+            no_repeat_ngram_size=shape.ngram_max,
         )
         self.free = list(range(shape.slots))
         self.keep: dict[int, int] = {}  # slot -> num_hypotheses of the sentence in it
@@ -87,6 +90,7 @@ class SlotDecoder:
             raise ValueError(f"{len(sources)} sentences for {len(self.free)} free slots")
         slots = [self.free.pop(0) for _ in sources]
         st, dev, P = self.state, self.device, self.shape.source_len
+        beams = st.search
         idx = torch.tensor(slots, device=dev)
         lengths = [len(s) for s in sources]
         ids = torch.full((len(sources), max(lengths)), self.model.cfg.pad_token_id, dtype=torch.long)
@@ -112,15 +116,15 @@ class SlotDecoder:
         put(st.early_stopping, [o.early_stopping for o in opts])
         put(st.ngram, [o.no_repeat_ngram_size for o in opts])
         put(st.pos, [0] * len(slots))
-        put(st.improvable, [True] * len(slots))
+        put(beams.improvable, [True] * len(slots))
         put(st.finished, [False] * len(slots))
         start = torch.zeros(len(slots), K, device=dev)
         start[:, 1:] = NEG  # all beams start identical: expand only the first
-        st.run_scores.index_copy_(0, idx, start)
-        st.run_tokens.index_fill_(0, idx, -1)
-        st.fin_scores.index_fill_(0, idx, NEG)
-        st.fin_tokens.index_fill_(0, idx, -1)
-        st.fin_flags.index_fill_(0, idx, False)
+        beams.run_scores.index_copy_(0, idx, start)
+        beams.run_tokens.index_fill_(0, idx, -1)
+        beams.fin_scores.index_fill_(0, idx, NEG)
+        beams.fin_tokens.index_fill_(0, idx, -1)
+        beams.fin_flags.index_fill_(0, idx, False)
         rows = (idx[:, None] * K + torch.arange(K, device=dev)).reshape(-1)
         st.tokens.index_fill_(0, rows, self.opts.start_token_id)
         put(st.active, [True] * len(slots))
@@ -154,7 +158,7 @@ class SlotDecoder:
             graph = self._graphs.get((t_len, p_len)) or self._capture(t_len, p_len)
             graph.replay()
         else:
-            decode_step(self.model, self.state, self.opts, self.shape.ngram_max, t_len, p_len)
+            decode_step(self.model, self.state, self.opts, t_len, p_len)
         for slot in self.steps:
             self.steps[slot] += 1
         if len(self._pending) == RING:
@@ -199,9 +203,10 @@ class SlotDecoder:
 
     def _read(self, done: list[int]) -> dict[int, list[Hypothesis]]:
         idx = torch.tensor(done, device=self.device)
-        flags = self.state.fin_flags.index_select(0, idx).cpu()
-        scores = self.state.fin_scores.index_select(0, idx).cpu()
-        tokens = self.state.fin_tokens.index_select(0, idx).cpu()
+        beams = self.state.search
+        flags = beams.fin_flags.index_select(0, idx).cpu()
+        scores = beams.fin_scores.index_select(0, idx).cpu()
+        tokens = beams.fin_tokens.index_select(0, idx).cpu()
         out: dict[int, list[Hypothesis]] = {}
         eos = self.opts.eos_token_id
         for r, slot in enumerate(done):
@@ -225,7 +230,7 @@ class SlotDecoder:
         it was (the warm-up and captured steps write to it, so it is restored)."""
         assert self._graphs is not None
         saved = {name: t.clone() for name, t in self.state.tensors().items()}
-        step = (self.model, self.state, self.opts, self.shape.ngram_max, t_len, p_len)
+        step = (self.model, self.state, self.opts, t_len, p_len)
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

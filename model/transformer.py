@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -61,8 +62,21 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Full recomputation over all target positions (training, reference)."""
-        x = _sublayer(x, self.norm1, lambda h: self.self_attn(h, h, causal=True), self.dropout, self.pre)
-        x = _sublayer(x, self.norm2, lambda h: self.cross_attn(h, memory, src_mask), self.dropout, self.pre)
+        return self.sublayers(
+            x, lambda h: self.self_attn(h, h, causal=True), lambda h: self.cross_attn(h, memory, src_mask)
+        )
+
+    def sublayers(
+        self,
+        x: torch.Tensor,
+        self_attention: Callable[[torch.Tensor], torch.Tensor],
+        cross_attention: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The layer around its two attentions, whichever cache they read (full recomputation, the
+        incremental step, the static decode state of model/slots.py): residual + LayerNorm around the
+        self-attention, the encoder-decoder attention and the feed-forward. x: (N, T, C) -> (N, T, C)."""
+        x = _sublayer(x, self.norm1, self_attention, self.dropout, self.pre)
+        x = _sublayer(x, self.norm2, cross_attention, self.dropout, self.pre)
         return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
 
     def step(
@@ -77,9 +91,11 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """One new position for every hypothesis row. x: (N, 1, C) -> (N, 1, C). row_map: cross.row_map(N) where
         the cross-attention runs in C (computed once a step for every layer)."""
-        x = _sublayer(x, self.norm1, lambda h: self._self_step(h, layer, pos, cache, self_mask), self.dropout, self.pre)
-        x = _sublayer(x, self.norm2, lambda h: self._cross_step(h, layer, cross, row_map), self.dropout, self.pre)
-        return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
+        return self.sublayers(
+            x,
+            lambda h: self._self_step(h, layer, pos, cache, self_mask),
+            lambda h: self._cross_step(h, layer, cross, row_map),
+        )
 
     def _self_step(
         self,
@@ -131,7 +147,13 @@ class DecoderLayer(nn.Module):
         return self.cross_attn.merge_heads(out)
 
 
-def _sublayer(x: torch.Tensor, norm: nn.LayerNorm, fn, dropout: nn.Dropout, pre: bool) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _sublayer(
+    x: torch.Tensor,
+    norm: nn.LayerNorm,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    dropout: nn.Dropout,
+    pre: bool,
+) -> torch.Tensor:
     """Residual connection around fn: post-norm LayerNorm(x + fn(x)), or pre-norm x + fn(LayerNorm(x))."""
     if pre:
         return x + dropped(dropout, fn(norm(x)))

@@ -126,7 +126,7 @@ def test_a_step_never_synchronises_with_the_host(tr: Translator) -> None:
         decoder = admitted(tr, shape, ["A dog runs in the snow.", "Two men sit."], no_repeat_ngram_size=2)
         for _ in range(12):  # past the first finishes: finishing is device-side too
             with NoHostSync():
-                decode_step(decoder.model, decoder.state, decoder.opts, shape.ngram_max)
+                decode_step(decoder.model, decoder.state, decoder.opts)
         with pytest.raises(AssertionError, match="synchronises"), NoHostSync():  # the guard can fail
             decoder.state.active.any().item()
 
@@ -138,10 +138,10 @@ def test_a_step_traces_whole_and_equals_the_eager_step(tr: Translator) -> None:
     step = torch.compile(decode_step, fullgraph=True, backend="eager")  # a graph break would raise
     with torch.no_grad():
         for _ in range(6):
-            decode_step(eager.model, eager.state, eager.opts, shape.ngram_max)
-            step(traced.model, traced.state, traced.opts, shape.ngram_max)
+            decode_step(eager.model, eager.state, eager.opts)
+            step(traced.model, traced.state, traced.opts)
     for name, t in eager.state.tensors().items():
-        torch.testing.assert_close(getattr(traced.state, name), t, msg=name)
+        torch.testing.assert_close(traced.state.tensors()[name], t, msg=name)
 
 
 def test_no_state_tensor_moves_over_admit_step_finish_cycles(tr: Translator) -> None:
