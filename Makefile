@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: lock install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults soak clean
+.PHONY: lock install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c model/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -68,6 +68,11 @@ loadtest: install
 # Spike, replica and gateway kills, SIGTERM under load, slow clients: each on its own server on 127.0.0.1.
 faults: install
 	$(PY) loadtests/faults.py
+
+# The production Serve config on a multi-node Ray cluster on this host (loadtests/cluster.py): node loss,
+# live reconfiguration, a model rollout and autoscaling under load.
+cluster-faults: install
+	$(PY) loadtests/cluster_faults.py
 
 # An hour of mixed traffic and fuzzing; the replicas' resident memory at the end against after warm-up.
 soak: install

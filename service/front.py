@@ -85,6 +85,19 @@ def environment(front: Front, limits: Limits) -> dict[str, str]:
     return env
 
 
+# Ray's worker setup hook given as an environment variable: a module path each Ray worker imports and
+# calls at start (ray.init's runtime_env worker_process_setup_hook sets the same variable).
+SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+
+
+def cluster_environment(limits: Limits) -> dict[str, str]:
+    """What every node of a cluster started with `ray start` (KubeRay's pods) needs in its environment:
+    the HAProxy front's variables, and `install()` as every Ray worker's setup hook, so that Serve's
+    proxy and HAProxy manager, created by Serve's controller, carry beamserve's part on a cluster too.
+    deploy/k8s/base/rayservice.yaml lists these (tests/test_k8s.py keeps them equal)."""
+    return environment("haproxy", limits) | {SETUP_HOOK_ENV: "service.front.install"}
+
+
 def limits_from_environment() -> Limits:
     from service.settings import Settings
 
@@ -176,9 +189,35 @@ def _backend(limits: Limits) -> str:
     )
 
 
+def _no_route() -> str:
+    """What a path no application's prefix holds gets: a JSON 404 with its request id; and while this
+    front has no application's routes at all (a proxy just started, its head restarting, the app not
+    yet deployed), a JSON 503 with Retry-After, since the path will be served in a moment."""
+
+    def answer(status: int, code: str, detail: str, retry: str) -> str:
+        body = _error_body(code, detail)
+        return (
+            f'    http-request return status {status} content-type application/json lf-string "{body}"'
+            f"{retry} hdr x-request-id %[var(txn.request_id)]\n"
+        )
+
+    return (
+        "{%- if backends %}\n"
+        + answer(404, "not_found", "no route for this path", "")
+        + "{%- else %}\n"
+        + answer(503, "starting", "the server is starting; retry shortly", f" hdr retry-after {RETRY_AFTER_S}")
+        + "{%- endif %}\n"
+    )
+
+
 # (what Serve's template says, what beamserve's says instead); each must be found exactly once.
 def _edits(limits: Limits) -> list[tuple[str, str]]:
     return [
+        (
+            "    http-request return status 404 content-type text/plain lf-string \"Path '%[path]' not found."
+            ' Ping http://.../-/routes for available routes."\n',
+            _no_route(),
+        ),
         ("    bind :{{ config.metrics_port }}\n", "    bind 127.0.0.1:{{ config.metrics_port }}\n"),
         ("  bind *:{{ config.stats_port }}\n", "  bind 127.0.0.1:{{ config.stats_port }}\n"),
         (

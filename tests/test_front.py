@@ -33,9 +33,10 @@ def haproxy_binary() -> str:
     return get_haproxy_binary()
 
 
-def render(tmp: Path, port: int, replicas: list[int], fallback: int | None) -> Path:
+def render(tmp: Path, port: int, replicas: list[int], fallback: int | None, *, routes: bool = True) -> Path:
     """The configuration Serve writes for one app whose gateway replicas listen on `replicas`, with
-    beamserve's part in its template (what install() does in the HAProxy manager)."""
+    beamserve's part in its template (what install() does in the HAProxy manager); without `routes`,
+    the one it writes before it has the application's routes."""
     from ray.serve._private import haproxy
     from ray.serve.config import HTTPOptions
 
@@ -64,7 +65,8 @@ def render(tmp: Path, port: int, replicas: list[int], fallback: int | None) -> P
         has_received_servers=True,
         health_check_inter="100ms",
     )
-    api = haproxy.HAProxyApi(cfg=cfg, backend_configs={"beamserve": backend}, config_file_path=str(tmp / "haproxy.cfg"))
+    backends = {"beamserve": backend} if routes else {}
+    api = haproxy.HAProxyApi(cfg=cfg, backend_configs=backends, config_file_path=str(tmp / "haproxy.cfg"))
     original = haproxy.HAPROXY_CONFIG_TEMPLATE
     haproxy.HAPROXY_CONFIG_TEMPLATE = front.haproxy_template(original, LIMITS)  # type: ignore[attr-defined]
     try:
@@ -194,6 +196,31 @@ def test_haproxy_s_own_answers_are_json_in_each_api_s_shape(tmp_path: Path) -> N
         r = httpx.post(f"{url}/v1/translate", json={"texts": ["A dog."]})
         assert r.status_code == 503 and r.headers["retry-after"] == "2"
         assert r.json()["error"] == "replica_unavailable" and r.json()["request_id"] == r.headers["x-request-id"]
+
+
+@linux_only
+def test_before_the_routes_arrive_every_path_is_a_json_503_to_retry(tmp_path: Path) -> None:
+    """A front that has no application's routes yet (it just started, its head is restarting) answers
+    503 with Retry-After, never the 404 that would tell a client the route does not exist."""
+    port = free_loopback_port()
+    config = render(tmp_path, port, [], None, routes=False)
+    proc = subprocess.Popen([haproxy_binary(), "-db", "-f", str(config)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"texts": ["A dog."]}, timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "haproxy did not come up"
+                time.sleep(0.1)
+        assert r.status_code == 503 and r.headers["retry-after"] == "2", r.text
+        assert r.json()["error"] == "starting" and r.json()["request_id"] == r.headers["x-request-id"]
+        r = httpx.post(f"http://127.0.0.1:{port}/v2/translate", data={"text": "A dog."}, timeout=5)
+        assert r.status_code == 503 and r.json()["code"] == "starting" and "message" in r.json()  # DeepL's shape
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @linux_only

@@ -225,6 +225,26 @@ def test_kuberay_wiring_as_its_authors_intend(rendered: Rendered) -> None:
     assert any(p["name"] == "metrics" and p["containerPort"] == 8080 for p in pod["containers"][0]["ports"])
 
 
+def test_every_ray_container_carries_the_http_front_and_its_setup_hook(rendered: Rendered) -> None:
+    """The front's switches and limits, and front.install as Ray's worker setup hook, in every Ray
+    container: Serve's proxy and HAProxy manager start in Ray workers that only the pods' environment
+    reaches (tests/test_cluster.py runs a cluster from it)."""
+    from ray._private import ray_constants
+
+    from service import front
+    from service.settings import Settings
+
+    assert front.SETUP_HOOK_ENV == ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR  # Ray's name for it
+    _, docs, _ = rendered
+    spec = by_kind(docs, "RayService")["spec"]
+    args = yaml.safe_load(spec["serveConfigV2"])["applications"][0]["args"]
+    want = front.cluster_environment(front.limits_of(Settings(request_timeout_s=args["request_timeout_s"])))
+    cluster = spec["rayClusterConfig"]
+    for group in (cluster["headGroupSpec"], cluster["workerGroupSpecs"][0]):
+        env = {e["name"]: str(e["value"]) for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert env.items() >= want.items(), group.get("groupName", "head")
+
+
 def test_gpu_workers_pack_replicas_as_their_cpus_allow(rendered: Rendered) -> None:
     name, docs, _ = rendered
     cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
