@@ -45,6 +45,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from reports import emit  # noqa: E402
+
 from model import DecodeOptions, Translator, checkpoint, native  # noqa: E402
 from model.config import preset  # noqa: E402
 from model.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
@@ -318,11 +320,7 @@ def main() -> None:
         for name in args.models.split(","):
             own, hf_dir, ct2_dirs = prepare(name, Path(tmp), systems)
             lines.append(_bench_model(name, own, hf_dir, ct2_dirs, systems, args))
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report + "\n")
+    emit("\n".join(lines), args.out)
 
 
 def _gpu_name(device: str) -> str:

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import gzip
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -44,7 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_load
 import process_cpu
-from reports import emit
+from reports import emit, provenance
 
 from service.runtime import free_loopback_port
 
@@ -185,25 +184,6 @@ def flood(server: Server, sentences: list[str], connections: int) -> str:
     )
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {len(os.sched_getaffinity(0))} cores"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True)
-        return out.stdout.strip() + (" (uncommitted changes)" if dirty.stdout.strip() else "")
-    except OSError:
-        return "unknown"
-
-
 def ratio_to_echo(row: Row, rows: list[Row]) -> float | None:
     """The row's path CPU over the HAProxy echo's CPU on the same body (the cached workload of its
     shape): round by round where both ran in the round, the median of the ratios."""
@@ -228,7 +208,7 @@ def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
         "# Serving path: CPU per request",
         "",
         f"Command: `python loadtests/bench_serving.py {' '.join(sys.argv[1:])}`",
-        f"Commit: {commit()}. CPU: {cpu_name()}; the load generator on the same cores.",
+        f"{provenance()} The load generator on the same cores.",
         f"{args.requests} requests per workload, {args.concurrency} in flight, after a warm-up; the cached workloads"
         f" in {args.rounds} rounds, echo and beamserve taking turns, the median round shown.",
         "",

@@ -1,12 +1,62 @@
-"""A benchmark's report: printed, and written to --out when given (its folder made)."""
+"""A benchmark's report: printed, and written to --out when given (its folder made), stamped with
+what produced it: the commit (and whether the tree had uncommitted changes), the CPU and its usable
+cores, and the GPUs where there are any."""
 
 from __future__ import annotations
 
+import platform
+import shutil
+import subprocess
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def emit(report: str, out: Path | None) -> None:
+    """Print the report and write it to `out`, with its provenance line after the title where the
+    report has none."""
+    if "\nCommit: " not in report:
+        title, _, rest = report.partition("\n")
+        report = f"{title}\n\n{provenance()}\n{rest}"
     print(report)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report)
+        out.write_text(report if report.endswith("\n") else report + "\n", encoding="utf-8")
+
+
+def provenance() -> str:
+    gpus = gpu_names()
+    return f"Commit: {commit()}. CPU: {cpu_name()}." + (f" GPU: {gpus}." if gpus else "")
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True)
+        return out.stdout.strip() + (" (uncommitted changes)" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def cpu_name() -> str:
+    from model.cpus import usable_cpus
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {usable_cpus()} cores"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {usable_cpus()} cores"
+
+
+def gpu_names() -> str:
+    """The NVIDIA GPUs nvidia-smi lists, or "" (no driver, no GPU)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ""
+    try:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    except OSError:
+        return ""
+    return ", ".join(line.strip() for line in out.stdout.splitlines() if line.strip())

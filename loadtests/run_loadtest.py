@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import httpx
+from reports import emit
 
 from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
 
@@ -212,9 +213,7 @@ def main() -> None:
                 proc.wait(timeout=60)
         results[mode] = steps(args.out / mode.replace(" ", "-"))
     plot(results, args.out / "loadtest.png", args.slo_p95_ms)
-    report = summary(results, args)
-    (args.out / "SUMMARY.md").write_text(report)
-    print(report)
+    emit(summary(results, args), args.out / "SUMMARY.md")
 
 
 if __name__ == "__main__":

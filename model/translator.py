@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from model import checkpoint, native
 from model import compute_type as compute
 from model.align import Link, attention_alignment
 from model.allocator import retain_freed_memory
+from model.cpus import usable_cpus
 from model.decoding import generate, pad_batch
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
 from model.options import DecodeOptions, max_length
@@ -108,7 +108,7 @@ class Translator:
             torch_dtype = resolve_dtype(dtype, dev)
             ctype = compute.ComputeType(compute.named(torch_dtype), torch_dtype, False)
         torch_dtype = ctype.dtype
-        cpus = len(os.sched_getaffinity(0))
+        cpus = usable_cpus()
         pool = None
         if inter_threads > 1:  # started first: the workers load their copies while this process loads its own
             threads = num_threads or max(1, cpus // inter_threads)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from model.cpus import usable_cpus
 from service import front, local_ray
 from service.metrics_relay import MetricsRelay
 from service.settings import Settings
@@ -56,7 +57,7 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
     import ray
     from ray import serve
 
-    cpus = settings.num_cpus or len(os.sched_getaffinity(0))
+    cpus = settings.num_cpus or usable_cpus()
     found = settings.entries()
     wanted = sum(settings.for_entry(e).replica_cpus for e in found if not e.pool)
     wanted += settings.pool_replicas * settings.replica_cpus if any(e.pool for e in found) else 0

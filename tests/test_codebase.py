@@ -43,3 +43,35 @@ def test_no_module_imports_another_modules_private_name() -> None:
         if name.startswith("_") and not name.startswith("__") and module.split(".")[0] in ("model", "service")
     ]
     assert not bad
+
+
+def test_the_design_map_names_every_module_once_and_nothing_else() -> None:
+    """docs/design.md's Layout lists each module of model/ and service/ once, under its package."""
+    import re
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text[text.index("## Layout") :]
+    block = block[: block.index("```", block.index("```") + 3)]
+    service_at = block.index("\nservice/")
+    for package, section in (("model", block[:service_at]), ("service", block[service_at:])):
+        named = re.findall(r"\b([a-z_0-9]+\.py)\b", section)
+        files = sorted(p.name for p in (ROOT / package).glob("*.py") if p.name != "__init__.py")
+        assert sorted(set(named)) == files, package
+        assert len(named) == len(set(named)), (
+            f"{package}: named twice: {sorted(n for n in named if named.count(n) > 1)}"
+        )
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    """A file or folder of the repository named in README.md or docs/ is there."""
+    import re
+
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in re.finditer(
+            r"(?<![\w./-])((?:model|service|deploy|loadtests|tests|docs)/[\w./-]*[\w/])", doc.read_text()
+        ):
+            path = m.group(1).rstrip("/")
+            if "*" not in path and not (ROOT / path).exists():
+                missing.append(f"{doc.name}: {path}")
+    assert not missing

@@ -101,3 +101,15 @@ def test_result_repr_shows_the_best_translation(tr: Translator) -> None:
     r = tr.translate(["A dog runs."])[0]
     assert repr(r).startswith("TranslationResult(")
     assert r.hypotheses[0] in repr(r)
+
+
+def test_loads_and_translates_where_the_os_has_no_cpu_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """macOS and Windows have no os.sched_getaffinity: the CPU count comes from os.cpu_count there."""
+    import os
+
+    from model.cpus import usable_cpus
+
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    assert usable_cpus() == os.cpu_count()
+    tr = Translator.load("en-de", "cpu")
+    assert tr.translate(["A dog runs."])[0].hypotheses[0]
