@@ -163,8 +163,11 @@ class Cluster:
             raise RuntimeError("a Cluster runs inside isolate()")
         self.temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit
         # Ray's token authentication, as KubeRay hands it to every container (authOptions: token).
+        # A pod's environment: nothing of the caller's Ray or beamserve settings (a test process may
+        # hold a local instance's, such as Ray's local-only switch), then the RayService's.
+        inherited = {k: v for k, v in os.environ.items() if not k.lstrip("_").startswith(("RAY_", "BEAMSERVE_"))}
         self.env = {
-            **os.environ,
+            **inherited,
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": secrets.token_hex(32),
             "PYTHONUNBUFFERED": "1",

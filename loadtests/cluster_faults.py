@@ -55,7 +55,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster
-from faults import Load, check, json_error, open_loop, recovered_after, report
+from faults import Load, check, json_error, open_loop, recovered_after, report, summarise
 from reports import emit
 
 RECOVERY_S = 60.0  # a lost node's replicas must be replaced within this
@@ -403,11 +403,7 @@ def run(args: argparse.Namespace) -> bool:
                 case_head_restart(c, failures)
             else:
                 raise SystemExit(f"unknown case {case!r}")
-    print(
-        f"\n{len(failures)} checks failed" + "".join(f"\n  {f}" for f in failures)
-        if failures
-        else "\nall checks passed"
-    )
+    summarise(failures)
     return bool(failures)
 
 

@@ -202,6 +202,15 @@ def check(ok: bool, what: str, failures: list[str]) -> None:
         failures.append(what)
 
 
+def summarise(failures: list[str]) -> None:
+    """The run's last lines: the checks that failed, or that all passed."""
+    print(
+        f"\n{len(failures)} checks failed" + "".join(f"\n  {f}" for f in failures)
+        if failures
+        else "\nall checks passed"
+    )
+
+
 def recovered_after(load: Load, at: float) -> float | None:
     """Seconds from `at` to the first request sent after it that was answered 200."""
     later = [o.sent for o in load.outcomes if o.sent > at and o.status == 200]
@@ -497,11 +506,7 @@ def main() -> int:
             case_soak(args.duration, failures)
         else:
             raise SystemExit(f"unknown case {case!r}")
-    print(
-        f"\n{len(failures)} checks failed" + "".join(f"\n  {f}" for f in failures)
-        if failures
-        else "\nall checks passed"
-    )
+    summarise(failures)
     return 1 if failures else 0
 
 

@@ -101,111 +101,58 @@ class ModelMetrics:
     def __init__(self, pair: str) -> None:
         from ray.serve.metrics import Counter, Gauge, Histogram
 
-        def tagged(metric: Any) -> Any:
-            metric.set_default_tags({"pair": pair})
-            return metric
+        def metric(kind: Any, name: str, description: str, boundaries: list[float] | None = None) -> Any:
+            extra = {"boundaries": boundaries} if boundaries is not None else {}
+            m = kind(name, description=description, tag_keys=("pair",), **extra)
+            m.set_default_tags({"pair": pair})
+            return m
 
-        keys = ("pair",)
-        self.queue_wait = tagged(
-            Histogram(
-                "beamserve_queue_wait_seconds",
-                description="Time a sentence waited before it started decoding.",
-                boundaries=QUEUE_WAIT_S,
-                tag_keys=keys,
-            )
+        H, C, G = Histogram, Counter, Gauge
+        self.queue_wait = metric(
+            H, "beamserve_queue_wait_seconds", "Time a sentence waited before it started decoding.", QUEUE_WAIT_S
         )
-        self.batch_sentences = tagged(
-            Histogram(
-                "beamserve_batch_sentences",
-                description="Sentences per batch.",
-                boundaries=BATCH_SENTENCES,
-                tag_keys=keys,
-            )
+        self.batch_sentences = metric(H, "beamserve_batch_sentences", "Sentences per batch.", BATCH_SENTENCES)
+        self.batch_tokens = metric(H, "beamserve_batch_tokens", "Padded source tokens per batch.", BATCH_TOKENS)
+        self.padding = metric(
+            H, "beamserve_batch_padding_ratio", "Padded / real source tokens per batch (1.0 = no waste).", PADDING_RATIO
         )
-        self.batch_tokens = tagged(
-            Histogram(
-                "beamserve_batch_tokens",
-                description="Padded source tokens per batch.",
-                boundaries=BATCH_TOKENS,
-                tag_keys=keys,
-            )
+        self.source_tokens = metric(C, "beamserve_source_tokens", "Source tokens decoded.")
+        self.generated_tokens = metric(
+            C, "beamserve_generated_tokens", "Target tokens generated (best hypothesis, </s> included)."
         )
-        self.padding = tagged(
-            Histogram(
-                "beamserve_batch_padding_ratio",
-                description="Padded / real source tokens per batch (1.0 = no waste).",
-                boundaries=PADDING_RATIO,
-                tag_keys=keys,
-            )
+        self.batches = metric(
+            C,
+            "beamserve_batches",
+            "Batches decoded (continuous batching: admissions, sentences joining the running batch together).",
         )
-        self.source_tokens = tagged(
-            Counter("beamserve_source_tokens", description="Source tokens decoded.", tag_keys=keys)
+        self.steps = metric(C, "beamserve_decode_steps", "Decoder steps run (continuous batching).")
+        self.step_rows = metric(
+            H,
+            "beamserve_step_rows",
+            "Hypothesis rows (beams of all sentences in flight) per decoder step.",
+            STEP_ROWS,
         )
-        self.generated_tokens = tagged(
-            Counter(
-                "beamserve_generated_tokens",
-                description="Target tokens generated (best hypothesis, </s> included).",
-                tag_keys=keys,
-            )
+        self.rejected = metric(
+            C,
+            "beamserve_rejected_requests",
+            "Requests (not sentences) the replica refused with 503: queue full or too much work ahead.",
         )
-        self.batches = tagged(
-            Counter(
-                "beamserve_batches",
-                description="Batches decoded (continuous batching: "
-                "admissions, sentences joining the running batch together).",
-                tag_keys=keys,
-            )
-        )
-        self.steps = tagged(
-            Counter("beamserve_decode_steps", description="Decoder steps run (continuous batching).", tag_keys=keys)
-        )
-        self.step_rows = tagged(
-            Histogram(
-                "beamserve_step_rows",
-                description="Hypothesis rows (beams of all sentences in flight) per decoder step.",
-                boundaries=STEP_ROWS,
-                tag_keys=keys,
-            )
-        )
-        self.rejected = tagged(
-            Counter(
-                "beamserve_rejected_requests",
-                description="Requests (not sentences) the replica refused with 503: queue full or too much work ahead.",
-                tag_keys=keys,
-            )
-        )
-        self.timeouts = tagged(
-            Counter(
-                "beamserve_expired_sentences", description="Sentences dropped past their deadline (504).", tag_keys=keys
-            )
-        )
-        self.cancelled = tagged(
-            Counter(
-                "beamserve_cancelled_sentences",
-                description="Sentences withdrawn by a client that went away, queued or decoding.",
-                tag_keys=keys,
-            )
+        self.timeouts = metric(C, "beamserve_expired_sentences", "Sentences dropped past their deadline (504).")
+        self.cancelled = metric(
+            C, "beamserve_cancelled_sentences", "Sentences withdrawn by a client that went away, queued or decoding."
         )
         # Each gauge of work beside its capacity, so alerts and dashboards read ratios whatever the device.
-        self.queue_depth = tagged(
-            Gauge("beamserve_queued_sentences", description="Sentences waiting to start decoding.", tag_keys=keys)
+        self.queue_depth = metric(G, "beamserve_queued_sentences", "Sentences waiting to start decoding.")
+        self.queue_capacity = metric(
+            G,
+            "beamserve_queue_capacity_sentences",
+            "Sentences the replica's queue holds at most (max_queue); past it, 503.",
         )
-        self.queue_capacity = tagged(
-            Gauge(
-                "beamserve_queue_capacity_sentences",
-                description="Sentences the replica's queue holds at most (max_queue); past it, 503.",
-                tag_keys=keys,
-            )
-        )
-        self.active = tagged(
-            Gauge("beamserve_active_sentences", description="Sentences decoding now (slots in use).", tag_keys=keys)
-        )
-        self.slots = tagged(
-            Gauge(
-                "beamserve_decode_slots",
-                description="Sentences the replica decodes at once at most (decode_slots, continuous batching).",
-                tag_keys=keys,
-            )
+        self.active = metric(G, "beamserve_active_sentences", "Sentences decoding now (slots in use).")
+        self.slots = metric(
+            G,
+            "beamserve_decode_slots",
+            "Sentences the replica decodes at once at most (decode_slots, continuous batching).",
         )
         self.info = Gauge(
             "beamserve_model_info",
@@ -213,16 +160,8 @@ class ModelMetrics:
             tag_keys=("pair", "digest", "compute_type", "device"),  # type: ignore[arg-type]
         )
         self.info_tags: dict[str, str] = {"pair": pair, "digest": "", "compute_type": "", "device": ""}
-        self.load_seconds = tagged(
-            Gauge("beamserve_model_load_seconds", description="Model load time of the replica.", tag_keys=keys)
-        )
-        self.gpu_memory = tagged(
-            Gauge(
-                "beamserve_gpu_memory_allocated_bytes",
-                description="GPU memory allocated by torch (0 on CPU).",
-                tag_keys=keys,
-            )
-        )
+        self.load_seconds = metric(G, "beamserve_model_load_seconds", "Model load time of the replica.")
+        self.gpu_memory = metric(G, "beamserve_gpu_memory_allocated_bytes", "GPU memory allocated by torch (0 on CPU).")
         self._seen = {"rejected": 0, "expired": 0, "cancelled": 0}
         self.load_time = 0.0  # re-exported on every sync: a gauge set only once can age out of the export
         self.capacity = (0, 0)  # (max_queue, decode_slots), set by the replica on (re)configuration

@@ -3,6 +3,7 @@ downloaded), real sentences, and the real Ray Serve app on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import gzip
@@ -46,6 +47,25 @@ def bfloat16_rows_invariant() -> bool:
             if any(not torch.equal(torch.nn.functional.linear(x[:m], w), full[:m]) for m in (1, 2, 4, 8, 16, 32, 64)):
                 return False
     return True
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    """Poll `condition` until it holds: a test synchronises on what it waits for, never on a sleep
+    that a faster or slower machine would outlast."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.002)
+
+
+async def until(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    """wait_for on an event loop: the loop's other tasks run while it polls."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        await asyncio.sleep(0.002)
 
 
 def read_lines(name: str, limit: int | None = None) -> list[str]:

@@ -14,7 +14,7 @@ from model import DecodeOptions, Translator
 from model.search import Hypothesis
 from service.engine import Engine
 from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, RequestTooLargeError
-from tests.conftest import read_lines
+from tests.conftest import read_lines, until, wait_for
 
 LONG = (
     "A group of young men in colorful uniforms are playing a game of soccer on a large green field "
@@ -90,7 +90,7 @@ def test_staggered_mixed_requests_equal_decoding_each_alone(engine: Engine, refe
 def test_continuous_admits_newcomers_while_a_long_sentence_decodes(engine: Engine, reference: Translator) -> None:
     async def scenario() -> tuple[float, float]:
         long = asyncio.create_task(engine.translate([reference.encode(LONG)], DecodeOptions(beam_size=6), 60))
-        await asyncio.sleep(0.05)
+        await until(lambda: engine.stats.steps > 0, "the long sentence decoding")
         start = time.monotonic()
         await engine.translate([reference.encode("A dog.")], DecodeOptions(beam_size=1), 60)
         short_done = time.monotonic() - start
@@ -138,9 +138,9 @@ def test_full_queue_refuses_and_deadline_fails_running_sentences(engine: Engine,
 
     async def scenario() -> None:
         busy = asyncio.create_task(engine.translate([ids], DecodeOptions(beam_size=8), 60))
-        await asyncio.sleep(0.02)
+        await until(lambda: engine.active == 1, "the busy sentence decoding")
         queued = asyncio.create_task(engine.translate([ids, ids], DecodeOptions(), 60))
-        await asyncio.sleep(0.02)
+        await until(lambda: engine.queued == 2, "two sentences queued")
         with pytest.raises(QueueFullError):
             await engine.translate([ids], DecodeOptions(), 60)
         with pytest.raises(RequestTooLargeError):
@@ -158,7 +158,7 @@ def test_mode_switches_live_without_losing_queued_sentences(engine: Engine, refe
     async def scenario() -> list[list[Hypothesis]]:
         # Bursts of 10: past max_queue_wait_s on a slow host, which would refuse some (see above).
         first = asyncio.create_task(send(engine, jobs(reference, 10, seed=5)))
-        await asyncio.sleep(0.1)
+        await until(lambda: engine.queued or engine.active, "the first burst in the engine")
         engine.reconfigure(BatchingConfig(mode="request", batch_wait_ms=1, max_queue_wait_s=60))
         second = await send(engine, jobs(reference, 10, seed=6))
         engine.reconfigure(BatchingConfig(max_queue_wait_s=60))
@@ -260,14 +260,12 @@ def test_static_slots_free_a_cancelled_sentence_s_slot(slot_engine: Engine, refe
 def test_health_reports_a_stalled_turn_and_a_stopped_engine(engine: Engine, reference: Translator) -> None:
     assert engine.health(stall_s=0.01) is None  # idle is healthy however long
     item = engine.submit([reference.encode(" ".join([LONG] * 2))], DecodeOptions(beam_size=8), time.monotonic() + 60)[0]
-    while engine.active == 0:
-        time.sleep(0.001)
-    time.sleep(0.05)
-    assert "no decoder turn" in (engine.health(stall_s=0.01) or "")  # one batch is one long turn here
+    wait_for(lambda: engine.active, "the batch decoding")
+    # One batch is one long turn here: past stall_s into it, the engine reports a stall.
+    wait_for(lambda: "no decoder turn" in (engine.health(stall_s=0.01) or ""), "a stalled turn reported")
     assert engine.health(stall_s=60) is None
     item.future.result(timeout=60)
-    time.sleep(0.05)
-    assert engine.health(stall_s=0.01) is None
+    wait_for(lambda: engine.health(stall_s=0.01) is None, "healthy once idle")
     engine.close()
     assert engine.health(stall_s=60) == "the engine's thread has stopped"
 

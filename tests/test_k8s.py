@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -225,7 +226,9 @@ def test_kuberay_wiring_as_its_authors_intend(rendered: Rendered) -> None:
     assert any(p["name"] == "metrics" and p["containerPort"] == 8080 for p in pod["containers"][0]["ports"])
 
 
-def test_every_ray_container_carries_the_http_front_and_its_setup_hook(rendered: Rendered) -> None:
+def test_every_ray_container_carries_the_http_front_and_its_setup_hook(
+    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The front's switches and limits, and front.install as Ray's worker setup hook, in every Ray
     container: Serve's proxy and HAProxy manager start in Ray workers that only the pods' environment
     reaches (tests/test_cluster.py runs a cluster from it)."""
@@ -235,6 +238,8 @@ def test_every_ray_container_carries_the_http_front_and_its_setup_hook(rendered:
     from service.settings import Settings
 
     assert front.SETUP_HOOK_ENV == ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR  # Ray's name for it
+    for name in [k for k in os.environ if k.startswith("BEAMSERVE_")]:  # the defaults, not this process's
+        monkeypatch.delenv(name)
     _, docs, _ = rendered
     spec = by_kind(docs, "RayService")["spec"]
     args = yaml.safe_load(spec["serveConfigV2"])["applications"][0]["args"]

@@ -421,7 +421,9 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
                 busy = asyncio.create_task(
                     ac.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8})
                 )
-                await asyncio.sleep(0.1)
+                deadline = time.monotonic() + 30
+                while (await ac.get("/v1/stats")).json()["en-de"]["queued"] < 1 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)  # busy's sentences in the engine: one decoding, the rest queued
                 with pytest.raises(httpx.TimeoutException):
                     await ac.post(
                         "/v1/translate",
