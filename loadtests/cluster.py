@@ -74,18 +74,20 @@ def rayservice() -> dict[str, Any]:
     return dict(yaml.safe_load(RAYSERVICE.read_text()))
 
 
-def pod_environment(group: str) -> dict[str, str]:
-    """The environment the RayService gives a group's Ray container ("head" or "workers")."""
+def group_spec(group: str) -> dict[str, Any]:
+    """The RayService's spec of a group of Ray pods: "head" or "workers"."""
     spec = rayservice()["spec"]["rayClusterConfig"]
-    group_spec = spec["headGroupSpec"] if group == "head" else spec["workerGroupSpecs"][0]
-    container = group_spec["template"]["spec"]["containers"][0]
+    return dict(spec["headGroupSpec"] if group == "head" else spec["workerGroupSpecs"][0])
+
+
+def pod_environment(group: str) -> dict[str, str]:
+    """The environment the RayService gives a group's Ray container."""
+    container = group_spec(group)["template"]["spec"]["containers"][0]
     return {e["name"]: str(e["value"]) for e in container.get("env", [])}
 
 
 def ray_start_params(group: str) -> dict[str, str]:
-    spec = rayservice()["spec"]["rayClusterConfig"]
-    group_spec = spec["headGroupSpec"] if group == "head" else spec["workerGroupSpecs"][0]
-    return {k: str(v) for k, v in group_spec.get("rayStartParams", {}).items()}
+    return {k: str(v) for k, v in group_spec(group).get("rayStartParams", {}).items()}
 
 
 def serve_config(

@@ -54,9 +54,9 @@ class GatewayMetrics:
         self.timer: asyncio.TimerHandle | None = None
 
     def observe(self, endpoint: str, pair: str, status: int, seconds: float) -> None:
-        tags = {"endpoint": endpoint, "pair": pair, "status": str(status)}
-        self.latency.observe(seconds, tags)
-        self._count(self.requests, (("endpoint", endpoint), ("pair", pair), ("status", str(status))), 1)
+        tags = (("endpoint", endpoint), ("pair", pair), ("status", str(status)))
+        self.latency.observe(seconds, dict(tags))
+        self._count(self.requests, tags, 1)
 
     def on_cache(self, pair: str, hits: int, misses: int) -> None:
         if hits:
