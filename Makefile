@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: lock install serve test test-fast lint format bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
+.PHONY: lock install serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c model/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,6 +45,18 @@ lint: install
 format: install
 	$(VENV)/bin/ruff check --fix $(CODE)
 	$(VENV)/bin/ruff format $(CODE)
+
+# Wheels the GPU stage (loadtests/gpu_run.sh) needs that the lent GPU machines lack, for their Python,
+# at this environment's versions, into .whl/ (about 50 MB) to carry with the call.
+GPU_PY ?= 3.12
+GPU_WHEELS := ctranslate2 pytest pluggy iniconfig packaging pygments pydantic pydantic-core pydantic-settings \
+  python-dotenv annotated-types typing-inspection typing-extensions
+gpu-wheels: install
+	rm -rf .whl
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --platform manylinux_2_28_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $$($(PY) -c "import importlib.metadata as m, sys; \
+	  print(' '.join(f'{n}=={m.version(n)}' for n in sys.argv[1:]))" $(GPU_WHEELS))
+	du -sh .whl
 
 bench-decode: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_decode.py --out runs/bench/decode_latest.md

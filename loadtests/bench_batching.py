@@ -218,7 +218,7 @@ def sweep(
     # decodes on its own thread, and several threads running the model slow all of them down
     # (OpenMP thread teams, see Translator.load and bench_threads.py).
     configs = {name: batching_config(name, sizes_device(args)) for name in names}
-    engine = Engine(tr, configs[names[0]], max_length=256)
+    engine = Engine(tr, configs[names[0]], max_length=256, static_slots=args.static_slots)
     runs: list[Probe] = []
     capacities: list[Capacity] = []
 
@@ -294,12 +294,13 @@ def command_line() -> list[str]:
 
 
 def device_text(args: argparse.Namespace) -> str:
+    path = "; continuous mode on the static decode state" if getattr(args, "static_slots", False) else ""
     if args.device == "cpu":
-        return f"CPU, {args.threads} threads"
+        return f"CPU, {args.threads} threads{path}"
     import torch
 
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "GPU"
-    return f"{args.device} ({name}, {args.threads} CPU threads)"
+    return f"{args.device} ({name}, {args.threads} CPU threads){path}"
 
 
 def sizes_device(args: argparse.Namespace) -> str:
@@ -431,6 +432,11 @@ def main() -> None:
         help="take this device's batch sizes where a configuration gives none (default: --device's, as a replica does)",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--static-slots",
+        action="store_true",
+        help="continuous mode on the static decode state (CUDA graphs on a GPU), as Settings.static_slots",
+    )
     ap.add_argument(
         "--capacity-sentences",
         type=int,

@@ -27,6 +27,7 @@ need --clock wall.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import multiprocessing
@@ -94,17 +95,22 @@ def split_inter(system: str) -> tuple[str, int]:
     return (base, int(n)) if base and n.isdigit() else (system, 1)
 
 
-def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict[str, Path]]:
+def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict[str, Path | str]]:
+    """The model's own, Hugging Face and CTranslate2 directories; a CTranslate2 conversion that fails
+    (no wheel for this platform) gives its reason instead of a path."""
     own = make_base_model(work) if name == "base" else REPO / "model" / "pretrained" / name
     hf = work / f"{name}-hf"
     checkpoint.export_hf(own, hf)
-    ct2: dict[str, Path] = {}
+    ct2: dict[str, Path | str] = {}
     for quant in ("float32", "int8", "float16"):
         if f"ct2-{quant}" in {split_inter(s)[0] for s in systems}:
-            import ctranslate2.converters
+            try:
+                import ctranslate2.converters
 
-            ct2[quant] = work / f"{name}-ct2-{quant}"
-            ctranslate2.converters.TransformersConverter(str(hf)).convert(str(ct2[quant]), quantization=quant)
+                ct2[quant] = work / f"{name}-ct2-{quant}"
+                ctranslate2.converters.TransformersConverter(str(hf)).convert(str(ct2[quant]), quantization=quant)
+            except Exception as e:  # the report says why the system is missing
+                ct2[quant] = f"{type(e).__name__}: {e}"
     return own, hf, ct2
 
 
@@ -194,6 +200,15 @@ class SystemWorker:
         self.process.start()
         child.close()
 
+    def ready(self) -> Exception | None:
+        """Blocks until the system is built: None, or why it could not be."""
+        try:
+            reply = self.conn.recv()
+        except EOFError:  # it died building (a crash in a native library)
+            self.process.join(timeout=30)
+            return RuntimeError(f"the worker exited with code {self.process.exitcode}")
+        return reply if isinstance(reply, Exception) else None
+
     def run(self, n: int, B: int, K: int) -> Cell:
         self.conn.send((n, B, K))
         reply = self.conn.recv()
@@ -203,7 +218,8 @@ class SystemWorker:
         return Cell(n, tokens, seconds)
 
     def close(self) -> None:
-        self.conn.send(None)
+        with contextlib.suppress(OSError):  # it may have exited already
+            self.conn.send(None)
         self.process.join(timeout=30)
 
 
@@ -213,9 +229,10 @@ def _serve_system(conn: Connection, system: str, spec: dict[str, object]) -> Non
     torch.set_num_threads(args.threads)
     try:
         run = _runner(system, spec, args)
-    except Exception as e:  # reported to the parent, which raises it
+    except Exception as e:  # reported to the parent, which leaves the system out and says why
         conn.send(e)
         return
+    conn.send(None)  # ready
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     while (job := _receive(conn)) is not None:
         n, B, K = job
@@ -328,22 +345,29 @@ def _gpu_name(device: str) -> str:
 
 
 def _bench_model(
-    name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path], systems: list[str], args: argparse.Namespace
+    name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path | str], systems: list[str], args: argparse.Namespace
 ) -> str:
     steps = args.steps if name == "base" else None
     workers: dict[str, SystemWorker] = {}
+    missing: dict[str, str] = {}  # system -> why it did not run
     try:
         for system in systems:
             quant = split_inter(system)[0].removeprefix("ct2-")
-            spec = {
-                "own": str(own),
-                "hf": str(hf_dir),
-                "ct2": str(ct2_dirs.get(quant, "")),
-                "steps": steps,
-                "args": vars(args),
-            }
-            workers[system] = SystemWorker(system, spec)
-        return _bench_rows(name, workers, steps, args)
+            where = ct2_dirs.get(quant, "")
+            if system.startswith("ct2-") and not isinstance(where, Path):
+                missing[system] = str(where)
+                continue
+            spec = {"own": str(own), "hf": str(hf_dir), "ct2": str(where), "steps": steps, "args": vars(args)}
+            worker = SystemWorker(system, spec)
+            if (error := worker.ready()) is not None:
+                missing[system] = f"{type(error).__name__}: {error}"
+                worker.close()
+                continue
+            workers[system] = worker
+        for system, why in missing.items():
+            print(f"{name} {system}: not run: {why}", file=sys.stderr, flush=True)
+        gone = "".join(f"\n\nNot run: {system}: {why.splitlines()[0][:300]}" for system, why in missing.items())
+        return _bench_rows(name, workers, steps, args) + gone
     finally:
         for worker in workers.values():
             worker.close()
@@ -366,10 +390,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
             pairs += [(system, "beamserve"), (system, "hf"), (system, f"ct2-float32-inter{inter}")]
     pairs = [(a, b) for a, b in pairs if a in workers and b in workers]
     rows = [
-        "| search | batch | "
-        + " | ".join(f"{s} sent/s (tok/s)" for s in workers)
-        + " | "
-        + " | ".join(f"{a} / {b}" for a, b in pairs)
+        "| "
+        + " | ".join(["search", "batch", *(f"{s} sent/s (tok/s)" for s in workers), *(f"{a} / {b}" for a, b in pairs)])
         + " |",
         "|" + "---|" * (len(workers) + 2 + len(pairs)),
     ]
@@ -387,13 +409,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
                 f"{cells[a].sent_s / cells[b].sent_s:.2f}x" if a in cells and b in cells else "-" for a, b in pairs
             ]
             search = "greedy" if K == 1 else f"beam {K}"
-            rows.append(
-                f"| {search} | {B} | "
-                + " | ".join(f"{c.sent_s:.1f} ({c.tok_s:.0f})" for c in cells.values())
-                + " | "
-                + " | ".join(ratios)
-                + " |"
-            )
+            speeds = [f"{c.sent_s:.1f} ({c.tok_s:.0f})" for c in cells.values()]
+            rows.append("| " + " | ".join([search, str(B), *speeds, *ratios]) + " |")
     note = ""
     if "beamserve-es" in workers:
         note = (

@@ -1,45 +1,77 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one go (a lent GPU machine's time is short): the CUDA tests, a
-# profile of one decode, the decoding benchmark and the batching benchmark (no batching /
-# request-level / continuous) on the GPU. Runs from the repository root with the machine's own
-# python3 (torch with CUDA, transformers); writes logs under ${OUT:-gpu_out}/.
+# The GPU stage: everything that needs a GPU, in one call of the lent GPU machine (15 minutes, its
+# start-up included), within 7 minutes on an H100 or H200. Runs from the repository root with the
+# machine's own python3 (torch with CUDA, transformers, sentencepiece, safetensors); writes every
+# report and log under ${OUT:-gpu_out}/, with summary.txt saying what each part did.
 #
-#   bash loadtests/gpu_run.sh tests decode                   # at most 8 minutes on an H100
-#   bash loadtests/gpu_run.sh profile batching batching-cpu-sizes  # at most 10 minutes
-#   bash loadtests/gpu_run.sh packing                        # replicas per GPU (Serve's fractional num_gpus)
-#   (no stage named: all of them, for a machine held longer than one 10-minute call)
+#   bash loadtests/gpu_run.sh               # the stage: the parts below in priority order, ~7 minutes
+#   bash loadtests/gpu_run.sh batching packing cudnn   # the longer benchmarks, for a machine held longer
 #
-# Each stage has its own time limit, so one slow stage cannot eat the others' share of a lease.
-# batching runs at the sizes a GPU replica takes when they are unset (1,024 decode slots, 256 sentences);
-# batching-cpu-sizes pins the CPU's (256 slots, 64 sentences) to compare.
+# Parts, each with its own time limit, cut to what is left of STAGE_S (410 s) and skipped under 20 s:
+#   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token, a step under
+#            torch.cuda.set_sync_debug_mode("error"), capture memory bounded, the engine on graphs
+#   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
+#   profile  host time against device time per decode step, eager and static
+#   memory   one replica's device memory (loadtests/replica_memory.py)
+#   served   the engine under open-loop arrivals on the static decode state (bench_batching)
+#
+# Wheels. The machine lacks ctranslate2, pytest and pydantic (and Ray, whose wheel is over the device
+# tool's 64 MiB carry: the served part drives the engine a replica runs, without HTTP). Before the call:
+#   make gpu-wheels          # downloads them for the machine's Python (GPU_PY, 3.12) into .whl/
+# and carry ".whl" in the call. They are unpacked into a temporary directory on PYTHONPATH, nothing
+# installed. Without them the tests part fails to import and decode reports CTranslate2 as not run.
 set -uo pipefail
 out=${OUT:-gpu_out}; mkdir -p "$out"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 BEAMSERVE_DATA=${BEAMSERVE_DATA:-$PWD/tests/data/multi30k}
-stages=${*:-tests decode profile batching batching-cpu-sizes cudnn packing}
+start=$(date +%s); budget=${STAGE_S:-410}
+wheels=$(mktemp -d); trap 'rm -rf "$wheels"' EXIT
+for w in .whl/*.whl; do [ -e "$w" ] && python3 -m zipfile -e "$w" "$wheels"; done
+export PYTHONPATH=$PWD:$wheels PYTHONUNBUFFERED=1 BEAMSERVE_DATA=${BEAMSERVE_DATA:-$PWD/tests/data/multi30k}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
-for stage in $stages; do
-  echo "== $stage $(date +%T)"
-  case $stage in
-    tests) timeout 200 python3 -m pytest -q -s -p no:cacheprovider -o addopts="" tests/test_cuda.py \
-             tests/test_slots.py tests/test_transformer.py tests/test_inflight.py tests/test_engine.py 2>&1 \
-             | tail -15 | tee "$out/pytest.txt" ;;
-    profile) { timeout 90 python3 loadtests/profile_decode.py --device cuda 2>&1 | tail -3
-               timeout 120 python3 loadtests/profile_decode.py --device cuda --slots 2>&1 | tail -25; } \
-               | tee "$out/profile.txt" ;;
-    cudnn) timeout 150 python3 loadtests/probe_cudnn_attention.py 2>&1 | tee "$out/cudnn.txt" ;;
-    decode) timeout 280 python3 loadtests/bench_decode.py --device cuda --models en-de \
-              --systems beamserve,beamserve-slots,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 512 \
-              --repeats 3 --out "$out/decode_gpu.md" 2>&1 | tail -25 ;;
-    batching) timeout 300 python3 loadtests/bench_batching.py --device cuda --duration 5 --repeats 1 \
-                --rates 8,16,32,64,96,128,192,256,320,384,512,640,768,1024,1280,1536,2048 \
-                --out "$out/batching_gpu.md" 2>&1 | tail -30 ;;
-    batching-cpu-sizes) timeout 240 python3 loadtests/bench_batching.py --device cuda --sizes-for cpu --duration 5 \
-        --repeats 1 --bisect 1 --configs request,continuous --rates 64,128,256,320,384,448,512,640 \
-        --out "$out/batching_gpu_cpu_sizes.md" 2>&1 | tail -30 ;;
-    packing) timeout 400 python3 loadtests/bench_packing.py --device cuda --replicas 1,2,4,8 --requests 4096 \
-               --out "$out/packing_gpu.md" 2>&1 | tail -12 ;;
-    *) echo "unknown stage $stage" ;;
+python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, \
+'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
+python3 -c "import ctranslate2; print('ctranslate2', ctranslate2.__version__, 'CUDA devices', \
+ctranslate2.get_cuda_device_count())" 2>&1 | tail -1 | tee -a "$out/gpu.txt"
+
+# part NAME LIMIT_S LOG COMMAND...: run within min(LIMIT_S, what is left), logged; a line in summary.txt.
+part() {
+  local name=$1 limit=$2 log=$3; shift 3
+  local left=$((budget - ($(date +%s) - start)))
+  ((limit > left)) && limit=$left
+  if ((limit < 20)); then echo "$name: skipped, ${left}s left" | tee -a "$out/summary.txt"; return; fi
+  echo "== $name $(date +%T), up to ${limit}s"
+  local t0; t0=$(date +%s)
+  timeout "$limit" "$@" 2>&1 | tee "$out/$log"
+  local rc=${PIPESTATUS[0]}
+  echo "$name: exit $rc in $(($(date +%s) - t0))s (limit ${limit}s)" | tee -a "$out/summary.txt"
+}
+
+stage() {
+  case $1 in
+    tests) part tests 110 pytest.txt python3 -m pytest -q -rA -s -p no:cacheprovider -o addopts="" -m cuda \
+             tests/test_cuda.py tests/test_slots.py tests/test_engine.py ;;
+    decode) part decode 130 decode.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
+              --systems beamserve,beamserve-slots,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 1000 \
+              --repeats 2 --out "$out/decode_gpu.md" ;;
+    profile) part profile-eager 30 profile_eager.txt python3 loadtests/profile_decode.py --device cuda
+             part profile-static 30 profile_static.txt python3 loadtests/profile_decode.py --device cuda --slots ;;
+    memory) part memory 30 memory.txt python3 loadtests/replica_memory.py --device cuda --out "$out/memory_gpu.md" ;;
+    served) part served 120 served.txt python3 loadtests/bench_batching.py --device cuda --static-slots \
+              --configs continuous --duration 3 --repeats 1 --bisect 0 --capacity-sentences 512 \
+              --rates 256,512,1024,1536,2048 --out "$out/batching_gpu_static.md" ;;
+    batching) part batching 300 batching.txt python3 loadtests/bench_batching.py --device cuda --duration 5 \
+                --repeats 1 --rates 8,16,32,64,96,128,192,256,320,384,512,640,768,1024,1280,1536,2048 \
+                --out "$out/batching_gpu.md" ;;
+    packing) part packing 400 packing.txt python3 loadtests/bench_packing.py --device cuda --replicas 1,2,4,8 \
+               --requests 4096 --out "$out/packing_gpu.md" ;;
+    cudnn) part cudnn 150 cudnn.txt python3 loadtests/probe_cudnn_attention.py ;;
+    *) echo "unknown part $1" | tee -a "$out/summary.txt" ;;
   esac
-done
-echo "== done $(date +%T)"
+}
+
+if (($# == 0)); then
+  set -- tests decode profile memory served
+else
+  budget=${STAGE_S:-3600}  # parts named: each its own limit
+fi
+for name in "$@"; do stage "$name"; done
+echo "== done $(date +%T), $(($(date +%s) - start))s" | tee -a "$out/summary.txt"

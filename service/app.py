@@ -8,6 +8,7 @@ Entries marked `pool` share one multiplexed deployment instead (service/pool.py)
 models on a few replicas, the least recently used evicted.
 """
 
+import math
 from typing import Any
 
 from ray import serve
@@ -20,14 +21,40 @@ from service.scheduler import batching_knobs
 from service.settings import Settings
 
 
-def actor_options(s: Settings) -> dict[str, Any]:
-    """What a model replica asks Ray for: its CPUs and GPUs (one when CUDA is present, unless set), and
-    the allocator's environment."""
+def gpu_share(replicas: int, gpus: float) -> float:
+    """The GPUs each of `replicas` GPU replicas asks for: a whole GPU while there are enough, else an
+    equal fraction that fits them all. Ray places a fractional request within one GPU, so the fraction
+    is 1/k with k replicas to a GPU (2 GPUs, 3 replicas: a half each, not two thirds)."""
+    if replicas <= 0 or gpus <= 0:
+        return 0.0
+    return 1.0 if replicas <= gpus else 1 / math.ceil(replicas / gpus)
+
+
+def cluster_gpus() -> float:
+    """GPUs of the Ray cluster the app is built in (without one, this host's CUDA devices)."""
+    import ray
+
+    if ray.is_initialized():
+        return float(ray.cluster_resources().get("GPU", 0))  # type: ignore[no-untyped-call]
     import torch
 
-    gpus = s.replica_gpus if s.replica_gpus is not None else (1 if torch.cuda.is_available() else 0)
+    return float(torch.cuda.device_count())
+
+
+def actor_options(s: Settings, gpus: float) -> dict[str, Any]:
+    """What a model replica asks Ray for: its CPUs, its GPUs (replica_gpus when set, else `gpus`, its
+    share; none when its device is the CPU), and the allocator's environment."""
+    share = s.replica_gpus if s.replica_gpus is not None else 0.0 if s.device == "cpu" else gpus
     env = replica_env(s.allocator)
-    return {"num_cpus": s.replica_cpus, "num_gpus": gpus, **({"runtime_env": {"env_vars": env}} if env else {})}
+    return {"num_cpus": s.replica_cpus, "num_gpus": share, **({"runtime_env": {"env_vars": env}} if env else {})}
+
+
+def gpu_replicas(settings: Settings) -> int:
+    """Model replicas whose GPUs are left to the default: one per dedicated model, the pool's replicas."""
+    found = settings.entries()
+    needs = [settings.for_entry(e) for e in found if not e.pool]
+    needs += [settings] * settings.pool_replicas if any(e.pool for e in found) else []
+    return sum(s.replica_gpus is None and s.device != "cpu" for s in needs)
 
 
 def gateway_logging(s: Settings) -> dict[str, Any]:
@@ -47,11 +74,12 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     pairs: dict[str, Any] = {}
     found = settings.entries()
     pooled = [e for e in found if e.pool]
+    share = gpu_share(gpu_replicas(settings), cluster_gpus())
     for entry in (e for e in found if not e.pool):
         own = settings.for_entry(entry)
         handle = PairModel.options(  # type: ignore[attr-defined]
             name=f"model-{entry.name}",
-            ray_actor_options=actor_options(own),
+            ray_actor_options=actor_options(own, share),
             user_config=batching_knobs(own.model_dump()),
         ).bind(entry.model_dump(), own.model_dump())
         pairs.update(dict.fromkeys(entry.pairs, handle))
@@ -59,7 +87,7 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
         pool = ModelPool.options(  # type: ignore[attr-defined]
             name=POOL,
             num_replicas=settings.pool_replicas,
-            ray_actor_options=actor_options(settings),
+            ray_actor_options=actor_options(settings, share),
             user_config=batching_knobs(settings.model_dump()),
         ).bind([e.model_dump() for e in pooled], settings.model_dump())
         for entry in pooled:

@@ -191,8 +191,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "metrics_host": args.metrics_host,
             "metrics_port": args.metrics_port,
             "num_cpus": args.num_cpus,
+            "num_gpus": args.num_gpus,
         }.items()
-        if v
+        if v is not None
     }
     settings = Settings(**overrides)
     print(
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-host", help="Prometheus metrics address (default 127.0.0.1)")
     p.add_argument("--metrics-port", type=int, help="Prometheus metrics port (default 8080)")
     p.add_argument("--num-cpus", type=int, help="CPUs given to Ray (default: all usable)")
+    p.add_argument("--num-gpus", type=int, help="GPUs given to Ray (default: the host's)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("translate", help="translate stdin (one sentence a line) to stdout")

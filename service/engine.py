@@ -157,13 +157,13 @@ class Engine:
         observer: EngineObserver | None = None,
         *,
         max_length: int | None = None,
-        static_slots: bool | None = None,
+        static_slots: bool = False,
     ) -> None:
         """max_length: the longest output any request may ask for (sizes continuous mode's buffers).
-        static_slots: continuous mode decodes on the static decode state (service/slot_runner.py);
-        default: on a GPU, where it replays CUDA graphs (on a CPU today's path measures faster)."""
+        static_slots: continuous mode decodes on the static decode state (service/slot_runner.py), which
+        replays CUDA graphs on a GPU; opt-in (Settings.static_slots) until proven on one."""
         self.translator = translator
-        self.static_slots = translator.device.type == "cuda" if static_slots is None else static_slots
+        self.static_slots = static_slots
         self.max_length = min(max_length or 10**9, translator.model.cfg.max_position_embeddings)
         self.observer = observer
         self.config = config

@@ -34,6 +34,7 @@ ENTRY_SETTINGS = {
     "threads",
     "replica_cpus",
     "replica_gpus",
+    "static_slots",
     "allocator",
     "mode",
     "max_batch_tokens",

@@ -72,6 +72,7 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
     export_port = free_loopback_port() if relayed else settings.metrics_port
     ray.init(
         num_cpus=cpus,
+        num_gpus=settings.num_gpus,
         include_dashboard=False,
         object_store_memory=OBJECT_STORE_BYTES,
         _metrics_export_port=export_port,

@@ -34,11 +34,16 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"  # where Prometheus metrics are served (elsewhere than loopback: a relay)
     metrics_port: int = 8080  # Prometheus metrics port
     num_cpus: int | None = None  # CPUs given to the local Ray instance (default: all usable)
+    num_gpus: int | None = None  # GPUs given to the local Ray instance (default: Ray's count of the host's)
     replica_cpus: float = 1.0  # Ray CPUs each model replica asks for
-    replica_gpus: float | None = None  # GPUs per model replica (default: 1 when CUDA is present, else 0)
+    # GPUs per model replica (default: the GPU replicas share the GPUs Ray has, service/app.py gpu_share).
+    replica_gpus: float | None = None
     threads: int | None = None  # torch intra-op threads per replica (default: ceil(replica_cpus))
     device: str | None = None  # cpu or cuda (default: cuda when present)
     dtype: str | None = None  # float32, float16, bfloat16 (default: float16 on cuda, float32 on cpu)
+    # Continuous batching on the static decode state, CUDA graphs replayed on a GPU (service/slot_runner.py).
+    # Opt-in until its CUDA tests and numbers come from a GPU (docs/benchmarks.md#decoding-on-a-gpu).
+    static_slots: bool = False
     compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/compute_type.py); not with dtype
     # Serve's logging_config for `beamserve serve` (the Serve config sets its own): JSON lines in each
     # replica's log file under Ray's logs directory, one summary per request (service/request_log.py).

@@ -120,12 +120,13 @@ def serving(
     stderr: Path | None = None,
     ready: Callable[[httpx.Response], bool] = lambda r: r.status_code == 200,
     timeout_s: float = 90.0,
+    metrics_port: int | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`beamserve serve` on free loopback ports with these BEAMSERVE_* settings (2 CPUs), until
-    `ready` holds for its /readyz answer; yields its URL and process, and stops it after. Its stderr
-    goes to `stderr` when given."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())]
+    """`beamserve serve` on free loopback ports (metrics on `metrics_port` when given) with these
+    BEAMSERVE_* settings (2 CPUs), until `ready` holds for its /readyz answer; yields its URL and
+    process, and stops it after. Its stderr goes to `stderr` when given."""
+    port, metrics = free_port(), metrics_port or free_port()
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(metrics)]
     with open(stderr or os.devnull, "w") as err:
         proc = subprocess.Popen(
             [*cmd, "--num-cpus", "2"],

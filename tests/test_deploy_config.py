@@ -2,6 +2,7 @@
 
 import importlib
 
+import pytest
 import yaml
 
 from service.engine import BatchingConfig
@@ -36,3 +37,22 @@ def test_settings_offer_every_batching_knob_with_its_default_or_the_device_s() -
         assert f.name in fields, f.name
         expected = None if f.name in GPU_SIZES else f.default  # sizes: the replica's device decides
         assert fields[f.name].default == expected, f.name
+
+
+def test_gpu_replicas_share_the_gpus_ray_has() -> None:
+    from service.app import gpu_share
+
+    assert gpu_share(1, 1) == gpu_share(2, 4) == 1.0  # enough GPUs: a whole one each
+    assert gpu_share(3, 1) == pytest.approx(1 / 3)
+    assert gpu_share(3, 2) == gpu_share(4, 2) == 0.5  # a fraction Ray can place: two to a GPU
+    assert gpu_share(5, 2) == pytest.approx(1 / 3)
+    assert gpu_share(3, 0) == gpu_share(0, 1) == 0.0
+
+
+def test_a_replica_asks_for_its_gpu_share_unless_its_device_or_its_setting_says_otherwise() -> None:
+    from service.app import actor_options
+    from service.settings import Settings
+
+    assert actor_options(Settings(), 0.5)["num_gpus"] == 0.5
+    assert actor_options(Settings(device="cpu"), 0.5)["num_gpus"] == 0.0
+    assert actor_options(Settings(replica_gpus=0.25), 0.5)["num_gpus"] == 0.25

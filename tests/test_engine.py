@@ -223,7 +223,7 @@ def test_call_runs_on_the_engine_thread_between_steps_and_reports_failures(
 
 @pytest.fixture()
 def slot_engine() -> Iterator[Engine]:
-    """Continuous mode on the static decode state (a GPU's default), here on the CPU."""
+    """Continuous mode on the static decode state (opt-in: Settings.static_slots), here on the CPU."""
     e = Engine(
         Translator.load("en-de", "cpu", num_threads=1),
         BatchingConfig(decode_slots=32, max_queue_wait_s=60),  # bursts: see above
@@ -244,6 +244,24 @@ def test_static_slots_serve_mixed_requests_as_each_decodes_alone(slot_engine: En
     runner = slot_engine.step_runner
     assert runner.rows == 0 and runner.pool.busy == 0 and slot_engine.active == 0
     assert sum(o.beam_size == 4 for _, _, o in arrivals) > 5  # the pool was used
+
+
+@pytest.mark.cuda
+def test_static_slots_replaying_cuda_graphs_serve_mixed_requests_as_each_decodes_alone() -> None:
+    """The served GPU path (Settings.static_slots on a GPU): graphs captured and replayed per bucket."""
+    tr = Translator.load("en-de", "cuda", dtype="float32")
+    e = Engine(tr, BatchingConfig(decode_slots=64, max_queue_wait_s=60), max_length=256, static_slots=True)
+    try:
+        arrivals = jobs(tr, 40, seed=5)
+        results = asyncio.run(send(e, arrivals))
+        assert e.static_slots and e.step_runner.pool._graphs, "no graph replayed"  # type: ignore[union-attr]
+    finally:
+        e.close()
+    same = sum(
+        [h.tokens for h in got] == [h.tokens for h in tr.decode_batch([ids], opts)[0]]
+        for (_, ids, opts), got in zip(arrivals, results, strict=True)
+    )
+    assert same == len(arrivals)
 
 
 def test_static_slots_free_a_cancelled_sentence_s_slot(slot_engine: Engine, reference: Translator) -> None:

@@ -1,12 +1,14 @@
 """The model pool, end to end: twenty Marian models built here (random weights, each its own seed)
 served from two pool replicas that hold four models each, beside a dedicated deployment. Under
 concurrent load every pair answers with what its model gives alone, models are evicted and loaded
-again, and no replica holds (or runs engines for) more models than its bound."""
+again, and no replica holds (or runs engines for) more models than its bound. Ray is told the host has
+one GPU: the dedicated replica and the pool's two share it."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 
 from model import Translator
 
-from .conftest import serving
+from .conftest import free_port, serving, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +46,7 @@ TARGETS = [
     "et",
 ]  # twenty pairs from English
 PER_REPLICA = 4
+METRICS_PORT = free_port()
 TEXTS = ["A dog runs.", "Two men are talking on a bench."]
 
 
@@ -80,8 +83,10 @@ def pooled(twenty: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         "BEAMSERVE_POOL_MODELS_PER_REPLICA": str(PER_REPLICA),
         "BEAMSERVE_REPLICA_CPUS": "0.5",
         "BEAMSERVE_CACHE_ENTRIES": "0",  # every request reaches a model
+        "BEAMSERVE_NUM_GPUS": "1",  # a declared resource: Ray places by it, the replicas run on the CPU
+        "RAY_metrics_report_interval_ms": "500",
     }
-    with serving(env) as (url, _):
+    with serving(env, metrics_port=METRICS_PORT) as (url, _):
         yield url
 
 
@@ -145,3 +150,19 @@ def test_a_pooled_model_loads_on_demand_while_others_answer(pooled: str) -> None
         warm_calls = [ask(warm) for _ in range(3)]
         assert cold_call.result()[0] == 200
     assert all(status == 200 for status, _ in warm_calls)
+
+
+def gpus_in_use() -> float | None:
+    """Ray's count of the GPU resource its actors hold (its `ray_resources` gauge), once exported."""
+    text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+    for labels, value in re.findall(r"^ray_resources\{([^}]*)\} (\S+)$", text, re.M):
+        if 'Name="GPU"' in labels and 'State="USED"' in labels:
+            return float(value)
+    return None
+
+
+def test_the_dedicated_model_and_the_pool_replicas_share_one_gpu(pooled: str) -> None:
+    # Three replicas need a GPU and Ray has one: a third each. Had each asked for a whole GPU, two would
+    # wait for one forever and the server would never have become ready.
+    wait_for(lambda: gpus_in_use() is not None, "Ray's resource gauges exported")
+    assert gpus_in_use() == pytest.approx(1.0, abs=1e-3)  # 3 x 0.3333: Ray keeps four decimals
