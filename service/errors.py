@@ -10,7 +10,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from model.errors import InputTooLongError, InvalidTextError
-from service.html_text import HtmlLimitError
+from service.html_text import HtmlLimitError, HtmlSyntaxError
 from service.registry import ModelUnavailableError
 from service.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 
@@ -19,6 +19,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     InputTooLongError: (422, "input_too_long"),
     InvalidTextError: (422, "invalid_text"),
     HtmlLimitError: (422, "html_too_complex"),
+    HtmlSyntaxError: (422, "html_malformed"),
     RequestTooLargeError: (422, "too_many_texts"),
     QueueFullError: (503, "overloaded"),
     BackPressureError: (503, "overloaded"),  # Serve's queue ahead of a replica (max_queued_requests) is full

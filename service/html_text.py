@@ -101,6 +101,11 @@ class HtmlLimitError(ValueError):
     """A document with more elements or deeper nesting than the service takes (HTTP 422)."""
 
 
+class HtmlSyntaxError(ValueError):
+    """A document that ends inside markup (a tag, comment or declaration left open), whose text a
+    browser would not show and the service could not put back as sent (HTTP 422)."""
+
+
 def keep_as_is(tag: str, attrs: list[tuple[str, str | None]], ignore_tags: frozenset[str]) -> bool:
     """Whether an element's content is not to be translated."""
     if tag in ignore_tags:
@@ -170,8 +175,6 @@ class _Splitter(HTMLParser):
         self.tags += 1
         if self.tags > MAX_ELEMENTS:
             raise HtmlLimitError(f"more than {MAX_ELEMENTS} HTML tags in one text")
-        if len(self.open) >= MAX_DEPTH:
-            raise HtmlLimitError(f"HTML inline elements nested more than {MAX_DEPTH} deep")
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._count()
@@ -196,6 +199,8 @@ class _Splitter(HTMLParser):
         if tag in INLINE_VOID:
             self._inline_void(tag, markup)
             return
+        if len(self.open) >= MAX_DEPTH:
+            raise HtmlLimitError(f"HTML inline elements nested more than {MAX_DEPTH} deep")
         at = len(self.run.text)
         element = Element(tag, at, at, markup)
         self._inline(element)
@@ -267,16 +272,39 @@ class _Splitter(HTMLParser):
         else:  # inside a sentence, a comment stays there
             self._inline(Element("", len(self.run.text), len(self.run.text), f"<!--{data}-->"))
 
+    def _declaration(self, markup: str) -> None:
+        """<!DOCTYPE>, <?pi?>, <![CDATA[...]]>: kept as written; outside kept content it ends the run."""
+        if self.verbatim is not None:
+            self._keep(markup)
+        elif self.kept or self.raw_depth:
+            self.parts.append(markup)
+        else:
+            self._markup(markup)
+
     def handle_decl(self, decl: str) -> None:
-        self._markup(f"<!{decl}>")
+        self._declaration(f"<!{decl}>")
 
     def handle_pi(self, data: str) -> None:
-        self._markup(f"<?{data}>")
+        self._declaration(f"<?{data}>")
 
     def unknown_decl(self, data: str) -> None:
-        self._markup(f"<![{data}]>")
+        # A marked section: the parser gives "CDATA[x" for <![CDATA[x]]>, "if IE" for <![if IE]>.
+        self._declaration(f"<![{data}]]>" if data.startswith("CDATA[") else f"<![{data}]>")
 
     def close(self) -> None:
+        """End of the fragment. What the parser still holds is an open <script> or <style>'s content (kept
+        as written, as a browser reads it: the element runs to the end) or markup left unfinished."""
+        tail = self.rawdata
+        if self.cdata_elem is not None and tail:
+            self.parts.append(tail)
+            self.rawdata = ""
+        elif len(tail) > 1 and tail[0] == "<" and (tail[1].isalpha() or tail[1] in "/!?"):
+            at = self.getpos()[1] if self.getpos()[0] == 1 else None
+            where = f"at character {at}" if at is not None else f"on line {self.getpos()[0]}"
+            raise HtmlSyntaxError(
+                f"the HTML ends inside a tag, comment or declaration ({tail[:20]!r} {where}); "
+                "finish it, or write a literal '<' as &lt;"
+            )
         super().close()
         self._flush()
 
@@ -439,5 +467,6 @@ def join_aligned(
 
 
 def parse_documents(fragments: list[str], ignore_tags: frozenset[str] = frozenset()) -> list[HtmlDocument]:
-    """HtmlDocument of each fragment; raises HtmlLimitError past MAX_ELEMENTS or MAX_DEPTH."""
+    """HtmlDocument of each fragment; raises HtmlLimitError past MAX_ELEMENTS or MAX_DEPTH, and
+    HtmlSyntaxError for a fragment that ends inside markup."""
     return [HtmlDocument(f, ignore_tags) for f in fragments]

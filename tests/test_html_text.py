@@ -5,7 +5,11 @@ from __future__ import annotations
 import random
 import re
 
-from service.html_text import HtmlDocument, Link, join_aligned
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+
+from service.html_text import MAX_DEPTH, HtmlDocument, HtmlLimitError, HtmlSyntaxError, Link, join_aligned
 
 
 def links(source: str, target: str, pairs: list[tuple[str, str]]) -> list[Link]:
@@ -215,3 +219,56 @@ def test_a_line_break_is_inline_and_does_not_cut_the_sentence() -> None:
     assert out == "<p>Ein Mann in einem roten <br>Hemd singt.</p>"
     assert HtmlDocument("<p>A red<br/>shirt.</p>").texts == ["A red shirt."]  # self-closed alike
     assert HtmlDocument("A super<wbr>market and a<img src=x>dog.").texts == ["A supermarket and adog."]
+
+
+# Markup of every kind a client may send, well formed or not, between numbered words.
+PIECES = [
+    "<b>", "</b>", "<i>", "</i>", "<p>", "</p>", "<br>", "<img src=x>", '<span translate="no">', "</span>",
+    "<script>", "</script>", "<style>", "</style>", "<code>", "</code>", "<!--", "-->", "<!-- c -->",
+    "<![CDATA[", "]]>", "<!DOCTYPE html>", "<?x?>", "<", ">", "&amp;", "&lt;", "&", " ", " ", "\n", "<b", "<!",
+]  # fmt: skip
+
+
+@hypothesis.settings(max_examples=400, deadline=None, derandomize=True)
+@hypothesis.given(st.lists(st.one_of(st.sampled_from(PIECES), st.just("WORD")), max_size=30))
+def test_no_word_of_an_accepted_fragment_is_lost_or_invented(pieces: list[str]) -> None:
+    """Whatever the markup, each word comes back translated (upper-cased here) or kept as written, and
+    nothing else appears; or the fragment is refused (422) for ending inside markup."""
+    n = iter(range(len(pieces)))
+    fragment = "".join(f" w{next(n)} " if p == "WORD" else p for p in pieces)
+    try:
+        doc = HtmlDocument(fragment)
+    except HtmlSyntaxError:
+        return
+    # Upper-casing keeps every character in place: each token linked to itself.
+    rendered = doc.render([t.upper() for t in doc.texts], [[(a, b, a, b) for a, b in _tokens(t)] for t in doc.texts])
+    sent = re.findall(r"w\d+", fragment)
+    got = re.findall(r"[wW]\d+", rendered)
+    assert sorted(w.lower() for w in got) == sorted(sent), (fragment, rendered)
+
+
+def test_an_unclosed_script_or_style_keeps_its_content_and_cdata_comes_back_whole() -> None:
+    doc = HtmlDocument("A man <script> rides a bike.")  # the script runs to the end, as a browser reads it
+    assert doc.texts == ["A man"] and doc.render(["Ein Mann"]) == "Ein Mann <script> rides a bike."
+    doc = HtmlDocument("<![CDATA[A man]]> rides.")
+    assert doc.texts == ["rides."] and doc.render(["fährt."]) == "<![CDATA[A man]]> fährt."
+
+
+@pytest.mark.parametrize(
+    ("fragment", "where"),
+    [
+        ("A <!-- a comment never closed", "'<!-- a comment never' at character 2"),
+        ("A dog runs. <b", "'<b' at character 12"),
+    ],
+)
+def test_a_fragment_that_ends_inside_markup_is_refused_saying_where(fragment: str, where: str) -> None:
+    with pytest.raises(HtmlSyntaxError, match=re.escape(where)):
+        HtmlDocument(fragment)
+    assert HtmlDocument("I <3 you, a < b").texts == ["I <3 you, a < b"]  # a '<' that starts no markup is text
+
+
+def test_inline_elements_nest_up_to_the_limit_and_not_one_deeper() -> None:
+    deep = "<b>" * MAX_DEPTH + "A dog." + "</b>" * MAX_DEPTH
+    assert HtmlDocument(deep).texts == ["A dog."]
+    with pytest.raises(HtmlLimitError, match=f"more than {MAX_DEPTH} deep"):
+        HtmlDocument("<i>" + deep + "</i>")

@@ -528,6 +528,16 @@ def test_html_past_the_nesting_and_element_limits_is_a_fast_422(client: httpx.Cl
     many = "<i>x</i> " * (MAX_ELEMENTS // 2 + 1)
     r = client.post("/translate", json={"q": many, "source": "en", "target": "de", "format": "html"})
     assert r.status_code == 422 and str(MAX_ELEMENTS) in r.text
+
+
+def test_html_that_ends_inside_markup_is_a_422_saying_where(client: httpx.Client) -> None:
+    body = {"texts": ["A dog runs. <b"], "source": "en", "target": "de", "tag_handling": "html"}
+    r = client.post("/v1/translate", json=body)
+    assert r.status_code == 422 and r.json()["error"] == "html_malformed" and "at character 12" in r.text
+    r = client.post(
+        "/translate", json={"q": "A man <script> rides a bike.", "source": "en", "target": "de", "format": "html"}
+    )
+    assert r.status_code == 200 and r.json()["translatedText"].endswith("<script> rides a bike.")
     assert client.get("/healthz").status_code == 200
 
 
