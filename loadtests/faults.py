@@ -3,7 +3,8 @@
     python loadtests/faults.py                                  # every case
     python loadtests/faults.py --cases spike,replica-kill --duration 8
 
-Cases (each on a fresh server, bounded in time, traffic to 127.0.0.1 only):
+Cases (bounded in time, traffic to 127.0.0.1 only; replica-kill, gateway-kill and slow-clients share one
+server, in that order, each after the last has recovered; every other case has a fresh one):
 - spike: open-loop one-sentence requests at 10x the rate the server sustains (measured first by a
   closed loop of 4 clients): every answer 200, 503 or 504; refusals within a second; the accepted
   requests' p95 within 2x the unloaded p95 (or 0.5 s), with max_queue_wait_s 0.1 (--spike-queue-wait).
@@ -250,27 +251,26 @@ def json_error(body: str) -> bool:
     return isinstance(answer, dict) and bool(answer.get("error")) and bool(answer.get("request_id"))
 
 
-def case_kill(deployment: str, seconds: float, failures: list[str]) -> None:
-    server = Server()
-    try:
-        rate, _ = sustainable(server.url)
-        pid = server.replica_pid(deployment)
-        at = seconds / 3
-        load = asyncio.run(open_loop(server.url, rate / 2, seconds, [(at, lambda: os.kill(pid, signal.SIGKILL))]))
-        back = recovered_after(load, at)
-        name = f"{deployment} killed"
-        report(name, load, f"; answering 200 again {back:.1f} s after the kill" if back is not None else "")
-        check(back is not None and back < RECOVERY_S, f"{name}: answering again within {RECOVERY_S:.0f} s", failures)
-        bad = [o for o in load.outcomes if o.status not in (200, 503, 504)]
-        check(not bad, f"{name}: no 5xx but 503/504 and no dropped connection", failures)
-        refused = [o for o in load.outcomes if o.status == 503]
-        check(
-            all(json_error(o.body) and o.retry_after for o in refused),
-            f"{name}: every 503 a JSON error with its request id and Retry-After",
-            failures,
-        )
-    finally:
-        server.stop()
+SHARED_ORDER = ("replica-kill", "gateway-kill", "slow-clients")
+
+
+def case_kill(server: Server, deployment: str, seconds: float, failures: list[str]) -> None:
+    rate, _ = sustainable(server.url)
+    pid = server.replica_pid(deployment)
+    at = seconds / 3
+    load = asyncio.run(open_loop(server.url, rate / 2, seconds, [(at, lambda: os.kill(pid, signal.SIGKILL))]))
+    back = recovered_after(load, at)
+    name = f"{deployment} killed"
+    report(name, load, f"; answering 200 again {back:.1f} s after the kill" if back is not None else "")
+    check(back is not None and back < RECOVERY_S, f"{name}: answering again within {RECOVERY_S:.0f} s", failures)
+    bad = [o for o in load.outcomes if o.status not in (200, 503, 504)]
+    check(not bad, f"{name}: no 5xx but 503/504 and no dropped connection", failures)
+    refused = [o for o in load.outcomes if o.status == 503]
+    check(
+        all(json_error(o.body) and o.retry_after for o in refused),
+        f"{name}: every 503 a JSON error with its request id and Retry-After",
+        failures,
+    )
 
 
 def case_sigterm(seconds: float, failures: list[str]) -> None:
@@ -296,8 +296,7 @@ def case_sigterm(seconds: float, failures: list[str]) -> None:
         server.stop()
 
 
-def case_slow_clients(seconds: float, failures: list[str]) -> None:
-    server = Server(BEAMSERVE_BODY_TIMEOUT_S="3")
+def case_slow_clients(server: Server, seconds: float, failures: list[str]) -> None:
     socks = []
     try:
         for _ in range(300):  # headers and 8 of 100 bytes, then nothing
@@ -325,7 +324,6 @@ def case_slow_clients(seconds: float, failures: list[str]) -> None:
     finally:
         for s in socks:
             s.close()
-        server.stop()
 
 
 def fuzz_body(rng: random.Random, sentences: list[str]) -> tuple[str, dict[str, str], bytes]:
@@ -495,22 +493,35 @@ def main() -> int:
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so each case's `finally` stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
-    for case in args.cases.split(","):
-        print(f"== {case}", flush=True)
-        if case == "spike":
-            case_spike(args.duration, failures, args.spike_factor, args.spike_queue_wait)
-        elif case == "replica-kill":
-            case_kill("model-en-de", args.duration, failures)
-        elif case == "gateway-kill":
-            case_kill("Gateway", args.duration, failures)
-        elif case == "sigterm":
-            case_sigterm(args.duration, failures)
-        elif case == "slow-clients":
-            case_slow_clients(args.duration, failures)
-        elif case == "soak":
-            case_soak(args.duration, failures)
-        else:
-            raise SystemExit(f"unknown case {case!r}")
+    shared: list[Server] = []  # the server of the cases that leave it serving
+
+    def server() -> Server:
+        if not shared:  # a body timeout short enough for slow-clients, long past every other case's bodies
+            shared.append(Server(BEAMSERVE_BODY_TIMEOUT_S="3"))
+        return shared[0]
+
+    cases = args.cases.split(",")
+    unknown = set(cases) - {"spike", "replica-kill", "gateway-kill", "sigterm", "slow-clients", "soak"}
+    if unknown:
+        raise SystemExit(f"unknown case {sorted(unknown)[0]!r}")
+    try:
+        for case in sorted(cases, key=lambda c: SHARED_ORDER.index(c) if c in SHARED_ORDER else 3):  # shared first
+            print(f"== {case}", flush=True)
+            if case == "spike":
+                case_spike(args.duration, failures, args.spike_factor, args.spike_queue_wait)
+            elif case == "replica-kill":
+                case_kill(server(), "model-en-de", args.duration, failures)
+            elif case == "gateway-kill":
+                case_kill(server(), "Gateway", args.duration, failures)
+            elif case == "sigterm":
+                case_sigterm(args.duration, failures)
+            elif case == "slow-clients":
+                case_slow_clients(server(), args.duration, failures)
+            elif case == "soak":
+                case_soak(args.duration, failures)
+    finally:
+        for s in shared:
+            s.stop()
     summarise(failures)
     return 1 if failures else 0
 
