@@ -4,7 +4,8 @@ statuses in one table, and the JSON body they are answered with."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
@@ -33,7 +34,8 @@ RETRY_AFTER_S = {
     "replica_unavailable": 5.0,
     "pair_unavailable": 5.0,
     "overloaded": 1.0,
-}  # answers that say when to retry without the error telling
+    "timeout": 1.0,
+}  # answers that say when to retry without the error telling; every 503 and 504 says (http.error_response)
 
 
 def message(body: dict[str, Any]) -> str:
@@ -71,3 +73,19 @@ def api_error(exc: BaseException) -> ApiError | None:
             headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
             return ApiError(status, code, str(cause), headers)
     return None
+
+
+T = TypeVar("T")
+
+
+async def returned(call: Awaitable[T]) -> T | ApiError:
+    """A replica's call with its typed errors (a text the model cannot take, a full queue, a deadline)
+    returned as their ApiError, not raised: Serve logs a raised error at ERROR with its traceback, and
+    these are answers to the client, not faults. The gateway raises them again (PairRouter._remote)."""
+    try:
+        return await call
+    except Exception as exc:
+        known = api_error(exc)
+        if known is None:
+            raise
+        return known

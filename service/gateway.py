@@ -218,7 +218,7 @@ class Gateway(PairRouter):
         is down answers its own requests 503). With ?pair=en-de, that pair's readiness. Never waits on a
         replica: it reads PairHealth, refreshed in the background (service/pair_health.py)."""
         if self.draining:
-            return JSONResponse({"status": "draining"}, status_code=503)
+            return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": "5"})
         if pair is not None and pair not in self.pairs:
             served = ", ".join(sorted(self.pairs))
             raise ApiError(404, "unsupported_pair", f"no model for {pair}; served pairs: {served}")
@@ -226,4 +226,5 @@ class Gateway(PairRouter):
         pairs = {p: "ready" if self.health.ready(p) else "unavailable" for p in sorted(self.pairs)}
         ready = self.health.ready(pair) if pair is not None else any(self.health.ready(p) for p in self.pairs)
         status = "ready" if ready else ("starting" if not infos else "not ready")
-        return JSONResponse({"status": status, "pairs": pairs}, status_code=200 if ready else 503)
+        retry = None if ready else {"Retry-After": "2"}
+        return JSONResponse({"status": status, "pairs": pairs}, status_code=200 if ready else 503, headers=retry)

@@ -473,7 +473,7 @@ class PairRouter:
                 return await r
 
             try:
-                return await asyncio.wait_for(answer(), left + 2.0)
+                result = await asyncio.wait_for(answer(), left + 2.0)
             except TimeoutError:
                 response.cancel()
                 raise ApiError(504, "timeout", f"no answer within {timeout:.0f}s") from None
@@ -485,4 +485,7 @@ class PairRouter:
                     logger.warning("the %s replica died mid-request; asking again (%s)", pair, exc)
                     continue
                 raise known from None
+            if isinstance(result, ApiError):  # a refusal the replica answered (errors.returned)
+                raise result
+            return result
         raise AssertionError("unreachable")

@@ -17,6 +17,7 @@ from typing import Any
 from ray import serve
 
 from service import allocator, local_ray
+from service.errors import ApiError, returned
 from service.registry import ModelEntry, ModelUnavailableError
 from service.served_model import ServedModel
 from service.settings import Settings
@@ -74,11 +75,17 @@ class ModelPool:
 
     async def translate(
         self, target: str, texts: list[str], options: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any]:
-        return await (await self._model()).translate(target, texts, options, timeout_s)
+    ) -> dict[str, Any] | ApiError:
+        async def call() -> dict[str, Any]:
+            return await (await self._model()).translate(target, texts, options, timeout_s)
 
-    async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:
-        return await (await self._model()).align(target, pairs)
+        return await returned(call())
+
+    async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
+        async def call() -> list[list[list[int]]]:
+            return await (await self._model()).align(target, pairs)
+
+        return await returned(call())
 
     async def info(self) -> dict[str, Any]:
         """With a model id, that model's info (loading it); without, the pool replica's: ready, and the

@@ -6,6 +6,7 @@ from typing import Any
 from ray import serve
 
 from service import local_ray
+from service.errors import ApiError, returned
 from service.registry import ModelEntry
 from service.served_model import ServedModel
 from service.settings import Settings
@@ -33,11 +34,11 @@ class PairModel:
 
     async def translate(
         self, target: str, texts: list[str], options: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any]:
-        return await self.model.translate(target, texts, options, timeout_s)
+    ) -> dict[str, Any] | ApiError:
+        return await returned(self.model.translate(target, texts, options, timeout_s))
 
-    async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:
-        return await self.model.align(target, pairs)
+    async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
+        return await returned(self.model.align(target, pairs))
 
     def info(self) -> dict[str, Any]:
         return self.model.info()

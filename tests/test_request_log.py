@@ -81,3 +81,31 @@ def test_one_json_summary_line_per_request_with_counts_and_no_text(server: str) 
     assert (rec["libre"]["route"], rec["libre"]["pair"], rec["libre"]["texts"]) == ("/translate", "en-fr", 1)
     assert (rec["bad_pair"]["status"], rec["invalid"]["status"]) == (400, 422)
     assert rec["ok"]["client"] == "anonymous"
+
+
+def test_a_client_s_error_is_its_summary_line_not_an_error_in_a_replica_s_log(server: str) -> None:
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+    replica_logs = list(logs.glob("replica_beamserve_model-en-de_*.log"))
+    before = {path: path.stat().st_size for path in replica_logs}
+    calls = {  # refused in the model's replica: a text longer than the model takes, a deadline missed
+        "too_long": {"texts": ["a " * 990], "source": "en", "target": "de", "split_sentences": False},
+        "deadline": {
+            "texts": ["Two men are talking on a bench. " * 8],
+            "source": "en",
+            "target": "de",
+            "timeout_s": 0.001,
+        },
+    }
+    ids = {name: f"test-{name}-{uuid.uuid4().hex[:8]}" for name in calls}
+    for name, body in calls.items():
+        r = httpx.post(f"{server}/v1/translate", json=body, headers={"X-Request-ID": ids[name]}, timeout=60)
+        assert r.status_code == {"too_long": 422, "deadline": 504}[name], r.text
+        if r.status_code == 504:
+            assert r.headers["retry-after"] == "1"
+    found = summaries(set(ids.values()))
+    assert [found[ids["too_long"]][0]["status"], found[ids["deadline"]][0]["status"]] == [422, 504]
+    written = "".join(path.read_text()[before[path] :] for path in replica_logs)
+    errors = [line for line in written.splitlines() if '"levelname": "ERROR"' in line or "Traceback" in line]
+    assert not errors, errors[:3]
