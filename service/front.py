@@ -131,6 +131,7 @@ def _defaults(limits: Limits) -> str:
     """The defaults section's answers for what HAProxy refuses or cannot deliver."""
     return (
         "    # beamserve: HAProxy's own answers in the API's JSON shape (service/front.py)\n"
+        + _http_error(400, "invalid_request", "the request is not valid HTTP")
         + _http_error(408, "body_timeout", "the request did not arrive in time")
         + _http_error(413, "body_too_large", f"request body over {limits.max_body_bytes} bytes")
         + _http_error(502, "replica_unavailable", "the gateway replica stopped while answering", RETRY_AFTER_S)
@@ -144,11 +145,13 @@ def _frontend(limits: Limits) -> str:
     from service import deepl, libretranslate
 
     libre = " ".join(sorted(libretranslate.ROUTES))
+    bad_header = _error_body("invalid_header", BAD_HEADER)
     return (
         "    # beamserve: request ids, the route's error shape and the front's limits (service/front.py)\n"
         f"    timeout http-request {max(1, round(limits.body_timeout_s))}s\n"
         "    unique-id-format %[uuid]\n"
-        "    http-request set-header x-request-id %[unique-id] if !{ req.hdr(x-request-id) -m found }\n"
+        + _undecodable_headers()
+        + "    http-request set-header x-request-id %[unique-id] if !{ req.hdr(x-request-id) -m found }\n"
         "    http-request set-var(txn.request_id) req.hdr(x-request-id)\n"
         "    http-request set-var(txn.api) str(beamserve)\n"
         f"    http-request set-var(txn.api) str(deepl) if {{ path_beg {deepl.PREFIX} }}\n"
@@ -158,6 +161,8 @@ def _frontend(limits: Limits) -> str:
         "    http-request set-var(txn.code_key) str(code) if !{ var(txn.api) -m str beamserve }\n"
         "    http-request set-var(txn.detail_key) str(message) if { var(txn.api) -m str deepl }\n"
         "    http-request set-var(txn.detail_key) str(error) if { var(txn.api) -m str libretranslate }\n"
+        f'    http-request return status 400 content-type application/json lf-string "{bad_header}"'
+        " hdr x-request-id %[var(txn.request_id)] if { var(txn.bad_header) -m found }\n"
         f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
         # A dead replica is not the client's 502: Serve starts another, so retry.
         "    http-after-response set-status 503 if { status 502 }\n"
@@ -167,6 +172,31 @@ def _frontend(limits: Limits) -> str:
         "    http-after-response set-header x-request-id %[var(txn.request_id)]"
         " if !{ res.hdr(x-request-id) -m found }\n"
     )
+
+
+# Headers Serve decodes as UTF-8 in the replica, answering a plain-text 500 when one is not: the session
+# id's and the model id's with "-" or "_" alike, as Serve matches them.
+SERVE_DECODED_HEADERS = (
+    "x-request-id",
+    "x-request-timeout-seconds",
+    "x-request-disconnect-disabled",
+    "x-session-id",
+    "x_session_id",
+    "serve-multiplexed-model-id",
+    "serve_multiplexed_model_id",
+)
+BAD_HEADER = "the %[var(txn.bad_header)] header is not UTF-8"
+
+
+def _undecodable_headers() -> str:
+    """Mark a request whose Serve-decoded header is not UTF-8 (answered 400 once the route's error
+    shape is known); an undecodable request id is replaced, so the answer still has one."""
+    rules = []
+    for name in SERVE_DECODED_HEADERS:
+        sent, utf8 = f"{{ req.fhdr({name}) -m found }}", f"{{ req.fhdr({name}),json(utf8) -m found }}"
+        rules.append(f"    http-request set-var(txn.bad_header) str({name}) if {sent} !{utf8}\n")
+    fresh = "    http-request set-header x-request-id %[unique-id] if { var(txn.bad_header) -m str x-request-id }\n"
+    return "".join(rules) + fresh
 
 
 def _backend(limits: Limits) -> str:

@@ -8,6 +8,7 @@ import html
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -199,6 +200,40 @@ def test_a_paragraph_is_translated_sentence_by_sentence_unless_asked_not_to(clie
     from model import Translator
 
     assert whole == Translator.load("en-de", "cpu").translate([f"{first}  {second}"])[0].hypotheses[0]  # sent whole
+
+
+@pytest.mark.parametrize(
+    ("header", "path", "shape"),
+    [
+        ("X-Request-ID", "/healthz", "error"),
+        ("X-Session-ID", "/v1/translate", "error"),
+        ("serve_multiplexed_model_id", "/translate", "code"),  # LibreTranslate's shape on its route
+        ("X-Request-Timeout-Seconds", "/v2/translate", "code"),
+    ],
+)
+def test_a_header_that_is_not_utf8_is_a_json_400_naming_it(server: str, header: str, path: str, shape: str) -> None:
+    # Serve decodes these headers itself; the front refuses what it could not decode (service/front.py).
+    port = int(server.rsplit(":", 1)[1])
+    body = (
+        b'{"texts": ["A dog."], "q": "A dog.", "text": ["A dog."], "source": "en", "target": "de", "target_lang": "DE"}'
+    )
+    method = b"GET" if path == "/healthz" else b"POST"
+    raw = (
+        method + f" {path} HTTP/1.1\r\nHost: x\r\n{header}: caf".encode() + b"\xe9\r\n"
+        b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
+    ) + body
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer[:300]
+    error = json.loads(payload)
+    assert error[shape] == "invalid_header" and header.lower() in json.dumps(error) and error["request_id"]
+    assert f"x-request-id: {error['request_id']}".encode() in head.lower()
 
 
 def test_a_lone_surrogate_is_a_4xx_naming_the_text(client: httpx.Client) -> None:
