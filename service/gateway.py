@@ -86,7 +86,9 @@ class Gateway(PairRouter):
     @contextlib.asynccontextmanager
     async def _billed(self, request: Request, characters: int, body_key: object = None) -> AsyncIterator[Client]:
         """The request's client (ApiError 401/403 while keys are on), charged one request and its
-        characters (ApiError 429 past its limits); a request that fails is refunded its characters."""
+        characters (ApiError 429 past its limits); a request that fails is refunded its characters, one
+        answered is refunded those of its texts that came back as they were (already in the target
+        language: PairRouter._translate_from)."""
         client = self.keys.client(request.headers, body_key)
         request_log.current().client = client.id
         await self.keys.charge(client, characters)
@@ -95,6 +97,8 @@ class Gateway(PairRouter):
         except BaseException:
             await self.keys.refund(client, characters)
             raise
+        if echoed := getattr(request.state, "echoed_characters", 0):
+            await self.keys.refund(client, echoed)
 
     @app.post(
         "/v1/translate",

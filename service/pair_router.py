@@ -133,7 +133,12 @@ class PairRouter:
         """req's texts at idx, all in `source`. Texts detected to be in the target language already are
         answered as they are (what DeepL and LibreTranslate do)."""
         texts = [req.texts[i] for i in idx]
-        if source == req.target:
+        if source == req.target:  # the same checks as a translation: a language served, the limits
+            if not any(source in pair.split("-") for pair in self.pairs):
+                served = ", ".join(sorted(self.pairs))
+                raise ApiError(400, "unsupported_pair", f"no model for {source} -> {source}; served pairs: {served}")
+            self._check_texts(texts)
+            request.state.echoed_characters = getattr(request.state, "echoed_characters", 0) + sum(map(len, texts))
             n = self._options(req).num_hypotheses
             same = [Translation(text=t, score=0.0, hypotheses=[t] if n > 1 else None) for t in texts]
             return same, Usage(source_tokens=0, target_tokens=0)
@@ -235,7 +240,6 @@ class PairRouter:
 
     def _check(self, req: TranslateRequest, request: Request) -> tuple[str, DecodeOptions]:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
-        s = self.settings
         pair = f"{req.source}-{req.target}"
         request.state.pair = pair if self._serves(pair) else "unknown"
         if not self._serves(pair):
@@ -251,17 +255,23 @@ class PairRouter:
             raise ApiError(
                 503, "pair_unavailable", f"the {pair} model is not available now; retry later", {"Retry-After": "5"}
             )
-        self._count(req.texts)
-        for i, text in enumerate(req.texts):
-            if len(text) > s.max_text_chars:
+        self._check_texts(req.texts)
+        return pair, self._options(req)
+
+    def _check_texts(self, texts: list[str]) -> None:
+        """ApiError for more texts than a request may hold, a text too long, or one no model can take."""
+        self._count(texts)
+        for i, text in enumerate(texts):
+            if len(text) > self.settings.max_text_chars:
                 raise ApiError(
-                    422, "text_too_long", f"texts[{i}] has {len(text)} characters; at most {s.max_text_chars}"
+                    422,
+                    "text_too_long",
+                    f"texts[{i}] has {len(text)} characters; at most {self.settings.max_text_chars}",
                 )
             try:
                 check_text(text)
             except InvalidTextError as exc:
                 raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
-        return pair, self._options(req)
 
     def _serves(self, pair: str) -> bool:
         return pair in self.pairs or pair in self.pivoted

@@ -133,6 +133,17 @@ def test_usage_counts_the_characters_sent_on_every_route(keyed: tuple[str, subpr
         f"{url}/v1/translate", json={"texts": [TEXT], "source": "en", "target": "zz"}, headers=bearer("gamma-key")
     )
     assert r.status_code == 400
+    # Texts already in the target language come back as they are, checked like any, and cost nothing.
+    echo = {"texts": [TEXT, "Ein Hund."], "source": "de", "target": "de"}
+    r = httpx.post(f"{url}/v1/translate", json=echo, headers=bearer("gamma-key"))
+    assert r.status_code == 200 and [t["text"] for t in r.json()["translations"]] == echo["texts"]
+    for body, status in [
+        ({"texts": [TEXT], "source": "zz", "target": "zz"}, 400),  # a language no model serves
+        ({"texts": [TEXT] * 65, "source": "de", "target": "de"}, 422),  # past max_texts
+        ({"texts": ["x" * 2001], "source": "de", "target": "de"}, 422),  # past max_text_chars
+    ]:
+        r = httpx.post(f"{url}/v1/translate", json=body, headers=bearer("gamma-key"))
+        assert r.status_code == status, r.text
     usage = httpx.get(f"{url}/v1/usage", headers=bearer("gamma-key")).json()
     assert usage["client"] == "gamma" and usage["characters_day"] == usage["characters_month"] == sent
     assert usage["characters_day_limit"] == 0
