@@ -70,9 +70,13 @@ def api_error(exc: BaseException) -> ApiError | None:
     for kind, (status, code) in STATUS.items():
         if isinstance(cause, kind):
             retry = getattr(cause, "retry_after_s", None) or RETRY_AFTER_S.get(code)
-            headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
-            return ApiError(status, code, str(cause), headers)
+            return ApiError(status, code, str(cause), retry_after(retry) if retry is not None else None)
     return None
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """The Retry-After header for a wait of `seconds`: whole seconds, at least one."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
 T = TypeVar("T")

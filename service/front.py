@@ -174,8 +174,8 @@ def _frontend(limits: Limits) -> str:
     )
 
 
-# Headers Serve decodes as UTF-8 in the replica, answering a plain-text 500 when one is not: the session
-# id's and the model id's with "-" or "_" alike, as Serve matches them.
+# Headers Serve decodes as UTF-8 in the replica, answering a plain-text 500 when one is not: its
+# affinity header's and the model id's with "-" or "_" alike, as Serve matches them.
 SERVE_DECODED_HEADERS = (
     "x-request-id",
     "x-request-timeout-seconds",

@@ -9,7 +9,6 @@ import asyncio
 import inspect
 import json
 import logging
-import math
 import time
 import uuid
 from typing import Any
@@ -23,7 +22,7 @@ from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import deepl, front, libretranslate, request_log
-from service.errors import RETRY_AFTER_S, ApiError, api_error
+from service.errors import RETRY_AFTER_S, ApiError, api_error, retry_after
 from service.metrics import gateway_metrics
 from service.settings import Settings
 
@@ -228,8 +227,7 @@ def error_response(
     request: Request, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> JSONResponse:
     if status in (503, 504) and not any(k.lower() == "retry-after" for k in headers or {}):
-        retry = RETRY_AFTER_S.get(str(body.get("error")), 1.0)
-        headers = {**(headers or {}), "Retry-After": str(max(1, math.ceil(retry)))}
+        headers = {**(headers or {}), **retry_after(RETRY_AFTER_S.get(str(body.get("error")), 1.0))}
     status, body = shape_error(request.url.path, status, body)
     return JSONResponse({**body, "request_id": request_id(request.headers)}, status_code=status, headers=headers)
 

@@ -95,6 +95,7 @@ class PairRouter:
         # target language is recognised (and returned as it is) and one with no model is named. Loaded
         # beside the replica's start (0.7 s), not in its way: a restarted gateway answers sooner.
         languages = [lang for pair in sorted(pairs) for lang in pair.split("-")]
+        self.served_languages = frozenset(languages)  # every language of a served pair, source or target
         loader = ThreadPoolExecutor(1, "detector")
         self._detector = loader.submit(LanguageDetector, languages)
         loader.shutdown(wait=False)  # its thread ends once the detector is loaded
@@ -134,7 +135,7 @@ class PairRouter:
         answered as they are (what DeepL and LibreTranslate do)."""
         texts = [req.texts[i] for i in idx]
         if source == req.target:  # the same checks as a translation: a language served, the limits
-            if not any(source in pair.split("-") for pair in self.pairs):
+            if source not in self.served_languages:
                 served = ", ".join(sorted(self.pairs))
                 raise ApiError(400, "unsupported_pair", f"no model for {source} -> {source}; served pairs: {served}")
             self._check_texts(texts)

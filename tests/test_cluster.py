@@ -6,22 +6,12 @@ under load costs no bare 500 and no dropped connection, and its replicas are rep
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from .conftest import REPO
+from .conftest import run_suite
 
 pytestmark = pytest.mark.slow
 
 
 def test_cluster_cases_pass() -> None:
-    proc = subprocess.run(
-        [sys.executable, "loadtests/cluster_faults.py", "--cases", "front,user-config,node-kill", "--duration", "8"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-3000:]
+    run_suite("loadtests/cluster_faults.py", "front,user-config,node-kill", timeout_s=600)

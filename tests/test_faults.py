@@ -4,23 +4,13 @@ replica SIGKILLed under load costs no request, a killed gateway replica costs a 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from .conftest import REPO
+from .conftest import run_suite
 
 pytestmark = pytest.mark.slow
 
 
 def test_fault_cases_pass() -> None:
     # One server for the three cases (loadtests/faults.py): each begins once the last has recovered.
-    proc = subprocess.run(
-        [sys.executable, "loadtests/faults.py", "--cases", "replica-kill,gateway-kill,slow-clients", "--duration", "8"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_suite("loadtests/faults.py", "replica-kill,gateway-kill,slow-clients", timeout_s=300)
