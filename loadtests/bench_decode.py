@@ -359,7 +359,8 @@ def _bench_model(
                 continue
             spec = {"own": str(own), "hf": str(hf_dir), "ct2": str(where), "steps": steps, "args": vars(args)}
             worker = SystemWorker(system, spec)
-            if (error := worker.ready()) is not None:
+            # Built is not enough: a library may load and fail on its first batch (CUDA libraries it lacks).
+            if (error := worker.ready() or _smoke(worker)) is not None:
                 missing[system] = f"{type(error).__name__}: {error}"
                 worker.close()
                 continue
@@ -371,6 +372,14 @@ def _bench_model(
     finally:
         for worker in workers.values():
             worker.close()
+
+
+def _smoke(worker: SystemWorker) -> Exception | None:
+    try:
+        worker.run(2, 2, 1)
+    except Exception as exc:  # the system's own failure, reported as not run
+        return exc
+    return None
 
 
 def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, args: argparse.Namespace) -> str:

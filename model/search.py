@@ -94,8 +94,9 @@ def constrain(
     if opts.forced_eos_token_id is not None:
         last = max_lengths == pos + 1  # (N,) rows whose next token is their last
         if not sync:
-            forced = torch.full_like(log_probs[:1], float("-inf"))
-            forced[0, opts.forced_eos_token_id] = 0.0
+            forced = torch.full_like(log_probs[:1], float("-inf"))  # (1, V)
+            # fill_, not item assignment: assigning one element copies a host scalar, which a graph's capture refuses
+            forced[:, opts.forced_eos_token_id].fill_(0.0)
             log_probs.copy_(torch.where(last[:, None], forced, log_probs))
         elif bool(last.any()):
             log_probs[last] = float("-inf")
