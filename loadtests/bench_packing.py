@@ -44,13 +44,15 @@ def replica(device: str, model: str, texts: list[str], beam: int, threads: int, 
     from model import DecodeOptions, Translator
     from service.engine import Engine
     from service.scheduler import sized_for
+    from service.settings import Settings
 
     tr = Translator.load(model, device, num_threads=threads)
     # The whole share is accepted at once: the work is what is measured, not admission.
     config = sized_for(tr.device.type, {"mode": "continuous"})
     config = replace(config, max_queue_wait_s=600.0, max_queue=max(config.max_queue, len(texts)))
-    engine = Engine(tr, config, max_length=256)
-    engine.warm_up([tr.encode(t) for t in texts[:8]])
+    # The decode path a replica takes by default (on a GPU the static state, its graphs captured in the warm-up).
+    engine = Engine(tr, config, max_length=256, static_slots=Settings().uses_static_slots(tr.device.type))
+    engine.warm_up([tr.encode(t) for t in texts[:64]])
     sources = [tr.encode(t) for t in texts]
     opts = DecodeOptions(beam_size=beam)
 

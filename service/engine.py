@@ -161,7 +161,7 @@ class Engine:
     ) -> None:
         """max_length: the longest output any request may ask for (sizes continuous mode's buffers).
         static_slots: continuous mode decodes on the static decode state (service/slot_runner.py), which
-        replays CUDA graphs on a GPU; opt-in (Settings.static_slots) until proven on one."""
+        replays CUDA graphs on a GPU (Settings.uses_static_slots: the default there)."""
         self.translator = translator
         self.static_slots = static_slots
         self.max_length = min(max_length or 10**9, translator.model.cfg.max_position_embeddings)

@@ -46,7 +46,8 @@ class ServedModel:
         self.metrics.info_tags.update(digest=tr.digest, compute_type=tr.compute_type, device=tr.device.type)
         config = self._sized(s.model_dump())
         self.metrics.capacity = (config.max_queue, config.decode_slots)
-        self.engine = Engine(self.translator, config, max_length=s.max_decoding_length, static_slots=s.static_slots)
+        static_slots = s.uses_static_slots(tr.device.type)
+        self.engine = Engine(self.translator, config, max_length=s.max_decoding_length, static_slots=static_slots)
         # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
         self.engine.warm_up([self.translator.encode(WARMUP)])
         self.engine.observer = self.metrics  # the warm-up is not traffic

@@ -56,3 +56,11 @@ def test_a_replica_asks_for_its_gpu_share_unless_its_device_or_its_setting_says_
     assert actor_options(Settings(), 0.5)["num_gpus"] == 0.5
     assert actor_options(Settings(device="cpu"), 0.5)["num_gpus"] == 0.0
     assert actor_options(Settings(replica_gpus=0.25), 0.5)["num_gpus"] == 0.25
+
+
+def test_the_static_decode_state_is_the_gpu_s_default_and_a_setting_overrides_it() -> None:
+    from service.settings import Settings
+
+    assert Settings().uses_static_slots("cuda") and not Settings().uses_static_slots("cpu")
+    assert not Settings(static_slots=False).uses_static_slots("cuda")
+    assert Settings(static_slots=True).uses_static_slots("cpu")

@@ -223,7 +223,7 @@ def test_call_runs_on_the_engine_thread_between_steps_and_reports_failures(
 
 @pytest.fixture()
 def slot_engine() -> Iterator[Engine]:
-    """Continuous mode on the static decode state (opt-in: Settings.static_slots), here on the CPU."""
+    """Continuous mode on the static decode state (a GPU's default, Settings.uses_static_slots), here on the CPU."""
     e = Engine(
         Translator.load("en-de", "cpu", num_threads=1),
         BatchingConfig(decode_slots=32, max_queue_wait_s=60),  # bursts: see above
