@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -57,14 +58,15 @@ def group(frame: str) -> str:
     return next((name for key, name in GROUPS if key in path), "other Python")
 
 
-def summarise(raw: Path) -> list[tuple[str, float]]:
+def summarise(raw: Path, key: Callable[[str], str] = group) -> list[tuple[str, float]]:
+    """Shares of the busy samples by key(innermost frame): its group, or with --top the frame itself."""
     counts: collections.Counter[str] = collections.Counter()
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         # The event loop waiting (uvloop's poll shows as the thread's own frame) or an idle thread.
         if any(m in stack for m in IDLE) or stack.rsplit(";", 1)[-1].startswith("Thread.run ("):
             continue
-        counts[group(stack.rsplit(";", 1)[-1])] += int(n)
+        counts[key(stack.rsplit(";", 1)[-1])] += int(n)
     total = sum(counts.values()) or 1
     return [(name, 100 * n / total) for name, n in counts.most_common()]
 
@@ -73,6 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=10, help="seconds of samples")
     ap.add_argument("--uncached", action="store_true", help='"cache": false: every sentence decoded')
+    ap.add_argument("--top", type=int, default=0, help="also the N functions with the most samples (innermost frames)")
     args = ap.parse_args()
     workload = "uncached-1" if args.uncached else "cached-1"
     server = Server("beamserve", "haproxy")
@@ -104,6 +107,10 @@ def main() -> None:
             print(f"| group ({workload}, gateway replica) | share of its busy samples |\n|---|---:|")
             for name, share in summarise(raw):
                 print(f"| {name} | {share:.1f}% |")
+            if args.top:
+                print("\n| function (file:line) | group | share |\n|---|---|---:|")
+                for frame, share in summarise(raw, key=lambda f: f)[: args.top]:
+                    print(f"| `{frame}` | {group(frame)} | {share:.1f}% |")
     finally:
         server.stop()
 

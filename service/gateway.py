@@ -83,14 +83,18 @@ class Gateway(PairRouter):
         finally:
             self.in_flight -= 1
 
-    @contextlib.asynccontextmanager
-    async def _billed(self, request: Request, characters: int, body_key: object = None) -> AsyncIterator[Client]:
-        """The request's client (ApiError 401/403 while keys are on), charged one request and its
-        characters (ApiError 429 past its limits); a request that fails is refunded its characters, one
-        answered is refunded those of its texts that came back as they were (already in the target
-        language: PairRouter._translate_from)."""
+    def _client(self, request: Request, body_key: object = None) -> Client:
+        """The request's client, ApiError 401/403 while keys are on: asked before a body is validated, so
+        a client without a valid key learns nothing of what the body would have needed."""
         client = self.keys.client(request.headers, body_key)
         request_log.current().client = client.id
+        return client
+
+    @contextlib.asynccontextmanager
+    async def _billed(self, client: Client, request: Request, characters: int) -> AsyncIterator[Client]:
+        """client charged one request and its characters (ApiError 429 past its limits); a request that
+        fails is refunded its characters, one answered is refunded those of its texts that came back as
+        they were (already in the target language: PairRouter._translate_from)."""
         await self.keys.charge(client, characters)
         try:
             yield client
@@ -108,8 +112,9 @@ class Gateway(PairRouter):
     )
     async def translate(self, request: Request) -> Response:
         with self._accepting():
+            client = self._client(request)
             req = parse_json(TranslateRequest, await request.body())
-            async with self._billed(request, sum(map(len, req.texts))):
+            async with self._billed(client, request, sum(map(len, req.texts))):
                 return json_response(await self._translate(req, request))
 
     @app.post(
@@ -126,8 +131,9 @@ class Gateway(PairRouter):
 
     async def _libretranslate(self, request: Request) -> dict[str, Any]:
         body = await read_body(request, libretranslate.form_field)
+        client = self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
-        async with self._billed(request, sum(map(len, texts)), body.get("api_key")):
+        async with self._billed(client, request, sum(map(len, texts))):
             return await self._libre_texts(body, texts, single, request)
 
     @app.post("/detect", responses=ERRORS)
@@ -135,8 +141,9 @@ class Gateway(PairRouter):
         """LibreTranslate-compatible: q (a string or a list) -> each text's candidate languages, most
         likely first, with confidence in percent."""
         body = await read_body(request, libretranslate.form_field)
+        client = self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
-        async with self._billed(request, 0, body.get("api_key")):  # a request, no characters translated
+        async with self._billed(client, request, 0):  # a request, no characters translated
             self._count(texts, status=400)
             heads = [t[:DETECT_CHARS] for t in texts]
             ranks = await asyncio.to_thread(lambda: [self.detector.rank(t) for t in heads])
@@ -155,8 +162,9 @@ class Gateway(PairRouter):
     async def deepl_translate(self, request: Request) -> deepl.DeepLTranslateResponse:
         """DeepL-compatible (service/deepl.py): text list, target_lang, optional source_lang."""
         with self._accepting():
+            client = self._client(request)
             _, req = deepl.parse(await read_body(request, deepl.form_field))
-            async with self._billed(request, sum(map(len, req.texts))):
+            async with self._billed(client, request, sum(map(len, req.texts))):
                 return deepl.response(req, await self._translate(req, request))
 
     @app.get("/v2/usage", response_model=deepl.DeepLUsage, responses=ERRORS)

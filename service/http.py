@@ -123,12 +123,17 @@ class Ingress:
         path: str = scope["path"]
         rid = None
         declared = b"0"  # no Content-Length and not chunked: no body (HTTP/1.1)
+        encoding = b"identity"
         for name, value in scope["headers"]:
             if name == b"x-request-id":
                 rid = value.decode("latin-1")
             elif name == b"content-length" or name == b"transfer-encoding":
                 declared = value  # a length, or "chunked": the body's size is unknown
+            elif name == b"content-encoding":
+                encoding = value.strip().lower()
         rid = rid or uuid.uuid4().hex
+        if scope["method"] == "HEAD":  # a GET's answer without its body (RFC 9110), on every GET route
+            scope, send = {**scope, "method": "GET"}, _headers_only(send)
         summary = request_log.start(rid, path, scope["method"])
         status = 0
 
@@ -141,6 +146,10 @@ class Ingress:
         size = int(declared) if declared.isdigit() else None
         if size is not None and size > limit:
             await _reject(path, rid, sent, 413, "body_too_large", f"request body over {limit} bytes")
+        elif encoding != b"identity" and size != 0:
+            coding = encoding.decode("latin-1")[:40]
+            detail = f"Content-Encoding {coding} is not supported: send the body uncompressed"
+            await _reject(path, rid, sent, 415, "unsupported_media_type", detail)
         elif size is not None and size <= self.whole_bodies:
             # The front delivers a body this small whole (HAProxy buffers it, bounding its time), and
             # the server reads no more than its Content-Length: nothing left to guard.
@@ -205,6 +214,17 @@ async def _call(route: Any, scope: dict[str, Any], receive: Any, send: Any) -> N
     await response(scope, receive, send)
 
 
+def _headers_only(send: Any) -> Any:
+    """send, with every body part emptied: the Content-Length stays the GET's, as HEAD's answer says."""
+
+    async def headers_only(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return headers_only
+
+
 async def _reject(path: str, rid: str, send: Any, status: int, code: str, detail: str) -> None:
     status, shaped = shape_error(path, status, {"error": code, "detail": detail})
     body = json.dumps({**shaped, "request_id": rid}).encode()
@@ -253,7 +273,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return error_response(request, 422, {"error": "invalid_request", "detail": errors})
 
 
-HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}
 
 
 @app.exception_handler(StarletteHTTPException)

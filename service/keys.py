@@ -78,7 +78,8 @@ def presented_key(headers: Mapping[str, str], body_key: object = None) -> str | 
     scheme, _, value = headers.get("authorization", "").partition(" ")
     if scheme.lower() in ("bearer", "deepl-auth-key") and value.strip():
         return value.strip()
-    return body_key if isinstance(body_key, str) and body_key else None
+    # A blank key is no key (401), whichever way it came.
+    return body_key.strip() if isinstance(body_key, str) and body_key.strip() else None
 
 
 class LocalUsage:

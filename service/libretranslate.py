@@ -2,6 +2,7 @@
 alternatives; format text or html) read into beamserve's request, and its response shape."""
 
 import asyncio
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -61,17 +62,33 @@ def texts_of(body: dict[str, Any]) -> tuple[list[str], bool]:
     return texts, isinstance(q, str)
 
 
+def languages_of(body: dict[str, Any]) -> tuple[str, str]:
+    """LibreTranslate's source ("auto" to detect) and target, each a string as sent."""
+    out = []
+    for field, wanted in (("source", "a language code or 'auto'"), ("target", "a language code")):
+        value = body.get(field)
+        if not isinstance(value, str) or not value.strip():
+            raise ApiError(
+                400, "invalid_request", f"{field} must be {wanted}, not {json.dumps(value, ensure_ascii=False)[:100]}"
+            )
+        out.append(value)
+    return out[0], out[1]
+
+
 def alternatives(body: dict[str, Any]) -> int:
-    """LibreTranslate's `alternatives`: an integer, in JSON or a form's string."""
-    value = body.get("alternatives", 0) or 0
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ApiError(400, "invalid_request", "alternatives must be an integer")
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise ApiError(400, "invalid_request", "alternatives must be a finite integer")
-    try:
+    """LibreTranslate's `alternatives`: an integer, in JSON or as a form's string of ASCII digits."""
+    value = body.get("alternatives")
+    if value is None or value == "":
+        return 0
+    if isinstance(value, str) and value.isascii() and value.strip().isdigit():
         return int(value)
-    except ValueError:
-        raise ApiError(400, "invalid_request", "alternatives must be an integer") from None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ApiError(
+        400, "invalid_request", f"alternatives must be an integer, not {json.dumps(value, ensure_ascii=False)[:100]}"
+    )
 
 
 async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
@@ -91,8 +108,8 @@ async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
             {
                 # A document of markup alone still goes through the checks (with one empty text).
                 "texts": segments or [""],
-                "source": str(body.get("source", "")),
-                "target": str(body.get("target", "")),
+                "source": body["source"],
+                "target": body["target"],
                 "beam_size": max(4, extra + 1),
                 "num_hypotheses": extra + 1,
             }

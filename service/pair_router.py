@@ -201,8 +201,7 @@ class PairRouter:
     async def _libre_texts(
         self, body: dict[str, Any], texts: list[str], single: bool, request: Request
     ) -> dict[str, Any]:
-        source = str(body.get("source", ""))
-        target = str(body.get("target", ""))
+        source, target = libretranslate.languages_of(body)
         markup = body.get("format") == "html"
         detected, groups = await self._sources(source, target, texts, markup=markup)
         parts = await asyncio.gather(

@@ -20,8 +20,8 @@ def _decode_fields() -> dict[str, Any]:
         kind, default = hints[f.name], f.default
         if f.name == "max_decoding_length":
             kind, default = int | None, None  # absent: the server's cap
-        # Integers strictly: JSON true or "4" is a client's mistake, not beam size 1 or 4.
-        extra: dict[str, Any] = {"strict": True} if hints[f.name] in (int, bool) else {"allow_inf_nan": False}
+        # Numbers strictly: JSON true or "4" is a client's mistake, not beam size 1 or 4 (an integer is a float).
+        extra: dict[str, Any] = {"strict": True} | ({} if hints[f.name] in (int, bool) else {"allow_inf_nan": False})
         low = f.metadata["minimum"]
         extra |= {"ge": low} if low is not None else API_BOUNDS.get(f.name, {})
         info: Any = Field(default, description=f.metadata["help"], **extra)
@@ -45,7 +45,7 @@ class TranslateRequest(DecodeFields):
     )
     target: str = Field(min_length=2, max_length=16, examples=["de"])
     timeout_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="answer 504 after this long (capped by the server)"
+        None, gt=0, strict=True, allow_inf_nan=False, description="answer 504 after this long (capped by the server)"
     )
     tag_handling: Literal["html"] | None = Field(
         None,

@@ -103,6 +103,19 @@ def test_a_key_is_required_and_checked_on_every_route(keyed: tuple[str, subproce
     r = httpx.post(f"{url}/v2/translate", json={"text": [TEXT], "target_lang": "DE"})
     assert r.status_code == 403 and "API key" in r.json()["message"]
     assert httpx.get(f"{url}/v1/usage").status_code == 401
+    # The key is asked before the body is validated: no key, no word on what the body lacks.
+    r = httpx.post(f"{url}/v1/translate", json={"texts": "not a list", "beam_size": "x"})
+    assert r.status_code == 401 and r.json()["error"] == "missing_api_key", r.text
+    r = httpx.post(f"{url}/translate", json={"q": None, "source": None, "api_key": "wrong"})
+    assert r.status_code == 403, r.text
+    r = httpx.post(f"{url}/v2/translate", json={"text": 5})
+    assert r.status_code == 403 and "API key" in r.json()["message"], r.text
+    # A blank key is no key, in the body as in the header.
+    for body_key, header in (("  ", {}), ("", {"Authorization": "Bearer"})):
+        r = httpx.post(
+            f"{url}/translate", json={"q": TEXT, "source": "en", "target": "de", "api_key": body_key}, headers=header
+        )
+        assert r.status_code == 401, (body_key, header, r.text)
     assert httpx.get(f"{url}/frontend/settings").json()["keyRequired"] is True
     assert httpx.get(f"{url}/healthz").status_code == 200  # probes need no key
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import gzip
 import html
 import json
 import os
@@ -134,6 +135,9 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
             "min_decoding_length must be below max_decoding_length (20)",
         ),
         ({"texts": ["A dog."], "source": "en", "target": "de", "early_stopping": "yes"}, 422, "valid boolean"),
+        # Numbers are numbers on every field: floats as strictly as integers.
+        ({"texts": ["A dog."], "source": "en", "target": "de", "length_penalty": True}, 422, "length_penalty"),
+        ({"texts": ["A dog."], "source": "en", "target": "de", "timeout_s": "4"}, 422, "timeout_s"),
         ({"texts": ["A dog."], "source": "en", "target": "de", "ignore_tags": ["x"]}, 422, "tag_handling"),
     ],
 )
@@ -536,11 +540,40 @@ def test_locustfile_runs_against_the_service_with_zero_failures(server: str, tmp
     assert proc.returncode == 0
 
 
-@pytest.mark.parametrize("value", ["Infinity", "1e999", "-Infinity", "NaN", "2.5", "true", '"two"'])
+@pytest.mark.parametrize("value", ["Infinity", "1e999", "-Infinity", "NaN", "2.5", "true", '"two"', "[]", '"\u0663"'])
 def test_libretranslate_alternatives_that_are_not_integers_are_a_400(client: httpx.Client, value: str) -> None:
     body = '{"q": "A dog.", "source": "en", "target": "de", "alternatives": ' + value + "}"
     r = client.post("/translate", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400 and "alternatives" in r.json()["error"], r.text  # LibreTranslate's shape
+
+
+def test_libretranslate_languages_that_are_not_strings_are_named_as_sent(client: httpx.Client) -> None:
+    r = client.post("/translate", json={"q": "A dog.", "source": None, "target": "de"})
+    assert r.status_code == 400 and r.json()["error"] == "source must be a language code or 'auto', not null", r.text
+    r = client.post("/translate", json={"q": "A dog.", "source": "en", "target": 7})
+    assert r.status_code == 400 and r.json()["error"] == "target must be a language code, not 7", r.text
+    r = client.post("/translate", data={"q": "A dog.", "source": "en", "target": "de", "alternatives": "1"})
+    assert r.status_code == 200 and len(r.json()["alternatives"]) == 1  # a form's digits are an integer
+
+
+def test_head_compressed_and_chunked_bodies_get_their_own_statuses(client: httpx.Client) -> None:
+    for path in ("/healthz", "/v1/models", "/languages"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == 200 and head.content == b"", path
+        assert head.headers["content-length"] == got.headers["content-length"], path
+    assert client.head("/v1/translate").status_code == 405  # a POST route
+    body = json.dumps({"texts": ["A dog."], "source": "en", "target": "de"}).encode()
+    r = client.post("/v1/translate", content=gzip.compress(body), headers={"content-encoding": "gzip"})
+    assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type" and "gzip" in r.json()["detail"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the body is counted as it arrives
+        yield b'{"texts": ["'
+        for _ in range(100):
+            yield b"a" * 10_000
+        yield b'"], "source": "en", "target": "de"}'
+
+    r = client.post("/v1/translate", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large", r.text
 
 
 @pytest.mark.parametrize("route", ["/translate", "/v1/translate"])
