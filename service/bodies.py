@@ -18,7 +18,25 @@ def openapi_body(
 ) -> dict[str, Any]:
     """A route's `openapi_extra`: its body, read by `read_body` (or `parse_json`), typed as `model`."""
     schema = model.model_json_schema()
-    return {"requestBody": {"required": True, "content": {kind: {"schema": schema} for kind in kinds}}}
+    content = {kind: {"schema": schema if kind == "application/json" else _no_null(schema)} for kind in kinds}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _no_null(schema: Any) -> Any:
+    """A schema for a form: a form field has no null (an optional one is left out), so `X | None` is X."""
+    if isinstance(schema, list):
+        return [_no_null(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _no_null(v) for k, v in schema.items()}
+    options = out.get("anyOf")
+    if isinstance(options, list) and {"type": "null"} in options:
+        rest = [o for o in options if o != {"type": "null"}]
+        out.pop("anyOf")
+        out |= rest[0] if len(rest) == 1 else {"anyOf": rest}
+        if out.get("default", ...) is None:
+            out.pop("default")
+    return out
 
 
 def parse_json(model: type[M], raw: bytes) -> M:

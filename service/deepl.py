@@ -151,7 +151,7 @@ def response(req: TranslateRequest, out: TranslateResponse) -> DeepLTranslateRes
 def languages(pairs: list[str], kind: str) -> list[DeepLLanguage]:
     """GET /v2/languages?type=source|target over the served pairs."""
     if kind not in ("source", "target"):
-        raise ApiError(400, "invalid_request", "type must be 'source' or 'target'")
+        raise ApiError(400, "invalid_request", f"type must be 'source' or 'target', not {kind!r}")
     target = kind == "target"
     codes = sorted({pair.split("-")[1 if target else 0] for pair in pairs})
     return [

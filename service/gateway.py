@@ -14,28 +14,34 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from service import deepl, libretranslate, local_ray, request_log
+from service import deepl, libretranslate, local_ray, openapi, request_log
 from service.bodies import json_response, openapi_body, parse_json, read_body
 from service.errors import ApiError
 from service.http import app
 from service.keys import Client, KeyLimits, Keys, load_keys
 from service.languages import name as language_name
+from service.libretranslate import DETECT_OPENAPI
 from service.metrics import gateway_metrics
 from service.pair_router import DETECT_CHARS, PairRouter
 from service.schemas import (
+    BODY_ERRORS,
+    DeepLError,
     ErrorResponse,
     KeyUsage,
     Language,
+    LibreError,
     ModelInfo,
     ModelsResponse,
+    Readiness,
     TranslateRequest,
     TranslateResponse,
+    errors,
 )
 from service.settings import Settings
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 403, 413, 422, 429, 500, 503, 504)
-}
+ERRORS = errors(ErrorResponse, *BODY_ERRORS)
+LIBRE_ERRORS = errors(LibreError, *BODY_ERRORS)
+DEEPL_ERRORS = errors(DeepLError, 400, 403, 408, 413, 415, 429, 456, 500, 503, 504)  # DeepL has no 401, 422
 
 
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
@@ -57,6 +63,7 @@ class Gateway(PairRouter):
             load_keys(self.settings.api_keys, self.settings.api_keys_file, limits), self.settings.limits_storage
         )
         gateway_metrics()
+        app.openapi = openapi.served(app, self.settings, self.served_languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish
         self.in_flight = 0  # translation requests accepted and not yet answered
 
@@ -86,6 +93,8 @@ class Gateway(PairRouter):
     def _client(self, request: Request, body_key: object = None) -> Client:
         """The request's client, ApiError 401/403 while keys are on: asked before a body is validated, so
         a client without a valid key learns nothing of what the body would have needed."""
+        if body_key is not None and not isinstance(body_key, str):
+            raise ApiError(400, "invalid_request", "api_key must be a string")
         client = self.keys.client(request.headers, body_key)
         request_log.current().client = client.id
         return client
@@ -121,7 +130,7 @@ class Gateway(PairRouter):
         "/translate",
         response_model=libretranslate.LibreTranslateResponse,
         response_model_exclude_none=True,
-        responses=ERRORS,
+        responses=LIBRE_ERRORS,
         openapi_extra=libretranslate.OPENAPI,
     )
     async def libretranslate(self, request: Request) -> dict[str, Any]:
@@ -136,7 +145,7 @@ class Gateway(PairRouter):
         async with self._billed(client, request, sum(map(len, texts))):
             return await self._libre_texts(body, texts, single, request)
 
-    @app.post("/detect", responses=ERRORS)
+    @app.post("/detect", responses=LIBRE_ERRORS, openapi_extra=DETECT_OPENAPI)
     async def detect(self, request: Request) -> Any:
         """LibreTranslate-compatible: q (a string or a list) -> each text's candidate languages, most
         likely first, with confidence in percent."""
@@ -145,6 +154,7 @@ class Gateway(PairRouter):
         texts, single = libretranslate.texts_of(body)
         async with self._billed(client, request, 0):  # a request, no characters translated
             self._count(texts, status=400)
+            self._check_texts(texts)  # what a translation would accept, though detection reads the heads
             heads = [t[:DETECT_CHARS] for t in texts]
             ranks = await asyncio.to_thread(lambda: [self.detector.rank(t) for t in heads])
         out = [[libretranslate.detected_language(d) for d in r] for r in ranks]
@@ -157,7 +167,10 @@ class Gateway(PairRouter):
         return libretranslate.frontend_settings(self.settings.max_text_chars, targets, keys=self.keys.enabled)
 
     @app.post(
-        "/v2/translate", response_model=deepl.DeepLTranslateResponse, responses=ERRORS, openapi_extra=deepl.OPENAPI
+        "/v2/translate",
+        response_model=deepl.DeepLTranslateResponse,
+        responses=DEEPL_ERRORS,
+        openapi_extra=deepl.OPENAPI,
     )
     async def deepl_translate(self, request: Request) -> deepl.DeepLTranslateResponse:
         """DeepL-compatible (service/deepl.py): text list, target_lang, optional source_lang."""
@@ -167,14 +180,14 @@ class Gateway(PairRouter):
             async with self._billed(client, request, sum(map(len, req.texts))):
                 return deepl.response(req, await self._translate(req, request))
 
-    @app.get("/v2/usage", response_model=deepl.DeepLUsage, responses=ERRORS)
+    @app.get("/v2/usage", response_model=deepl.DeepLUsage, responses=errors(DeepLError, 403, 500, 503))
     async def deepl_usage(self, request: Request) -> deepl.DeepLUsage:
         """DeepL-compatible: the key's characters in its current 30-day window, and its limit."""
         used = await self.keys.usage(self.keys.client(request.headers))
         limit = used.characters_month_limit or deepl.UNLIMITED
         return deepl.DeepLUsage(character_count=used.characters_month, character_limit=limit)
 
-    @app.get("/v1/usage", response_model=KeyUsage, responses=ERRORS)
+    @app.get("/v1/usage", response_model=KeyUsage, responses=errors(ErrorResponse, 401, 403, 500, 503))
     async def usage(self, request: Request) -> KeyUsage:
         """The calling key's characters translated in its current day and 30-day windows, with its limits."""
         return await self.keys.usage(self.keys.client(request.headers))
@@ -182,12 +195,15 @@ class Gateway(PairRouter):
     @app.get(
         "/v2/languages",
         response_model=list[deepl.DeepLLanguage],
+        responses=errors(DeepLError, 400),
         openapi_extra={"parameters": [{"name": "type", "in": "query", "schema": {"enum": ["source", "target"]}}]},
     )
     async def deepl_languages(self, request: Request) -> list[deepl.DeepLLanguage]:
         """type=source|target, in the query or (as DeepL's clients send it) a form body of the GET."""
-        kind = request.query_params.get("type") or (await request.form()).get("type") or "source"
-        return deepl.languages(sorted({*self.pairs, *self.pivoted}), str(kind))
+        kind = request.query_params.get("type")
+        if kind is None:  # absent: source, as DeepL answers
+            kind = str((await request.form()).get("type", "source"))
+        return deepl.languages(sorted({*self.pairs, *self.pivoted}), kind)
 
     @app.get("/languages", response_model=list[Language])
     async def languages(self) -> list[Language]:
@@ -224,7 +240,7 @@ class Gateway(PairRouter):
     async def healthz(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={**errors(ErrorResponse, 404), 503: {"model": Readiness}})
     async def readyz(self, pair: str | None = None) -> JSONResponse:
         """200 while this gateway takes traffic: not draining, and some pair's model answers (a pair that
         is down answers its own requests 503). With ?pair=en-de, that pair's readiness. Never waits on a

@@ -5,7 +5,7 @@ import asyncio
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -20,11 +20,18 @@ from service.schemas import TranslateRequest
 class LibreTranslateRequest(BaseModel):
     """The body of LibreTranslate's POST /translate (JSON or a form, q repeated for a list)."""
 
-    q: str | list[str] = Field(description="a text, or a list of texts")
+    q: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text, or a list of texts")
     source: str = Field(description="a language code, or auto (detected per text)", examples=["en"])
     target: str = Field(examples=["de"])
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(0, ge=0, description="extra translations per text")
+    api_key: str | None = Field(None, description="the client's key, when the server requires keys")
+
+
+class LibreDetectRequest(BaseModel):
+    """The body of LibreTranslate's POST /detect (JSON or a form, q repeated for a list)."""
+
+    q: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text, or a list of texts")
     api_key: str | None = Field(None, description="the client's key, when the server requires keys")
 
 
@@ -40,6 +47,7 @@ class LibreTranslateResponse(BaseModel):
 
 
 OPENAPI = openapi_body(LibreTranslateRequest)  # Mastodon sends JSON, other clients forms
+DETECT_OPENAPI = openapi_body(LibreDetectRequest)
 
 
 @dataclass

@@ -134,12 +134,8 @@ class PairRouter:
         """req's texts at idx, all in `source`. Texts detected to be in the target language already are
         answered as they are (what DeepL and LibreTranslate do)."""
         texts = [req.texts[i] for i in idx]
-        if source == req.target:  # the same checks as a translation: a language served, the limits
-            if source not in self.served_languages:
-                served = ", ".join(sorted(self.pairs))
-                raise ApiError(400, "unsupported_pair", f"no model for {source} -> {source}; served pairs: {served}")
-            self._check_texts(texts)
-            request.state.echoed_characters = getattr(request.state, "echoed_characters", 0) + sum(map(len, texts))
+        if source == req.target:
+            self._check_echo(source, texts, request)
             n = self._options(req).num_hypotheses
             same = [Translation(text=t, score=0.0, hypotheses=[t] if n > 1 else None) for t in texts]
             return same, Usage(source_tokens=0, target_tokens=0)
@@ -168,6 +164,15 @@ class PairRouter:
             for hs in out["translations"]
         ]
         return translations, Usage(source_tokens=out["source_tokens"], target_tokens=out["target_tokens"])
+
+    def _check_echo(self, language: str, texts: list[str], request: Request) -> None:
+        """Texts already in the target language, answered as sent: the same checks as a translation (a
+        language served, the limits), and their characters refunded to the key (Gateway._billed)."""
+        if language not in self.served_languages:
+            served = ", ".join(sorted(self.pairs))
+            raise ApiError(400, "unsupported_pair", f"no model for {language} -> {language}; served pairs: {served}")
+        self._check_texts(texts)
+        request.state.echoed_characters = getattr(request.state, "echoed_characters", 0) + sum(map(len, texts))
 
     async def _sources(
         self, source: str | None, target: str, texts: list[str], *, markup: bool
@@ -218,6 +223,7 @@ class PairRouter:
         text already in the target language is answered as it is (as LibreTranslate does)."""
         call = await libretranslate.parse(body, self.settings.max_beam_size)
         if call.request.source == call.request.target:
+            self._check_echo(call.request.target, body["q"], request)
             return [[t] for t in body["q"]]
         pair, opts = self._check(call.request, request)
         if call.docs is not None:

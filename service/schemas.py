@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from model.options import DecodeOptions, user_options
 
 # Bounds the API sets beyond the library's own.
 API_BOUNDS = {"length_penalty": {"ge": -5.0, "le": 5.0}}
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _decode_fields() -> dict[str, Any]:
@@ -25,6 +30,8 @@ def _decode_fields() -> dict[str, Any]:
         low = f.metadata["minimum"]
         extra |= {"ge": low} if low is not None else API_BOUNDS.get(f.name, {})
         info: Any = Field(default, description=f.metadata["help"], **extra)
+        if hints[f.name] is int:  # JSON's 4.0 is the integer 4 (JSON Schema's reading), 4.5 is not
+            kind = Annotated[kind, BeforeValidator(_whole)]
         out[f.name] = (kind, info)
     return out
 
@@ -34,7 +41,16 @@ DecodeFields = create_model(
 )
 
 
+# ignore_tags with any tag in it needs tag_handling html (the validator below), said in the schema too.
+IGNORE_TAGS_NEED_HTML: JsonDict = {
+    "if": {"properties": {"ignore_tags": {"type": "array", "minItems": 1}}, "required": ["ignore_tags"]},
+    "then": {"properties": {"tag_handling": {"const": "html"}}, "required": ["tag_handling"]},
+}
+
+
 class TranslateRequest(DecodeFields):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=IGNORE_TAGS_NEED_HTML)
+
     texts: list[str] = Field(min_length=1, description="texts to translate (a paragraph is split into sentences)")
     source: str | None = Field(
         None,
@@ -134,6 +150,37 @@ class ErrorResponse(BaseModel):
     error: str  # a stable code: invalid_request, unsupported_pair, overloaded, timeout, ...
     detail: str | list[object]  # what is wrong, for a person
     request_id: str  # also in the X-Request-ID header; the client's own when it sent one
+
+
+class LibreError(BaseModel):
+    """An error on LibreTranslate's routes, as its clients read it."""
+
+    error: str  # what is wrong, for a person (Mastodon and the web client show it)
+    code: str  # beamserve's stable code
+    request_id: str
+
+
+class DeepLError(BaseModel):
+    """An error on DeepL's routes (/v2/...), as its clients read it."""
+
+    message: str
+    code: str
+    request_id: str
+
+
+def errors(model: type[BaseModel], *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's `responses`: the error statuses it answers, each in its API's shape."""
+    return {status: {"model": model} for status in statuses}
+
+
+# Every route with a body: the ingress' own refusals (408 a stalled body, 413 too large, 415 compressed),
+# a key's (401, 403, 429), the server's (500, 503 with Retry-After, 504).
+BODY_ERRORS = (400, 401, 403, 408, 413, 415, 422, 429, 500, 503, 504)
+
+
+class Readiness(BaseModel):
+    status: str  # ready, starting, not ready, draining
+    pairs: dict[str, str] | None = None  # each pair: ready or unavailable
 
 
 class Language(BaseModel):
