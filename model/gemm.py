@@ -14,7 +14,6 @@ sentence's translation never depends on its batch. The op has no autograd formul
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import torch
@@ -40,8 +39,8 @@ INPLACE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 PACK_ROWS = 64  # row count oneDNN picks the packed layout for (any count may use it; a 1-row
 # layout was slower from 16 rows up, 64 and 256 alike, in an ad hoc timing of the decoder's shapes)
 
-# id(weight) -> (the weight, its version when packed, the packed copy)
-_packed: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+# Where a weight keeps its packed copy (`packed`) and the weight's version when packed: on the weight.
+PACKED_ATTR = "_beamserve_packed"
 
 
 def uses_onednn(x: torch.Tensor) -> bool:
@@ -87,17 +86,14 @@ def linear(
 
 def packed(weight: torch.Tensor) -> torch.Tensor:
     """weight (C_out, C_in) in oneDNN's blocked layout, reordered once and reused until the weight changes."""
-    key = id(weight)
-    entry = _packed.get(key)
+    entry: tuple[int, torch.Tensor] | None = weight.__dict__.get(PACKED_ATTR)
     # Tensors made under inference_mode keep no version counter: taken as fixed (weights loaded for serving).
     version = -1 if weight.is_inference() else weight._version
-    if entry is not None and entry[0]() is weight and entry[1] == version:
-        return entry[2]
+    if entry is not None and entry[0] == version:
+        return entry[1]
     with torch.inference_mode():
         blocked = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
-    if entry is None:  # forget the copy with the weight (ids are reused after it is freed)
-        weakref.finalize(weight, _packed.pop, key, None)
-    _packed[key] = (weakref.ref(weight), version, blocked)
+    weight.__dict__[PACKED_ATTR] = (version, blocked)
     return blocked
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -136,27 +135,25 @@ def int8_weight(qweight: torch.Tensor, scale: torch.Tensor, onednn: bool | None 
     return Int8Weight(qweight, scale.float(), packed, zeros)
 
 
-# id(weight) -> (the weight, its int8 form): which float weights compute in int8 (`use_int8`).
-_int8: dict[int, tuple[weakref.ref[torch.Tensor], Int8Weight]] = {}
+# Where a float weight keeps its int8 form (`use_int8`): on the weight itself, so the form lives and dies
+# with it and each model of a pool replica has its own (not in the state dict: an attribute, no buffer).
+INT8_ATTR = "_beamserve_int8"
 
 
 def use_int8(weight: torch.Tensor, saved: Int8Weight | None = None) -> Int8Weight:
     """From now on `model.gemm.linear` multiplies by `weight` in int8 (on CPU, outside autograd): by
     `saved` where given (an int8 checkpoint's), else by `weight` quantised now."""
-    key = id(weight)
-    found = _int8.get(key)
-    if found is not None and found[0]() is weight and saved is None:
-        return found[1]
+    found: Int8Weight | None = weight.__dict__.get(INT8_ATTR)
+    if found is not None and saved is None:
+        return found
     q = saved if saved is not None else quantize_weight(weight)
-    if found is None:  # forget the int8 copy with the weight (ids are reused after it is freed)
-        weakref.finalize(weight, _int8.pop, key, None)
-    _int8[key] = (weakref.ref(weight), q)
+    weight.__dict__[INT8_ATTR] = q
     return q
 
 
 def int8_of(weight: torch.Tensor) -> Int8Weight | None:
-    found = _int8.get(id(weight))
-    return found[1] if found is not None and found[0]() is weight else None
+    found: Int8Weight | None = weight.__dict__.get(INT8_ATTR)
+    return found
 
 
 def linear_int8(

@@ -6,6 +6,7 @@ class, and FastAPI must see real types (Request, the pydantic models), not strin
 """
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -54,7 +55,11 @@ app = FastAPI(
 )
 
 
-_ENVIRONMENT = Settings()
+@functools.cache
+def _environment() -> Settings:
+    """The settings of the environment, read the first time a request arrives before the Gateway exists
+    (not at import: importing the app reads nothing)."""
+    return Settings()
 
 
 def replica_gateway() -> Any:
@@ -98,7 +103,7 @@ class Ingress:
             return self.settings
         gateway = replica_gateway()
         if gateway is None:
-            return _ENVIRONMENT
+            return _environment()
         found: Settings = gateway.settings
         self.settings = found
         self.direct = {route: getattr(gateway, name) for route, name in DIRECT.items()}

@@ -205,3 +205,21 @@ def test_an_int8_checkpoint_loads_as_float_with_its_weights_dequantised(tmp_path
     assert torch.equal(as_float.model.encoder_layers[0].ffn.fc2.weight, q.dequantize())
     [result] = as_float.translate(["A dog runs on the beach."], beam_size=4)
     assert result.hypotheses[0].startswith("Ein Hund")
+
+
+def test_an_int8_form_belongs_to_its_weight_alone() -> None:
+    """Two models in one process (a pool replica) keep their own int8 forms, each going with its weight
+    and never in a state dict; a new weight, even where a freed one lived, has none."""
+    from model.quant import use_int8
+
+    layer, other = Linear(64, 64), Linear(64, 64)
+    keys = set(layer.state_dict())
+    q = use_int8(layer.weight)
+    assert int8_of(layer.weight) is q and int8_of(other.weight) is None
+    assert set(layer.state_dict()) == keys
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), linear_int8(x, q, layer.bias))  # the layer computes in int8
+    del layer, q
+    fresh = [torch.nn.Parameter(torch.randn(64, 64)) for _ in range(8)]  # some may take the freed address
+    assert all(int8_of(w) is None for w in fresh)
