@@ -1,11 +1,15 @@
 """The model registry: entries parsed and checked, and a real server that serves what it lists: a
 shipped model with a setting of its own (int8), a multilingual Marian model (built here with
-transformers) that answers two pairs, routed by target language through its >>xx<< tokens, and a
-de-en model, so that German to French and Spanish go through English (pivoting)."""
+transformers) that answers two pairs, routed by target language through its >>xx<< tokens, a de-en
+model, so that German to French and Spanish go through English (pivoting), and an en-it model whose
+weights are corrupt: the server starts and serves the others, en-it answers its own requests 503
+(pair_unavailable) at once, and /readyz stays 200 for the pod and reports each pair, cheaply."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +19,7 @@ import pytest
 from model import Translator
 from service.registry import ModelEntry, entries
 
-from .conftest import serving
+from .conftest import REPO, serving, wait_for
 
 ROMANCE = {
     "name": "en-multi",
@@ -93,22 +97,35 @@ def german_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 @pytest.fixture(scope="module")
-def served(multilingual_dir: Path, german_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(tmp_path_factory.mktemp("log")) / "stderr.txt"
+
+
+@pytest.fixture(scope="module")
+def served(
+    multilingual_dir: Path, german_dir: Path, log: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     registry = tmp_path_factory.mktemp("registry") / "models.json"
-    half = {"replica_cpus": 0.5}  # three models on two CPUs
+    half = {"replica_cpus": 0.5}  # four models on two CPUs
     shipped = {"name": "en-de", "path": "en-de", "sources": ["en"], "targets": ["de"]}
     german = {"name": "de-en", "path": str(german_dir), "sources": ["de"], "targets": ["en"], "settings": half}
+    broken = tmp_path_factory.mktemp("broken") / "en-it"
+    shutil.copytree(REPO / "model" / "pretrained" / "en-fr", broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a truncated download
     registry.write_text(
         json.dumps(
             [
                 {**shipped, "settings": {"compute_type": "int8", **half}},
                 {**ROMANCE, "path": str(multilingual_dir), "settings": half},
                 german,
+                {"name": "en-it", "path": str(broken), "sources": ["en"], "targets": ["it"], "settings": half},
             ]
         )
     )
     with serving(
         {"BEAMSERVE_MODEL_REGISTRY": str(registry)},
+        stderr=log,
         ready=lambda r: r.json().get("pairs", {}).get("en-es") == "ready",
     ) as (url, _):
         yield url
@@ -117,13 +134,13 @@ def served(multilingual_dir: Path, german_dir: Path, tmp_path_factory: pytest.Te
 @pytest.mark.slow
 def test_the_server_serves_what_the_registry_lists(served: str, multilingual_dir: Path, sources: list[str]) -> None:
     models = {m["name"]: m for m in httpx.get(f"{served}/v1/models", timeout=10).json()["models"]}
-    assert set(models) == {"en-de", "en-fr", "en-es", "de-en"}
+    assert set(models) == {"en-de", "en-fr", "en-es", "de-en", "en-it"}
     assert (models["en-de"]["model"], models["en-de"]["compute_type"]) == ("en-de", "int8")  # its own setting
     assert models["en-fr"]["model"] == models["en-es"]["model"] == "en-multi"
     assert models["en-fr"]["digest"] == models["en-es"]["digest"] != models["en-de"]["digest"]
     languages = {lang["code"]: lang["targets"] for lang in httpx.get(f"{served}/languages", timeout=10).json()}
-    assert languages["en"] == ["de", "es", "fr"]
-    assert languages["de"] == ["en", "es", "fr"]  # es and fr through English
+    assert languages["en"] == ["de", "es", "fr", "it"]
+    assert languages["de"] == ["en", "es", "fr", "it"]  # es, fr and it through English
     deepl = {lang["language"] for lang in httpx.get(f"{served}/v2/languages?type=target", timeout=10).json()}
     assert {"DE", "ES", "FR"} <= deepl
 
@@ -145,7 +162,7 @@ def test_the_server_serves_what_the_registry_lists(served: str, multilingual_dir
     html = {"texts": ["A <b>man</b> runs."], "source": "en", "target": "fr", "tag_handling": "html"}
     r = httpx.post(f"{served}/v1/translate", json=html, timeout=60)
     assert r.status_code == 200 and r.json()["translations"][0]["text"].count("<b>") == 1
-    unknown = httpx.post(f"{served}/v1/translate", json={"texts": ["x"], "source": "en", "target": "it"}, timeout=10)
+    unknown = httpx.post(f"{served}/v1/translate", json={"texts": ["x"], "source": "en", "target": "nl"}, timeout=10)
     assert unknown.status_code == 400 and "en-es, en-fr" in unknown.json()["detail"]
 
 
@@ -181,3 +198,42 @@ def test_entries_carry_settings_over_the_servers() -> None:
     bad = Settings(model_registry=[{**ROMANCE, "path": "x", "settings": {"compute_type": "int4"}}])
     with pytest.raises(ValueError, match="compute_type"):  # an entry's values are checked as the server's
         bad.for_entry(bad.entries()[0])
+
+
+@pytest.mark.slow
+def test_a_pair_that_cannot_load_is_named_and_the_server_serves_the_others(served: str, log: Path) -> None:
+    wait_for(lambda: "model-en-it failed to deploy" in log.read_text(), "the broken model named", timeout_s=60)
+    assert "SafetensorError" in log.read_text()
+    r = httpx.post(
+        f"{served}/v1/translate", json={"texts": ["A dog runs."], "source": "en", "target": "de"}, timeout=30
+    )
+    assert r.status_code == 200 and r.json()["translations"][0]["text"]
+
+
+@pytest.mark.slow
+def test_the_broken_pair_fails_its_own_requests_with_503_at_once(served: str) -> None:
+    body = {"texts": ["A dog runs."], "source": "en", "target": "it"}
+    start = time.monotonic()
+    r = httpx.post(f"{served}/v1/translate", json=body, timeout=30)
+    assert time.monotonic() - start < 2.0  # not the request timeout
+    assert r.status_code == 503 and r.json()["error"] == "pair_unavailable" and r.headers["retry-after"] == "5"
+    assert r.json()["request_id"] == r.headers["x-request-id"]
+    libre = httpx.post(f"{served}/translate", json={"q": "A dog runs.", "source": "en", "target": "it"}, timeout=30)
+    assert libre.status_code == 503 and "en-it" in libre.json()["error"]
+    models = {m["name"]: m for m in httpx.get(f"{served}/v1/models", timeout=10).json()["models"]}
+    assert models["en-de"]["ready"] and models["en-de"]["digest"]
+    assert models["en-it"] == {**models["en-it"], "ready": False, "digest": None}
+
+
+@pytest.mark.slow
+def test_readyz_reports_each_pair_and_answers_fast(served: str) -> None:
+    pairs = {"de-en": "ready", "en-de": "ready", "en-es": "ready", "en-fr": "ready", "en-it": "unavailable"}
+    for _ in range(5):
+        start = time.monotonic()
+        r = httpx.get(f"{served}/readyz", timeout=1.0)  # Kubernetes' default probe timeout
+        assert time.monotonic() - start < 0.5
+        assert r.status_code == 200
+        assert r.json() == {"status": "ready", "pairs": pairs}
+    assert httpx.get(f"{served}/readyz", params={"pair": "en-de"}, timeout=1.0).status_code == 200
+    assert httpx.get(f"{served}/readyz", params={"pair": "en-it"}, timeout=1.0).status_code == 503
+    assert httpx.get(f"{served}/readyz", params={"pair": "xx-yy"}, timeout=1.0).status_code == 404
