@@ -61,6 +61,7 @@ def test_schemathesis_finds_nothing_the_document_does_not_say(server: str, tmp_p
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,  # its own files (.schemathesis/) there, not in the checkout
     )
     print(run.stdout[-1200:])
     assert events.exists(), run.stdout[-3000:] + run.stderr[-2000:]
