@@ -86,14 +86,14 @@ def linear(
 
 def packed(weight: torch.Tensor) -> torch.Tensor:
     """weight (C_out, C_in) in oneDNN's blocked layout, reordered once and reused until the weight changes."""
-    entry: tuple[int, torch.Tensor] | None = weight.__dict__.get(PACKED_ATTR)
+    entry: tuple[int, torch.Tensor] | None = getattr(weight, PACKED_ATTR, None)
     # Tensors made under inference_mode keep no version counter: taken as fixed (weights loaded for serving).
     version = -1 if weight.is_inference() else weight._version
     if entry is not None and entry[0] == version:
         return entry[1]
     with torch.inference_mode():
         blocked = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
-    weight.__dict__[PACKED_ATTR] = (version, blocked)
+    setattr(weight, PACKED_ATTR, (version, blocked))
     return blocked
 
 

@@ -143,16 +143,17 @@ INT8_ATTR = "_beamserve_int8"
 def use_int8(weight: torch.Tensor, saved: Int8Weight | None = None) -> Int8Weight:
     """From now on `model.gemm.linear` multiplies by `weight` in int8 (on CPU, outside autograd): by
     `saved` where given (an int8 checkpoint's), else by `weight` quantised now."""
-    found: Int8Weight | None = weight.__dict__.get(INT8_ATTR)
+    found = int8_of(weight)
     if found is not None and saved is None:
         return found
     q = saved if saved is not None else quantize_weight(weight)
-    weight.__dict__[INT8_ATTR] = q
+    setattr(weight, INT8_ATTR, q)
     return q
 
 
 def int8_of(weight: torch.Tensor) -> Int8Weight | None:
-    found: Int8Weight | None = weight.__dict__.get(INT8_ATTR)
+    # getattr, not __dict__: torch.compile traces an attribute read (the static decode step's), not the dict
+    found: Int8Weight | None = getattr(weight, INT8_ATTR, None)
     return found
 
 

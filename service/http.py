@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import time
 import uuid
 from typing import Any
@@ -274,8 +275,22 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 
 @app.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [{"loc": list(e.get("loc", [])), "msg": e.get("msg", "")} for e in exc.errors()]
+    errors = [
+        {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), **_as_sent(e.get("input"))} for e in exc.errors()
+    ]
     return error_response(request, 422, {"error": "invalid_request", "detail": errors})
+
+
+def _as_sent(value: object) -> dict[str, object]:
+    """{"input": the value as the client sent it} for a scalar (a long string cut to its first 100
+    characters, a non-finite number as text); nothing for a list or an object (a whole body, a text list)."""
+    if isinstance(value, str):
+        return {"input": value if len(value) <= 100 else value[:100] + "..."}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"input": str(value)}
+    if value is None or isinstance(value, bool | int | float):
+        return {"input": value}
+    return {}
 
 
 HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}

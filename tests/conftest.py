@@ -156,7 +156,7 @@ def serving(
         assert "listening on" in line, stderr.read_text()[-3000:] if stderr else "the server did not start"
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout_s
-        while not ready(httpx.get(f"{url}/readyz", timeout=10)):
+        while (r := readyz(url)) is None or not ready(r):
             assert time.monotonic() < deadline, f"not ready within {timeout_s:.0f}s"
             time.sleep(0.2)
         yield url, proc
@@ -165,10 +165,19 @@ def serving(
         proc.wait(60)
 
 
+def readyz(url: str) -> httpx.Response | None:
+    """The server's /readyz answer, or None while its port takes no connection: Serve's HAProxy manager
+    restarts HAProxy as the app's routes arrive, so the port may refuse a moment after it first opened."""
+    try:
+        return httpx.get(f"{url}/readyz", timeout=10)
+    except httpx.TransportError:
+        return None
+
+
 def wait_ready(url: str, timeout_s: float = 60.0) -> None:
     """Until /readyz answers 200 (a new gateway's first probe may find no pair status yet)."""
     deadline = time.monotonic() + timeout_s
-    while httpx.get(f"{url}/readyz", timeout=10).status_code != 200:
+    while (r := readyz(url)) is None or r.status_code != 200:
         assert time.monotonic() < deadline, f"{url} not ready within {timeout_s:.0f}s"
         time.sleep(0.2)
 

@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import REPO, free_port
+from .conftest import REPO, free_port, readyz
 
 PARAGRAPH = [
     "A group of young men in colorful uniforms are playing a game of soccer on a large green field.",
@@ -75,7 +75,7 @@ def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
         line = proc.stdout.readline()  # printed once the app is deployed
         assert f"listening on http://127.0.0.1:{port}" in line, line
         deadline = time.monotonic() + 60
-        while httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code != 200:
+        while (r := readyz(f"http://127.0.0.1:{port}")) is None or r.status_code != 200:
             assert time.monotonic() < deadline, "not ready within 60s"
             time.sleep(0.5)
         r = httpx.post(

@@ -147,6 +147,22 @@ def test_bad_requests_get_clear_4xx(client: httpx.Client, body: dict[str, object
     assert needle in r.text
 
 
+def test_a_422_names_the_field_and_the_value_as_sent(client: httpx.Client) -> None:
+    body = {"texts": ["A dog."], "source": "en", "target": "de", "timeout_s": "4", "beam_size": 2.5}
+    r = client.post("/v1/translate", json=body)
+    assert r.status_code == 422
+    assert sorted(r.json()["detail"], key=str) == sorted(
+        [
+            {"loc": ["body", "timeout_s"], "msg": "Input should be a valid number", "input": "4"},
+            {"loc": ["body", "beam_size"], "msg": "Input should be a valid integer", "input": 2.5},
+        ],
+        key=str,
+    ), r.text
+    nan = b'{"texts": ["A dog."], "target": "de", "length_penalty": NaN}'
+    r = client.post("/v1/translate", content=nan, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["input"] == "nan", r.text
+
+
 def test_source_over_the_model_limit_is_a_4xx(client: httpx.Client) -> None:
     text = "x " * 600  # under the character limit, over 512 tokens
     r = client.post("/v1/translate", json={"texts": [text], "source": "en", "target": "de"})
