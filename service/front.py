@@ -174,25 +174,31 @@ def _frontend(limits: Limits) -> str:
     )
 
 
-# Headers Serve decodes as UTF-8 in the replica, answering a plain-text 500 when one is not: its
-# affinity header's and the model id's with "-" or "_" alike, as Serve matches them.
-SERVE_DECODED_HEADERS = (
-    "x-request-id",
-    "x-request-timeout-seconds",
-    "x-request-disconnect-disabled",
-    "x-session-id",
-    "x_session_id",
-    "serve-multiplexed-model-id",
-    "serve_multiplexed_model_id",
-)
 BAD_HEADER = "the %[var(txn.bad_header)] header is not UTF-8"
+
+
+def serve_decoded_headers() -> list[str]:
+    """Headers Serve decodes as UTF-8 in the replica, answering a plain-text 500 when one is not, named
+    as Serve's constants name them (its affinity header is an operator's setting): the request id, the
+    request timeout, the disconnect switch, and the affinity and model id headers with "-" or "_" alike,
+    as Serve matches those two."""
+    from ray.serve._private import constants as c
+
+    names = [
+        c.SERVE_HTTP_REQUEST_ID_HEADER,
+        c.SERVE_HTTP_REQUEST_TIMEOUT_S_HEADER,
+        c.SERVE_HTTP_REQUEST_DISCONNECT_DISABLED_HEADER,
+    ]
+    for name in (c.SERVE_SESSION_ID, c.SERVE_MULTIPLEXED_MODEL_ID):
+        names += [name.replace("_", "-"), name.replace("-", "_")]
+    return names
 
 
 def _undecodable_headers() -> str:
     """Mark a request whose Serve-decoded header is not UTF-8 (answered 400 once the route's error
     shape is known); an undecodable request id is replaced, so the answer still has one."""
     rules = []
-    for name in SERVE_DECODED_HEADERS:
+    for name in serve_decoded_headers():
         sent, utf8 = f"{{ req.fhdr({name}) -m found }}", f"{{ req.fhdr({name}),json(utf8) -m found }}"
         rules.append(f"    http-request set-var(txn.bad_header) str({name}) if {sent} !{utf8}\n")
     fresh = "    http-request set-header x-request-id %[unique-id] if { var(txn.bad_header) -m str x-request-id }\n"

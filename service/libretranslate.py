@@ -17,22 +17,20 @@ from service.languages import name
 from service.schemas import TranslateRequest
 
 
-class LibreTranslateRequest(BaseModel):
-    """The body of LibreTranslate's POST /translate (JSON or a form, q repeated for a list)."""
-
-    q: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text, or a list of texts")
-    source: str = Field(description="a language code, or auto (detected per text)", examples=["en"])
-    target: str = Field(examples=["de"])
-    format: Literal["text", "html"] = "text"
-    alternatives: int = Field(0, ge=0, description="extra translations per text")
-    api_key: str | None = Field(None, description="the client's key, when the server requires keys")
-
-
 class LibreDetectRequest(BaseModel):
     """The body of LibreTranslate's POST /detect (JSON or a form, q repeated for a list)."""
 
     q: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text, or a list of texts")
     api_key: str | None = Field(None, description="the client's key, when the server requires keys")
+
+
+class LibreTranslateRequest(LibreDetectRequest):
+    """The body of LibreTranslate's POST /translate: /detect's, and the languages and options."""
+
+    source: str = Field(description="a language code, or auto (detected per text)", examples=["en"])
+    target: str = Field(examples=["de"])
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(0, ge=0, description="extra translations per text")
 
 
 class LibreDetected(BaseModel):

@@ -2,7 +2,8 @@
 settings' and its served languages', not only the types'.
 
 FastAPI builds the document from the routes' models, which know a field's type but not this server's
-max_texts, max_text_chars, max_beam_size or max_decoding_length, nor which languages it serves. A
+max_texts, max_text_chars or max_beam_size, nor which languages it serves (max_decoding_length is
+capped, not refused, so the document leaves it unbounded). A
 gateway replica sets `served(...)` as the app's `openapi`, so a client generated from the document,
 or a fuzzer reading it, gets the limits the server will hold it to. One rule stays out of the
 document: a pair is a combination (en -> de may be served and de -> fr not); each side's codes are

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ray.serve._private.constants import SERVE_SESSION_ID
 
 from .conftest import DATA, REPO, SETTINGS, read_lines
 
@@ -226,7 +227,7 @@ def test_a_paragraph_is_translated_sentence_by_sentence_unless_asked_not_to(clie
     ("header", "path", "shape"),
     [
         ("X-Request-ID", "/healthz", "error"),
-        ("X-Session-ID", "/v1/translate", "error"),
+        (SERVE_SESSION_ID, "/v1/translate", "error"),  # Serve's affinity header
         ("serve_multiplexed_model_id", "/translate", "code"),  # LibreTranslate's shape on its route
         ("X-Request-Timeout-Seconds", "/v2/translate", "code"),
     ],
