@@ -7,20 +7,25 @@ Serve echo, each behind both of Serve's HTTP fronts, in one run on the same core
 Servers (started fresh on loopback for each front, side by side, taking turns workload by workload):
 - echo: loadtests/serving_echo.py, a FastAPI deployment answering each POST with its body: what
   Serve itself costs a request (the floor).
-- beamserve: `beamserve serve` with the shipped en-de pair (float32, one model thread).
+- beamserve: `beamserve serve` with the shipped en-de pair (float32, one model thread): one model, so
+  the ingress holds it (Settings.colocate).
+- beamserve-split: the same with BEAMSERVE_COLOCATE=false: the model in a deployment of its own, as
+  each model of a registry of several is, called through a Serve handle.
 Fronts: `haproxy` (Serve's high-throughput mode: HAProxy ingress, gRPC between deployments) and
 `serve` (Serve's Python HTTP proxy).
 
 Workloads (closed loop, `--concurrency` keep-alive connections, `--requests` each, after a warm-up;
-the cached ones in `--rounds` rounds, the median round reported):
+each in `--rounds` rounds, the servers taking turns, the median round reported):
 - cached-1 / cached-10: one text, or ten texts, of test sentences the gateway's cache holds.
 - uncached-1 / uncached-10: the same shapes with `"cache": false` over `--sentences` distinct test
-  sentences, so every sentence is decoded (UNCACHED_IN_FLIGHT in flight, fewer requests). The echo
-  server gets the cached bodies; its CPU per request is the floor each path is compared with.
+  sentences, so every sentence is decoded (UNCACHED_IN_FLIGHT in flight, fewer requests), in rounds
+  too. The echo server gets the cached bodies; its CPU per request is the floor each path is
+  compared with.
 CPU is psutil's user + system time of every process of the server's tree (Ray's GCS and raylet
 included) over the workload, less what each process spends idle (measured for IDLE_S before it),
-divided by the requests answered. The load generator (loadtests/http_load.py) runs on the same cores
-and is not counted.
+divided by the requests answered. The engine's share is its thread's CPU (`engine_cpu_s` of
+/v1/stats, read before and after): the decoding, wherever the engine runs. Path CPU is the rest. The
+load generator (loadtests/http_load.py) runs on the same cores and is not counted.
 
 Flood (`--flood N`, beamserve only): N connections opened at once, each sending one uncached
 one-sentence request: the answers by status and the latency of the accepted and the refused.
@@ -68,6 +73,8 @@ class Server:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "BEAMSERVE_PROXY": front}
         env.pop("RAY_SERVE_ENABLE_HA_PROXY", None)
         env.pop("RAY_SERVE_THROUGHPUT_OPTIMIZED", None)
+        if kind == "beamserve-split":
+            env["BEAMSERVE_COLOCATE"] = "false"
         if kind == "echo":  # the bare echo takes Serve's own switches; beamserve sets them from BEAMSERVE_PROXY
             if front == "haproxy":
                 env |= {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
@@ -118,6 +125,7 @@ class Row:
     ok: int
     seconds: float
     cpu_s: dict[str, float]
+    engine_s: float = 0.0  # the engine thread's CPU seconds over the workload
     round: int = 0
 
     @property
@@ -125,9 +133,13 @@ class Row:
         return 1000 * sum(self.cpu_s.values()) / max(1, self.ok)
 
     @property
+    def engine_ms(self) -> float:
+        return 1000 * self.engine_s / max(1, self.ok)
+
+    @property
     def path_ms(self) -> float:
-        """CPU a request costs outside the model replica (whose CPU is the engine's decoding)."""
-        return self.cpu_ms - 1000 * self.cpu_s.get("model replica", 0.0) / max(1, self.ok)
+        """CPU a request costs outside the engine's decoding."""
+        return self.cpu_ms - self.engine_ms
 
     def by_role(self) -> str:
         top = sorted(self.cpu_s.items(), key=lambda kv: -kv[1])
@@ -152,16 +164,26 @@ def measure(server: Server, workload: str, sentences: list[str], requests: int, 
     warm = max(concurrency * 4, requests // 10)
     asyncio.run(http_load.closed_loop(server.port, wire, total=warm, concurrency=concurrency))
     idle = idle_rate(server)
+    engine = engine_cpu_s(server)
     before = process_cpu.snapshot(server.proc.pid)
     answers, seconds = asyncio.run(http_load.closed_loop(server.port, wire, total=requests, concurrency=concurrency))
     spent = process_cpu.spent(before, process_cpu.snapshot(server.proc.pid))
+    engine = engine_cpu_s(server) - engine
     # What the server spends with no request (Ray's and Serve's loops) is not a request's cost; a role
     # whose idle rate moved more than the requests added is counted at nothing, not below.
     spent = {name: max(0.0, cpu - idle.get(name, 0.0) * seconds) for name, cpu in spent.items()}
     ok = sum(a.status == 200 for a in answers)
     if ok < len(answers):
         print(f"  {server.kind} {workload}: {http_load.counts(answers)}", file=sys.stderr)
-    return Row(server.kind, server.front, workload, len(answers), ok, seconds, spent)
+    return Row(server.kind, server.front, workload, len(answers), ok, seconds, spent, engine)
+
+
+def engine_cpu_s(server: Server) -> float:
+    """CPU seconds the server's engine threads have spent (0 for the echo)."""
+    if server.kind == "echo":
+        return 0.0
+    stats = httpx.get(f"http://127.0.0.1:{server.port}/v1/stats", timeout=10).json()
+    return float(sum(pair["engine_cpu_s"] for pair in stats.values()))
 
 
 def idle_rate(server: Server, seconds: float = IDLE_S) -> dict[str, float]:
@@ -179,7 +201,7 @@ def flood(server: Server, sentences: list[str], connections: int) -> str:
     accepted = [a.latency_s for a in answers if a.status == 200]
     q = http_load.quantile
     return (
-        f"| {FRONTS[server.front]} | {connections} | {http_load.counts(answers)} | "
+        f"| {server.kind} | {FRONTS[server.front]} | {connections} | {http_load.counts(answers)} | "
         f"{q(refused, 0.5):.2f} / {q(refused, 0.95):.2f} | {q(accepted, 0.5):.2f} / {q(accepted, 0.95):.2f} |"
     )
 
@@ -210,26 +232,26 @@ def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
         f"Command: `python loadtests/bench_serving.py {' '.join(sys.argv[1:])}`",
         f"{provenance()} The load generator on the same cores.",
         f"{args.requests} requests per workload, {args.concurrency} in flight, after a warm-up; the cached workloads"
-        f" in {args.rounds} rounds, echo and beamserve taking turns, the median round shown.",
+        f" in {args.rounds} rounds, the servers taking turns, the median round shown.",
         "",
-        "| server | front | workload | requests/s | CPU ms / request | path CPU ms | path / echo (HAProxy) |"
-        " by process (ms / request) |",
-        "|---|---|---|---:|---:|---:|---:|---|",
+        "| server | front | workload | requests/s | CPU ms / request | engine ms | path CPU ms |"
+        " path / echo (HAProxy) | by process (ms / request) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in median_rows(rows):
         found = ratio_to_echo(r, rows)
         ratio = f"{found:.2f}x" if found is not None else ""
         lines.append(
             f"| {r.server} | {FRONTS[r.front]} | {r.workload} | {r.ok / r.seconds:.0f} | {r.cpu_ms:.2f} | "
-            f"{r.path_ms:.2f} | {ratio} | {r.by_role()} |"
+            f"{r.engine_ms:.2f} | {r.path_ms:.2f} | {ratio} | {r.by_role()} |"
         )
     lines += [
         "",
-        "CPU: every process of the server, less its idle CPU over the same time. Path CPU: every process but",
-        "the model replica, whose CPU is the engine decoding (and its side of Serve's call). Path / echo: over the",
-        "HAProxy echo's CPU on the same body, round by round (the median ratio); uncached rows against the echo's",
-        f"median round. Uncached workloads run {UNCACHED_IN_FLIGHT} requests in flight and a fifth (one sentence) or",
-        "a twentieth (ten sentences) of the requests.",
+        "CPU: every process of the server, less its idle CPU over the same time. Engine: the engine thread's CPU",
+        "(its decoding), in whichever process it runs. Path CPU: the rest. Path / echo: over the HAProxy echo's",
+        "CPU on the same body, round by round (the median ratio); uncached rows against the echo's median round.",
+        f"Uncached workloads run {UNCACHED_IN_FLIGHT} requests in flight and a fifth (one sentence) or a twentieth",
+        "(ten sentences) of the requests.",
     ]
     if floods:
         lines += [
@@ -238,8 +260,8 @@ def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
             "",
             "Every connection opened at once, one uncached one-sentence request each.",
             "",
-            "| front | connections | answers | refused s (median / p95) | accepted s (median / p95) |",
-            "|---|---:|---|---:|---:|",
+            "| server | front | connections | answers | refused s (median / p95) | accepted s (median / p95) |",
+            "|---|---|---:|---|---:|---:|",
             *floods,
         ]
     return "\n".join(lines) + "\n"
@@ -248,11 +270,13 @@ def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=2000, help="requests per workload and round")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the cached workloads; the median is reported")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each workload; the median is reported")
     ap.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     ap.add_argument("--sentences", type=int, default=1000, help="distinct test sentences for uncached workloads")
     ap.add_argument("--fronts", default="haproxy,serve", help="comma-separated: haproxy, serve")
-    ap.add_argument("--servers", default="echo,beamserve", help="comma-separated: echo, beamserve")
+    ap.add_argument(
+        "--servers", default="echo,beamserve,beamserve-split", help="comma-separated: echo, beamserve, beamserve-split"
+    )
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--flood", type=int, default=1500, help="connections of the flood; 0: none")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
@@ -268,15 +292,14 @@ def main() -> None:
         servers = [Server(kind, front) for kind in args.servers.split(",")]
         try:
             for r in range(args.rounds):
-                for workload in (w for w in workloads if w.startswith("cached")):
+                for workload in workloads:
                     for server in servers:
+                        if server.kind == "echo" and workload.startswith("uncached"):
+                            continue  # the echo's floor is its cached row
                         rows.append(measure(server, workload, sentences, args.requests, args.concurrency))
                         rows[-1].round = r
                         say(rows[-1], f"round {r + 1}/{args.rounds}")
-            for server in (s for s in servers if s.kind == "beamserve"):
-                for workload in (w for w in workloads if w.startswith("uncached")):
-                    rows.append(measure(server, workload, sentences, args.requests, args.concurrency))
-                    say(rows[-1], "")
+            for server in (s for s in servers if s.kind != "echo"):
                 if args.flood:
                     floods.append(flood(server, sentences, args.flood))
                     print(f"  flood: {floods[-1]}", file=sys.stderr, flush=True)

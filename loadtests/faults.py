@@ -3,8 +3,12 @@
     python loadtests/faults.py                                  # every case
     python loadtests/faults.py --cases spike,replica-kill --duration 8
 
-Cases (bounded in time, traffic to 127.0.0.1 only; replica-kill, gateway-kill and slow-clients share one
-server, in that order, each after the last has recovered; every other case has a fresh one):
+Servers serve the shipped en-de: one model, so by default the ingress holds it (Settings.colocate).
+replica-kill, gateway-kill and slow-clients share one server with the model in a deployment of its
+own (BEAMSERVE_COLOCATE=false, as each model of a registry of several is), in that order, each after
+the last has recovered; every other case has a fresh server in the default layout.
+
+Cases (bounded in time, traffic to 127.0.0.1 only):
 - spike: open-loop one-sentence requests at 10x the rate the server sustains (measured first by a
   closed loop of 4 clients): every answer 200, 503 or 504; refusals within a second; the accepted
   requests' p95 within 2x the unloaded p95 (or 0.5 s), with max_queue_wait_s 0.1 (--spike-queue-wait).
@@ -12,6 +16,9 @@ server, in that order, each after the last has recovered; every other case has a
   no dropped connection; answers 200 again within RECOVERY_S.
 - gateway-kill: the same with the gateway (HTTP ingress) replica: the requests in flight on it are sent
   again by the front (service/front.py) or get a JSON 503 with Retry-After, none a 500.
+- colocated-kill: the same with the one replica of the default layout, ingress and model together:
+  the front holds requests until Serve has started another that has loaded the model, or answers a
+  JSON 503 with Retry-After; none a 500.
 - sigterm: half the sustainable rate, SIGTERM mid-way: every request accepted before the signal is
   answered; later ones get 503 or a refused connection; the process exits 0.
 - slow-clients: 300 connections that send their headers and part of a body, then idle: /healthz and
@@ -67,6 +74,7 @@ class Server:
     """`beamserve serve` with one pair on free loopback ports."""
 
     def __init__(self, **env: str) -> None:
+        self.split = env.get("BEAMSERVE_COLOCATE") == "false"  # the model in a deployment of its own
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         settings = {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_REQUEST_TIMEOUT_S": "10", **env}
@@ -252,6 +260,7 @@ def json_error(body: str) -> bool:
 
 
 SHARED_ORDER = ("replica-kill", "gateway-kill", "slow-clients")
+CASES = ("spike", *SHARED_ORDER, "colocated-kill", "sigterm", "soak")
 
 
 def case_kill(server: Server, deployment: str, seconds: float, failures: list[str]) -> None:
@@ -396,7 +405,7 @@ def case_soak(seconds: float, failures: list[str]) -> None:
     statuses: Counter[str] = Counter()
     unexpected: list[str] = []
     try:
-        pids = {d: server.replica_pid(d) for d in ("model-en-de", "Gateway")}
+        pids = {d: server.replica_pid(d) for d in (("model-en-de", "Gateway") if server.split else ("Gateway",))}
         procs = {d: psutil.Process(pid) for d, pid in pids.items()}
 
         def rss() -> dict[str, float]:
@@ -485,7 +494,7 @@ def case_soak(seconds: float, failures: list[str]) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", default="spike,replica-kill,gateway-kill,sigterm,slow-clients")
+    p.add_argument("--cases", default="spike,replica-kill,gateway-kill,slow-clients,colocated-kill,sigterm")
     p.add_argument("--duration", type=float, default=12.0, help="seconds of load per case")
     p.add_argument("--spike-factor", type=float, default=10.0, help="the spike's rate over the sustainable one")
     p.add_argument("--spike-queue-wait", type=float, default=0.1, help="the spike server's max_queue_wait_s (seconds)")
@@ -497,22 +506,31 @@ def main() -> int:
 
     def server() -> Server:
         if not shared:  # a body timeout short enough for slow-clients, long past every other case's bodies
-            shared.append(Server(BEAMSERVE_BODY_TIMEOUT_S="3"))
+            shared.append(Server(BEAMSERVE_BODY_TIMEOUT_S="3", BEAMSERVE_COLOCATE="false"))
         return shared[0]
 
     cases = args.cases.split(",")
-    unknown = set(cases) - {"spike", "replica-kill", "gateway-kill", "sigterm", "slow-clients", "soak"}
+    unknown = set(cases) - set(CASES)
     if unknown:
         raise SystemExit(f"unknown case {sorted(unknown)[0]!r}")
     try:
         for case in sorted(cases, key=lambda c: SHARED_ORDER.index(c) if c in SHARED_ORDER else 3):  # shared first
             print(f"== {case}", flush=True)
+            if case not in SHARED_ORDER:  # the shared server's cases are done: its CPU is the next case's
+                while shared:
+                    shared.pop().stop()
             if case == "spike":
                 case_spike(args.duration, failures, args.spike_factor, args.spike_queue_wait)
             elif case == "replica-kill":
                 case_kill(server(), "model-en-de", args.duration, failures)
             elif case == "gateway-kill":
                 case_kill(server(), "Gateway", args.duration, failures)
+            elif case == "colocated-kill":
+                colocated = Server()
+                try:
+                    case_kill(colocated, "Gateway", args.duration, failures)
+                finally:
+                    colocated.stop()
             elif case == "sigterm":
                 case_sigterm(args.duration, failures)
             elif case == "slow-clients":

@@ -57,7 +57,7 @@ async def _read_answer(reader: asyncio.StreamReader, keep: bool) -> tuple[int, b
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
         if size == 0:

@@ -2,8 +2,10 @@
 the registry (service/registry.py, service/replica.py), each answering its language pairs.
 `serve run service.app:build_app` and the Serve config import it.
 
-By default each model has a deployment of its own: it is always loaded (the models are small),
-scales on its own load with its own autoscaling config, and no model evicts another's weights.
+With one model (Settings.colocate), the ingress holds it instead: one deployment, whose replicas
+serve HTTP and decode in one process. Otherwise each model has a deployment of its own: it is always
+loaded (the models are small), scales on its own load with its own autoscaling config, and no model
+evicts another's weights.
 Entries marked `pool` share one multiplexed deployment instead (service/pool.py): many rarely used
 models on a few replicas, the least recently used evicted.
 """
@@ -50,11 +52,32 @@ def actor_options(s: Settings, gpus: float) -> dict[str, Any]:
 
 
 def gpu_replicas(settings: Settings) -> int:
-    """Model replicas whose GPUs are left to the default: one per dedicated model, the pool's replicas."""
+    """Model-holding replicas whose GPUs are left to the default: one per dedicated model (or, colocated,
+    each gateway replica), the pool's replicas."""
     found = settings.entries()
-    needs = [settings.for_entry(e) for e in found if not e.pool]
+    dedicated = [settings.for_entry(e) for e in found if not e.pool]
+    needs = (
+        [colocated_settings(settings, dedicated)] * settings.gateway_replicas
+        if settings.uses_colocation(found)
+        else dedicated
+    )
     needs += [settings] * settings.pool_replicas if any(e.pool for e in found) else []
     return sum(s.replica_gpus is None and s.device != "cpu" for s in needs)
+
+
+def colocated_settings(settings: Settings, dedicated: list[Settings]) -> Settings:
+    """What a replica holding every dedicated model asks for: its one model's settings, or with several,
+    the sum of their CPUs and the GPUs of the one that asks most (a fractional GPU is shared)."""
+    if len(dedicated) == 1:
+        return dedicated[0]
+    gpus = [s.replica_gpus for s in dedicated if s.replica_gpus is not None]
+    return settings.model_copy(
+        update={
+            "replica_cpus": sum(s.replica_cpus for s in dedicated),
+            "replica_gpus": max(gpus) if gpus else None,
+            "device": "cpu" if all(s.device == "cpu" for s in dedicated) else settings.device,
+        }
+    )
 
 
 def gateway_logging(s: Settings) -> dict[str, Any]:
@@ -74,8 +97,14 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     pairs: dict[str, Any] = {}
     found = settings.entries()
     pooled = [e for e in found if e.pool]
+    dedicated = [e for e in found if not e.pool]
     share = gpu_share(gpu_replicas(settings), cluster_gpus())
-    for entry in (e for e in found if not e.pool):
+    gateway: dict[str, Any] = {"num_replicas": settings.gateway_replicas, "logging_config": gateway_logging(settings)}
+    local = dedicated if settings.uses_colocation(found) else []
+    if local:  # the ingress holds them: its replicas ask for what the models need, and take their knobs
+        own = colocated_settings(settings, [settings.for_entry(e) for e in local])
+        gateway |= {"ray_actor_options": actor_options(own, share), "user_config": batching_knobs(own.model_dump())}
+    for entry in (e for e in dedicated if not local):
         own = settings.for_entry(entry)
         handle = PairModel.options(  # type: ignore[attr-defined]
             name=f"model-{entry.name}",
@@ -92,8 +121,6 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
         ).bind([e.model_dump() for e in pooled], settings.model_dump())
         for entry in pooled:
             pairs.update(dict.fromkeys(entry.pairs, pool))
-    gateway = Gateway.options(  # type: ignore[attr-defined]
-        num_replicas=settings.gateway_replicas, logging_config=gateway_logging(settings)
-    )
     by_pair = {pair: e.name for e in pooled for pair in e.pairs}
-    return gateway.bind(pairs, settings.model_dump(), by_pair)
+    held = [e.model_dump() for e in local]
+    return Gateway.options(**gateway).bind(pairs, settings.model_dump(), by_pair, held)  # type: ignore[attr-defined]

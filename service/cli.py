@@ -177,7 +177,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import signal
-    import threading
+    import time
 
     from service import runtime
     from service.settings import Settings
@@ -209,10 +209,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"Prometheus metrics on {metrics}; Ctrl-C stops it",
         flush=True,
     )
-    stop = threading.Event()
+    # The handler only records the signal: one that took a lock (Event.set) could deadlock against the
+    # interrupted wait holding it, as a second signal arriving within the first's handler does.
+    signals: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+        signal.signal(sig, lambda signum, _: signals.append(signum))
+    while not signals:
+        time.sleep(0.2)
     # Drain: refuse new translations at once, let the accepted ones finish, then stop.
 
     def say(line: str) -> None:

@@ -322,6 +322,7 @@ class Engine:
             except Exception as exc:  # a failure fails the sentences in flight, never the engine
                 self._fail_running(exc)
             self._last_turn = time.monotonic()
+            self.stats.cpu_s = time.thread_time()
             self._sync()
 
     def _schedule(self, now: float) -> tuple[Callable[[], None] | None, float]:

@@ -12,7 +12,6 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from ray import serve
-from ray.serve.handle import DeploymentHandle
 
 from service import deepl, libretranslate, local_ray, openapi, request_log
 from service.bodies import json_response, openapi_body, parse_json, read_body
@@ -21,8 +20,10 @@ from service.http import app
 from service.keys import Client, KeyLimits, Keys, load_keys
 from service.languages import name as language_name
 from service.libretranslate import DETECT_OPENAPI
+from service.local_handle import LocalHandle, PairHandle
 from service.metrics import gateway_metrics
 from service.pair_router import DETECT_CHARS, PairRouter
+from service.registry import ModelEntry
 from service.schemas import (
     BODY_ERRORS,
     DeepLError,
@@ -44,15 +45,35 @@ LIBRE_ERRORS = errors(LibreError, *BODY_ERRORS)
 DEEPL_ERRORS = errors(DeepLError, 400, 403, 408, 413, 415, 429, 456, 500, 503, 504)  # DeepL has no 401, 422
 
 
+def held_here(entries: list[dict[str, Any]], settings: dict[str, Any]) -> list[Any]:
+    """The ServedModels of entries, loaded in this process; the import is here so that a gateway that
+    holds no model imports no torch."""
+    if not entries:
+        return []
+    from service.served_model import ServedModel
+
+    base = Settings(**settings)
+    return [ServedModel(e, base.for_entry(e)) for e in (ModelEntry.model_validate(x) for x in entries)]
+
+
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
 class Gateway(PairRouter):
     """HTTP ingress: validates, routes by (source, target) to the pair's deployment, maps errors."""
 
     def __init__(
-        self, pairs: dict[str, DeploymentHandle[Any]], settings: dict[str, Any], pooled: dict[str, str] | None = None
+        self,
+        pairs: dict[str, PairHandle],
+        settings: dict[str, Any],
+        pooled: dict[str, str] | None = None,
+        local: list[dict[str, Any]] | None = None,
     ) -> None:
+        """pairs: each pair's deployment; pooled: the pairs of the model pool, and their model's name;
+        local: registry entries this process loads and serves itself (Settings.colocate)."""
         local_ray.pin_replica_grpc()
+        self.local = held_here(local or [], settings)
+        for model in self.local:
+            pairs = {**pairs, **dict.fromkeys(model.entry.pairs, LocalHandle(model))}
         super().__init__(pairs, Settings(**settings), pooled or {})
         limits = KeyLimits(
             self.settings.key_requests_per_minute,
@@ -66,6 +87,18 @@ class Gateway(PairRouter):
         app.openapi = openapi.served(app, self.settings, self.served_languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish
         self.in_flight = 0  # translation requests accepted and not yet answered
+
+    def check_health(self) -> None:
+        """Serve's health check: a model held here whose engine died or wedged fails it (the replica is
+        replaced), as a model replica's would."""
+        for model in self.local:
+            if (problem := model.health()) is not None:
+                raise RuntimeError(problem)
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        """Serve's user_config, set while models are held here: their batching knobs, applied live."""
+        for model in self.local:
+            model.reconfigure(config)
 
     def drain(self) -> int:
         """Stop accepting translations (503, and /readyz 503) so a load balancer moves away; the ones

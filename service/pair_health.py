@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Any
 
-from ray.serve.handle import DeploymentHandle
+from service.local_handle import PairHandle
 
 ASK_S = 2.0  # a pair's replica that has not answered info() within this is counted down
 REFRESH_S = 2.0  # the status is refreshed when it is older than this and someone reads it
@@ -21,7 +21,7 @@ FIRST_WAIT_S = 0.8  # before the first refresh has finished, a reader waits this
 class PairHealth:
     """Each pair's last info() (None: it did not answer), refreshed in the background."""
 
-    def __init__(self, handles: dict[str, DeploymentHandle[Any]]) -> None:
+    def __init__(self, handles: dict[str, PairHandle]) -> None:
         self.handles = handles
         self.infos: dict[str, dict[str, Any] | None] = {}
         self.checked = float("-inf")  # monotonic time of the last finished refresh
@@ -63,7 +63,7 @@ class PairHealth:
             self._task = None
 
     @staticmethod
-    async def _ask(handle: DeploymentHandle[Any]) -> dict[str, Any] | None:
+    async def _ask(handle: PairHandle) -> dict[str, Any] | None:
         response = handle.info.remote()
 
         async def answer() -> Any:
@@ -72,7 +72,7 @@ class PairHealth:
         try:
             return dict(await asyncio.wait_for(answer(), ASK_S))
         except TimeoutError:  # no replica yet (Serve holds the call until one starts), or a wedged one
-            response.cancel()  # type: ignore[no-untyped-call]
+            response.cancel()
             return None
         except Exception:  # a deployment that failed to deploy, a replica that died: down now
             return None

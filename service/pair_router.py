@@ -24,6 +24,7 @@ from service.detect import Detected, LanguageDetector
 from service.errors import ApiError, api_error
 from service.html_text import HtmlDocument, join_aligned, parse_documents
 from service.languages import name as language_name
+from service.local_handle import PairHandle
 from service.metrics import gateway_metrics
 from service.pair_health import PairHealth
 from service.protect import from_html, has_protected, to_html
@@ -68,14 +69,15 @@ def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
 class PairRouter:
     """Translates texts on the pair deployments: the machinery under the Gateway's routes."""
 
-    def __init__(
-        self, pairs: dict[str, DeploymentHandle[Any]], settings: Settings, pooled: dict[str, str] | None = None
-    ) -> None:
-        """pairs: each pair's deployment; pooled: the pairs the model pool answers, and their model's name
-        (the multiplexed model id each call carries, so that Serve routes it to a replica holding it)."""
+    def __init__(self, pairs: dict[str, PairHandle], settings: Settings, pooled: dict[str, str] | None = None) -> None:
+        """pairs: each pair's deployment, or its model held in this process; pooled: the pairs the model
+        pool answers, and their model's name (the multiplexed model id each call carries, so that Serve
+        routes it to a replica holding it)."""
         self.pooled = pooled or {}
         self.pairs = {
-            pair: handle.options(multiplexed_model_id=self.pooled[pair]) if pair in self.pooled else handle
+            pair: handle.options(multiplexed_model_id=self.pooled[pair])
+            if pair in self.pooled and isinstance(handle, DeploymentHandle)
+            else handle
             for pair, handle in pairs.items()
         }
         self.settings = settings

@@ -120,6 +120,7 @@ class BatchStats:
     rejected: int = 0
     expired: int = 0
     cancelled: int = 0  # withdrawn by their client, queued or mid-decode
+    cpu_s: float = 0.0  # CPU seconds of the engine's thread (its torch worker threads not counted)
 
 
 def batch_tokens(batch: list[WorkItem]) -> tuple[int, int]:

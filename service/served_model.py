@@ -147,6 +147,7 @@ class ServedModel:
             "padded_tokens": stats.padded_tokens,
             "real_tokens": stats.real_tokens,
             "steps": stats.steps,
+            "engine_cpu_s": stats.cpu_s,
             "config": vars(self.engine.config),
             "allocator": allocator.in_use(),
             "resident_bytes": allocator.resident_bytes(),

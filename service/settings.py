@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     max_queued: int = 64  # requests the front holds per gateway replica past max_in_flight; past it, 503 at once
     drain_timeout_s: float = 40.0  # on SIGTERM, how long accepted requests may take to finish
     gateway_replicas: int = 1  # HTTP ingress replicas (beamserve serve; the Serve config autoscales them)
+    # The models in the ingress's own process (service/local_handle.py): a request crosses no second
+    # process, and ingress and models scale as one. Unset: colocated when the registry has one model
+    # and no pool (uses_colocation).
+    colocate: bool | None = None
     # API keys and their limits (service/keys.py): off unless api_keys or api_keys_file is set.
     api_keys: str = ""  # comma-separated keys, each with the key_* limits below
     api_keys_file: str = ""  # a JSON list of {"key", "name", and any of the key_* limits without key_}
@@ -96,6 +100,13 @@ class Settings(BaseSettings):
         """static_slots, or unset: on a GPU, where replaying the step's graphs decodes 2.1-2.3x as fast as
         the eager decoder; off on a CPU, where the static state decodes 0.54x as fast (docs/benchmarks.md)."""
         return self.static_slots if self.static_slots is not None else device_type == "cuda"
+
+    def uses_colocation(self, entries: list[ModelEntry]) -> bool:
+        """colocate, or unset: when the registry's one model is not pooled. A colocated request costs the
+        server 0.77x the CPU of one that crosses to a model deployment (docs/benchmarks.md)."""
+        if self.colocate is not None:
+            return self.colocate
+        return len(entries) == 1 and not entries[0].pool
 
     def origins(self) -> list[str]:
         return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

@@ -106,6 +106,7 @@ def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
             while httpx.get(f"{url}/v1/stats", timeout=10).json()["en-de"]["active"] == 0:
                 time.sleep(0.02)
             proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # twice, as an impatient operator or a supervisor and a shell do
             deadline = time.monotonic() + 10
             while httpx.get(f"{url}/readyz", timeout=10).status_code != 503:  # drained: out of rotation at once
                 assert time.monotonic() < deadline, "/readyz still 200 after SIGTERM"

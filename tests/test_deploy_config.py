@@ -64,3 +64,24 @@ def test_the_static_decode_state_is_the_gpu_s_default_and_a_setting_overrides_it
     assert Settings().uses_static_slots("cuda") and not Settings().uses_static_slots("cpu")
     assert not Settings(static_slots=False).uses_static_slots("cuda")
     assert Settings(static_slots=True).uses_static_slots("cpu")
+
+
+def test_one_model_is_held_by_the_ingress_and_several_get_deployments_of_their_own() -> None:
+    from service.app import build_app
+    from service.settings import Settings
+
+    def deployments(**args: object) -> tuple[dict[str, object], list[str], list[str]]:
+        gateway = build_app(args)._bound_deployment
+        pairs, _, _, held = gateway.init_args
+        return gateway.ray_actor_options, sorted(p._bound_deployment.name for p in pairs.values()), held
+
+    options, handles, held = deployments(models="en-de", replica_cpus=1.5)
+    assert handles == [] and [e["name"] for e in held] == ["en-de"]
+    assert options["num_cpus"] == 1.5  # the model's CPUs, asked by the ingress that holds it
+    options, handles, held = deployments(models="en-de", colocate=False)
+    assert handles == ["model-en-de"] and held == [] and options["num_cpus"] == 0
+    assert deployments(models="en-de,en-fr")[1:] == (["model-en-de", "model-en-fr"], [])
+    options, handles, held = deployments(models="en-de,en-fr", colocate=True, replica_cpus=1.0)
+    assert handles == [] and len(held) == 2 and options["num_cpus"] == 2.0
+    entries = Settings(models="en-de").entries()
+    assert Settings().uses_colocation(entries) and not Settings(colocate=False).uses_colocation(entries)
