@@ -140,24 +140,30 @@ def closest_first(oldest: WorkItem, others: list[WorkItem]) -> list[WorkItem]:
 
 class Throughput:
     """Work (source tokens x beams) finished per second of decoding, over the turns of the last
-    WINDOW_S seconds; idle time does not count, so a quiet spell does not make the engine look slow."""
+    WINDOW_S seconds; idle time does not count, so a quiet spell does not make the engine look slow.
+    After a quiet spell the last trusted rate holds until there is recent decoding enough: a burst
+    that follows one is measured against what the engine last did, not let in unbounded."""
 
     WINDOW_S = 10.0
     MIN_BUSY_S = 0.5  # decoding time needed before the rate is trusted
 
     def __init__(self) -> None:
         self.turns: deque[tuple[float, int, float]] = deque()  # (when, work finished, seconds busy)
+        self.trusted: float | None = None  # the last rate measured over MIN_BUSY_S of decoding
 
     def record(self, work: int, busy_s: float, now: float) -> None:
         self.turns.append((now, work, busy_s))
         self._forget(now)
 
     def rate(self, now: float) -> float | None:
-        """Work a second of decoding, or None before MIN_BUSY_S of recent decoding."""
+        """Work a second of decoding: over the recent turns, else the last trusted rate, else None
+        (an engine that has not yet decoded for MIN_BUSY_S)."""
         self._forget(now)
         busy = sum(b for _, _, b in self.turns)
         work = sum(w for _, w, _ in self.turns)
-        return work / busy if busy >= self.MIN_BUSY_S and work else None
+        if busy >= self.MIN_BUSY_S and work:
+            self.trusted = work / busy
+        return self.trusted
 
     def _forget(self, now: float) -> None:
         while self.turns and self.turns[0][0] < now - self.WINDOW_S:

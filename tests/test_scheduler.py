@@ -184,10 +184,14 @@ def test_a_request_that_would_wait_past_max_queue_wait_is_refused_at_once() -> N
     with pytest.raises(QueueFullError, match=r"about 1\.1s of work queued ahead") as refused:
         s.admit([item(tokens=10)], now=110.0)
     assert refused.value.retry_after_s == 1.0 and len(s.queue) == 12 and s.stats.rejected == 1
-    assert s.throughput.rate(200.0) is None  # the window has passed: no estimate, no refusal by time
-    s.throughput.record(0, busy_s=5.0, now=200.0)
-    assert s.throughput.rate(200.0) is None  # decoding that finished nothing yet says nothing either
-    s.admit([item(tokens=10), item(tokens=10)], now=200.0)
+    # After a quiet spell the last trusted rate holds: a burst is refused as it was before the spell.
+    assert s.throughput.rate(200.0) == pytest.approx(440.0)
+    with pytest.raises(QueueFullError):
+        s.admit([item(tokens=10)], now=200.0)
+    fresh = scheduler(max_queue_wait_s=1.0)
+    fresh.throughput.record(0, busy_s=5.0, now=200.0)
+    assert fresh.throughput.rate(200.0) is None  # decoding that finished nothing says nothing
+    fresh.admit([item(tokens=10) for _ in range(20)], now=200.0)  # no rate: only max_queue applies
 
 
 def test_an_idle_engine_takes_a_request_however_large() -> None:
