@@ -106,6 +106,7 @@ def serve_config(
     app = config["applications"][0]
     app["args"]["models"] = models
     app["args"].update(args or {})
+    assert app["args"]["colocate"] is False  # the config's layout: the model deployments below exist
     template = copy.deepcopy(next(d for d in app["deployments"] if d["name"].startswith("model-")))
     deployments = []
     for pair in models.split(","):

@@ -75,6 +75,7 @@ class Server:
 
     def __init__(self, **env: str) -> None:
         self.split = env.get("BEAMSERVE_COLOCATE") == "false"  # the model in a deployment of its own
+        self._rate: float | None = None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         settings = {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_REQUEST_TIMEOUT_S": "10", **env}
@@ -109,6 +110,13 @@ class Server:
             if time.monotonic() > deadline:
                 raise SystemExit("the server was not ready within 60 s")
             time.sleep(0.3)
+
+    def rate(self) -> float:
+        """The throughput of a closed loop (throughput()), measured once: the cases sharing a server
+        each begin once the last has recovered, at the same rate."""
+        if self._rate is None:
+            self._rate = throughput(self.url)
+        return self._rate
 
     def replica_pid(self, deployment: str) -> int:
         """The process of a Serve replica of this server (`model-en-de`, `Gateway`)."""
@@ -264,7 +272,7 @@ CASES = ("spike", *SHARED_ORDER, "colocated-kill", "sigterm", "soak")
 
 
 def case_kill(server: Server, deployment: str, seconds: float, failures: list[str]) -> None:
-    rate, _ = sustainable(server.url)
+    rate = server.rate()
     pid = server.replica_pid(deployment)
     at = seconds / 3
     load = asyncio.run(open_loop(server.url, rate / 2, seconds, [(at, lambda: os.kill(pid, signal.SIGKILL))]))
@@ -286,7 +294,7 @@ def case_sigterm(seconds: float, failures: list[str]) -> None:
     server = Server()
     signalled = [0.0]
     try:
-        rate, _ = sustainable(server.url)
+        rate = server.rate()
 
         def term() -> None:
             signalled[0] = time.monotonic()
