@@ -6,7 +6,8 @@ closed loop sends cached one-sentence requests, grouped by the module of each sa
 
 py-spy (a dev dependency) reads the replica's memory: it needs ptrace rights over it (root, or
 kernel.yama.ptrace_scope 0). Samples where the gateway's threads wait (the event loop's poll, Ray's
-core worker, idle thread pools) are left out.
+core worker, idle thread pools) are left out, and so are those of the engine's thread where the
+gateway holds the model (one model: Settings.colocate): its decoding is not the path.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ GROUPS = [
     ("asyncio", "asyncio"),
     ("logging", "logging"),
 ]
+ENGINE = "Engine._loop ("  # the engine thread's frame (service/engine.py)
 IDLE = ("_worker (", "main_loop (", "PythonGCThread", "Condition.wait", "Event.wait")
 
 
@@ -65,6 +67,8 @@ def summarise(raw: Path, key: Callable[[str], str] = group) -> list[tuple[str, f
         stack, _, n = line.rpartition(" ")
         # The event loop waiting (uvloop's poll shows as the thread's own frame) or an idle thread.
         if any(m in stack for m in IDLE) or stack.rsplit(";", 1)[-1].startswith("Thread.run ("):
+            continue
+        if ENGINE in stack:  # a model the gateway holds (Settings.colocate): its decoding is not the path
             continue
         counts[key(stack.rsplit(";", 1)[-1])] += int(n)
     total = sum(counts.values()) or 1

@@ -149,25 +149,30 @@ class Throughput:
 
     def __init__(self) -> None:
         self.turns: deque[tuple[float, int, float]] = deque()  # (when, work finished, seconds busy)
+        self.work, self.busy = 0, 0.0  # the turns' sums, kept as they come and go (asked on every admission)
         self.trusted: float | None = None  # the last rate measured over MIN_BUSY_S of decoding
 
     def record(self, work: int, busy_s: float, now: float) -> None:
         self.turns.append((now, work, busy_s))
+        self.work += work
+        self.busy += busy_s
         self._forget(now)
 
     def rate(self, now: float) -> float | None:
         """Work a second of decoding: over the recent turns, else the last trusted rate, else None
         (an engine that has not yet decoded for MIN_BUSY_S)."""
         self._forget(now)
-        busy = sum(b for _, _, b in self.turns)
-        work = sum(w for _, w, _ in self.turns)
-        if busy >= self.MIN_BUSY_S and work:
-            self.trusted = work / busy
+        if self.busy >= self.MIN_BUSY_S and self.work:
+            self.trusted = self.work / self.busy
         return self.trusted
 
     def _forget(self, now: float) -> None:
         while self.turns and self.turns[0][0] < now - self.WINDOW_S:
-            self.turns.popleft()
+            _, work, busy = self.turns.popleft()
+            self.work -= work
+            self.busy -= busy
+        if not self.turns:  # no float drift carried past an empty window
+            self.work, self.busy = 0, 0.0
 
 
 class Queue:

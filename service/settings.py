@@ -102,8 +102,9 @@ class Settings(BaseSettings):
         return self.static_slots if self.static_slots is not None else device_type == "cuda"
 
     def uses_colocation(self, entries: list[ModelEntry]) -> bool:
-        """colocate, or unset: when the registry's one model is not pooled. A colocated request costs the
-        server 0.77x the CPU of one that crosses to a model deployment (docs/benchmarks.md)."""
+        """colocate, or unset: when the registry's one model is not pooled. Beside its decoding, a decoded
+        request then costs the server 0.39x the CPU it costs crossing to a model deployment
+        (docs/benchmarks.md#serving-path)."""
         if self.colocate is not None:
             return self.colocate
         return len(entries) == 1 and not entries[0].pool
