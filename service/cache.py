@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
-Key = tuple[str, str, tuple[tuple[str, Any], ...], str]  # (digest, pair, options, sentence)
+from model.options import DecodeOptions
+
+Key = tuple[str, str, DecodeOptions, str]  # (digest, pair, options, sentence)
 # Bytes an entry costs beyond its strings: the key and option tuples, the entry, its list, floats and
 # the dict slot (tracemalloc over 10,000 entries with 8 options: 1,240 bytes each, 240 of them strings).
 ENTRY_OVERHEAD = 1000
@@ -50,8 +51,8 @@ class TranslationCache:
         return self.max_entries > 0 and self.max_bytes > 0
 
     @staticmethod
-    def key(digest: str, pair: str, options: dict[str, Any], sentence: str) -> Key:
-        return digest, pair, tuple(sorted(options.items())), sentence
+    def key(digest: str, pair: str, options: DecodeOptions, sentence: str) -> Key:
+        return digest, pair, options, sentence
 
     def get(self, key: Key) -> Entry | None:
         found = self.entries.get(key)

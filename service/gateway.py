@@ -58,8 +58,9 @@ def held_here(entries: list[dict[str, Any]], settings: dict[str, Any]) -> list[A
 
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
-class Gateway(PairRouter):
-    """HTTP ingress: validates, routes by (source, target) to the pair's deployment, maps errors."""
+class Gateway:
+    """HTTP ingress: the routes, their keys and limits, draining; its PairRouter translates (by source and
+    target, on the pair's deployment or a model this process holds)."""
 
     def __init__(
         self,
@@ -74,7 +75,8 @@ class Gateway(PairRouter):
         self.local = held_here(local or [], settings)
         for model in self.local:
             pairs = {**pairs, **dict.fromkeys(model.entry.pairs, LocalHandle(model))}
-        super().__init__(pairs, Settings(**settings), pooled or {})
+        self.settings = Settings(**settings)
+        self.router = PairRouter(pairs, self.settings, pooled or {})
         limits = KeyLimits(
             self.settings.key_requests_per_minute,
             self.settings.key_characters_per_day,
@@ -84,7 +86,7 @@ class Gateway(PairRouter):
             load_keys(self.settings.api_keys, self.settings.api_keys_file, limits), self.settings.limits_storage
         )
         gateway_metrics()
-        app.openapi = openapi.served(app, self.settings, self.served_languages)  # type: ignore[method-assign]
+        app.openapi = openapi.served(app, self.settings, self.router.served_languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish
         self.in_flight = 0  # translation requests accepted and not yet answered
 
@@ -157,7 +159,7 @@ class Gateway(PairRouter):
             client = self._client(request)
             req = parse_json(TranslateRequest, await request.body())
             async with self._billed(client, request, sum(map(len, req.texts))):
-                return json_response(await self._translate(req, request))
+                return json_response(await self.router.translate(req, request))
 
     @app.post(
         "/translate",
@@ -176,7 +178,7 @@ class Gateway(PairRouter):
         client = self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
         async with self._billed(client, request, sum(map(len, texts))):
-            return await self._libre_texts(body, texts, single, request)
+            return await self.router.libre_texts(body, texts, single, request)
 
     @app.post("/detect", responses=LIBRE_ERRORS, openapi_extra=DETECT_OPENAPI)
     async def detect(self, request: Request) -> Any:
@@ -186,17 +188,17 @@ class Gateway(PairRouter):
         client = self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
         async with self._billed(client, request, 0):  # a request, no characters translated
-            self._count(texts, status=400)
-            self._check_texts(texts)  # what a translation would accept, though detection reads the heads
+            self.router.count(texts, status=400)
+            self.router.check_texts(texts)  # what a translation would accept, though detection reads the heads
             heads = [t[:DETECT_CHARS] for t in texts]
-            ranks = await asyncio.to_thread(lambda: [self.detector.rank(t) for t in heads])
+            ranks = await asyncio.to_thread(lambda: [self.router.detector.rank(t) for t in heads])
         out = [[libretranslate.detected_language(d) for d in r] for r in ranks]
         return out[0] if single else out
 
     @app.get("/frontend/settings")
     async def frontend_settings(self) -> dict[str, Any]:
         """What LibreTranslate's web client and apps read before they translate."""
-        targets = sorted({pair.split("-")[1] for pair in self.pairs})
+        targets = sorted({pair.split("-")[1] for pair in self.router.pairs})
         return libretranslate.frontend_settings(self.settings.max_text_chars, targets, keys=self.keys.enabled)
 
     @app.post(
@@ -211,7 +213,7 @@ class Gateway(PairRouter):
             client = self._client(request)
             _, req = deepl.parse(await read_body(request, deepl.form_field))
             async with self._billed(client, request, sum(map(len, req.texts))):
-                return deepl.response(req, await self._translate(req, request))
+                return deepl.response(req, await self.router.translate(req, request))
 
     @app.get("/v2/usage", response_model=deepl.DeepLUsage, responses=errors(DeepLError, 403, 500, 503))
     async def deepl_usage(self, request: Request) -> deepl.DeepLUsage:
@@ -236,12 +238,12 @@ class Gateway(PairRouter):
         kind = request.query_params.get("type")
         if kind is None:  # absent: source, as DeepL answers
             kind = str((await request.form()).get("type", "source"))
-        return deepl.languages(sorted({*self.pairs, *self.pivoted}), kind)
+        return deepl.languages(sorted({*self.router.pairs, *self.router.pivoted}), kind)
 
     @app.get("/languages", response_model=list[Language])
     async def languages(self) -> list[Language]:
         targets: dict[str, list[str]] = {}
-        for pair in sorted({*self.pairs, *self.pivoted}):
+        for pair in sorted({*self.router.pairs, *self.router.pivoted}):
             src, tgt = pair.split("-")
             targets.setdefault(src, []).append(tgt)
             targets.setdefault(tgt, [])
@@ -249,23 +251,23 @@ class Gateway(PairRouter):
 
     @app.get("/v1/models", response_model=ModelsResponse)
     async def models(self) -> ModelsResponse:
-        infos = await self._infos()
+        infos = await self.router.infos()
         return ModelsResponse(models=[ModelInfo(**{k: i.get(k) for k in ModelInfo.model_fields}) for i in infos])
 
     @app.get("/v1/stats")
     async def stats(self) -> dict[str, Any]:
         """Per pair: queue depth, active sentences, batches and their sizes (for operators and tests), and
         this gateway replica's work in flight and refusals on the pair's behalf."""
-        out = {i["name"]: i for i in await self._infos()}
-        for pair, a in self.admission.items():
+        out = {i["name"]: i for i in await self.router.infos()}
+        for pair, a in self.router.admission.items():
             if pair in out:
-                hits, misses = self.cache.lookups(pair)
+                hits, misses = self.router.cache.lookups(pair)
                 out[pair]["gateway"] = {
                     "in_flight_work": a.in_flight,
                     "refused": a.refused_here,
                     "cache_hits": hits,
                     "cache_misses": misses,
-                    "cache": self.cache.summary(),  # the gateway's one cache, all pairs
+                    "cache": self.router.cache.summary(),  # the gateway's one cache, all pairs
                 }
         return out
 
@@ -280,12 +282,13 @@ class Gateway(PairRouter):
         replica: it reads PairHealth, refreshed in the background (service/pair_health.py)."""
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": "5"})
-        if pair is not None and pair not in self.pairs:
-            served = ", ".join(sorted(self.pairs))
+        if pair is not None and pair not in self.router.pairs:
+            served = ", ".join(sorted(self.router.pairs))
             raise ApiError(404, "unsupported_pair", f"no model for {pair}; served pairs: {served}")
-        infos = await self.health.current()
-        pairs = {p: "ready" if self.health.ready(p) else "unavailable" for p in sorted(self.pairs)}
-        ready = self.health.ready(pair) if pair is not None else any(self.health.ready(p) for p in self.pairs)
+        health = self.router.health
+        infos = await health.current()
+        pairs = {p: "ready" if health.ready(p) else "unavailable" for p in sorted(self.router.pairs)}
+        ready = health.ready(pair) if pair is not None else any(health.ready(p) for p in self.router.pairs)
         status = "ready" if ready else ("starting" if not infos else "not ready")
         retry = None if ready else {"Retry-After": "2"}
         return JSONResponse({"status": status, "pairs": pairs}, status_code=200 if ready else 503, headers=retry)

@@ -5,7 +5,6 @@ routes (service/gateway.py) sit on top of this.
 """
 
 import asyncio
-import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
 from service import libretranslate, request_log
 from service.admission import PairAdmission
+from service.answers import Decoded, NBest, Translated
 from service.cache import Entry, TranslationCache
 from service.detect import Detected, LanguageDetector
 from service.errors import ApiError, api_error
@@ -50,12 +50,6 @@ class Ask:
     timeout_s: float | None = None  # the request's own, capped by the server's
     split: bool = True  # each sentence of a text on its own
     cache: bool = True  # the gateway's cache may answer
-
-
-@functools.lru_cache(maxsize=256)
-def api_options(opts: DecodeOptions) -> dict[str, Any]:
-    """The options a replica call carries, by name (the same dict for equal options: not to be changed)."""
-    return {f.name: getattr(opts, f.name) for f in user_options("api")}
 
 
 def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
@@ -106,7 +100,7 @@ class PairRouter:
     def detector(self) -> LanguageDetector:
         return self._detector.result()
 
-    async def _translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
+    async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
         """The request's texts grouped by source language (named, or detected per text), each group
         translated on its pair, the answers in the texts' order."""
         detected, groups = await self._sources(req.source, req.target, req.texts, markup=req.tag_handling == "html")
@@ -148,8 +142,8 @@ class PairRouter:
         if req.tag_handling == "html":
             ignore = frozenset(t.strip().lower() for t in req.ignore_tags or [])
             docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
-            out, nbest = await self._html(ask, docs)
-            out["translations"] = nbest
+            out, renders = await self._html(ask, docs)
+            out = replace(out, nbest=renders)
         else:
             out = await self._plain(ask, req.texts)
         n = opts.num_hypotheses
@@ -163,9 +157,9 @@ class PairRouter:
                 detected_source=None,
                 pivot=pivot,
             )
-            for hs in out["translations"]
+            for hs in out.nbest
         ]
-        return translations, Usage(source_tokens=out["source_tokens"], target_tokens=out["target_tokens"])
+        return translations, Usage(source_tokens=out.source_tokens, target_tokens=out.target_tokens)
 
     def _check_echo(self, language: str, texts: list[str], request: Request) -> None:
         """Texts already in the target language, answered as sent: the same checks as a translation (a
@@ -173,7 +167,7 @@ class PairRouter:
         if language not in self.served_languages:
             served = ", ".join(sorted(self.pairs))
             raise ApiError(400, "unsupported_pair", f"no model for {language} -> {language}; served pairs: {served}")
-        self._check_texts(texts)
+        self.check_texts(texts)
         request.state.echoed_characters = getattr(request.state, "echoed_characters", 0) + sum(map(len, texts))
 
     async def _sources(
@@ -186,7 +180,7 @@ class PairRouter:
             return None, {source: list(range(len(texts)))}
         if not self.detector.languages:
             raise ApiError(400, "detection_unavailable", "no served language can be detected: pass the source language")
-        self._count(texts)
+        self.count(texts)
         heads = [t[:DETECT_CHARS] for t in texts]
         if sum(map(len, heads)) > SPLIT_INLINE_CHARS:
             detected = await asyncio.to_thread(self.detector.detect, heads, markup=markup)
@@ -205,7 +199,7 @@ class PairRouter:
                 )
         return detected, groups
 
-    async def _libre_texts(
+    async def libre_texts(
         self, body: dict[str, Any], texts: list[str], single: bool, request: Request
     ) -> dict[str, Any]:
         source, target = libretranslate.languages_of(body)
@@ -230,9 +224,9 @@ class PairRouter:
         pair, opts = self._check(call.request, request)
         if call.docs is not None:
             return [[t for t, _ in ranks] for ranks in (await self._html(Ask(pair, opts), call.docs))[1]]
-        return [[h[0] for h in hs] for hs in (await self._plain(Ask(pair, opts), call.request.texts))["translations"]]
+        return [[h[0] for h in hs] for hs in (await self._plain(Ask(pair, opts), call.request.texts)).nbest]
 
-    async def _infos(self) -> list[dict[str, Any]]:
+    async def infos(self) -> list[dict[str, Any]]:
         """Per pair, its model replica's info() (see PairModel.info) with the pair's name, source and
         target; a pair whose replica does not answer within pair_health.ASK_S has "ready": False alone."""
         infos = await self.health.ask_all()
@@ -263,12 +257,12 @@ class PairRouter:
             raise ApiError(
                 503, "pair_unavailable", f"the {pair} model is not available now; retry later", {"Retry-After": "5"}
             )
-        self._check_texts(req.texts)
+        self.check_texts(req.texts)
         return pair, self._options(req)
 
-    def _check_texts(self, texts: list[str]) -> None:
+    def check_texts(self, texts: list[str]) -> None:
         """ApiError for more texts than a request may hold, a text too long, or one no model can take."""
-        self._count(texts)
+        self.count(texts)
         for i, text in enumerate(texts):
             if len(text) > self.settings.max_text_chars:
                 raise ApiError(
@@ -291,7 +285,7 @@ class PairRouter:
         source, target = pair.split("-")
         return [f"{source}-{PIVOT}", f"{PIVOT}-{target}"]
 
-    def _count(self, texts: list[str], status: int = 422) -> None:
+    def count(self, texts: list[str], status: int = 422) -> None:
         """ApiError `status` for more texts than a request may hold."""
         if len(texts) > self.settings.max_texts:
             raise ApiError(
@@ -321,27 +315,25 @@ class PairRouter:
             raise ApiError(422, "invalid_request", str(exc)) from None
         return opts
 
-    async def _plain(self, ask: Ask, texts: list[str]) -> dict[str, Any]:
+    async def _plain(self, ask: Ask, texts: list[str]) -> Translated:
         """_call's answer for plain texts; when one holds a URL, an e-mail address or a placeholder, the
         texts go through the HTML path with those wrapped not to be translated (service/protect.py)."""
         if not any(has_protected(t) for t in texts):
             return await self._call(ask, texts)
         docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
         out, renders = await self._html(ask, docs)
-        out["translations"] = [[(from_html(text), score) for text, score in ranks] for ranks in renders]
-        return out
+        return replace(out, nbest=[[(from_html(text), score) for text, score in ranks] for ranks in renders])
 
-    async def _call(self, ask: Ask, texts: list[str]) -> dict[str, Any]:
-        """Translate texts on the pair's replica; with `split`, each sentence of a text on its own, and
-        "translations" holds each text's n-best list of (text, score), its sentences joined back."""
+    async def _call(self, ask: Ask, texts: list[str]) -> Translated:
+        """Translate texts on the pair's replica (with `split`, each sentence of a text on its own): each
+        text's n-best, its sentences joined back."""
         out, pieces, per_text = await self._sentences(ask, texts)
-        out["translations"] = [join_translations(hyps, seps) for hyps, (_, seps) in zip(per_text, pieces, strict=True)]
-        return out
+        return replace(out, nbest=[join_translations(h, seps) for h, (_, seps) in zip(per_text, pieces, strict=True)])
 
     async def _sentences(
         self, ask: Ask, texts: list[str]
-    ) -> tuple[dict[str, Any], list[tuple[list[str], list[str]]], list[list[list[tuple[str, float]]]]]:
-        """The replica's answer, each text's (sentences, separators), and each sentence's n-best (text, score)."""
+    ) -> tuple[Translated, list[tuple[list[str], list[str]]], list[list[NBest]]]:
+        """The sentences' translation, each text's (sentences, separators), and each sentence's n-best."""
 
         # A one-sentence text goes as it came (what the library gets for it).
         source = ask.pair.split("-")[0]
@@ -353,31 +345,30 @@ class PairRouter:
         pieces = await asyncio.to_thread(split_all) if sum(map(len, texts)) > SPLIT_INLINE_CHARS else split_all()
         timeout = self._timeout(ask.timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
-        options = api_options(ask.opts)
-        out = await self._decode(ask.pair, sentences, options, timeout, cache=ask.cache)
-        per_sentence = iter(out["translations"])
+        out = await self._decode(ask.pair, sentences, ask.opts, timeout, cache=ask.cache)
+        per_sentence = iter(out.nbest)
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 
     async def _decode(
-        self, pair: str, sentences: list[str], options: dict[str, Any], timeout: float, *, cache: bool
-    ) -> dict[str, Any]:
+        self, pair: str, sentences: list[str], opts: DecodeOptions, timeout: float, *, cache: bool
+    ) -> Translated:
         """Each sentence's n-best and the token counts: from the cache where it holds the sentence (with
         `cache`), the rest decoded on the pair's replica, each distinct sentence once. A pair served
         through the pivot: each sentence's best translation into it, then that into the target with
-        the request's options; "pivot" maps each sentence to its pivot translation."""
+        the request's options, and `pivot` maps each sentence to its pivot translation."""
         if pair in self.pivoted:
             first, second = self._legs(pair)
             deadline = time.monotonic() + timeout
-            there = await self._decode(first, sentences, {**options, "num_hypotheses": 1}, timeout, cache=cache)
-            middle = [nbest[0][0] for nbest in there["translations"]]
+            there = await self._decode(first, sentences, replace(opts, num_hypotheses=1), timeout, cache=cache)
+            middle = [nbest[0][0] for nbest in there.nbest]
             left = max(0.1, deadline - time.monotonic())
-            out = await self._decode(second, middle, options, left, cache=cache)
-            return {**out, "source_tokens": there["source_tokens"], "pivot": dict(zip(sentences, middle, strict=True))}
+            out = await self._decode(second, middle, opts, left, cache=cache)
+            return replace(out, source_tokens=there.source_tokens, pivot=dict(zip(sentences, middle, strict=True)))
         store = self.cache if cache and self.cache.enabled else None
         digest = await self._digest(pair) if store is not None else ""
         found: dict[str, Entry] = {}
         distinct = list(dict.fromkeys(sentences))
-        keys = {s: store.key(digest, pair, options, s) for s in distinct} if store is not None else {}
+        keys = {s: store.key(digest, pair, opts, s) for s in distinct} if store is not None else {}
         if store is not None:
             for sentence, key in keys.items():
                 entry = store.get(key)
@@ -389,29 +380,31 @@ class PairRouter:
         if not todo:
             summary.add_decoded(len(sentences), len(sentences), 0.0, 0.0)
         else:
-            with self.admission[pair].holding(len(todo) * options["beam_size"]):
+            with self.admission[pair].holding(len(todo) * opts.beam_size):
                 target = pair.split("-")[1]
-                out = await self._remote(pair, "translate", target, todo, options, timeout=timeout, pass_time=True)
-            summary.add_decoded(len(sentences), len(sentences) - len(todo), out["queue_wait_s"], out["decode_s"])
-            for sentence, nbest, (src, tgt) in zip(todo, out["translations"], out["tokens"], strict=True):
+                done: Decoded = await self._remote(
+                    pair, "translate", target, todo, opts, timeout=timeout, pass_time=True
+                )
+            summary.add_decoded(len(sentences), len(sentences) - len(todo), done.queue_wait_s, done.decode_s)
+            for sentence, nbest, (src, tgt) in zip(todo, done.nbest, done.tokens, strict=True):
                 entry = Entry([(text, score) for text, score in nbest], src, tgt)
                 found[sentence] = entry
                 if store is not None:
                     store.put(keys[sentence], entry)
         entries = [found[s] for s in sentences]
-        return {
-            "translations": [e.nbest for e in entries],
-            "source_tokens": sum(e.source_tokens for e in entries),
-            "target_tokens": sum(e.target_tokens for e in entries),
-        }
+        return Translated(
+            nbest=[e.nbest for e in entries],
+            source_tokens=sum(e.source_tokens for e in entries),
+            target_tokens=sum(e.target_tokens for e in entries),
+        )
 
     async def _digest(self, pair: str) -> str:
         if pair not in self.digests:
             self.digests[pair] = (await self._remote(pair, "info", timeout=10.0))["digest"]
         return self.digests[pair]
 
-    async def _html(self, ask: Ask, docs: list[HtmlDocument]) -> tuple[dict[str, Any], list[list[tuple[str, float]]]]:
-        """The replica's answer, and each document's num_hypotheses renderings with scores, best first: its
+    async def _html(self, ask: Ask, docs: list[HtmlDocument]) -> tuple[Translated, list[NBest]]:
+        """The texts' translation, and each document's num_hypotheses renderings with scores, best first: its
         runs translated sentence by sentence, the sentences of runs holding inline markup aligned to their
         translations (rank r: every sentence's r-th hypothesis; its score the mean of theirs, as for a
         paragraph)."""
@@ -432,7 +425,7 @@ class PairRouter:
         if not wanted:
             links = []
         elif ask.pair in self.pivoted:
-            links = await self._align_through_pivot(ask.pair, list(wanted), out["pivot"], left)
+            links = await self._align_through_pivot(ask.pair, list(wanted), out.pivot, left)
         else:
             links = await self._remote(ask.pair, "align", ask.pair.split("-")[1], list(wanted), timeout=left)
         renders, k = [], 0

@@ -16,7 +16,9 @@ from typing import Any
 
 from ray import serve
 
+from model.options import DecodeOptions
 from service import allocator, local_ray
+from service.answers import Decoded
 from service.errors import ApiError, returned
 from service.registry import ModelEntry, ModelUnavailableError
 from service.served_model import ServedModel
@@ -74,9 +76,9 @@ class ModelPool:
             model.reconfigure({**config, **{k: v for k, v in model.entry.settings.items() if k in config}})
 
     async def translate(
-        self, target: str, texts: list[str], options: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any] | ApiError:
-        async def call() -> dict[str, Any]:
+        self, target: str, texts: list[str], options: DecodeOptions, timeout_s: float
+    ) -> Decoded | ApiError:
+        async def call() -> Decoded:
             return await (await self._model()).translate(target, texts, options, timeout_s)
 
         return await returned(call())

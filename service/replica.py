@@ -5,7 +5,9 @@ from typing import Any
 
 from ray import serve
 
+from model.options import DecodeOptions
 from service import local_ray
+from service.answers import Decoded
 from service.errors import ApiError, returned
 from service.registry import ModelEntry
 from service.served_model import ServedModel
@@ -33,8 +35,8 @@ class PairModel:
         self.model.reconfigure(config)
 
     async def translate(
-        self, target: str, texts: list[str], options: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any] | ApiError:
+        self, target: str, texts: list[str], options: DecodeOptions, timeout_s: float
+    ) -> Decoded | ApiError:
         return await returned(self.model.translate(target, texts, options, timeout_s))
 
     async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:

@@ -14,6 +14,7 @@ from typing import Any
 from model.options import DecodeOptions
 from model.translator import Translator
 from service import allocator
+from service.answers import Decoded
 from service.engine import BatchingConfig, Engine, RequestTiming
 from service.metrics import ModelMetrics
 from service.registry import ModelEntry
@@ -89,26 +90,21 @@ class ServedModel:
         token = self.entry.target_tokens.get(target)
         return f"{token} {text}" if token else text
 
-    async def translate(
-        self, target: str, texts: list[str], options: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any]:
-        """Each text's n-best (text, score) list toward `target` and the token counts; raises SourceError
-        (a text the model cannot take) and the engine's RequestTooLargeError, QueueFullError,
-        DeadlineExceededError."""
+    async def translate(self, target: str, texts: list[str], options: DecodeOptions, timeout_s: float) -> Decoded:
+        """Each text's n-best toward `target`, its token counts and the time in the engine; raises
+        SourceError (a text the model cannot take) and the engine's RequestTooLargeError,
+        QueueFullError, DeadlineExceededError."""
         sources = [self.translator.encode(self._source(target, t)) for t in texts]
         timing = RequestTiming()
         async with self._using():
-            hyps = await self.engine.translate(sources, DecodeOptions(**options), timeout_s, timing)
+            hyps = await self.engine.translate(sources, options, timeout_s, timing)
         decode = self.translator.tokenizer.decode
-        tokens = [(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)]
-        return {
-            "translations": [[(decode(h.tokens), h.score) for h in hs] for hs in hyps],
-            "tokens": tokens,  # each text's (source, target) token counts
-            "source_tokens": sum(s for s, _ in tokens),
-            "target_tokens": sum(t for _, t in tokens),
-            "queue_wait_s": timing.queue_wait_s,
-            "decode_s": timing.decode_s,
-        }
+        return Decoded(
+            nbest=[[(decode(h.tokens), h.score) for h in hs] for hs in hyps],
+            tokens=[(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)],
+            queue_wait_s=timing.queue_wait_s,
+            decode_s=timing.decode_s,
+        )
 
     async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:
         """Per (source, translation) pair, each target token's character span and that of the source token

@@ -3,9 +3,12 @@ tested through the real server in tests/test_service.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from model.options import DecodeOptions
 from service.cache import Entry, TranslationCache
 
-OPTS = {"beam_size": 4, "length_penalty": 1.0}
+OPTS = DecodeOptions(beam_size=4, length_penalty=1.0)
 
 
 def entry(text: str) -> Entry:
@@ -22,11 +25,11 @@ def test_a_hit_returns_what_was_put_under_the_same_key_only() -> None:
     for other in (
         cache.key("d2", "en-de", OPTS, "A dog."),
         cache.key("d1", "en-fr", OPTS, "A dog."),
-        cache.key("d1", "en-de", {**OPTS, "beam_size": 2}, "A dog."),
+        cache.key("d1", "en-de", replace(OPTS, beam_size=2), "A dog."),
         cache.key("d1", "en-de", OPTS, "A dog. "),
     ):
         assert cache.get(other) is None
-    assert cache.key("d1", "en-de", dict(reversed(OPTS.items())), "A dog.") == key  # option order does not matter
+    assert cache.key("d1", "en-de", DecodeOptions(length_penalty=1.0, beam_size=4), "A dog.") == key  # equal options
     assert (cache.stats.hits, cache.stats.misses) == (1, 5)
     assert cache.lookups("en-de") == (1, 4) and cache.lookups("en-fr") == (0, 1) and cache.lookups("de-en") == (0, 0)
 
