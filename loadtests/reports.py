@@ -13,11 +13,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def emit(report: str, out: Path | None) -> None:
-    """Print the report and write it to `out`, with its provenance line after the title where the
-    report has none."""
-    if "\nCommit: " not in report:
+    """Print the report and write it to `out`, with its provenance line after the title (first where
+    it has no "# " title) where the report has none."""
+    if "\nCommit: " not in report and not report.startswith("Commit: "):
         title, _, rest = report.partition("\n")
-        report = f"{title}\n\n{provenance()}\n{rest}"
+        report = f"{title}\n\n{provenance()}\n{rest}" if title.startswith("#") else f"{provenance()}\n\n{report}"
     print(report)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
