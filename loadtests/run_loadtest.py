@@ -33,9 +33,11 @@ MODES = {
 
 
 def ready(url: str) -> bool:
+    """Every pair ready: /readyz is 200 once any pair answers, and the traffic asks for all of them."""
     try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
+        r = httpx.get(f"{url}/readyz", timeout=2)
+        return r.status_code == 200 and all(state == "ready" for state in r.json()["pairs"].values())
+    except (httpx.HTTPError, ValueError, KeyError):
         return False
 
 
