@@ -104,7 +104,7 @@ def build_app(args: dict[str, Any] | None = None) -> serve.Application:
     if local:  # the ingress holds them: its replicas ask for what the models need, and take their knobs
         own = colocated_settings(settings, [settings.for_entry(e) for e in local])
         gateway |= {"ray_actor_options": actor_options(own, share), "user_config": batching_knobs(own.model_dump())}
-    for entry in (e for e in dedicated if not local):
+    for entry in [] if local else dedicated:  # each its own deployment
         own = settings.for_entry(entry)
         handle = PairModel.options(  # type: ignore[attr-defined]
             name=f"model-{entry.name}",

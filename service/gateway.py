@@ -45,15 +45,14 @@ LIBRE_ERRORS = errors(LibreError, *BODY_ERRORS)
 DEEPL_ERRORS = errors(DeepLError, 400, 403, 408, 413, 415, 429, 456, 500, 503, 504)  # DeepL has no 401, 422
 
 
-def held_here(entries: list[dict[str, Any]], settings: dict[str, Any]) -> list[Any]:
+def held_here(entries: list[dict[str, Any]], settings: Settings) -> list[Any]:
     """The ServedModels of entries, loaded in this process; the import is here so that a gateway that
     holds no model imports no torch."""
     if not entries:
         return []
     from service.served_model import ServedModel
 
-    base = Settings(**settings)
-    return [ServedModel(e, base.for_entry(e)) for e in (ModelEntry.model_validate(x) for x in entries)]
+    return [ServedModel(e, settings.for_entry(e)) for e in (ModelEntry.model_validate(x) for x in entries)]
 
 
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
@@ -72,10 +71,10 @@ class Gateway:
         """pairs: each pair's deployment; pooled: the pairs of the model pool, and their model's name;
         local: registry entries this process loads and serves itself (Settings.colocate)."""
         local_ray.pin_replica_grpc()
-        self.local = held_here(local or [], settings)
+        self.settings = Settings(**settings)
+        self.local = held_here(local or [], self.settings)
         for model in self.local:
             pairs = {**pairs, **dict.fromkeys(model.entry.pairs, LocalHandle(model))}
-        self.settings = Settings(**settings)
         self.router = PairRouter(pairs, self.settings, pooled or {})
         limits = KeyLimits(
             self.settings.key_requests_per_minute,

@@ -15,21 +15,15 @@ from ray.serve.handle import DeploymentHandle
 
 
 class LocalResponse:
-    """One call's answer: awaitable once, cancellable (DeploymentResponse's two uses here)."""
+    """One call's answer: awaitable once, cancellable (DeploymentResponse's two uses here). A method's
+    error, raised at once or by its coroutine, is raised where the answer is awaited."""
 
     def __init__(self, call: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self._future: asyncio.Future[Any]
-        try:
+        async def answer() -> Any:
             result = call(*args)
-        except Exception as exc:  # a synchronous method's error, raised where the answer is awaited
-            self._future = asyncio.get_running_loop().create_future()
-            self._future.set_exception(exc)
-            return
-        if inspect.isawaitable(result):
-            self._future = asyncio.ensure_future(result)
-        else:
-            self._future = asyncio.get_running_loop().create_future()
-            self._future.set_result(result)
+            return await result if inspect.isawaitable(result) else result
+
+        self._future = asyncio.ensure_future(answer())
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self._future.__await__()
@@ -51,7 +45,6 @@ class LocalHandle:
     process; its typed errors reach the router raised as they are, as a replica's reach it wrapped."""
 
     def __init__(self, model: Any) -> None:
-        self.model = model
         self.translate = LocalMethod(model.translate)
         self.align = LocalMethod(model.align)
         self.info = LocalMethod(model.info)
