@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=10, help="seconds of samples")
     ap.add_argument("--uncached", action="store_true", help='"cache": false: every sentence decoded')
     ap.add_argument("--top", type=int, default=0, help="also the N functions with the most samples (innermost frames)")
+    ap.add_argument("--raw", type=Path, help="also keep py-spy's samples (collapsed stacks) in this file")
     args = ap.parse_args()
     workload = "uncached-1" if args.uncached else "cached-1"
     server = Server("beamserve", "haproxy")
@@ -105,9 +106,13 @@ def main() -> None:
             raw = Path(tmp) / "gateway.txt"
             print(f"sampling the gateway (pid {gateway}) for {args.seconds} s under {workload} ...", file=sys.stderr)
             spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"  # the venv's, else PATH's
-            cmd = [spy, "record", "--pid", str(gateway), "--duration", str(args.seconds), "--rate", "250"]
+            # --gil: only the thread holding the GIL is sampled; a thread waiting for it (behind the engine's
+            # thread) spends no CPU, and would otherwise be counted at whatever line it waits on.
+            cmd = [spy, "record", "--pid", str(gateway), "--duration", str(args.seconds), "--rate", "250", "--gil"]
             subprocess.run([*cmd, "--format", "raw", "--output", str(raw)], check=True, capture_output=True)
             done.set()
+            if args.raw:
+                shutil.copyfile(raw, args.raw)
             print(f"| group ({workload}, gateway replica) | share of its busy samples |\n|---|---:|")
             for name, share in summarise(raw):
                 print(f"| {name} | {share:.1f}% |")

@@ -9,6 +9,7 @@ starts), so nothing else of the host changes.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Literal
@@ -42,8 +43,10 @@ def replica_env(allocator: Allocator) -> dict[str, str]:
     return {"LD_PRELOAD": path}
 
 
+@functools.cache
 def in_use() -> str:
-    """The allocator of this process: jemalloc when it is mapped, else the C library's."""
+    """The allocator of this process: jemalloc when it is mapped, else the C library's. Read once: a
+    process keeps its allocator, and /proc/self/maps of a process holding torch takes milliseconds."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
