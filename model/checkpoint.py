@@ -27,9 +27,9 @@ from safetensors.torch import load_file, save_file
 from model.compute_type import OUTPUT_PROJECTION, int8_weights
 from model.config import ModelConfig
 from model.quant import Int8Weight, int8_of, int8_weight, quantize_weight
+from model.shipped import OWN_CONFIG, is_own_checkpoint
 from model.transformer import Seq2Seq
 
-OWN_CONFIG = "beamserve.json"
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 TARGET_VOCAB = "target_vocab.json"  # separate vocabularies only
 
@@ -51,10 +51,6 @@ _LAYER_NAMES = [
     (r"decoder_layers\.(\d+)\.ffn\.(fc\d)\.", r"model.decoder.layers.\1.\2."),
     (r"decoder_layers\.(\d+)\.norm3\.", r"model.decoder.layers.\1.final_layer_norm."),
 ]
-
-
-def is_own_checkpoint(path: Path) -> bool:
-    return (path / OWN_CONFIG).is_file()
 
 
 def is_hf_marian(path: Path) -> bool:

@@ -23,6 +23,7 @@ from model.errors import InputTooLongError, InvalidTextError, SourceError, check
 from model.options import DecodeOptions, max_length
 from model.quant import int8_of
 from model.search import Hypothesis, SearchOptions
+from model.shipped import resolve_model_path
 from model.tokenizer import Tokenizer
 from model.transformer import Seq2Seq
 from model.workers import WorkerPool
@@ -37,7 +38,6 @@ __all__ = [
     "check_text",
 ]
 
-PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -328,20 +328,3 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]
-
-
-def resolve_model_path(path: str | Path) -> Path:
-    """A directory, or the name of a shipped model under model/pretrained/."""
-    candidate = Path(path)
-    if candidate.is_dir():
-        return candidate
-    shipped = PRETRAINED_DIR / str(path)
-    if shipped.is_dir():
-        return shipped
-    raise FileNotFoundError(f"no model directory {path!r}; shipped models: {shipped_models() or 'none'}")
-
-
-def shipped_models() -> list[str]:
-    if not PRETRAINED_DIR.is_dir():
-        return []
-    return sorted(p.name for p in PRETRAINED_DIR.iterdir() if checkpoint.is_own_checkpoint(p))

@@ -155,7 +155,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     from model.checkpoint import export_hf
-    from model.translator import resolve_model_path
+    from model.shipped import resolve_model_path
 
     export_hf(resolve_model_path(args.model), Path(args.out))
     print(f"wrote a Hugging Face MarianMT directory to {args.out}")
@@ -164,7 +164,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from model import Translator, checkpoint
-    from model.translator import resolve_model_path
+    from model.shipped import resolve_model_path
 
     source = resolve_model_path(args.model)
     tr = Translator.load(source, "cpu", compute_type="int8")

@@ -26,6 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from model.shipped import resolve_model_path
+
 # Settings an entry may set for its own replicas (the rest are the server's: limits, keys, host...).
 ENTRY_SETTINGS = {
     "device",
@@ -104,8 +106,6 @@ class ModelEntry(BaseModel):
 
 def pair_of(model: str) -> str:
     """'en-de' from a model name or a directory such as .../opus-mt-en-de."""
-    from model.translator import resolve_model_path  # torch: only where models are named this way
-
     name = resolve_model_path(model).name
     match = re.search(r"([a-z]{2,3})-([a-z]{2,3})$", name)
     if not match:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import Translator
-from model.translator import shipped_models
+from model.shipped import shipped_models
 
 from .conftest import REPO
 
