@@ -49,7 +49,10 @@ ENV BEAMSERVE_HOST=0.0.0.0 \
     PYTHONUNBUFFERED=1
 EXPOSE 8000 8080
 
-HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
+# On the port the container serves (BEAMSERVE_PORT, set at run time or here).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 CMD ["beamserve", "healthcheck"]
+# SIGTERM drains for up to BEAMSERVE_DRAIN_TIMEOUT_S (40 s) and Ray stops after it: run with
+# `docker run --stop-timeout 50` (compose: stop_grace_period: 50s), Docker's default 10 s cuts the drain.
+STOPSIGNAL SIGTERM
 
 CMD ["beamserve", "serve"]

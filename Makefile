@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: lock install serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
+.PHONY: lock install chromium serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c model/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,12 +25,19 @@ $(VENV)/bin/promtool: | $(VENV)/.installed
 	cp $(VENV)/promdeb/root/usr/bin/promtool $@
 	rm -rf $(VENV)/promdeb
 
+# Chromium and its driver for the translation page's browser tests (tests/test_page.py): Debian's
+# packages, installed once system-wide (Selenium drives them; nothing is downloaded at test time).
+chromium:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get install -y -q --no-install-recommends chromium chromium-driver || \
+	    { apt-get update -q && apt-get install -y -q --no-install-recommends chromium chromium-driver; }; }
+
 serve: install
 	$(VENV)/bin/beamserve serve
 
 CODE := model service tests loadtests
 
-test: lint $(VENV)/bin/promtool
+test: lint $(VENV)/bin/promtool chromium
 	$(PY) -m pytest -q -ra
 
 # The inner loop: everything but the tests that start Ray, a server, worker processes or training.

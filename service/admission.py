@@ -40,7 +40,6 @@ class PairAdmission:
         if self.in_flight + work >= self.full_at:
             self.refused_here += 1
             raise ApiError(
-                503,
                 "overloaded",
                 f"{self.pair} has {self.in_flight} sentence-beams in flight; it refused work at {self.full_at}",
                 {"Retry-After": "1"},

@@ -75,9 +75,9 @@ async def read_body(request: Request, field: Callable[[str, list[str]], Any]) ->
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+            raise ApiError("invalid_json", "the body is not valid JSON") from None
         if not isinstance(body, dict):
-            raise ApiError(400, "invalid_request", "the JSON body must be an object")
+            raise ApiError("invalid_request", "the JSON body must be an object")
         return body
     form = await request.form()
     return {key: field(key, [str(v) for v in form.getlist(key)]) for key in form}

@@ -225,6 +225,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """0 when the server of these settings (BEAMSERVE_PORT, BEAMSERVE_HOST) answers /healthz with 200,
+    else 1 with the reason on stderr: the Docker image's HEALTHCHECK, on whatever port it serves."""
+    import urllib.error
+    import urllib.request
+
+    from service.settings import Settings
+
+    s = Settings()
+    host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host  # a server on every interface: loopback
+    url = f"http://{host}:{args.port or s.port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as r:
+            return 0 if r.status == 200 else 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"beamserve healthcheck: {url}: {exc}", file=sys.stderr)
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="beamserve", description="Machine-translation server and tools.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -238,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-cpus", type=int, help="CPUs given to Ray (default: all usable)")
     p.add_argument("--num-gpus", type=int, help="GPUs given to Ray (default: the host's)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("healthcheck", help="exit 0 when the configured server answers /healthz (Docker's HEALTHCHECK)")
+    p.add_argument("--port", type=int, help="HTTP port (default: BEAMSERVE_PORT, else 8000)")
+    p.add_argument("--timeout", type=float, default=4.0, help="seconds to wait for the answer")
+    p.set_defaults(func=cmd_healthcheck)
 
     p = sub.add_parser("translate", help="translate stdin (one sentence a line) to stdout")
     p.add_argument("--model", required=True, help="model directory or shipped name (en-de, en-fr)")

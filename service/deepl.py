@@ -105,7 +105,7 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
     """DeepL's request and the beamserve request it runs as; ApiError 400 (in DeepL's words) otherwise."""
     for option, why in UNSUPPORTED.items():
         if option in body:
-            raise ApiError(400, "unsupported_option", why)
+            raise ApiError("unsupported_option", why)
     if isinstance(body.get("text"), str):  # one text given as a string
         body = {**body, "text": [body["text"]]}
     if isinstance(body.get("ignore_tags"), str):
@@ -116,11 +116,11 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
         deepl = DeepLTranslateRequest.model_validate(body)
     except ValidationError as exc:
         problems = message({"detail": exc.errors()})
-        raise ApiError(400, "invalid_request", f"Value for a parameter is not valid: {problems}") from None
+        raise ApiError("invalid_request", f"Value for a parameter is not valid: {problems}") from None
     if deepl.tag_handling == "xml":
-        raise ApiError(400, "unsupported_option", "tag_handling xml is not supported; html is")
+        raise ApiError("unsupported_option", "tag_handling xml is not supported; html is")
     if deepl.formality in ("more", "less"):
-        raise ApiError(400, "unsupported_option", "formality is not supported for any target language")
+        raise ApiError("unsupported_option", "formality is not supported for any target language")
     try:
         req = TranslateRequest(
             texts=deepl.text,
@@ -132,7 +132,7 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
             ignore_tags=deepl.ignore_tags if deepl.tag_handling == "html" else None,
         )
     except ValidationError as exc:
-        raise ApiError(400, "invalid_request", message({"detail": exc.errors()})) from None
+        raise ApiError("invalid_request", message({"detail": exc.errors()})) from None
     return deepl, req
 
 
@@ -151,7 +151,7 @@ def response(req: TranslateRequest, out: TranslateResponse) -> DeepLTranslateRes
 def languages(pairs: list[str], kind: str) -> list[DeepLLanguage]:
     """GET /v2/languages?type=source|target over the served pairs."""
     if kind not in ("source", "target"):
-        raise ApiError(400, "invalid_request", f"type must be 'source' or 'target', not {kind!r}")
+        raise ApiError("invalid_request", f"type must be 'source' or 'target', not {kind!r}")
     target = kind == "target"
     codes = sorted({pair.split("-")[1 if target else 0] for pair in pairs})
     return [

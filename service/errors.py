@@ -1,5 +1,5 @@
-"""Every error a client can get: the typed errors of the library and the engine mapped to HTTP
-statuses in one table, and the JSON body they are answered with."""
+"""The errors a request can end in: the typed errors of the library and the engine mapped to error
+codes (each with its one HTTP status: service/error_codes.py), and the JSON body they are answered with."""
 
 from __future__ import annotations
 
@@ -11,24 +11,25 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from model.errors import InputTooLongError, InvalidTextError
+from service.error_codes import status_of
 from service.html_text import HtmlLimitError, HtmlSyntaxError
 from service.registry import ModelUnavailableError
 from service.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 
-# Error type -> (HTTP status, error code); the first match wins, so subclasses go before their bases.
-STATUS: dict[type[Exception], tuple[int, str]] = {
-    InputTooLongError: (422, "input_too_long"),
-    InvalidTextError: (422, "invalid_text"),
-    HtmlLimitError: (422, "html_too_complex"),
-    HtmlSyntaxError: (422, "html_malformed"),
-    RequestTooLargeError: (422, "too_many_texts"),
-    QueueFullError: (503, "overloaded"),
-    BackPressureError: (503, "overloaded"),  # Serve's queue ahead of a replica (max_queued_requests) is full
-    DeadlineExceededError: (504, "timeout"),
-    ModelUnavailableError: (503, "pair_unavailable"),  # a pooled model that would not load
+# Error type -> error code; the first match wins, so subclasses go before their bases.
+TYPES: dict[type[Exception], str] = {
+    InputTooLongError: "input_too_long",
+    InvalidTextError: "invalid_text",
+    HtmlLimitError: "html_too_complex",
+    HtmlSyntaxError: "html_malformed",
+    RequestTooLargeError: "too_many_texts",
+    QueueFullError: "overloaded",
+    BackPressureError: "overloaded",  # Serve's queue ahead of a replica (max_queued_requests) is full
+    DeadlineExceededError: "timeout",
+    ModelUnavailableError: "pair_unavailable",  # a pooled model that would not load
     # The pair's replica died or restarts mid-request: Serve replaces it within seconds.
-    RayActorError: (503, "replica_unavailable"),
-    ActorUnavailableError: (503, "replica_unavailable"),
+    RayActorError: "replica_unavailable",
+    ActorUnavailableError: "replica_unavailable",
 }
 RETRY_AFTER_S = {
     "replica_unavailable": 5.0,
@@ -48,14 +49,14 @@ def message(body: dict[str, Any]) -> str:
 
 
 class ApiError(Exception):
-    """An error answered with `status` and a JSON body {"error": code, "detail": message}."""
+    """An error answered with its code's status and a JSON body {"error": code, "detail": message}."""
 
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
-        self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
+        self.status, self.code, self.detail, self.headers = status_of(code), code, detail, headers or {}
 
-    def __reduce__(self) -> tuple[type[ApiError], tuple[int, str, str, dict[str, str]]]:
-        return type(self), (self.status, self.code, self.detail, self.headers)
+    def __reduce__(self) -> tuple[type[ApiError], tuple[str, str, dict[str, str]]]:
+        return type(self), (self.code, self.detail, self.headers)
 
     def body(self) -> dict[str, str]:
         return {"error": self.code, "detail": self.detail}
@@ -67,10 +68,10 @@ def api_error(exc: BaseException) -> ApiError | None:
     cause = getattr(exc, "cause", None) or exc
     if isinstance(cause, ApiError):
         return cause
-    for kind, (status, code) in STATUS.items():
+    for kind, code in TYPES.items():
         if isinstance(cause, kind):
             retry = getattr(cause, "retry_after_s", None) or RETRY_AFTER_S.get(code)
-            return ApiError(status, code, str(cause), retry_after(retry) if retry is not None else None)
+            return ApiError(code, str(cause), retry_after(retry) if retry is not None else None)
     return None
 
 

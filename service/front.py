@@ -33,6 +33,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from service.error_codes import status_of
+
 if TYPE_CHECKING:
     from service.settings import Settings
 
@@ -123,7 +125,10 @@ def _error_body(code: str, detail: str) -> str:
     return body.replace('"', '\\"')
 
 
-def _http_error(status: int, code: str, detail: str, retry_after: int | None = None) -> str:
+def _http_error(status: int, code: str, detail: str, retry_after: int | None = None, answered: int = 0) -> str:
+    """HAProxy's answer for its own `status` as the error `code`, whose status (errors.CODES) the client
+    gets: `status`, or `answered` where a rule below changes it."""
+    assert status_of(code) == (answered or status), (code, status)
     retry = f" hdr retry-after {retry_after}" if retry_after is not None else ""
     return (
         f'    http-error status {status} content-type application/json lf-string "{_error_body(code, detail)}"'
@@ -135,10 +140,10 @@ def _defaults(limits: Limits) -> str:
     """The defaults section's answers for what HAProxy refuses or cannot deliver."""
     return (
         "    # beamserve: HAProxy's own answers in the API's JSON shape (service/front.py)\n"
-        + _http_error(400, "invalid_request", "the request is not valid HTTP")
+        + _http_error(400, "malformed_request", "the request is not valid HTTP")
         + _http_error(408, "body_timeout", "the request did not arrive in time")
         + _http_error(413, "body_too_large", f"request body over {limits.max_body_bytes} bytes")
-        + _http_error(502, "replica_unavailable", "the gateway replica stopped while answering", RETRY_AFTER_S)
+        + _http_error(502, "replica_unavailable", "the gateway replica stopped while answering", RETRY_AFTER_S, 503)
         + _http_error(503, "replica_unavailable", "no gateway replica took the request in time", RETRY_AFTER_S)
         + _http_error(504, "timeout", "no answer within the server's time")
     )
@@ -235,6 +240,7 @@ def _no_route() -> str:
     yet deployed), a JSON 503 with Retry-After, since the path will be served in a moment."""
 
     def answer(status: int, code: str, detail: str, retry: str) -> str:
+        assert status_of(code) == status, (code, status)
         body = _error_body(code, detail)
         return (
             f'    http-request return status {status} content-type application/json lf-string "{body}"'

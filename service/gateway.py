@@ -13,7 +13,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from service import deepl, libretranslate, local_ray, openapi, request_log
+from service import deepl, libretranslate, local_ray, openapi, request_log, ui
 from service.bodies import json_response, openapi_body, parse_json, read_body
 from service.errors import ApiError
 from service.http import app
@@ -41,7 +41,7 @@ from service.schemas import (
 from service.settings import Settings
 
 ERRORS = errors(ErrorResponse, *BODY_ERRORS)
-LIBRE_ERRORS = errors(LibreError, *BODY_ERRORS)
+LIBRE_ERRORS = errors(LibreError, *(s for s in BODY_ERRORS if s != 422))  # LibreTranslate has no 422
 DEEPL_ERRORS = errors(DeepLError, 400, 403, 408, 413, 415, 429, 456, 500, 503, 504)  # DeepL has no 401, 422
 
 
@@ -113,11 +113,9 @@ class Gateway:
     @contextlib.contextmanager
     def _accepting(self) -> Iterator[None]:
         if self.draining:
-            raise ApiError(503, "shutting_down", "the server is shutting down", {"Retry-After": "5"})
+            raise ApiError("shutting_down", "the server is shutting down", {"Retry-After": "5"})
         if self.in_flight >= self.settings.max_in_flight:  # the cheapest refusal: before any model work
-            raise ApiError(
-                503, "overloaded", f"{self.in_flight} requests in flight on this gateway", {"Retry-After": "1"}
-            )
+            raise ApiError("overloaded", f"{self.in_flight} requests in flight on this gateway", {"Retry-After": "1"})
         self.in_flight += 1
         try:
             yield
@@ -128,7 +126,7 @@ class Gateway:
         """The request's client, ApiError 401/403 while keys are on: asked before a body is validated, so
         a client without a valid key learns nothing of what the body would have needed."""
         if body_key is not None and not isinstance(body_key, str):
-            raise ApiError(400, "invalid_request", "api_key must be a string")
+            raise ApiError("invalid_request", "api_key must be a string")
         client = self.keys.client(request.headers, body_key)
         request_log.current().client = client.id
         return client
@@ -187,12 +185,21 @@ class Gateway:
         client = self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
         async with self._billed(client, request, 0):  # a request, no characters translated
-            self.router.count(texts, status=400)
+            self.router.count(texts)
             self.router.check_texts(texts)  # what a translation would accept, though detection reads the heads
             heads = [t[:DETECT_CHARS] for t in texts]
             ranks = await asyncio.to_thread(lambda: [self.router.detector.rank(t) for t in heads])
         out = [[libretranslate.detected_language(d) for d in r] for r in ranks]
         return out[0] if single else out
+
+    @app.get("/", include_in_schema=False)
+    async def page(self) -> Response:
+        """The translation page for people (service/ui/)."""
+        return ui.response("index.html")
+
+    @app.get("/ui/{name}", include_in_schema=False)
+    async def page_file(self, name: str) -> Response:
+        return ui.response(name)
 
     @app.get("/frontend/settings")
     async def frontend_settings(self) -> dict[str, Any]:
@@ -283,7 +290,7 @@ class Gateway:
             return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": "5"})
         if pair is not None and pair not in self.router.pairs:
             served = ", ".join(sorted(self.router.pairs))
-            raise ApiError(404, "unsupported_pair", f"no model for {pair}; served pairs: {served}")
+            raise ApiError("unknown_pair", f"no model for {pair}; served pairs: {served}")
         health = self.router.health
         infos = await health.current()
         pairs = {p: "ready" if health.ready(p) else "unavailable" for p in sorted(self.router.pairs)}

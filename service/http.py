@@ -24,6 +24,7 @@ from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import deepl, front, libretranslate, request_log
+from service.error_codes import status_of
 from service.errors import RETRY_AFTER_S, ApiError, api_error, retry_after
 from service.metrics import gateway_metrics
 from service.settings import Settings
@@ -151,11 +152,11 @@ class Ingress:
 
         size = int(declared) if declared.isdigit() else None
         if size is not None and size > limit:
-            await _reject(path, rid, sent, 413, "body_too_large", f"request body over {limit} bytes")
+            await _reject(path, rid, sent, "body_too_large", f"request body over {limit} bytes")
         elif encoding != b"identity" and size != 0:
             coding = encoding.decode("latin-1")[:40]
             detail = f"Content-Encoding {coding} is not supported: send the body uncompressed"
-            await _reject(path, rid, sent, 415, "unsupported_media_type", detail)
+            await _reject(path, rid, sent, "unsupported_media_type", detail)
         elif size is not None and size <= self.whole_bodies:
             # The front delivers a body this small whole (HAProxy buffers it, bounding its time), and
             # the server reads no more than its Content-Length: nothing left to guard.
@@ -185,7 +186,7 @@ class Ingress:
                 async with asyncio.timeout(wait):
                     message = await receive()
             except TimeoutError:
-                await _reject(path, rid, send, 408, "body_timeout", f"no part of the request body came for {wait:.0f}s")
+                await _reject(path, rid, send, "body_timeout", f"no part of the request body came for {wait:.0f}s")
                 answered = True
                 return {"type": "http.disconnect"}  # the app stops reading and gives up
             seen += len(message.get("body", b""))
@@ -200,7 +201,7 @@ class Ingress:
         try:
             await (self.cors or self.inner)(scope, limited, guarded)
         except _BodyTooLargeError:
-            await _reject(path, rid, send, 413, "body_too_large", f"request body over {limit} bytes")
+            await _reject(path, rid, send, "body_too_large", f"request body over {limit} bytes")
 
 
 async def _call(route: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -231,8 +232,8 @@ def _headers_only(send: Any) -> Any:
     return headers_only
 
 
-async def _reject(path: str, rid: str, send: Any, status: int, code: str, detail: str) -> None:
-    status, shaped = shape_error(path, status, {"error": code, "detail": detail})
+async def _reject(path: str, rid: str, send: Any, code: str, detail: str) -> None:
+    status, shaped = shape_error(path, status_of(code), {"error": code, "detail": detail})
     body = json.dumps({**shaped, "request_id": rid}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -249,9 +250,9 @@ def shape_error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict
     return libretranslate.error(path, status, body)
 
 
-def error_response(
-    request: Request, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-) -> JSONResponse:
+def error_response(request: Request, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error {"error": code, "detail": ...} with its code's status, in the shape of the route's API."""
+    status = status_of(body["error"])
     if status in (503, 504) and not any(k.lower() == "retry-after" for k in headers or {}):
         headers = {**(headers or {}), **retry_after(RETRY_AFTER_S.get(str(body.get("error")), 1.0))}
     status, body = shape_error(request.url.path, status, body)
@@ -270,7 +271,7 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
             exc.detail,
             request_id(request.headers),
         )
-    return error_response(request, exc.status, exc.body(), exc.headers)
+    return error_response(request, exc.body(), exc.headers)
 
 
 @app.exception_handler(RequestValidationError)
@@ -278,7 +279,9 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     errors = [
         {"loc": list(e.get("loc", [])), "msg": e.get("msg", ""), **_as_sent(e.get("input"))} for e in exc.errors()
     ]
-    return error_response(request, 422, {"error": "invalid_request", "detail": errors})
+    if any(e.get("type") == "json_invalid" for e in exc.errors()):  # not JSON at all: malformed, not invalid
+        return error_response(request, {"error": "invalid_json", "detail": errors})
+    return error_response(request, {"error": "invalid_request", "detail": errors})
 
 
 def _as_sent(value: object) -> dict[str, object]:
@@ -293,20 +296,27 @@ def _as_sent(value: object) -> dict[str, object]:
     return {}
 
 
-HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}
+HTTP_CODES = {
+    400: "malformed_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+}
 
 
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """FastAPI's and Starlette's own errors (an unknown route, a body it cannot parse) in the same shape."""
-    code = HTTP_CODES.get(exc.status_code, "http_error")
-    return error_response(request, exc.status_code, {"error": code, "detail": str(exc.detail)}, dict(exc.headers or {}))
+    """FastAPI's and Starlette's own errors (an unknown route, a body it cannot parse) in the same shape;
+    a status without a code of its own answers as the closest code (malformed_request for a 4xx)."""
+    code = HTTP_CODES.get(exc.status_code) or ("malformed_request" if exc.status_code < 500 else "internal_error")
+    return error_response(request, {"error": code, "detail": str(exc.detail)}, dict(exc.headers or {}))
 
 
 @app.exception_handler(RecursionError)
 async def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
     """A JSON body nested deeper than the parser goes (100,000 brackets): the client's, not a bug."""
-    return error_response(request, 422, {"error": "invalid_json", "detail": "the JSON body is nested too deeply"})
+    return error_response(request, {"error": "invalid_json", "detail": "the JSON body is nested too deeply"})
 
 
 @app.exception_handler(Exception)
@@ -315,9 +325,9 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     else is a bug, logged with its traceback and answered as JSON like every error."""
     known = api_error(exc)
     if known is not None:
-        return error_response(request, known.status, known.body(), known.headers)
+        return error_response(request, known.body(), known.headers)
     rid = request_id(request.headers)
     logger.error("%s %s failed (request %s)", request.method, request.url.path, rid, exc_info=exc)
     return error_response(
-        request, 500, {"error": "internal_error", "detail": f"the server failed on this request ({type(exc).__name__})"}
+        request, {"error": "internal_error", "detail": f"the server failed on this request ({type(exc).__name__})"}
     )

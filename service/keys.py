@@ -133,14 +133,13 @@ class Keys:
         key = presented_key(headers, body_key)
         if key is None:
             raise ApiError(
-                401,
                 "missing_api_key",
                 "this server needs an API key: Authorization: Bearer <key> (DeepL-Auth-Key <key>, or api_key)",
                 {"WWW-Authenticate": "Bearer"},
             )
         found = self.clients.get(key)
         if found is None:
-            raise ApiError(403, "invalid_api_key", "the API key is not valid")
+            raise ApiError("invalid_api_key", "the API key is not valid")
         return found
 
     def _limiters(self) -> tuple[MovingWindowRateLimiter, FixedWindowRateLimiter]:
@@ -214,9 +213,9 @@ class Keys:
 
 def _store_down(exc: StorageError) -> ApiError:
     """Keyed requests are refused, not served uncounted, while the store is unreachable."""
-    return ApiError(503, "limits_unavailable", f"the limits store cannot be reached ({exc})", {"Retry-After": "5"})
+    return ApiError("limits_unavailable", f"the limits store cannot be reached ({exc})", {"Retry-After": "5"})
 
 
 def _refused(code: str, why: str, reset: float) -> ApiError:
     """429 with Retry-After: the seconds until the window `reset` (Unix time) frees enough."""
-    return ApiError(429, code, why, {"Retry-After": str(max(1, math.ceil(reset - time.time())))})
+    return ApiError(code, why, {"Retry-After": str(max(1, math.ceil(reset - time.time())))})

@@ -64,7 +64,7 @@ def texts_of(body: dict[str, Any]) -> tuple[list[str], bool]:
     q = body.get("q")
     texts = [q] if isinstance(q, str) else q
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise ApiError(400, "invalid_request", "q must be a non-empty string or list of strings")
+        raise ApiError("invalid_request", "q must be a non-empty string or list of strings")
     return texts, isinstance(q, str)
 
 
@@ -75,7 +75,7 @@ def languages_of(body: dict[str, Any]) -> tuple[str, str]:
         value = body.get(field)
         if not isinstance(value, str) or not value.strip():
             raise ApiError(
-                400, "invalid_request", f"{field} must be {wanted}, not {json.dumps(value, ensure_ascii=False)[:100]}"
+                "invalid_request", f"{field} must be {wanted}, not {json.dumps(value, ensure_ascii=False)[:100]}"
             )
         out.append(value)
     return out[0], out[1]
@@ -93,7 +93,7 @@ def alternatives(body: dict[str, Any]) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     raise ApiError(
-        400, "invalid_request", f"alternatives must be an integer, not {json.dumps(value, ensure_ascii=False)[:100]}"
+        "invalid_request", f"alternatives must be an integer, not {json.dumps(value, ensure_ascii=False)[:100]}"
     )
 
 
@@ -102,13 +102,13 @@ async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
     LibreTranslate refuses. HTML is parsed off the event loop (service/html_text.py bounds its size)."""
     texts, _ = texts_of(body)
     if body.get("format", "text") not in ("text", "html"):
-        raise ApiError(400, "invalid_request", "format must be 'text' or 'html'")
+        raise ApiError("invalid_request", "format must be 'text' or 'html'")
     extra = alternatives(body)
     # HTML: runs of prose are translated, inline markup carried over by alignment (service/html_text.py).
     docs = await asyncio.to_thread(parse_documents, texts) if body.get("format") == "html" else None
     segments = [node for doc in docs for node in doc.texts] if docs is not None else texts
     if not 0 <= extra < max_beam_size:
-        raise ApiError(400, "invalid_request", f"alternatives must be between 0 and {max_beam_size - 1}")
+        raise ApiError("invalid_request", f"alternatives must be between 0 and {max_beam_size - 1}")
     try:
         req = TranslateRequest.model_validate(
             {
@@ -121,7 +121,7 @@ async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
             }
         )
     except ValidationError as exc:
-        raise ApiError(400, "invalid_request", message({"detail": exc.errors()})) from None
+        raise ApiError("invalid_request", message({"detail": exc.errors()})) from None
     return LibreCall(req, docs)
 
 
@@ -136,12 +136,12 @@ ROUTES = frozenset({"/translate", "/detect", "/frontend/settings"})
 
 def error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """An error as answered on `path`: as it is, except on LibreTranslate's route, as its clients read
-    it: {"error": message} (Mastodon and the web client show that string), and 429 for overload,
-    which they take as "slow down"."""
+    it: {"error": message} (Mastodon and the web client show that string), 400 for every invalid
+    request (LibreTranslate has no 422), and 429 for overload, which they take as "slow down"."""
     if path not in ROUTES:
         return status, body
     out = {"error": message(body), "code": body.get("error", "")}
-    return (429 if body.get("error") == "overloaded" else status), out
+    return (429 if body.get("error") == "overloaded" else 400 if status == 422 else status), out
 
 
 def response(single: bool, extra: int, nbest: list[list[str]], detected: list[Detected] | None) -> dict[str, Any]:

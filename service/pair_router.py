@@ -166,7 +166,7 @@ class PairRouter:
         language served, the limits), and their characters refunded to the key (Gateway._billed)."""
         if language not in self.served_languages:
             served = ", ".join(sorted(self.pairs))
-            raise ApiError(400, "unsupported_pair", f"no model for {language} -> {language}; served pairs: {served}")
+            raise ApiError("unsupported_pair", f"no model for {language} -> {language}; served pairs: {served}")
         self.check_texts(texts)
         request.state.echoed_characters = getattr(request.state, "echoed_characters", 0) + sum(map(len, texts))
 
@@ -179,7 +179,7 @@ class PairRouter:
         if source not in (None, "auto"):
             return None, {source: list(range(len(texts)))}
         if not self.detector.languages:
-            raise ApiError(400, "detection_unavailable", "no served language can be detected: pass the source language")
+            raise ApiError("detection_unavailable", "no served language can be detected: pass the source language")
         self.count(texts)
         heads = [t[:DETECT_CHARS] for t in texts]
         if sum(map(len, heads)) > SPLIT_INLINE_CHARS:
@@ -192,10 +192,17 @@ class PairRouter:
         for language, idx in groups.items():
             if language != target and not self._serves(f"{language}-{target}"):
                 raise ApiError(
-                    400,
                     "unsupported_pair",
                     f"texts[{idx[0]}] is in {language_name(language)} ({language}), detected; no model "
                     f"for {language} -> {target}; served pairs: {', '.join(sorted(self.pairs))}",
+                )
+            # Answered as already in the target only when the identifier is sure of it.
+            if language == target and (unsure := [i for i in idx if detected[i].ambiguous]):
+                found = detected[unsure[0]]
+                raise ApiError(
+                    "ambiguous_source",
+                    f"texts[{unsure[0]}] may be in {language_name(language)} ({language}, detected at "
+                    f"{found.confidence:.0%}), the target language, or another: name its source language",
                 )
         return detected, groups
 
@@ -246,7 +253,6 @@ class PairRouter:
         request.state.pair = pair if self._serves(pair) else "unknown"
         if not self._serves(pair):
             raise ApiError(
-                400,
                 "unsupported_pair",
                 f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}"
                 + (f"; through {PIVOT}: {', '.join(sorted(self.pivoted))}" if self.pivoted else ""),
@@ -255,7 +261,7 @@ class PairRouter:
         self.health.refresh_soon()
         if any(self.health.down(p) for p in self._legs(pair)):  # down or loading: this pair fails, not the pod
             raise ApiError(
-                503, "pair_unavailable", f"the {pair} model is not available now; retry later", {"Retry-After": "5"}
+                "pair_unavailable", f"the {pair} model is not available now; retry later", {"Retry-After": "5"}
             )
         self.check_texts(req.texts)
         return pair, self._options(req)
@@ -266,14 +272,13 @@ class PairRouter:
         for i, text in enumerate(texts):
             if len(text) > self.settings.max_text_chars:
                 raise ApiError(
-                    422,
                     "text_too_long",
                     f"texts[{i}] has {len(text)} characters; at most {self.settings.max_text_chars}",
                 )
             try:
                 check_text(text)
             except InvalidTextError as exc:
-                raise ApiError(422, "invalid_text", f"texts[{i}]: {exc}") from None
+                raise ApiError("invalid_text", f"texts[{i}]: {exc}") from None
 
     def _serves(self, pair: str) -> bool:
         return pair in self.pairs or pair in self.pivoted
@@ -285,12 +290,10 @@ class PairRouter:
         source, target = pair.split("-")
         return [f"{source}-{PIVOT}", f"{PIVOT}-{target}"]
 
-    def count(self, texts: list[str], status: int = 422) -> None:
-        """ApiError `status` for more texts than a request may hold."""
+    def count(self, texts: list[str]) -> None:
+        """ApiError too_many_texts for more texts than a request may hold."""
         if len(texts) > self.settings.max_texts:
-            raise ApiError(
-                status, "too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request"
-            )
+            raise ApiError("too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request")
 
     def _options(self, req: TranslateRequest) -> DecodeOptions:
         """The request's decoding options within the server's limits; ApiError 422 otherwise. Requests
@@ -307,12 +310,12 @@ class PairRouter:
     def _check_options(self, opts: DecodeOptions) -> DecodeOptions:
         s = self.settings
         if opts.beam_size > s.max_beam_size:
-            raise ApiError(422, "invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
+            raise ApiError("invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
         opts = replace(opts, max_decoding_length=min(opts.max_decoding_length, s.max_decoding_length))
         try:
             opts.validate()
         except ValueError as exc:
-            raise ApiError(422, "invalid_request", str(exc)) from None
+            raise ApiError("invalid_request", str(exc)) from None
         return opts
 
     async def _plain(self, ask: Ask, texts: list[str]) -> Translated:
@@ -487,7 +490,7 @@ class PairRouter:
                 result = await asyncio.wait_for(answer(), left + 2.0)
             except TimeoutError:
                 response.cancel()
-                raise ApiError(504, "timeout", f"no answer within {timeout:.0f}s") from None
+                raise ApiError("timeout", f"no answer within {timeout:.0f}s") from None
             except Exception as exc:
                 known = api_error(exc)
                 if known is None:

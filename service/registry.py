@@ -6,12 +6,13 @@ Two ways to say it:
 - `model_registry` (BEAMSERVE_MODEL_REGISTRY): a list of entries, as JSON (inline, or a file's path)
   or YAML in the Serve config's args. An entry names its directory, its source and target languages
   (several for a multilingual model), the token that picks each target language where the model
-  takes one (`>>fra<<`: OPUS-MT's convention, put in front of every source sentence), and settings of
-  its own (compute type, device, batching sizes) over the server's:
+  takes one (`>>fr<<` for opus-mt-en-ROMANCE, `>>fra<<` for the Tatoeba Challenge's models: the tokens
+  of the model's vocabulary, put in front of every source sentence; checked when the model loads), and
+  settings of its own (compute type, device, batching sizes) over the server's:
 
       [{"name": "en-romance", "path": "/models/opus-mt-en-ROMANCE", "sources": ["en"],
         "targets": ["fr", "es", "it"],
-        "target_tokens": {"fr": ">>fra<<", "es": ">>spa<<", "it": ">>ita<<"},
+        "target_tokens": {"fr": ">>fr<<", "es": ">>es<<", "it": ">>it<<"},
         "settings": {"compute_type": "int8", "max_batch_size": 32}}]
 
 Each entry is one Serve deployment (`model-<name>`); each (source, target) it lists routes to it.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,19 @@ class ModelEntry(BaseModel):
             if not (token.startswith(">>") and token.endswith("<<")):
                 raise ValueError(f"{self.name}: a target token looks like >>fra<<, not {token!r}")
         return self
+
+    def check_tokens(self, vocab: Mapping[str, int]) -> None:
+        """ValueError naming each target token the model's vocabulary lacks, and the ones it has: an
+        unknown token would be read as <unk>, and the model would translate into a language of its choosing."""
+        unknown = {lang: tok for lang, tok in self.target_tokens.items() if tok not in vocab}
+        if unknown:
+            known = sorted(t for t in vocab if t.startswith(">>") and t.endswith("<<"))
+            listed = ", ".join(known[:40]) + (f" and {len(known) - 40} more" if len(known) > 40 else "")
+            raise ValueError(
+                f"{self.name}: target tokens not in the model's vocabulary: "
+                + ", ".join(f"{lang} {tok}" for lang, tok in unknown.items())
+                + f"; its language tokens: {listed or 'none'}"
+            )
 
     @property
     def pairs(self) -> list[str]:

@@ -41,6 +41,7 @@ class ServedModel:
         self.translator = Translator.load(
             entry.path, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
         )
+        entry.check_tokens(self.translator.tokenizer.vocab)
         self.metrics = ModelMetrics(self.pair)
         self.metrics.load_time = self.translator.load_seconds
         tr = self.translator

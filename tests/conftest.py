@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -221,3 +222,11 @@ def server() -> Iterator[str]:
     wait_ready(url)
     yield url
     runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium driven by Selenium (tests/browser.py)."""
+    from .browser import chromium
+
+    yield from chromium()

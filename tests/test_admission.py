@@ -13,7 +13,7 @@ from service.errors import ApiError
 
 def refuse_with(a: PairAdmission, work: int) -> None:
     with pytest.raises(ApiError), a.holding(work):
-        raise ApiError(503, "overloaded", "queue full")
+        raise ApiError("overloaded", "queue full")
 
 
 def test_work_is_counted_while_the_call_runs_and_released_after() -> None:
@@ -46,7 +46,7 @@ def test_a_refusal_from_the_pair_refuses_at_its_level_until_the_level_is_left() 
 def test_other_errors_leave_no_level() -> None:
     a = PairAdmission("en-de")
     with a.holding(10), pytest.raises(ApiError), a.holding(2):
-        raise ApiError(504, "timeout", "too slow")
+        raise ApiError("timeout", "too slow")
     assert a.full_at is None
 
 

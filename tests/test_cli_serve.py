@@ -47,6 +47,14 @@ def is_loopback(ip: str) -> bool:
     return (mapped or address).is_loopback
 
 
+def healthcheck(port: int) -> subprocess.CompletedProcess[str]:
+    """`beamserve healthcheck` with the port given as the image gives it, in the environment."""
+    env = {**os.environ, "BEAMSERVE_PORT": str(port), "BEAMSERVE_HOST": "0.0.0.0"}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", "healthcheck"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+
 def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
     port, metrics_port = free_port(), free_port()
     # The 12 paragraphs below are all to be accepted however slow this host decodes: no time-based refusal.
@@ -84,6 +92,7 @@ def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
             timeout=30,
         )
         assert r.status_code == 200 and "Hund" in r.json()["translations"][0]["text"]
+        assert healthcheck(port).returncode == 0  # the Docker image's HEALTHCHECK, on the configured port
         # Ray's GCS, raylet, workers, agents, Serve's replicas and the metrics exporter: loopback only.
         sockets = listening(proc.pid)
         assert {"gcs_server", "raylet"} <= {name for name, _, _ in sockets}, sockets
@@ -118,6 +127,8 @@ def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
         assert [r.status_code for r in answers] == [200] * 12, [r.text[:200] for r in answers if r.status_code != 200]
         assert all(len(r.json()["translations"]) == len(PARAGRAPH) for r in answers)
         assert proc.wait(timeout=90) == 0
+        gone = healthcheck(port)
+        assert gone.returncode == 1 and f"http://127.0.0.1:{port}/healthz" in gone.stderr, gone.stderr
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -46,6 +46,31 @@ def test_a_detected_language_with_no_model_to_the_target_is_named(client: httpx.
     assert r.json()["error"] == "unsupported_pair" and "texts[1] is in German (de)" in r.json()["detail"]
 
 
+POLISH = "Dwa psy biegają po śniegu w parku niedaleko zamarzniętego jeziora."
+
+
+def test_a_text_in_a_language_no_model_serves_is_named_on_every_route(client: httpx.Client) -> None:
+    # Not taken for German (the target) and answered as it came, nor for English and translated.
+    r = client.post("/v1/translate", json={"texts": [ENGLISH[0], POLISH], "target": "de"})
+    assert r.status_code == 400 and r.json()["error"] == "unsupported_pair", r.text
+    assert "texts[1] is in Polish (pl), detected; no model for pl -> de" in r.json()["detail"]
+    r = client.post("/translate", json={"q": POLISH, "source": "auto", "target": "de"})
+    assert r.status_code == 400 and "Polish (pl)" in r.json()["error"], r.text
+    r = client.post("/v2/translate", json={"text": [POLISH], "target_lang": "DE"})
+    assert r.status_code == 400 and "Polish (pl)" in r.json()["message"], r.text
+    [[found]] = client.post("/detect", json={"q": [POLISH]}).json()
+    assert found["language"] == "pl" and found["confidence"] > 90
+
+
+def test_a_long_text_of_unsure_language_is_not_answered_as_already_in_the_target(client: httpx.Client) -> None:
+    mixed = "Ein Mann und a woman sind in the park."  # German at 71% among en, de, fr
+    r = client.post("/v1/translate", json={"texts": [mixed], "target": "de"})
+    assert r.status_code == 400 and r.json()["error"] == "ambiguous_source", r.text
+    assert "name its source language" in r.json()["detail"]
+    named = client.post("/v1/translate", json={"texts": [mixed], "source": "en", "target": "de"})
+    assert named.status_code == 200
+
+
 def test_mastodon_s_request_without_a_language(client: httpx.Client) -> None:
     # What Mastodon sends for a post with no language tag: source auto, HTML, q a list, an empty api_key.
     body = {"q": ["<p>A dog runs in the <b>park</b>.</p>"], "source": "auto", "target": "de", "format": "html"}

@@ -1,5 +1,6 @@
-"""The codebase's own rules, read from its source: model/ never imports the service or Ray, and no
-module imports another module's private name (a private helper is one module's business)."""
+"""The codebase's own rules, read from its source: model/ never imports the service or Ray, no module
+imports another module's private name (a private helper is one module's business), and every declared
+runtime dependency is used."""
 
 from __future__ import annotations
 
@@ -75,3 +76,32 @@ def test_every_path_the_docs_name_exists() -> None:
             if "*" not in path and not (ROOT / path).exists():
                 missing.append(f"{doc.name}: {path}")
     assert not missing
+
+
+# Runtime dependencies the code uses without importing them, and how.
+USED_UNIMPORTED = {
+    "numpy": "torch's Tensor.numpy() (the model digest, model/translator.py)",
+    "python-multipart": "FastAPI's form and file parsing (LibreTranslate's form-encoded routes)",
+}
+
+
+def test_the_declared_runtime_dependencies_are_the_ones_used() -> None:
+    """pyproject.toml's dependencies and `serve` extra: each imported by model/ or service/ (or listed in
+    USED_UNIMPORTED with the way it is used), and every package they import declared."""
+    import importlib.metadata
+    import sys
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = project["dependencies"] + project["optional-dependencies"]["serve"]
+    declared = [Requirement(spec).name.lower() for spec in specs]
+    imported = {m.split(".")[0] for p in ("model", "service") for path in modules(p) for m, _ in imports(path)}
+    third_party = imported - set(sys.stdlib_module_names) - {"model", "service"}
+    by_module = importlib.metadata.packages_distributions()
+    used = {dist.lower() for module in third_party for dist in by_module.get(module, [module])}
+    unused = [d for d in declared if d not in used and d not in USED_UNIMPORTED]
+    assert not unused, f"declared, never used: {unused}"
+    assert not used - set(declared), f"imported, not declared: {sorted(used - set(declared))}"
+    assert not set(USED_UNIMPORTED) - set(declared)

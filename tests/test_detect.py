@@ -1,6 +1,11 @@
-"""Language detection (service/detect.py) on the shipped Multi30k slices and its edge cases."""
+"""Language detection (service/detect.py) on the shipped Multi30k slices, on sentences in languages the
+server does not serve (tests/data/detect), and its edge cases."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 from service.detect import LanguageDetector
 
@@ -34,3 +39,37 @@ def test_languages_the_identifier_does_not_know_are_left_out() -> None:
     detector = LanguageDetector(["en", "xx", "de"])
     assert detector.languages == ("en", "de")
     assert LanguageDetector(["xx"]).rank("A dog.") == []
+
+
+UNSERVED_DIR = Path(__file__).parent / "data" / "detect"
+
+
+@pytest.mark.parametrize("language", ["es", "it", "nl", "pl", "pt"])
+def test_a_sentence_in_a_language_no_model_serves_is_named_never_taken_for_a_served_one(language: str) -> None:
+    detector = LanguageDetector(["en", "de", "fr"])
+    sentences = (UNSERVED_DIR / f"{language}.txt").read_text(encoding="utf-8").splitlines()
+    found = detector.detect(sentences)
+    assert not [s for s, d in zip(sentences, found, strict=True) if d.served]
+    # Named by its own code but for at most one (a Spanish sentence py3langid calls Aragonese).
+    assert sum(d.language == language for d in found) >= len(sentences) - 1
+
+
+def test_served_sentences_and_their_first_words_are_never_taken_for_an_unserved_language() -> None:
+    detector = LanguageDetector(["en", "de", "fr"])
+    texts = read_lines("test_2016_flickr.en.gz", 300) + read_lines("val.de.gz", 300)
+    heads = [" ".join(t.split()[:n]) for t in texts for n in (1, 2, 3, 5)]
+    assert all(d.served for d in detector.detect(texts + heads))
+
+
+def test_a_short_text_in_another_script_is_named_and_a_short_latin_one_keeps_the_served_ranking() -> None:
+    detector = LanguageDetector(["en", "de", "fr"])
+    russian, japanese, short = detector.detect(["Привет, как дела?", "日本語の文です。", "Ein Hund."])
+    assert (russian.language, russian.served, japanese.language, japanese.served) == ("ru", False, "ja", False)
+    assert (short.language, short.served) == ("de", True)
+
+
+def test_a_long_text_ranked_unsure_is_marked_ambiguous() -> None:
+    detector = LanguageDetector(["en", "de", "fr"])
+    mixed, german = detector.detect(["Ein Mann und a woman sind in the park.", "Ein Mann und eine Frau sind im Park."])
+    assert (mixed.language, mixed.ambiguous) == ("de", True) and mixed.confidence < 0.9
+    assert (german.language, german.ambiguous) == ("de", False)

@@ -1,4 +1,5 @@
-"""One mapping from typed errors to HTTP answers; the errors survive the trip from a replica (pickling)."""
+"""One mapping from typed errors to HTTP answers, one status for each error code (listed in the docs);
+the errors survive the trip from a replica (pickling)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,47 @@ def test_a_dead_replica_is_a_503_that_says_when_to_retry() -> None:
 
 
 def test_an_api_error_passes_through_and_an_unknown_error_is_not_mapped() -> None:
-    err = ApiError(400, "unsupported_pair", "no model")
+    err = ApiError("unsupported_pair", "no model")
     assert api_error(pickle.loads(pickle.dumps(err))).body() == {"error": "unsupported_pair", "detail": "no model"}
     assert api_error(RuntimeError("bug")) is None
+
+
+def codes_in_the_service() -> set[str]:
+    """Every error code the service's source answers with: the first string of each call that makes an
+    error, the "error" of each error body, and the values of the code tables."""
+    import ast
+
+    from .test_codebase import modules
+
+    makers = {"ApiError", "_error_body", "_refused", "_http_error", "answer", "_reject"}
+    found: set[str] = set()
+    for path in modules("service"):
+        if path.name == "error_codes.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+                strings = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                if name in makers and strings:
+                    found.add(strings[0])
+            elif isinstance(node, ast.Dict):
+                for k, v in zip(node.keys, node.values, strict=True):
+                    if isinstance(k, ast.Constant) and k.value == "error" and isinstance(v, ast.Constant):
+                        found.add(v.value)
+    return found
+
+
+def test_every_error_code_has_one_status_and_the_docs_list_them_all() -> None:
+    from service.error_codes import CODES
+    from service.errors import TYPES
+    from service.http import HTTP_CODES
+
+    from .test_codebase import ROOT
+
+    used = codes_in_the_service() | set(TYPES.values()) | set(HTTP_CODES.values())
+    assert used <= set(CODES), f"answered, not in service/error_codes.py: {sorted(used - set(CODES))}"
+    assert set(CODES) <= used, f"listed, never answered: {sorted(set(CODES) - used)}"
+    assert all(CODES[code][0] == status for status, code in HTTP_CODES.items())
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    rows = [f"| `{code}` | {status} | {meaning} |" for code, (status, meaning) in CODES.items()]
+    assert "\n".join(rows) in docs

@@ -65,7 +65,9 @@ def test_dockerfile_passes_hadolint_and_has_what_an_operator_needs() -> None:
     assert "ARG BASE=rayproject/ray:2.60.0-py311-cpu" in text and "FROM ${BASE}" in text and "-gpu" not in text
     assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in text
     assert "--require-hashes --no-deps -r deploy/requirements.lock" in text and "--no-deps ." in text
-    assert "EXPOSE 8000 8080" in text and "/healthz" in text and "USER 1000" in text
+    assert "EXPOSE 8000 8080" in text and "USER 1000" in text
+    # The health check on the port the container serves; the stop timeout the drain needs, said.
+    assert 'CMD ["beamserve", "healthcheck"]' in text and "--stop-timeout 50" in text
     assert 'CMD ["beamserve", "serve"]' in text
     assert "RAY_AUTH_MODE" not in text and "BEAMSERVE_METRICS_HOST=0.0.0.0" in text  # Ray stays on loopback
     assert ".venv" in (REPO / ".dockerignore").read_text()

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -138,6 +139,20 @@ def test_a_key_is_required_and_checked_on_every_route(keyed: tuple[str, subproce
 
     with pytest.raises(deepl.AuthorizationException):
         deepl.Translator("wrong", server_url=url).translate_text(TEXT, target_lang="DE")
+
+
+def test_the_page_asks_for_a_key_and_sends_it(keyed: tuple[str, subprocess.Popen[str]], browser: Any) -> None:
+    from .browser import by_id, open_page, type_text, until
+
+    url, _ = keyed
+    open_page(browser, url)
+    assert by_id(browser, "key-field").is_displayed()
+    type_text(browser, TEXT)  # no key yet: the API's 401, as it says it
+    until(browser, lambda: "needs an API key" in by_id(browser, "error").text, "the missing key's message")
+    by_id(browser, "api-key").send_keys("delta-key")
+    by_id(browser, "go").click()
+    until(browser, lambda: by_id(browser, "translation").get_attribute("value"), "the translation with the key")
+    assert by_id(browser, "error").text == ""
 
 
 def test_usage_counts_the_characters_sent_on_every_route(keyed: tuple[str, subprocess.Popen[str]]) -> None:

@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -79,6 +80,18 @@ def multilingual_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     vocab["<pad>"] = len(vocab)
     config = small_config(vocab_size=len(vocab), pad_token_id=vocab["<pad>"], decoder_start_token_id=vocab["<pad>"])
     return save_marian(config, tmp_path_factory.mktemp("multi") / "opus-mt-en-multi", tiny_dir, vocab)
+
+
+@pytest.mark.slow
+def test_a_target_token_the_vocabulary_lacks_fails_the_load_and_is_named(multilingual_dir: Path) -> None:
+    from service.served_model import ServedModel
+    from service.settings import Settings
+
+    # opus-mt-en-ROMANCE's spelling on a model whose vocabulary spells them >>fra<< and >>spa<<.
+    entry = ModelEntry(**{**ROMANCE, "path": str(multilingual_dir), "target_tokens": {"fr": ">>fr<<", "es": ">>spa<<"}})
+    wanted = "en-multi: target tokens not in the model's vocabulary: fr >>fr<<; its language tokens: >>fra<<, >>spa<<"
+    with pytest.raises(ValueError, match=wanted):
+        ServedModel(entry, Settings(threads=1))
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +250,27 @@ def test_readyz_reports_each_pair_and_answers_fast(served: str) -> None:
     assert httpx.get(f"{served}/readyz", params={"pair": "en-de"}, timeout=1.0).status_code == 200
     assert httpx.get(f"{served}/readyz", params={"pair": "en-it"}, timeout=1.0).status_code == 503
     assert httpx.get(f"{served}/readyz", params={"pair": "xx-yy"}, timeout=1.0).status_code == 404
+
+
+@pytest.mark.slow
+def test_the_page_swaps_the_languages_and_the_translation_becomes_the_text(served: str, browser: Any) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    from .browser import by_id, open_page, type_text, until
+
+    open_page(browser, served)
+    Select(by_id(browser, "source")).select_by_value("en")
+    Select(by_id(browser, "target")).select_by_value("de")
+    type_text(browser, "A dog is running in the snow.")
+    until(browser, lambda: by_id(browser, "translation").get_attribute("value"), "the en-de translation")
+    german = by_id(browser, "translation").get_attribute("value")
+    by_id(browser, "swap").click()  # de-en is served here
+    assert Select(by_id(browser, "source")).first_selected_option.get_attribute("value") == "de"
+    assert Select(by_id(browser, "target")).first_selected_option.get_attribute("value") == "en"
+    assert by_id(browser, "text").get_attribute("value") == german
+    back = httpx.post(f"{served}/v1/translate", json={"texts": [german], "source": "de", "target": "en"}, timeout=60)
+    until(
+        browser,
+        lambda: by_id(browser, "translation").get_attribute("value") == back.json()["translations"][0]["text"],
+        "the de-en translation",
+    )

@@ -1,0 +1,143 @@
+// beamserve's translation page: the server's own API (/languages, /frontend/settings, /v1/translate),
+// no library and no build step. Every answer is written as text, never as markup.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const DEBOUNCE_MS = 500;
+let names = {}; // language code -> name
+let targets = {}; // source code -> the codes it translates into
+let charLimit = 0;
+let timer = null;
+let sent = 0; // the number of the latest request: an older answer arriving late is dropped
+let lastDetected = ""; // the language the server detected in the text last translated
+
+function option(code) {
+  const o = document.createElement("option");
+  o.value = code;
+  o.textContent = `${names[code] || code} (${code})`;
+  return o;
+}
+
+function fillTargets() {
+  const source = $("source").value;
+  const wanted = $("target").value;
+  const codes = source === "auto" ? Object.keys(names).filter((c) => Object.values(targets).some((t) => t.includes(c)))
+    : targets[source] || [];
+  $("target").replaceChildren(...codes.map(option));
+  if (codes.includes(wanted)) $("target").value = wanted;
+}
+
+function showCount() {
+  const n = $("text").value.length;
+  $("count").textContent = `${n} / ${charLimit} characters`;
+  $("count").classList.toggle("over", n > charLimit);
+}
+
+function message(body, status) {
+  // The API's own message: {"error": code, "detail": text or [{loc, msg}]}.
+  const detail = body && body.detail;
+  if (typeof detail === "string") return detail;
+  if (Array.isArray(detail)) return detail.map((d) => `${(d.loc || []).slice(1).join(".")}: ${d.msg}`).join("; ");
+  return `the server answered ${status}`;
+}
+
+async function translate() {
+  const text = $("text").value;
+  const mine = ++sent;
+  $("error").textContent = "";
+  if (!text.trim()) {
+    $("translation").value = "";
+    $("detected").textContent = "";
+    $("alternatives-section").hidden = true;
+    return;
+  }
+  const alternatives = Number($("alternatives").value);
+  const body = { texts: [text], target: $("target").value };
+  if ($("source").value !== "auto") body.source = $("source").value;
+  if ($("html").checked) body.tag_handling = "html";
+  if (alternatives) Object.assign(body, { num_hypotheses: alternatives + 1, beam_size: Math.max(4, alternatives + 1) });
+  const headers = { "content-type": "application/json" };
+  if ($("api-key").value) headers.authorization = `Bearer ${$("api-key").value}`;
+  $("go").disabled = true;
+  try {
+    const r = await fetch("/v1/translate", { method: "POST", headers, body: JSON.stringify(body) });
+    const answer = await r.json().catch(() => null);
+    if (mine !== sent) return;
+    if (!r.ok) {
+      $("error").textContent = message(answer, r.status);
+      return;
+    }
+    const [t] = answer.translations;
+    $("translation").value = t.text;
+    const found = t.detected_source;
+    lastDetected = found ? found.language : "";
+    $("detected").textContent = found ? `Detected: ${names[found.language] || found.language} (${Math.round(found.confidence * 100)}%)` : "";
+    const others = (t.hypotheses || []).slice(1);
+    $("alternatives-list").replaceChildren(...others.map((h) => {
+      const li = document.createElement("li");
+      li.textContent = h;
+      return li;
+    }));
+    $("alternatives-section").hidden = others.length === 0;
+  } catch (e) {
+    if (mine === sent) $("error").textContent = `the server could not be reached (${e.message})`;
+  } finally {
+    if (mine === sent) $("go").disabled = false;
+  }
+}
+
+function later() {
+  showCount();
+  clearTimeout(timer);
+  if ($("live").checked) timer = setTimeout(translate, DEBOUNCE_MS);
+}
+
+function swap() {
+  // The translation becomes the text; a detected source becomes the target.
+  const source = $("source").value === "auto" ? lastDetected : $("source").value;
+  if (!source || !(targets[$("target").value] || []).includes(source)) {
+    $("error").textContent = "no model translates back: pick the languages instead";
+    return;
+  }
+  const target = $("target").value;
+  $("source").value = target;
+  fillTargets();
+  $("target").value = source;
+  $("text").value = $("translation").value;
+  $("translation").value = "";
+  later();
+}
+
+async function start() {
+  const [languages, settings] = await Promise.all([
+    fetch("/languages").then((r) => r.json()),
+    fetch("/frontend/settings").then((r) => r.json()),
+  ]);
+  for (const l of languages) {
+    names[l.code] = l.name;
+    targets[l.code] = l.targets;
+  }
+  $("source").append(...languages.filter((l) => l.targets.length).map((l) => option(l.code)));
+  fillTargets();
+  if (settings.language && settings.language.target) $("target").value = settings.language.target.code;
+  charLimit = settings.charLimit;
+  $("text").maxLength = charLimit;
+  $("key-field").hidden = !settings.keyRequired;
+  showCount();
+  $("source").addEventListener("change", () => { fillTargets(); later(); });
+  $("target").addEventListener("change", later);
+  $("html").addEventListener("change", later);
+  $("alternatives").addEventListener("change", later);
+  $("text").addEventListener("input", later);
+  $("swap").addEventListener("click", swap);
+  $("copy").addEventListener("click", async () => {
+    await navigator.clipboard.writeText($("translation").value).catch(() => $("translation").select());
+    $("copied").textContent = "Copied";
+  });
+  $("translate-form").addEventListener("submit", (e) => { e.preventDefault(); clearTimeout(timer); translate(); });
+  $("text").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); clearTimeout(timer); translate(); }
+  });
+}
+
+start().catch((e) => { $("error").textContent = `the page could not load the server's languages (${e.message})`; });

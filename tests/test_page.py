@@ -1,0 +1,103 @@
+"""The translation page at `/` in a real headless Chromium against the shared server (en-de, en-fr):
+typed text translated as the API translates it, the language detected, alternatives, an error shown
+as the API says it, labels for every control, the keyboard, and a phone's width."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select
+
+from .browser import by_id, open_page, screenshot, type_text, until
+
+pytestmark = pytest.mark.slow
+
+TEXT = "A dog is running in the snow."
+
+
+def api(url: str, **body: object) -> dict[str, object]:
+    r = httpx.post(f"{url}/v1/translate", json={"texts": [TEXT], "target": "de", **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["translations"][0]  # type: ignore[no-any-return]
+
+
+def test_the_page_is_served_with_its_own_files_only(server: str) -> None:
+    r = httpx.get(f"{server}/", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert "http" not in r.text.replace("http-equiv", "")  # no CDN: every resource from this server
+    assert httpx.get(f"{server}/ui/app.js", timeout=10).headers["content-type"].startswith("text/javascript")
+    missing = httpx.get(f"{server}/ui/other.js", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+
+
+def test_typing_translates_as_the_api_does_and_shows_the_language_detected(browser: WebDriver, server: str) -> None:
+    open_page(browser, server)
+    Select(by_id(browser, "target")).select_by_value("de")
+    type_text(browser, TEXT)  # translated as typed (debounced), no button
+    expected = api(server)
+    until(browser, lambda: by_id(browser, "translation").get_attribute("value") == expected["text"], "the translation")
+    assert "English" in by_id(browser, "detected").text
+    assert by_id(browser, "count").text == f"{len(TEXT)} / 2000 characters"
+    screenshot(browser, "page.png")
+
+
+def test_alternatives_are_the_api_s_n_best(browser: WebDriver, server: str) -> None:
+    open_page(browser, server)
+    Select(by_id(browser, "source")).select_by_value("en")
+    Select(by_id(browser, "target")).select_by_value("fr")
+    Select(by_id(browser, "alternatives")).select_by_value("2")
+    type_text(browser, TEXT)
+    expected = api(server, source="en", target="fr", num_hypotheses=3, beam_size=4)
+    items = lambda: [li.text for li in browser.find_elements("css selector", "#alternatives-list li")]  # noqa: E731
+    until(browser, lambda: items() == expected["hypotheses"][1:], "the alternatives")  # type: ignore[index]
+    assert by_id(browser, "translation").get_attribute("value") == expected["text"]
+
+
+def test_an_error_is_shown_as_the_api_says_it(browser: WebDriver, server: str) -> None:
+    open_page(browser, server)
+    by_id(browser, "live").click()  # off: the button (or Ctrl+Enter) translates
+    by_id(browser, "html").click()
+    type_text(browser, "A dog <b")
+    by_id(browser, "text").send_keys(Keys.CONTROL, Keys.ENTER)
+    r = httpx.post(
+        f"{server}/v1/translate", json={"texts": ["A dog <b"], "target": "de", "tag_handling": "html"}, timeout=30
+    )
+    assert r.status_code == 422
+    until(browser, lambda: by_id(browser, "error").text == r.json()["detail"], "the API's message")
+
+
+def test_swap_without_a_model_back_says_so(browser: WebDriver, server: str) -> None:
+    open_page(browser, server)
+    Select(by_id(browser, "source")).select_by_value("en")
+    by_id(browser, "swap").click()  # no de-en here: the registry's server swaps for real (test_registry.py)
+    until(browser, lambda: "no model translates back" in by_id(browser, "error").text, "the swap refused")
+
+
+def test_every_control_has_a_label_and_the_keyboard_reaches_it(browser: WebDriver, server: str) -> None:
+    open_page(browser, server)
+    unlabelled = browser.execute_script(
+        "return [...document.querySelectorAll('select, textarea, input')]"
+        ".filter(e => !e.labels.length && !e.getAttribute('aria-label')).map(e => e.id)"
+    )
+    assert unlabelled == []
+    assert all(b.text or b.get_attribute("aria-label") for b in browser.find_elements("tag name", "button"))
+    reached = []
+    by_id(browser, "source").click()
+    for _ in range(12):
+        reached.append(browser.switch_to.active_element.get_attribute("id"))
+        browser.switch_to.active_element.send_keys(Keys.TAB)
+    for control in ("source", "swap", "target", "text", "copy", "live", "html", "alternatives", "go"):
+        assert control in reached, (control, reached)
+
+
+def test_the_page_fits_a_phone(browser: WebDriver, server: str) -> None:
+    browser.set_window_size(390, 844)
+    try:
+        open_page(browser, server)
+        assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+        screenshot(browser, "page_phone.png")
+    finally:
+        browser.set_window_size(1200, 900)
