@@ -279,6 +279,9 @@ def test_network_policy_opens_only_the_api_the_metrics_and_the_operator(rendered
     assert opened == [8000, 8080, 8265]
     [peers] = [rule["from"] for rule in rules if "ports" not in rule]  # Ray's own traffic: among its pods only
     assert all("namespaceSelector" not in peer for peer in peers)
+    # The API from the ingress controller's namespace and from namespaces labelled as its clients.
+    [api] = [rule["from"] for rule in rules if rule.get("ports") == [{"port": 8000, "protocol": "TCP"}]]
+    assert {"beamserve.io/api-client": "true"} in [peer["namespaceSelector"].get("matchLabels") for peer in api]
     labels = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["metadata"]
     selected = {e["key"]: set(e["values"]) for e in policy["spec"]["podSelector"]["matchExpressions"]}
     assert all(labels["labels"][k] in v for k, v in selected.items())
@@ -306,6 +309,24 @@ def test_production_example_adds_gcs_fault_tolerance_and_log_shipping() -> None:
         assert sidecar["name"] == "fluent-bit"
         for c in (ray, sidecar):
             assert any(m["name"] == "ray-logs" and m["mountPath"] == "/tmp/ray" for m in c["volumeMounts"])
+
+
+def test_production_example_puts_gpu_workers_on_tainted_gpu_nodes_and_mounts_the_models() -> None:
+    docs = [d for d in yaml.safe_load_all(run(tool("kubectl"), "kustomize", K8S / "examples" / "production")) if d]
+    cluster = by_kind(docs, "RayService")["spec"]["rayClusterConfig"]
+    head, [workers] = cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"]
+    worker = workers["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in worker["tolerations"]
+    assert worker["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and "tolerations" not in head
+    claim = next(
+        d for d in docs if d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == "beamserve-models"
+    )
+    assert claim["spec"]["accessModes"] == ["ReadOnlyMany"]
+    for spec in (head, worker):  # build_app reads the models' names on the head, the replicas load them
+        [volume] = [v for v in spec["volumes"] if v["name"] == "models"]
+        assert volume["persistentVolumeClaim"] == {"claimName": "beamserve-models", "readOnly": True}
+        ray = spec["containers"][0]
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in ray["volumeMounts"]
 
 
 def test_ingress_example_is_valid_and_agrees_with_the_server_limits() -> None:
