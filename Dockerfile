@@ -8,6 +8,24 @@
 # pass or write it: --build-arg BASE=rayproject/ray:2.60.0-py311-cpu@sha256:<digest>
 # (`docker buildx imagetools inspect rayproject/ray:2.60.0-py311-cpu` prints the digest).
 ARG BASE=rayproject/ray:2.60.0-py311-cpu
+
+# Build stage: beamserve's C kernels (setup.py) need a C compiler; the wheel built here carries them,
+# and the runtime stage below installs it without one.
+FROM ${BASE} AS build
+USER 0
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+USER 1000
+WORKDIR /home/ray/build
+COPY --chown=ray:users pyproject.toml setup.py README.md LICENSE ./
+COPY --chown=ray:users model ./model
+COPY --chown=ray:users service ./service
+# A build without the kernels fails here rather than shipping an image that runs without them.
+RUN pip wheel --no-cache-dir --no-deps --no-build-isolation -w /home/ray/wheels . \
+ && python -c "import sys, zipfile, glob; n = zipfile.ZipFile(glob.glob('/home/ray/wheels/*.whl')[0]).namelist(); \
+sys.exit(0 if any(f.startswith('model/_native') for f in n) else 'the C kernels did not build')"
+
 FROM ${BASE}
 
 # torch's wheel index: CPU by default; cu128 wheels (drivers >= 570) for GPU images.
@@ -15,11 +33,11 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 # jemalloc, which the model replicas preload (BEAMSERVE_ALLOCATOR=auto): under glibc's malloc a
 # replica's resident memory creeps with the ever-changing tensor sizes of decoding; under jemalloc it
-# levels off (docs/benchmarks.md "Memory"). A C compiler, for beamserve's C kernels (setup.py).
+# levels off (docs/benchmarks.md "Memory"). No compiler: the kernels come built, in the wheel.
 # The distribution's packages, their versions the base image's.
 USER 0
 # hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 gcc libc6-dev \
+RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 \
  && rm -rf /var/lib/apt/lists/*
 
 # Ray's image otherwise runs as the non-root user `ray` (uid 1000) with a user-owned Python; numeric
@@ -29,16 +47,15 @@ WORKDIR /home/ray/beamserve
 
 # Every Python dependency but torch at the version and hashes of deploy/requirements.lock (`make lock`);
 # ray[serve] is already in the image at the locked version. Then torch from its index, pinned by
-# version, with the CUDA libraries its wheel names; then beamserve itself, with no further resolution.
+# version, with the CUDA libraries its wheel names; then beamserve's wheel from the build stage, with
+# no further resolution.
 COPY --chown=ray:users deploy/requirements.lock ./deploy/requirements.lock
 RUN pip install --no-cache-dir --require-hashes --no-deps -r deploy/requirements.lock \
  && pip install --no-cache-dir torch==2.13.0 --index-url "${TORCH_INDEX}"
 
-COPY --chown=ray:users pyproject.toml setup.py README.md LICENSE ./
-COPY --chown=ray:users model ./model
-COPY --chown=ray:users service ./service
 COPY --chown=ray:users deploy ./deploy
-RUN pip install --no-cache-dir --no-deps .
+COPY --from=build /home/ray/wheels /home/ray/wheels
+RUN pip install --no-cache-dir --no-deps /home/ray/wheels/*.whl
 
 # The HTTP API and the metrics (through beamserve's relay) on the container's interfaces; Ray's own
 # ports stay on loopback inside the container with its token authentication on (README "Security").

@@ -12,6 +12,8 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c model/csrc
 	# The CPU build of torch first (it lies on disk here), so nothing pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
+	@# The C kernels build only where there is a C compiler (setup.py); pip -q would not say it failed.
+	@$(PY) -c "from model import native; print('beamserve C kernels:', native.in_use())"
 	touch $@
 
 install: $(VENV)/.installed

@@ -95,6 +95,16 @@ BUILD = None if _LOADED is None else _LOADED[1]  # the build loaded: model._nati
 _VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
 
 
+def in_use() -> str:
+    """The kernels this process computes with, for a person: the build and its x86-64 level, or why none."""
+    if _LIB is None:
+        if os.environ.get(ENV) == "0":
+            return f"none ({ENV}=0)"
+        return "none (turned off)" if _LOADED is not None else "none (not built: the install had no C compiler)"
+    level = {"model._native_v4": "x86-64-v4", "model._native_v3": "x86-64-v3"}.get(str(BUILD), "baseline")
+    return f"{BUILD} ({level})"
+
+
 def turn_off() -> None:
     """From now on the model computes with PyTorch's ops only (side-by-side measurements, tests)."""
     global _LIB

@@ -139,6 +139,7 @@ class ModelInfo(BaseModel):
     dtype: str | None = None
     compute_type: str | None = None  # float32, int8, ... (CTranslate2's names)
     digest: str | None = None  # the model's content digest (weights, vocabulary, compute type)
+    kernels: str | None = None  # beamserve's C kernels in use: the build and its x86-64 level, or why none
     max_source_tokens: int | None = None
 
 

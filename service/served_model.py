@@ -4,6 +4,7 @@ replica several (service/pool.py). It raises the typed errors of service/errors.
 answers them."""
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+from model import native
 from model.options import DecodeOptions
 from model.translator import Translator
 from service import allocator
@@ -21,6 +23,7 @@ from service.registry import ModelEntry
 from service.scheduler import sized_for
 from service.settings import Settings
 
+logger = logging.getLogger(__name__)
 WARMUP = "A man in a blue shirt is standing on a ladder."
 # Alignment runs between decoder steps; 16 pairs take 57 ms on one CPU thread (about 3 steps of a full
 # batch), 64 pairs 236 ms.
@@ -42,6 +45,8 @@ class ServedModel:
             entry.path, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
         )
         entry.check_tokens(self.translator.tokenizer.vocab)
+        if self.translator.device.type == "cpu" and not native.built():  # every replica's log says so
+            logger.warning("%s decodes without beamserve's C kernels: %s", entry.name, native.in_use())
         self.metrics = ModelMetrics(self.pair)
         self.metrics.load_time = self.translator.load_seconds
         tr = self.translator
@@ -147,5 +152,6 @@ class ServedModel:
             "engine_cpu_s": stats.cpu_s,
             "config": vars(self.engine.config),
             "allocator": allocator.in_use(),
+            "kernels": native.in_use(),
             "resident_bytes": allocator.resident_bytes(),
         }

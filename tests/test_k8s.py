@@ -62,9 +62,13 @@ def test_dockerfile_passes_hadolint_and_has_what_an_operator_needs() -> None:
     assert run(tool("hadolint"), "Dockerfile").strip() == ""
     text = (REPO / "Dockerfile").read_text()
     # One CUDA (torch's wheels) on Ray's CPU image; the CPU flavour the default.
-    assert "ARG BASE=rayproject/ray:2.60.0-py311-cpu" in text and "FROM ${BASE}" in text and "-gpu" not in text
+    assert "ARG BASE=rayproject/ray:2.60.0-py311-cpu" in text and "\nFROM ${BASE}\n" in text and "-gpu" not in text
     assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in text
-    assert "--require-hashes --no-deps -r deploy/requirements.lock" in text and "--no-deps ." in text
+    assert "--require-hashes --no-deps -r deploy/requirements.lock" in text
+    # The C kernels built in a stage of their own; the runtime stage installs that wheel and has no compiler.
+    build, runtime = text.split("FROM ${BASE} AS build\n")[1].split("\nFROM ${BASE}\n")
+    assert "gcc" in build and "pip wheel" in build and "model/_native" in build
+    assert "gcc" not in runtime and "COPY --from=build" in runtime and "--no-deps /home/ray/wheels/*.whl" in runtime
     assert "EXPOSE 8000 8080" in text and "USER 1000" in text
     # The health check on the port the container serves; the stop timeout the drain needs, said.
     assert 'CMD ["beamserve", "healthcheck"]' in text and "--stop-timeout 50" in text

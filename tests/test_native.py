@@ -36,7 +36,7 @@ def test_the_kernels_are_built_where_the_install_had_a_c_compiler_and_run_where_
     # setup.py builds them as optional, so a broken build would only show as slower int8 decoding.
     if platform.system() != "Linux" or not shutil.which("cc") or native.ENV in os.environ:
         return
-    assert native.built() and native.steps()
+    assert native.built() and native.steps() and native.in_use().startswith(f"{native.BUILD} (")
     flags = set(Path("/proc/cpuinfo").read_text().split())
     if platform.machine() == "x86_64":
         assert native.quantizes() == ({"avx512f", "avx512bw"} <= flags)

@@ -89,6 +89,22 @@ def test_translate_command_reads_stdin_and_writes_one_line_each() -> None:
     assert "sent" in proc.stderr  # the progress bar
 
 
+def test_translate_verbose_names_the_kernels_in_use() -> None:
+    from model import native
+
+    for env, kernels in (({}, native.in_use()), ({native.ENV: "0"}, f"none ({native.ENV}=0)")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--quiet", "--verbose"],
+            input="A dog.\n",
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+            env={**os.environ, **env},
+        )
+        assert f"kernels {kernels}" in proc.stderr and "en-de on cpu (float32, digest " in proc.stderr
+
+
 def test_translate_command_decoding_options_give_the_library_s_n_best(en_de: Translator) -> None:
     lines = ["A dog.", "A man is sleeping."]
     proc = subprocess.run(

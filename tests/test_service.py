@@ -100,6 +100,9 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
     models = client.get("/v1/models").json()["models"]
     assert {m["name"] for m in models} == {"en-de", "en-fr"} and all(m["ready"] for m in models)
     assert all(m["compute_type"] == "float32" for m in models)  # the CPU's default
+    from model import native  # the replicas run the build this process loads (one machine, one install)
+
+    assert all(m["kernels"] == native.in_use() for m in models)
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").status_code == 200
     assert client.get("/docs").status_code == 200
