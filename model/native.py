@@ -77,7 +77,9 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_scale_back.restype = None
     lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
     lib.beamserve_cpu_level.argtypes, lib.beamserve_cpu_level.restype = [], ctypes.c_int
-    lib.beamserve_attend.argtypes = [p, p, p, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, ctypes.c_float, p]
+    lib.beamserve_attend.argtypes = [
+        p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p
+    ]  # fmt: skip
     lib.beamserve_attend.restype = ctypes.c_int
     lib.beamserve_log_softmax.argtypes, lib.beamserve_log_softmax.restype = [p, i64, i64, i64], None
     lib.beamserve_scale_back_log_softmax.argtypes = [p, i64, i64, p, p, p, p]
@@ -148,12 +150,24 @@ def scales_back() -> bool:
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) float32 on CPU, unit column stride -> (M, K) int8 and (M, 1) float32 scales, as
     model.quant.quantize_rows computes them. Only where quantizes()."""
-    assert _LIB is not None
+    assert _LIB is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(1) == 1
     M, K = x.shape
     q = torch.empty(M, K, dtype=torch.int8)
     scale = torch.empty(M, 1)
     _LIB.beamserve_quantize_rows(x.data_ptr(), M, K, x.stride(0), q.data_ptr(), scale.data_ptr())
     return q, scale
+
+
+def _check_scales(
+    acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
+) -> None:
+    """What the scale-back kernels read: acc's M x N int32s, N column scales, M row scales, N biases."""
+    M, N = acc.shape
+    assert acc.dtype == torch.int32 and acc.is_contiguous()
+    assert col_scale.dtype == row_scale.dtype == torch.float32
+    assert col_scale.is_contiguous() and row_scale.is_contiguous()
+    assert col_scale.numel() == N and row_scale.numel() == M
+    assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N)
 
 
 def scale_back_(
@@ -163,6 +177,7 @@ def scale_back_(
     over acc's own memory (returned as a float32 view of it). Only where scales_back()."""
     assert _LIB is not None
     M, N = acc.shape
+    _check_scales(acc, col_scale, row_scale, bias)
     y = acc.view(torch.float32)
     b = None if bias is None else bias.data_ptr()
     _LIB.beamserve_scale_back(acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr())
@@ -176,6 +191,7 @@ def scale_back_log_softmax_(
     the two calls. Only where scales_back() and steps()."""
     assert _LIB is not None
     M, N = acc.shape
+    _check_scales(acc, col_scale, row_scale, bias)
     y = acc.view(torch.float32)
     b = None if bias is None else bias.data_ptr()
     _LIB.beamserve_scale_back_log_softmax(
@@ -199,20 +215,29 @@ def attend(
     q: (N, H, D) float32, contiguous. k, v: (R, H, T, D) float32 with equal strides and unit stride over D.
     length: positions every row attends over, or (N,) int64 per row. rows: where position t of row n
     lives, k[rows[n, t], :, t] ((N, T) int64, any strides; (N, 1) expanded over T for one row per query
-    row, as a sentence's cross-attention keys); None: row n. Returns (N, H, D).
+    row, as a sentence's cross-attention keys); None: row n. Returns (N, H, D). IndexError, with nothing
+    read, where a length or a cache row would lie outside k and v (the kernel checks each before it reads).
     """
     assert _LIB is not None
     N, H, D = q.shape
     assert D <= MOST_HEAD_DIM and q.is_contiguous() and k.dtype == v.dtype == torch.float32
+    assert k.shape == v.shape and k.shape[1] == H and k.shape[3] == D
     assert k.stride() == v.stride() and k.stride(3) == 1
     held = None if isinstance(length, int) else length if length.is_contiguous() else length.contiguous()
+    assert held is None or (held.dtype == torch.int64 and held.numel() >= N)
     lengths, each = (None, length) if held is None else (held.data_ptr(), 0)  # per row: the kernel finds the longest
     out = torch.empty(N, H, D)
-    r, rs, ts = (None, 0, 0) if rows is None else (rows.data_ptr(), rows.stride(0), rows.stride(1))
+    assert rows is None or (rows.dtype == torch.int64 and rows.dim() == 2)
+    r, rs, ts, rN, rT = (
+        (None, 0, 0, 0, 0) if rows is None else (rows.data_ptr(), rows.stride(0), rows.stride(1), *rows.shape)
+    )
+    R, T = k.shape[0], k.shape[2]
     failed = _LIB.beamserve_attend(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), N, H, D, k.stride(0), k.stride(1), k.stride(2),
-        lengths, each, r, rs, ts, D**-0.5, out.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), N, H, D, k.stride(0), k.stride(1), k.stride(2), R, T,
+        lengths, each, r, rs, ts, rN, rT, D**-0.5, out.data_ptr(),
     )  # fmt: skip
+    if failed == -2:
+        raise IndexError(f"attention: a length or a cache row outside the cache's {R} rows of {T} positions")
     if failed:
         raise MemoryError("no memory for the attention's scores")
     return out
@@ -237,6 +262,7 @@ def top_candidates(
     most MOST_CANDIDATES -> scores, beam, token, each (b, n). Only where steps()."""
     assert _LIB is not None and n <= MOST_CANDIDATES
     b, K, V = log_probs.shape
+    assert n <= K * V and run_scores.shape == (b, K) and log_probs.dtype == run_scores.dtype == torch.float32
     lp, run = log_probs.contiguous(), run_scores.contiguous()
     scores = torch.empty(b, n)
     beam, token = torch.empty(b, n, dtype=torch.int64), torch.empty(b, n, dtype=torch.int64)

@@ -129,6 +129,27 @@ def test_step_attention_in_c_equals_the_formula_row_by_row_in_any_batch(H: int, 
 
 
 @steps
+def test_step_attention_in_c_refuses_an_index_outside_the_cache_before_reading_it() -> None:
+    N, H, T, D = 3, 2, 8, 64
+    q, k, v = torch.randn(N, H, D), torch.randn(N, H, T, D), torch.randn(N, H, T, D)
+    rows = torch.zeros(N, T, dtype=torch.int64)
+    assert native.attend(q, k, v, T, rows).shape == (N, H, D)
+    for bad_rows, length in [
+        (rows.clone().index_fill_(1, torch.tensor([5]), N), T),  # a cache row past the last
+        (rows.clone().index_fill_(1, torch.tensor([0]), -1), T),  # a negative one
+        (rows, T + 1),  # a position past the cache's
+        (rows[:, :4], 6),  # past the positions `rows` names
+        (rows[:2], T),  # fewer rows named than queries
+    ]:
+        with pytest.raises(IndexError, match="outside the cache"):
+            native.attend(q, k, v, length, bad_rows)
+    with pytest.raises(IndexError):  # no rows named: query row n reads cache row n, which must exist
+        native.attend(torch.randn(N + 1, H, D), k, v, T)
+    with pytest.raises(IndexError):  # a row's own length past the cache
+        native.attend(q, k, v, torch.tensor([1, T + 1, 2]))
+
+
+@steps
 def test_step_attention_in_c_reads_each_position_from_the_row_its_lineage_names() -> None:
     g = torch.Generator().manual_seed(7)
     N, H, T, D = 12, 4, 30, 64

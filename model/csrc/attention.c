@@ -77,11 +77,26 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
 /* q (N, H, D) float32 contiguous; k and v float32 with element strides sN (row), sH (head), sT (position) and
  * unit stride over D; out (N, H, D) contiguous. Row n attends over positions [0, len) with len = lengths[n],
  * or `length` for every row when lengths is NULL (rows with no positions get zeros). Position t of row n
- * is read from cache row rows[n * rs + t * ts], or from row n when rows is NULL. Returns 0, or -1 where
- * the scores' scratch could not be allocated. */
+ * is read from cache row rows[n * rs + t * ts] (rows holds rN rows of rT positions), or from row n when rows
+ * is NULL. The cache holds R rows of T positions. Returns 0; -1 where the scores' scratch could not be
+ * allocated; -2, having read nothing, where a position or a cache row would lie outside what holds it. */
 int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, int64_t H, int64_t D, int64_t sN,
-                     int64_t sH, int64_t sT, const int64_t *lengths, int64_t length, const int64_t *rows, int64_t rs,
-                     int64_t ts, float scale, float *out) {
+                     int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *lengths, int64_t length,
+                     const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale, float *out) {
+    /* Every read below checked first: an index past the cache would read another tensor's memory. */
+    if (rows && N > rN) return -2;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t len = lengths ? lengths[n] : length;
+        if (len > T || (rows && len > rT)) return -2;
+        if (!rows) {
+            if (len > 0 && n >= R) return -2;
+            continue;
+        }
+        for (int64_t t = 0; t < len; t++) {
+            int64_t row = rows[n * rs + t * ts];
+            if (row < 0 || row >= R) return -2;
+        }
+    }
     int64_t most = length;
     if (lengths)
         for (int64_t n = 0; n < N; n++) most = lengths[n] > most ? lengths[n] : most;
