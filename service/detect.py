@@ -18,7 +18,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 logger = logging.getLogger(__name__)
 _TAG = re.compile(r"<[^>]*>")
@@ -80,7 +80,7 @@ class LanguageDetector:
             return [Detected(code, 0.0) for code in self.languages]
         ranks = [Detected(code, round(p / mass, 4)) for code, p in served]
         if long and ranks[0].confidence < ECHO_MIN:
-            ranks[0] = Detected(ranks[0].language, ranks[0].confidence, ambiguous=True)
+            ranks[0] = replace(ranks[0], ambiguous=True)
         return ranks
 
     def detect(self, texts: list[str], *, markup: bool = False) -> list[Detected]:

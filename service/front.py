@@ -126,7 +126,7 @@ def _error_body(code: str, detail: str) -> str:
 
 
 def _http_error(status: int, code: str, detail: str, retry_after: int | None = None, answered: int = 0) -> str:
-    """HAProxy's answer for its own `status` as the error `code`, whose status (errors.CODES) the client
+    """HAProxy's answer for its own `status` as the error `code`, whose status (error_codes.CODES) the client
     gets: `status`, or `answered` where a rule below changes it."""
     assert status_of(code) == (answered or status), (code, status)
     retry = f" hdr retry-after {retry_after}" if retry_after is not None else ""

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from service.error_codes import status_of
+
 RETRY_AFTER_S = 2  # Serve replaces a dead replica in about this long on one node
 
 
@@ -38,7 +40,7 @@ def install() -> None:
         else:
             return original(exc, request_timeout_s, request_id)
         return ResponseStatus(
-            code=503,
+            code=status_of(code),
             is_error=True,
             # A dict: the proxy sends it as application/json (http_util.convert_object_to_asgi_messages).
             message={"error": code, "detail": detail, "request_id": request_id},  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`cuda` tests skip without a GPU; tests of the running server are `slow` (make test-fast leaves them
     out). The modules that use the shared server run last, together: it starts at its first user and
-    stays up to the session's end, and an idle Ray Serve instance costs the tests beside it an eighth of
+    stays up until the last test, and an idle Ray Serve instance costs the tests beside it an eighth of
     a core."""
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     serving: set[str] = set()
