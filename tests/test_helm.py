@@ -1,0 +1,160 @@
+"""The Helm chart (deploy/k8s/Chart.yaml): it renders the kustomize tree it sits in, so its objects
+are kustomize's own (compared here), its values switch the tree's parts on and set what a user
+must, and values that would not run are refused with the value named. test_k8s.py validates its
+renders beside the overlays'."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .test_k8s import K8S, by_kind, render, run, tool
+
+HELM_LABELS = {"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart"}
+
+
+def comparable(text: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """Objects by (kind, name), without the labels the chart adds, the Serve config and a keys file
+    parsed (their text is formatting)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for doc in yaml.safe_load_all(text):
+        if not doc:
+            continue
+        labels = {k: v for k, v in doc["metadata"].get("labels", {}).items() if k not in HELM_LABELS}
+        labels.pop("app.kubernetes.io/part-of", None)  # on every chart object; kustomize's base only
+        doc["metadata"]["labels"] = labels
+        if doc["kind"] == "RayService":
+            doc["spec"]["serveConfigV2"] = yaml.safe_load(doc["spec"]["serveConfigV2"])
+        if doc["kind"] == "Secret" and "keys.json" in doc.get("stringData", {}):
+            doc["stringData"]["keys.json"] = json.loads(doc["stringData"]["keys.json"])
+        out[(doc["kind"], doc["metadata"]["name"])] = doc
+    return out
+
+
+@pytest.mark.parametrize(
+    ("values", "kustomization", "extra"),
+    [("cpu", "overlays/cpu", []), ("production", "examples/production", ["examples/ingress-nginx.yaml"])],
+)
+def test_the_chart_renders_what_kustomize_renders(values: str, kustomization: str, extra: list[str]) -> None:
+    chart = comparable(render(f"helm/{values}"))
+    want = comparable(render(kustomization) + "".join("\n---\n" + (K8S / f).read_text() for f in extra))
+    assert chart.keys() == want.keys()
+    for key, obj in want.items():
+        assert chart[key] == obj, key
+    labels = by_kind(list(yaml.safe_load_all(render(f"helm/{values}"))), "RayService")["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "Helm" and labels["app.kubernetes.io/instance"] == "beamserve"
+
+
+def test_the_default_values_render_the_cpu_overlay_without_the_podmonitor() -> None:
+    out = subprocess.run([tool("helm"), "template", "beamserve", str(K8S)], capture_output=True, text=True)
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    want = comparable(render("overlays/cpu"))
+    del want[("PodMonitor", "beamserve")]  # the Prometheus Operator's CRDs are not everywhere
+    assert comparable(out.stdout) == want
+
+
+def test_the_chart_passes_helm_lint_strict_with_each_values_file() -> None:
+    for values in sorted((K8S / "ci").glob("*-values.yaml")):
+        out = run(tool("helm"), "lint", "--strict", K8S, "-f", values)
+        assert "1 chart(s) linted, 0 chart(s) failed" in out, values.name
+
+
+def test_registry_values_deploy_each_model_copy_the_models_in_and_use_the_users_secrets() -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    from service.settings import Settings
+
+    values = yaml.safe_load((K8S / "ci" / "registry-values.yaml").read_text())
+    docs = [d for d in yaml.safe_load_all(render("helm/registry")) if d]
+    spec = by_kind(docs, "RayService")["spec"]
+    app = ServeDeploySchema.model_validate(yaml.safe_load(spec["serveConfigV2"])).applications[0]
+    # The registry replaces the shipped models; each entry outside the pool is a deployment with the
+    # shipped models' options and the values' over them; the args the values set, over the tree's.
+    assert "models" not in app.args and app.args["compute_type"] == "int8" and app.args["replica_cpus"] == 1
+    entries = Settings(**app.args).entries()
+    assert [e.name for e in entries] == [e["name"] for e in values["models"]["registry"]]
+    by_name = {d.name: d for d in app.deployments}
+    assert sorted(by_name) == sorted(["Gateway"] + [f"model-{e.name}" for e in entries if not e.pool])
+    for e in entries:
+        if not e.pool:
+            d = by_name[f"model-{e.name}"]
+            assert d.autoscaling_config == values["models"]["deployment"]["autoscaling_config"]
+            assert d.max_replicas_per_node == 2 and d.graceful_shutdown_timeout_s == 60
+    cluster = spec["rayClusterConfig"]
+    for pod in (cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]):
+        # The models copied out of the image into an emptyDir the Ray container reads at /models.
+        [copy] = pod["initContainers"]
+        assert copy["image"] == values["models"]["copyFrom"]["image"]
+        [target] = copy["volumeMounts"]
+        assert copy["command"][-1] == f"cp -R /models/. {target['mountPath']}/" and target["mountPath"] != "/models"
+        [volume] = [v for v in pod["volumes"] if v["name"] == target["name"]]
+        assert "emptyDir" in volume
+        mounts = pod["containers"][0]["volumeMounts"]
+        assert {"name": target["name"], "mountPath": "/models", "readOnly": True} in mounts
+        # The user's keys Secret, mounted where the setting says.
+        [keys] = [v for v in pod["volumes"] if v["name"] == "api-keys"]
+        assert keys["secret"]["secretName"] == "translation-keys"
+    head_env = {e["name"]: e.get("value") for e in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert head_env["BEAMSERVE_LIMITS_STORAGE"] == "redis://redis.cache.svc:6379/3"
+    assert (
+        cluster["gcsFaultToleranceOptions"]["redisPassword"]["valueFrom"]["secretKeyRef"]["name"] == "ray-gcs-password"
+    )
+    store = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "beamserve-gcs-store")
+    [password] = store["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert password["valueFrom"]["secretKeyRef"]["name"] == "ray-gcs-password"
+    # Neither Secret made (the user's exist), nor the limits Valkey (the user's Redis counts).
+    made = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert not [k for k in made if k[0] == "Secret"] and ("Deployment", "beamserve-limits") not in made
+    assert cluster["workerGroupSpecs"][0]["maxReplicas"] == 6
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "beamserve-ray")
+    peers = {
+        port["port"]: [p["namespaceSelector"]["matchLabels"] for p in rule["from"]]
+        for rule in policy["spec"]["ingress"]
+        for port in rule.get("ports", [])
+        if port["port"] in (8000, 8080)
+    }
+    names = "kubernetes.io/metadata.name"
+    assert peers[8000] == [{names: n} for n in ("ingress-nginx", "traefik", "mastodon")] + [
+        {"beamserve.io/api-client": "true"}
+    ]
+    assert peers[8080] == [{names: "monitoring"}, {names: "observability"}]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--set", "apiKey.enabled=true"], "Additional property apiKey is not allowed"),
+        (["--set", "apiKeys.enabled=true"], "set apiKeys.keys"),
+        (["--set", "gcsFaultTolerance.enabled=true"], "set gcsFaultTolerance.password"),
+        (["--set", "models.volume.enabled=true", "--set", "models.copyFrom.image=m:1"], "volume.enabled or copyFrom"),
+        (["--set", "workers.minReplicas=5"], "workers.minReplicas is above workers.maxReplicas"),
+        (["--set", "ingress.enabled=true"], "set ingress.host"),
+        (["--set-json", "networkPolicy.monitoringNamespaces=[]"], "networkPolicy: name at least one namespace"),
+        (["--set", "models.registry[0].name=en-de"], "models.registry.0: path is required"),
+        (["--set", "apiKeys.limitsStorage=cache:6379"], "limitsStorage"),
+        (["--set", "serve.args.models=/models/opus-mt-de-en"], "name the models in models.registry"),
+    ],
+)
+def test_the_chart_refuses_values_that_would_not_run(options: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [tool("helm"), "template", "beamserve", str(K8S), *options], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_the_packaged_chart_holds_the_tree_it_reads_and_renders_the_same(tmp_path: Path) -> None:
+    run(tool("helm"), "package", K8S, "--destination", tmp_path)
+    [package] = tmp_path.glob("beamserve-*.tgz")
+    with tarfile.open(package) as tar:
+        names = {n.removeprefix("beamserve/") for n in tar.getnames()}
+    assert {"base/rayservice.yaml", "overlays/gpu/kustomization.yaml", "components/api-keys/secret.yaml"} <= names
+    assert not {n for n in names if n.startswith(("ci/", "schemas/"))}
+    values = K8S / "ci" / "production-values.yaml"
+    packaged = run(tool("helm"), "template", "beamserve", package, "-f", values)
+    assert comparable(packaged) == comparable(render("helm/production"))
