@@ -21,8 +21,7 @@ DEEPL_STATUS = {"overloaded": 429, "quota_exceeded": 456, "missing_api_key": 403
 
 # DeepL's options that beamserve has no counterpart for, each with why.
 UNSUPPORTED = {
-    "glossary_id": "glossaries are not supported",
-    "glossary_ids": "glossaries are not supported",
+    "glossary_ids": "glossary_ids is not supported: pass one glossary_id",
     "context": "context is not supported: send it as part of the text",
     "model_type": "model_type is not supported: each pair has one model",
     "outline_detection": "outline_detection applies to tag_handling xml, which is not supported",
@@ -39,7 +38,13 @@ UNSUPPORTED = {
 class DeepLTranslateRequest(BaseModel):
     """The body of DeepL's POST /v2/translate (JSON, or a form with `text` repeated)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={  # DeepL's rule: a glossary needs the source language
+            "if": {"properties": {"glossary_id": {"type": "string"}}, "required": ["glossary_id"]},
+            "then": {"properties": {"source_lang": {"type": "string"}}, "required": ["source_lang"]},
+        },
+    )
 
     text: list[str] = Field(min_length=1, description="texts to translate")
     target_lang: str = Field(min_length=2, max_length=16, examples=["DE"])
@@ -54,6 +59,7 @@ class DeepLTranslateRequest(BaseModel):
         "default", description="default and prefer_*: accepted (the models have one register); more/less: 400"
     )
     show_billed_characters: bool = Field(False, description="billed_characters is always answered")
+    glossary_id: str | None = Field(None, description="a glossary of this key (POST /v2/glossaries); needs source_lang")
 
 
 OPENAPI = openapi_body(DeepLTranslateRequest)
@@ -130,10 +136,40 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
             tag_handling="html" if deepl.tag_handling == "html" else None,
             # DeepL applies ignore_tags only with tag handling; without it the option has nothing to act on.
             ignore_tags=deepl.ignore_tags if deepl.tag_handling == "html" else None,
+            glossary=deepl.glossary_id,
         )
     except ValidationError as exc:
         raise ApiError("invalid_request", message({"detail": exc.errors()})) from None
     return deepl, req
+
+
+class DeepLGlossaryRequest(BaseModel):
+    """The body of DeepL's POST /v2/glossaries (JSON or a form)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="the glossary's name")
+    source_lang: str = Field(min_length=2, max_length=16, examples=["EN"])
+    target_lang: str = Field(min_length=2, max_length=16, examples=["DE"])
+    entries: str = Field(description="one entry per line: source<TAB>target (tsv) or source,target (csv)")
+    entries_format: Literal["tsv", "csv"] = "tsv"
+
+
+GLOSSARY_OPENAPI = openapi_body(DeepLGlossaryRequest)
+
+
+def glossary_request(body: dict[str, Any]) -> DeepLGlossaryRequest:
+    try:
+        return DeepLGlossaryRequest.model_validate(body)
+    except ValidationError as exc:
+        problems = message({"detail": exc.errors()})
+        raise ApiError("invalid_request", f"Value for a parameter is not valid: {problems}") from None
+
+
+def glossary_pairs(pairs: list[str]) -> dict[str, list[dict[str, str]]]:
+    """GET /v2/glossary-language-pairs: every pair served (a glossary follows its pair's translations)."""
+    keys = ("source_lang", "target_lang")
+    return {"supported_languages": [dict(zip(keys, p.split("-"), strict=True)) for p in pairs]}
 
 
 def response(req: TranslateRequest, out: TranslateResponse) -> DeepLTranslateResponse:

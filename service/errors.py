@@ -45,7 +45,11 @@ def message(body: dict[str, Any]) -> str:
     detail = body.get("detail", body.get("error", ""))
     if isinstance(detail, str):
         return detail
-    return "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in detail)
+    parts = []
+    for e in detail:
+        where, why = ".".join(map(str, e.get("loc", []))), str(e.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{where}: {why}" if where else why)  # a check of the whole body has no field
+    return "; ".join(parts)
 
 
 class ApiError(Exception):

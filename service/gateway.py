@@ -13,9 +13,10 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from service import deepl, libretranslate, local_ray, openapi, request_log, ui
+from service import deepl, glossary, libretranslate, local_ray, openapi, request_log, ui
 from service.bodies import json_response, openapi_body, parse_json, read_body
 from service.errors import ApiError
+from service.glossary_store import Glossaries, open_store, storage_of
 from service.http import app
 from service.keys import Client, KeyLimits, Keys, load_keys
 from service.languages import name as language_name
@@ -41,8 +42,10 @@ from service.schemas import (
 from service.settings import Settings
 
 ERRORS = errors(ErrorResponse, *BODY_ERRORS)
+TRANSLATE_ERRORS = errors(ErrorResponse, *BODY_ERRORS, 404)  # 404: a glossary id the key does not own
 LIBRE_ERRORS = errors(LibreError, *(s for s in BODY_ERRORS if s != 422))  # LibreTranslate has no 422
 DEEPL_ERRORS = errors(DeepLError, 400, 403, 408, 413, 415, 429, 456, 500, 503, 504)  # DeepL has no 401, 422
+DEEPL_TRANSLATE_ERRORS = errors(DeepLError, 400, 403, 404, 408, 413, 415, 429, 456, 500, 503, 504)
 
 
 def held_here(entries: list[dict[str, Any]], settings: Settings) -> list[Any]:
@@ -83,6 +86,9 @@ class Gateway:
         )
         self.keys = Keys(
             load_keys(self.settings.api_keys, self.settings.api_keys_file, limits), self.settings.limits_storage
+        )
+        self.glossaries = Glossaries(
+            open_store(storage_of(self.settings.glossary_storage, self.settings.limits_storage))
         )
         gateway_metrics()
         app.openapi = openapi.served(app, self.settings, self.router.served_languages)  # type: ignore[method-assign]
@@ -145,10 +151,17 @@ class Gateway:
         if echoed := getattr(request.state, "echoed_characters", 0):
             await self.keys.refund(client, echoed)
 
+    async def _terms(self, req: TranslateRequest, client: Client) -> glossary.Terms | None:
+        """The request's glossary, ready to apply: checked against its pair and its owner."""
+        if req.glossary is None:
+            return None
+        assert req.source is not None  # TranslateRequest: a glossary needs the source named
+        return await self.glossaries.terms(req.glossary, req.source, req.target, client.id)
+
     @app.post(
         "/v1/translate",
         response_model=TranslateResponse,
-        responses=ERRORS,
+        responses=TRANSLATE_ERRORS,
         openapi_extra=openapi_body(TranslateRequest, ("application/json",)),
     )
     async def translate(self, request: Request) -> Response:
@@ -156,7 +169,8 @@ class Gateway:
             client = self._client(request)
             req = parse_json(TranslateRequest, await request.body())
             async with self._billed(client, request, sum(map(len, req.texts))):
-                return json_response(await self.router.translate(req, request))
+                terms = await self._terms(req, client)
+                return json_response(await self.router.translate(req, request, terms))
 
     @app.post(
         "/translate",
@@ -210,7 +224,7 @@ class Gateway:
     @app.post(
         "/v2/translate",
         response_model=deepl.DeepLTranslateResponse,
-        responses=DEEPL_ERRORS,
+        responses=DEEPL_TRANSLATE_ERRORS,
         openapi_extra=deepl.OPENAPI,
     )
     async def deepl_translate(self, request: Request) -> deepl.DeepLTranslateResponse:
@@ -219,7 +233,50 @@ class Gateway:
             client = self._client(request)
             _, req = deepl.parse(await read_body(request, deepl.form_field))
             async with self._billed(client, request, sum(map(len, req.texts))):
-                return deepl.response(req, await self.router.translate(req, request))
+                terms = await self._terms(req, client)
+                return deepl.response(req, await self.router.translate(req, request, terms))
+
+    @app.post("/v2/glossaries", status_code=201, responses=DEEPL_ERRORS, openapi_extra=deepl.GLOSSARY_OPENAPI)
+    async def deepl_create_glossary(self, request: Request) -> JSONResponse:
+        """DeepL-compatible: a glossary from tsv or csv entries, for a served pair, owned by the calling key."""
+        client = self._client(request)
+        async with self._billed(client, request, 0):
+            body = deepl.glossary_request(await read_body(request, deepl.form_field))
+            source, target = deepl.code_of(body.source_lang), deepl.code_of(body.target_lang)
+            if not self.router.serves(f"{source}-{target}"):
+                why = f"no model for {source} -> {target}: a glossary's pair must be served"
+                raise ApiError("unsupported_pair", why)
+            entries = glossary.parse_entries(body.entries, body.entries_format)
+            made = await self.glossaries.create(glossary.new_glossary(body.name, source, target, entries, client.id))
+        return JSONResponse(made.info(), status_code=201)
+
+    @app.get("/v2/glossaries", responses=errors(DeepLError, 403, 503))
+    async def deepl_glossaries(self, request: Request) -> dict[str, Any]:
+        """DeepL-compatible: the calling key's glossaries, oldest first."""
+        owned = await self.glossaries.owned(self._client(request).id)
+        return {"glossaries": [g.info() for g in owned]}
+
+    @app.get("/v2/glossaries/{glossary_id}", responses=errors(DeepLError, 403, 404, 503))
+    async def deepl_glossary(self, glossary_id: str, request: Request) -> dict[str, Any]:
+        return (await self.glossaries.get(glossary_id, self._client(request).id)).info()
+
+    @app.get("/v2/glossaries/{glossary_id}/entries", responses=errors(DeepLError, 403, 404, 415, 503))
+    async def deepl_glossary_entries(self, glossary_id: str, request: Request) -> Response:
+        """The entries as tab-separated values, the one format DeepL answers them in."""
+        accept = request.headers.get("accept", "*/*")
+        if not any(t in accept for t in ("text/tab-separated-values", "*/*", "text/*")):
+            raise ApiError("unsupported_media_type", "the entries are answered as text/tab-separated-values")
+        found = await self.glossaries.get(glossary_id, self._client(request).id)
+        return Response(found.tsv(), media_type="text/tab-separated-values; charset=utf-8")
+
+    @app.delete("/v2/glossaries/{glossary_id}", status_code=204, responses=errors(DeepLError, 403, 404, 503))
+    async def deepl_delete_glossary(self, glossary_id: str, request: Request) -> Response:
+        await self.glossaries.delete(glossary_id, self._client(request).id)
+        return Response(status_code=204)
+
+    @app.get("/v2/glossary-language-pairs")
+    async def deepl_glossary_pairs(self) -> dict[str, list[dict[str, str]]]:
+        return deepl.glossary_pairs(sorted({*self.router.pairs, *self.router.pivoted}))
 
     @app.get("/v2/usage", response_model=deepl.DeepLUsage, responses=errors(DeepLError, 403, 500, 503))
     async def deepl_usage(self, request: Request) -> deepl.DeepLUsage:

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from service import deepl, front, libretranslate, request_log
 from service.error_codes import status_of
@@ -310,7 +311,12 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     """FastAPI's and Starlette's own errors (an unknown route, a body it cannot parse) in the same shape;
     a status without a code of its own answers as the closest code (malformed_request for a 4xx)."""
     code = HTTP_CODES.get(exc.status_code) or ("malformed_request" if exc.status_code < 500 else "internal_error")
-    return error_response(request, {"error": code, "detail": str(exc.detail)}, dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # every method of the path, not only those of the first route that matched it
+        path = request.scope["path"]
+        routes = [r for r in request.app.router.routes if isinstance(r, Route) and r.path_regex.match(path)]
+        headers["Allow"] = ", ".join(sorted({m for r in routes for m in r.methods or ()}))
+    return error_response(request, {"error": code, "detail": str(exc.detail)}, headers)
 
 
 @app.exception_handler(RecursionError)

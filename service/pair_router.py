@@ -16,12 +16,13 @@ from ray.serve.handle import DeploymentHandle
 
 from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
-from service import libretranslate, request_log
+from service import glossary, libretranslate, request_log
 from service.admission import PairAdmission
 from service.answers import Decoded, NBest, Translated
 from service.cache import Entry, TranslationCache
 from service.detect import Detected, LanguageDetector
 from service.errors import ApiError, api_error
+from service.glossary import Terms
 from service.html_text import HtmlDocument, join_aligned, parse_documents
 from service.languages import name as language_name
 from service.local_handle import PairHandle
@@ -50,6 +51,7 @@ class Ask:
     timeout_s: float | None = None  # the request's own, capped by the server's
     split: bool = True  # each sentence of a text on its own
     cache: bool = True  # the gateway's cache may answer
+    terms: Terms | None = None  # the request's glossary (service/glossary.py)
 
 
 def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
@@ -100,15 +102,15 @@ class PairRouter:
     def detector(self) -> LanguageDetector:
         return self._detector.result()
 
-    async def translate(self, req: TranslateRequest, request: Request) -> TranslateResponse:
+    async def translate(self, req: TranslateRequest, request: Request, terms: Terms | None = None) -> TranslateResponse:
         """The request's texts grouped by source language (named, or detected per text), each group
-        translated on its pair, the answers in the texts' order."""
+        translated on its pair (with the glossary's terms when given), the answers in the texts' order."""
         detected, groups = await self._sources(req.source, req.target, req.texts, markup=req.tag_handling == "html")
         if len(groups) == 1:  # one source language: no task to gather
             ((src, idx),) = groups.items()
-            parts = [await self._translate_from(req, src, idx, request)]
+            parts = [await self._translate_from(req, src, idx, request, terms)]
         else:
-            parts = await asyncio.gather(*(self._translate_from(req, s, i, request) for s, i in groups.items()))
+            parts = await asyncio.gather(*(self._translate_from(req, s, i, request, terms) for s, i in groups.items()))
         translations = in_order(groups, [done for done, _ in parts])
         if detected is not None:
             translations = [
@@ -125,7 +127,7 @@ class PairRouter:
         )
 
     async def _translate_from(
-        self, req: TranslateRequest, source: str, idx: list[int], request: Request
+        self, req: TranslateRequest, source: str, idx: list[int], request: Request, terms: Terms | None
     ) -> tuple[list[Translation], Usage]:
         """req's texts at idx, all in `source`. Texts detected to be in the target language already are
         answered as they are (what DeepL and LibreTranslate do)."""
@@ -138,10 +140,12 @@ class PairRouter:
         if len(texts) != len(req.texts) or source != req.source:  # a group of a detected language
             req = req.model_copy(update={"texts": texts, "source": source})
         pair, opts = self._check(req, request)
-        ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache)
+        ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache, terms)
         if req.tag_handling == "html":
             ignore = frozenset(t.strip().lower() for t in req.ignore_tags or [])
             docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
+            if terms is not None:
+                glossary.apply(docs, terms)
             out, renders = await self._html(ask, docs)
             out = replace(out, nbest=renders)
         else:
@@ -190,7 +194,7 @@ class PairRouter:
         for i, found in enumerate(detected):
             groups.setdefault(found.language, []).append(i)
         for language, idx in groups.items():
-            if language != target and not self._serves(f"{language}-{target}"):
+            if language != target and not self.serves(f"{language}-{target}"):
                 raise ApiError(
                     "unsupported_pair",
                     f"texts[{idx[0]}] is in {language_name(language)} ({language}), detected; no model "
@@ -250,8 +254,8 @@ class PairRouter:
     def _check(self, req: TranslateRequest, request: Request) -> tuple[str, DecodeOptions]:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
         pair = f"{req.source}-{req.target}"
-        request.state.pair = pair if self._serves(pair) else "unknown"
-        if not self._serves(pair):
+        request.state.pair = pair if self.serves(pair) else "unknown"
+        if not self.serves(pair):
             raise ApiError(
                 "unsupported_pair",
                 f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}"
@@ -280,7 +284,7 @@ class PairRouter:
             except InvalidTextError as exc:
                 raise ApiError("invalid_text", f"texts[{i}]: {exc}") from None
 
-    def _serves(self, pair: str) -> bool:
+    def serves(self, pair: str) -> bool:
         return pair in self.pairs or pair in self.pivoted
 
     def _legs(self, pair: str) -> list[str]:
@@ -319,11 +323,14 @@ class PairRouter:
         return opts
 
     async def _plain(self, ask: Ask, texts: list[str]) -> Translated:
-        """_call's answer for plain texts; when one holds a URL, an e-mail address or a placeholder, the
-        texts go through the HTML path with those wrapped not to be translated (service/protect.py)."""
-        if not any(has_protected(t) for t in texts):
+        """_call's answer for plain texts; when one holds a URL, an e-mail address or a placeholder, or
+        the request has a glossary, the texts go through the HTML path with those wrapped not to be
+        translated (service/protect.py) and the glossary's terms marked (service/glossary.py)."""
+        if ask.terms is None and not any(has_protected(t) for t in texts):
             return await self._call(ask, texts)
         docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
+        if ask.terms is not None:
+            glossary.apply(docs, ask.terms)
         out, renders = await self._html(ask, docs)
         return replace(out, nbest=[[(from_html(text), score) for text, score in ranks] for ranks in renders])
 

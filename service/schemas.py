@@ -48,8 +48,16 @@ IGNORE_TAGS_NEED_HTML: JsonDict = {
 }
 
 
+GLOSSARY_NEEDS_SOURCE: JsonDict = {
+    "if": {"properties": {"glossary": {"not": {"type": "null"}}}, "required": ["glossary"]},
+    "then": {"properties": {"source": {"type": "string", "not": {"enum": ["auto"]}}}, "required": ["source"]},
+}
+
+
 class TranslateRequest(DecodeFields):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=IGNORE_TAGS_NEED_HTML)
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"allOf": [IGNORE_TAGS_NEED_HTML, GLOSSARY_NEEDS_SOURCE]}
+    )
 
     texts: list[str] = Field(min_length=1, description="texts to translate (a paragraph is split into sentences)")
     source: str | None = Field(
@@ -91,6 +99,15 @@ class TranslateRequest(DecodeFields):
         ),
     )
 
+    glossary: str | dict[str, str] | None = Field(
+        None,
+        description=(
+            "a glossary's id (POST /v2/glossaries), or this request's own terms as {source term: target term}: "
+            "each source term found as whole words comes out as its target term; needs the source named"
+        ),
+        examples=[{"bike": "Velo"}],
+    )
+
     @field_validator("source", "target")
     @classmethod
     def _language_code(cls, code: str | None) -> str | None:
@@ -100,6 +117,8 @@ class TranslateRequest(DecodeFields):
     def _ignore_tags_need_html(self) -> TranslateRequest:
         if self.ignore_tags and self.tag_handling != "html":
             raise ValueError('ignore_tags applies to HTML: set "tag_handling": "html"')
+        if self.glossary is not None and self.source in (None, "auto"):
+            raise ValueError("a glossary needs the source language named")
         return self
 
 

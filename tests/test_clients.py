@@ -140,8 +140,8 @@ def test_deepl_form_body_and_error_shape(client: httpx.Client) -> None:
     assert [t["detected_source_language"] for t in r.json()["translations"]] == ["EN", "EN"]
     r = client.post("/v2/translate", json={"text": [ENGLISH[0]], "target_lang": "ZZ"})
     assert r.status_code == 400 and "served pairs" in r.json()["message"]
-    r = client.post("/v2/translate", json={"text": [ENGLISH[0]], "target_lang": "DE", "glossary_id": "g"})
-    assert r.status_code == 400 and r.json()["message"] == "glossaries are not supported"
+    r = client.post("/v2/translate", json={"text": [ENGLISH[0]], "target_lang": "DE", "context": "sports"})
+    assert r.status_code == 400 and r.json()["message"] == "context is not supported: send it as part of the text"
     r = client.post("/v2/translate", json={"text": [], "target_lang": "DE"})
     assert r.status_code == 400 and "text" in r.json()["message"]
 

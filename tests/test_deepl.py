@@ -27,7 +27,8 @@ def test_deepl_codes_options_and_defaults() -> None:
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ({"glossary_id": "g"}, "glossaries are not supported"),
+        ({"glossary_id": "g"}, "a glossary needs the source language named"),
+        ({"glossary_ids": ["g"]}, "pass one glossary_id"),
         ({"formality": "more"}, "formality is not supported"),
         ({"tag_handling": "xml"}, "xml is not supported"),
         ({"split_sentences": "2"}, "split_sentences"),

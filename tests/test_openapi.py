@@ -19,6 +19,8 @@ ALLOWED = {
     ("ST202", "unsupported_pair"): "a pair is a combination: the schema lists each side's served languages, "
     "not which combinations have a model (nor the language detected in a text)",
     ("ST202", "input_too_long"): "a text's tokens depend on the model's vocabulary; the schema bounds characters",
+    ("ST202", "invalid_glossary"): "a glossary's entries are read from text (TSV, CSV lines) and its terms stripped: "
+    "the schema types the text and the terms, not the lines in it or a term that is only spaces",
 }
 # (check, a field named in the finding): why a request outside the schema may still be taken.
 ALLOWED_FIELDS = {
@@ -67,7 +69,9 @@ def test_schemathesis_finds_nothing_the_document_does_not_say(server: str, tmp_p
     assert events.exists(), run.stdout[-3000:] + run.stderr[-2000:]
     unexplained = [f for f in findings(events) if not allowed(f)]
     assert not unexplained, "\n".join(json.dumps(f)[:600] for f in unexplained)
-    assert "13 selected" in run.stdout, run.stdout[-2000:]  # every route was tested
+    methods = {"get", "post", "put", "delete", "patch"}
+    routes = sum(len(methods & set(ops)) for ops in document["paths"].values())
+    assert f"Selected: {routes}/{routes}" in run.stdout and f"Tested: {routes}" in run.stdout, run.stdout[-2000:]
 
 
 def findings(events: Path) -> list[dict[str, str]]:

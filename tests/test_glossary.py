@@ -1,0 +1,236 @@
+"""Glossaries (service/glossary.py, service/glossary_store.py): how terms are found and placed, the
+stores, and DeepL's glossary API through the official `deepl` package and /v1's `glossary` on the real
+server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service import glossary, glossary_store
+from service.errors import ApiError
+from service.glossary import Terms, apply, new_glossary, parse_entries
+from service.glossary_store import Glossaries, RedisStore, SqliteStore, open_store, storage_of
+from service.html_text import parse_documents
+from service.protect import to_html
+
+BIKE = "A man is riding a bike."
+
+
+def test_terms_are_whole_words_leftmost_longest_and_case_as_written() -> None:
+    terms = Terms({"bike": "Velo", "New York": "Neu York", "New York City": "NYC", "Apple": "Apfel AG"})
+    text = "A bike, a Bike, bikes and e-bike; New York City, New York; apple and Apple."
+    found = [(text[a:b], t) for a, b, t in terms.find(text)]
+    # "bikes" is another word; "e-bike" has "bike" as a word of its own; a capitalised match of a
+    # lowercase term is capitalised; "Apple" (written with a capital) does not match "apple".
+    assert found == [
+        ("bike", "Velo"),
+        ("Bike", "Velo"),
+        ("bike", "Velo"),
+        ("New York City", "NYC"),
+        ("New York", "Neu York"),
+        ("Apple", "Apfel AG"),
+    ]
+    assert Terms({"C++": "C++", "Wi-Fi": "WLAN"}).find("Use C++ over Wi-Fi.") == [(4, 7, "C++"), (13, 18, "WLAN")]
+
+
+def test_a_term_gives_way_to_spans_not_to_translate_and_to_markup_it_would_cross() -> None:
+    terms = Terms({"bike": "Velo"})
+    docs = parse_documents(
+        [
+            to_html("A bike at https://bike.example and {bike}."),  # the URL and placeholder are kept
+            "<p>A <b>bike</b>, a <i>bi</i>ke and <span translate='no'>bike</span>.</p>",
+        ]
+    )
+    assert apply(docs, terms) == 2
+    [plain], [marked] = docs[0].runs, docs[1].runs
+    assert [(e.start, e.end, e.verbatim) for e in plain.elements if e.tag == ""] == [(2, 6, ["Velo"])]
+    # Inside <b> (its exact words): a child of <b>, after it in document order; across <i>: not applied.
+    terms_at = [(i, e.start, e.end) for i, e in enumerate(marked.elements) if e.tag == ""]
+    assert terms_at == [(1, 2, 6)] and marked.elements[0].tag == "b"
+    assert [e.order for e in marked.elements] == list(range(len(marked.elements)))
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "code", "needle"),
+    [
+        ("bike\tVelo\ncar\n", "tsv", "invalid_glossary", "line 2"),
+        ("bike\tVelo\nbike\tRad\n", "tsv", "invalid_glossary", "listed twice"),
+        ("bike\t\n", "tsv", "invalid_glossary", "empty term"),
+        ('"bike,Velo\n', "csv", "invalid_glossary", "2 or 4 fields"),
+        ("bike,Velo,en\n", "csv", "invalid_glossary", "line 1"),
+        ("\n\n", "tsv", "invalid_glossary", "no entries"),
+        ("bi\x07ke\tVelo\n", "tsv", "invalid_glossary", "control character"),
+        ("x" * 1025 + "\ty\n", "tsv", "invalid_glossary", "1025 characters"),
+        ("".join(f"t{i}\tu{i}\n" for i in range(10_001)), "tsv", "glossary_too_large", "10001 entries"),
+        ("bike\tVelo", "xlsx", "invalid_glossary", "entries_format"),
+    ],
+)
+def test_bad_entries_are_refused_with_what_is_wrong(text: str, fmt: str, code: str, needle: str) -> None:
+    with pytest.raises(ApiError) as err:
+        parse_entries(text, fmt)
+    assert err.value.code == code and needle in err.value.detail, err.value.detail
+
+
+def test_entries_parse_in_deepl_s_formats() -> None:
+    assert parse_entries("bike\tVelo\n\n  car \t Auto\n", "tsv") == {"bike": "Velo", "car": "Auto"}
+    assert parse_entries('bike,Velo\n"New York, NY",NYC,en,de\n', "csv") == {"bike": "Velo", "New York, NY": "NYC"}
+
+
+def test_both_stores_keep_glossaries_by_owner(tmp_path: Path, redis_url: str) -> None:
+    async def check(store: glossary_store.GlossaryStore) -> None:
+        one = new_glossary("products", "en", "de", {"bike": "Velo"}, owner="alice")
+        two = new_glossary("names", "en", "fr", {"Anna": "Anne"}, owner="alice")
+        other = new_glossary("mine", "en", "de", {"car": "Wagen"}, owner="bob")
+        for g in (one, two, other):
+            await store.put(g)
+        assert await store.get(one.glossary_id) == one
+        assert [g.glossary_id for g in await store.owned("alice")] == [one.glossary_id, two.glossary_id]
+        await store.delete(one)
+        assert await store.get(one.glossary_id) is None
+        assert [g.glossary_id for g in await store.owned("alice")] == [two.glossary_id]
+        assert await store.owned("bob") == [other]
+
+    for store in [open_store(f"sqlite:///{tmp_path}/a/glossaries.sqlite3"), open_store(f"valkey://{redis_url[8:]}")]:
+        asyncio.run(check(store))
+    assert storage_of("", "redis://h:6379/0") == "redis://h:6379/0"
+    assert storage_of("", "memory://").startswith("sqlite:///")
+    with pytest.raises(ValueError, match="glossary storage"):
+        open_store("postgres://h/db")
+
+
+def test_a_key_reaches_only_its_own_glossaries_and_pairs_must_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def check() -> None:
+        glossaries = Glossaries(SqliteStore(tmp_path / "glossaries.sqlite3"))
+        made = await glossaries.create(new_glossary("p", "en", "de", {"bike": "Velo"}, owner="alice"))
+        assert (await glossaries.get(made.glossary_id, "alice")).entries == {"bike": "Velo"}
+        for who, gid in (("bob", made.glossary_id), ("alice", "not-an-id"), ("alice", made.glossary_id[:-1] + "0")):
+            with pytest.raises(ApiError) as err:
+                await glossaries.get(gid, who)
+            assert err.value.code == "glossary_not_found"
+        with pytest.raises(ApiError) as err:
+            await glossaries.terms(made.glossary_id, "en", "fr", "alice")
+        assert err.value.code == "glossary_mismatch" and "en -> de" in err.value.detail
+        terms = await glossaries.terms(made.glossary_id, "en", "de", "alice")
+        assert terms is await glossaries.terms({"bike": "Velo"}, "en", "de", "bob")  # compiled once per content
+        monkeypatch.setattr(glossary_store, "MAX_GLOSSARIES", 1)
+        with pytest.raises(ApiError) as err:
+            await glossaries.create(new_glossary("q", "en", "de", {"car": "Auto"}, owner="alice"))
+        assert err.value.code == "too_many_glossaries"
+        await glossaries.delete(made.glossary_id, "alice")
+        assert await glossaries.owned("alice") == []
+
+    asyncio.run(check())
+
+
+def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    store = SqliteStore(tmp_path / "file" / "glossaries.sqlite3")  # its directory is a file
+    with pytest.raises(ApiError) as err:
+        asyncio.run(store.owned("alice"))
+    assert err.value.code == "glossaries_unavailable" and err.value.status == 503
+    down = RedisStore("redis://127.0.0.1:9")
+    with pytest.raises(ApiError) as err:
+        asyncio.run(down.get("x"))
+    assert err.value.code == "glossaries_unavailable" and err.value.status == 503
+    broken = tmp_path / "broken.sqlite3"
+    broken.write_bytes(b"not a database" * 100)
+    with pytest.raises(ApiError) as err:
+        asyncio.run(SqliteStore(broken).owned("alice"))
+    assert err.value.code == "glossaries_unavailable"
+
+
+# -- on the real server ------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def client(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, timeout=60) as c:
+        yield c
+
+
+def translate(client: httpx.Client, text: str, **extra: object) -> str:
+    r = client.post("/v1/translate", json={"texts": [text], "source": "en", "target": "de", **extra})
+    assert r.status_code == 200, r.text
+    return str(r.json()["translations"][0]["text"])
+
+
+def test_the_official_deepl_client_creates_uses_and_deletes_a_glossary(server: str) -> None:
+    import deepl
+
+    translator = deepl.Translator("any-key", server_url=server)
+    plain = translator.translate_text(BIKE, source_lang="EN", target_lang="DE").text
+    assert "Velo" not in plain
+    made = translator.create_glossary("products", "EN", "DE", {"bike": "Velo", "helmet": "Kopfschutz"})
+    assert (made.source_lang, made.target_lang, made.entry_count, made.ready) == ("EN", "DE", 2, True)
+    assert translator.get_glossary(made.glossary_id).name == "products"
+    assert made.glossary_id in [g.glossary_id for g in translator.list_glossaries()]
+    assert translator.get_glossary_entries(made) == {"bike": "Velo", "helmet": "Kopfschutz"}
+    pairs = {(p.source_lang.lower(), p.target_lang.lower()) for p in translator.get_glossary_languages()}
+    assert {("en", "de"), ("en", "fr")} <= pairs
+    used = translator.translate_text(BIKE, source_lang="EN", target_lang="DE", glossary=made).text
+    # The term's translation replaced by the target term, the rest of the sentence as without the glossary.
+    assert used == plain.replace("Fahrrad", "Velo") != plain, (plain, used)
+    html = translator.translate_text(
+        f"<p>{BIKE.replace('bike', '<b>bike</b>')}</p>",
+        source_lang="EN",
+        target_lang="DE",
+        tag_handling="html",
+        glossary=made.glossary_id,
+    ).text
+    assert "<b>Velo</b>" in html, html
+    from_csv = translator.create_glossary_from_csv("csv", "EN", "FR", csv_data="bike,vélo\nman,monsieur\n")
+    assert translator.get_glossary_entries(from_csv) == {"bike": "vélo", "man": "monsieur"}
+    with pytest.raises(deepl.DeepLException, match="is for en -> fr; the request is en -> de"):
+        translator.translate_text(BIKE, source_lang="EN", target_lang="DE", glossary=from_csv.glossary_id)
+    # DeepL's rule: a glossary needs source_lang.
+    r = httpx.post(
+        f"{server}/v2/translate", json={"text": [BIKE], "target_lang": "DE", "glossary_id": made.glossary_id}
+    )
+    assert r.status_code == 400 and "needs the source language named" in r.json()["message"]
+    for g in (made, from_csv):
+        translator.delete_glossary(g)
+    with pytest.raises(deepl.GlossaryNotFoundException):
+        translator.get_glossary(made.glossary_id)
+    with pytest.raises(deepl.DeepLException, match=r"Bad request.*line 1"):
+        translator.create_glossary_from_csv("bad", "EN", "DE", csv_data="bike;Velo\n")
+
+
+def test_v1_takes_a_glossary_id_or_its_own_terms(client: httpx.Client, server: str) -> None:
+    plain = translate(client, BIKE)
+    # A glossary none of whose terms is in the text changes nothing.
+    assert translate(client, BIKE, glossary={"submarine": "U-Boot"}) == plain
+    inline = translate(client, BIKE, glossary={"bike": "Velo"})
+    assert "Velo" in inline and "Velo" not in plain
+    r = client.post(
+        "/v2/glossaries",
+        data={
+            "name": "form",
+            "source_lang": "en",
+            "target_lang": "de",
+            "entries": "bike\tVelo",
+            "entries_format": "tsv",
+        },
+    )
+    assert r.status_code == 201, r.text
+    gid = r.json()["glossary_id"]
+    assert translate(client, BIKE, glossary=gid) == inline  # the same terms, by id or inline
+    r = client.post("/v1/translate", json={"texts": [BIKE], "target": "de", "glossary": gid})
+    assert r.status_code == 422 and "needs the source language named" in r.text
+    r = client.post("/v1/translate", json={"texts": [BIKE], "source": "en", "target": "de", "glossary": "nope"})
+    assert r.status_code == 404 and r.json()["error"] == "glossary_not_found"
+    r = client.post("/v1/translate", json={"texts": [BIKE], "source": "en", "target": "de", "glossary": {"": "x"}})
+    assert r.status_code == 400 and r.json()["error"] == "invalid_glossary"
+    r = client.post("/v2/glossaries", json={"name": "x", "source_lang": "DE", "target_lang": "EN", "entries": "a\tb"})
+    assert r.status_code == 400 and "no model for de -> en" in r.json()["message"]
+    r = client.get(f"/v2/glossaries/{gid}/entries", headers={"Accept": "application/json"})
+    assert r.status_code == 415
+    assert client.delete(f"/v2/glossaries/{gid}").status_code == 204
+    assert client.delete(f"/v2/glossaries/{gid}").status_code == 404
+    assert glossary.MAX_ENTRIES == 10_000  # the bound the docs state
