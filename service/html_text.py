@@ -385,7 +385,7 @@ def _render_run(run: Run, translation: str, links: list[Link]) -> str:
     for element in run.elements:
         start, end = placed[element.order]
         if element.verbatim is not None:  # its own content where its words' translation was
-            start, end = _whole_words(text, start, end)
+            start, end = _outside_punctuation(text, *_whole_words(text, start, end), run.text, element)
             # Spaced from the words around as it was in the source ("Acme Cloud</span> Hemd", not "</span>Hemd").
             before = (
                 " "
@@ -421,6 +421,21 @@ def _whole_words(text: str, start: int, end: int) -> tuple[int, int]:
         start -= 1
     while end < len(text) and text[end - 1].isalnum() and text[end].isalnum():
         end += 1
+    return start, end
+
+
+def _outside_punctuation(text: str, start: int, end: int, source: str, element: Element) -> tuple[int, int]:
+    """The span without the punctuation at its edges that the source has just outside the element: a
+    full stop after a URL or a term is the sentence's, though the alignment may link it to the element."""
+    after = source[element.end : element.end + 1]
+    while end > start and not text[end - 1].isalnum() and not text[end - 1].isspace() and text[end - 1] == after:
+        end -= 1
+        after = ""  # one character: the source has one there
+    before = source[element.start - 1 : element.start] if element.start else ""
+    if end > start and not text[start].isalnum() and not text[start].isspace() and text[start] == before:
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
     return start, end
 
 

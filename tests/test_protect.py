@@ -32,3 +32,25 @@ def test_wrapping_and_unwrapping_is_the_identity() -> None:
     for _ in range(500):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
         assert from_html(to_html(text)) == text
+
+
+def test_the_sentence_s_full_stop_stays_when_the_alignment_links_it_to_the_url() -> None:
+    from service.html_text import parse_documents
+
+    source = "Dogs play near https://dogs.example."
+    [doc] = parse_documents([to_html(source)])
+    translation = "Hunde spielen nahe Zffeln."
+    url = source.index("https")
+    # Each target word to its source word; "Zffeln" and the full stop both to a piece of the URL, as
+    # a model that has never seen a URL may attend.
+    words = [("Hunde", "Dogs"), ("spielen", "play"), ("nahe", "near")]
+    links = [
+        (translation.index(t), translation.index(t) + len(t), source.index(s), source.index(s) + len(s))
+        for t, s in words
+    ]
+    links += [(19, 25, url, url + 5), (25, 26, url + 5, url + 6)]
+    out = from_html(doc.render([translation], [links]))
+    assert out == "Hunde spielen nahe https://dogs.example."
+    # Without the source's full stop after the URL, the linked one goes with the URL's words.
+    [bare] = parse_documents([to_html(source[:-1])])
+    assert from_html(bare.render([translation], [links])) == "Hunde spielen nahe https://dogs.example"
