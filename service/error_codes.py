@@ -43,7 +43,7 @@ CODES: dict[str, tuple[int, str]] = {
     "pair_unavailable": (503, "the pair's model is down, loading, or failed to load"),
     "replica_unavailable": (503, "the pair's or the gateway's replica died or restarts"),
     "limits_unavailable": (503, "the API keys' limits store cannot be reached"),
-    "glossaries_unavailable": (503, "the glossary store cannot be reached"),
+    "store_unavailable": (503, "the glossary and document store cannot be reached"),
     "timeout": (504, "no answer within the request's deadline"),
 }
 

@@ -16,7 +16,7 @@ from ray import serve
 from service import deepl, glossary, libretranslate, local_ray, openapi, request_log, ui
 from service.bodies import json_response, openapi_body, parse_json, read_body
 from service.errors import ApiError
-from service.glossary_store import Glossaries, open_store, storage_of
+from service.glossary_store import Glossaries
 from service.http import app
 from service.keys import Client, KeyLimits, Keys, load_keys
 from service.languages import name as language_name
@@ -24,6 +24,7 @@ from service.libretranslate import DETECT_OPENAPI
 from service.local_handle import LocalHandle, PairHandle
 from service.metrics import gateway_metrics
 from service.pair_router import DETECT_CHARS, PairRouter
+from service.records import open_records, storage_of
 from service.registry import ModelEntry
 from service.schemas import (
     BODY_ERRORS,
@@ -87,9 +88,8 @@ class Gateway:
         self.keys = Keys(
             load_keys(self.settings.api_keys, self.settings.api_keys_file, limits), self.settings.limits_storage
         )
-        self.glossaries = Glossaries(
-            open_store(storage_of(self.settings.glossary_storage, self.settings.limits_storage))
-        )
+        self.records = open_records(storage_of(self.settings.records_storage, self.settings.limits_storage))
+        self.glossaries = Glossaries(self.records)
         gateway_metrics()
         app.openapi = openapi.served(app, self.settings, self.router.served_languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish

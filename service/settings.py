@@ -73,9 +73,9 @@ class Settings(BaseSettings):
     key_characters_per_month: int = 0  # a 30-day window
     limits_storage: str = ""  # redis://host:6379 (or valkey://) shared by the gateway replicas; empty: each its own
     cors_origins: str = ""  # comma-separated origins browsers may call from ("*": any); empty: no CORS
-    # Where glossaries live (service/glossary_store.py): redis://, valkey:// or sqlite:///path; empty:
-    # limits_storage when it is a Redis or Valkey, else an SQLite file in ~/.local/share/beamserve.
-    glossary_storage: str = ""
+    # Where glossaries and documents live (service/records.py): redis://, valkey:// or sqlite:///path;
+    # empty: limits_storage when it is a Redis or Valkey, else an SQLite file in ~/.local/share/beamserve.
+    records_storage: str = ""
     # The gateway's translation cache (service/cache.py), per gateway replica; either at 0 turns it off.
     cache_entries: int = 50_000
     cache_bytes: int = 64_000_000

@@ -202,7 +202,7 @@ SETTINGS = dict(
     max_queue_wait_s=30.0,  # bursts on one thread per replica; overload tests set their own
     max_text_chars=2000,
     max_body_bytes=900_000,  # not the default: the ingress must take it from its Settings, not the environment
-    glossary_storage=f"sqlite:///{tempfile.mkdtemp(prefix='beamserve-glossaries-')}/glossaries.sqlite3",
+    records_storage=f"sqlite:///{tempfile.mkdtemp(prefix='beamserve-records-')}/records.sqlite3",
 )
 
 

@@ -1,10 +1,11 @@
 """Glossaries (service/glossary.py, service/glossary_store.py): how terms are found and placed, the
-stores, and DeepL's glossary API through the official `deepl` package and /v1's `glossary` on the real
-server."""
+record stores (service/records.py), and DeepL's glossary API through the official `deepl` package
+and /v1's `glossary` on the real server."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +15,10 @@ import pytest
 from service import glossary, glossary_store
 from service.errors import ApiError
 from service.glossary import Terms, apply, new_glossary, parse_entries
-from service.glossary_store import Glossaries, RedisStore, SqliteStore, open_store, storage_of
+from service.glossary_store import Glossaries
 from service.html_text import parse_documents
 from service.protect import to_html
+from service.records import Record, Records, RedisRecords, SqliteRecords, open_records, storage_of
 
 BIKE = "A man is riding a bike."
 
@@ -81,33 +83,40 @@ def test_entries_parse_in_deepl_s_formats() -> None:
     assert parse_entries('bike,Velo\n"New York, NY",NYC,en,de\n', "csv") == {"bike": "Velo", "New York, NY": "NYC"}
 
 
-def test_both_stores_keep_glossaries_by_owner(tmp_path: Path, redis_url: str) -> None:
-    async def check(store: glossary_store.GlossaryStore) -> None:
-        one = new_glossary("products", "en", "de", {"bike": "Velo"}, owner="alice")
-        two = new_glossary("names", "en", "fr", {"Anna": "Anne"}, owner="alice")
-        other = new_glossary("mine", "en", "de", {"car": "Wagen"}, owner="bob")
-        for g in (one, two, other):
-            await store.put(g)
-        assert await store.get(one.glossary_id) == one
-        assert [g.glossary_id for g in await store.owned("alice")] == [one.glossary_id, two.glossary_id]
-        await store.delete(one)
-        assert await store.get(one.glossary_id) is None
-        assert [g.glossary_id for g in await store.owned("alice")] == [two.glossary_id]
-        assert await store.owned("bob") == [other]
+def test_both_stores_keep_records_by_kind_and_owner_until_they_expire(tmp_path: Path, redis_url: str) -> None:
+    async def check(store: Records) -> None:
+        await store.put("glossary", "g1", "alice", b"one")
+        await store.put("glossary", "g2", "alice", b"two")
+        await store.put("glossary", "g3", "bob", b"\x00bytes\xff")
+        await store.put("document", "g1", "alice", b"a document of the same id", ttl_s=60)
+        await store.put("document", "d2", "alice", b"gone soon", ttl_s=0.05)
+        assert await store.get("glossary", "g1") == Record("alice", b"one")
+        assert await store.get("document", "g1") == Record("alice", b"a document of the same id")
+        assert sorted(await store.owned("glossary", "alice")) == [b"one", b"two"]
+        assert await store.owned("glossary", "bob") == [b"\x00bytes\xff"]
+        await store.put("glossary", "g1", "alice", b"one, again")  # a record is replaced whole
+        assert await store.get("glossary", "g1") == Record("alice", b"one, again")
+        await store.delete("glossary", "g1")
+        assert await store.get("glossary", "g1") is None and await store.owned("glossary", "alice") == [b"two"]
+        deadline = time.monotonic() + 5
+        while await store.get("document", "d2") is not None:  # expired: never answered again
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert await store.owned("document", "alice") == [b"a document of the same id"]
 
-    for store in [open_store(f"sqlite:///{tmp_path}/a/glossaries.sqlite3"), open_store(f"valkey://{redis_url[8:]}")]:
+    for store in [open_records(f"sqlite:///{tmp_path}/a/records.sqlite3"), open_records(f"valkey://{redis_url[8:]}")]:
         asyncio.run(check(store))
     assert storage_of("", "redis://h:6379/0") == "redis://h:6379/0"
     assert storage_of("", "memory://").startswith("sqlite:///")
-    with pytest.raises(ValueError, match="glossary storage"):
-        open_store("postgres://h/db")
+    with pytest.raises(ValueError, match="records_storage"):
+        open_records("postgres://h/db")
 
 
 def test_a_key_reaches_only_its_own_glossaries_and_pairs_must_match(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def check() -> None:
-        glossaries = Glossaries(SqliteStore(tmp_path / "glossaries.sqlite3"))
+        glossaries = Glossaries(SqliteRecords(tmp_path / "records.sqlite3"))
         made = await glossaries.create(new_glossary("p", "en", "de", {"bike": "Velo"}, owner="alice"))
         assert (await glossaries.get(made.glossary_id, "alice")).entries == {"bike": "Velo"}
         for who, gid in (("bob", made.glossary_id), ("alice", "not-an-id"), ("alice", made.glossary_id[:-1] + "0")):
@@ -131,19 +140,16 @@ def test_a_key_reaches_only_its_own_glossaries_and_pairs_must_match(
 
 def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
-    store = SqliteStore(tmp_path / "file" / "glossaries.sqlite3")  # its directory is a file
-    with pytest.raises(ApiError) as err:
-        asyncio.run(store.owned("alice"))
-    assert err.value.code == "glossaries_unavailable" and err.value.status == 503
-    down = RedisStore("redis://127.0.0.1:9")
-    with pytest.raises(ApiError) as err:
-        asyncio.run(down.get("x"))
-    assert err.value.code == "glossaries_unavailable" and err.value.status == 503
     broken = tmp_path / "broken.sqlite3"
     broken.write_bytes(b"not a database" * 100)
-    with pytest.raises(ApiError) as err:
-        asyncio.run(SqliteStore(broken).owned("alice"))
-    assert err.value.code == "glossaries_unavailable"
+    for store in (
+        SqliteRecords(tmp_path / "file" / "records.sqlite3"),  # its directory is a file
+        SqliteRecords(broken),
+        RedisRecords("redis://127.0.0.1:9"),  # nothing listens
+    ):
+        with pytest.raises(ApiError) as err:
+            asyncio.run(store.owned("glossary", "alice"))
+        assert err.value.code == "store_unavailable" and err.value.status == 503
 
 
 # -- on the real server ------------------------------------------------------------------------------

@@ -1,0 +1,184 @@
+"""Records that every gateway replica shares: glossaries, documents and their translations. A record
+is bytes under a kind and an id, with its owner (the API key's client id) and, for documents, an
+expiry. They live in a Redis or Valkey server (the one the API keys' limits use, or one of their
+own), else in an SQLite file on the node.
+
+`records_storage`: redis://, rediss://, valkey:// or valkeys://
+URLs, or sqlite:///path. Unset: the limits store when it is a Redis or Valkey, else
+sqlite:///~/.local/share/beamserve/records.sqlite3 (the replicas of one node share it; on several
+nodes, use a Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from service.errors import ApiError
+
+DEFAULT_FILE = "~/.local/share/beamserve/records.sqlite3"
+REDIS_SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
+PREFIX = "beamserve:"
+
+
+@dataclass(frozen=True)
+class Record:
+    owner: str
+    body: bytes
+
+
+class Records(Protocol):
+    async def put(self, kind: str, rid: str, owner: str, body: bytes, ttl_s: float | None = None) -> None: ...
+    async def get(self, kind: str, rid: str) -> Record | None: ...
+    async def owned(self, kind: str, owner: str) -> list[bytes]: ...
+    async def delete(self, kind: str, rid: str) -> None: ...
+
+
+def storage_of(records_storage: str, limits_storage: str) -> str:
+    if records_storage:
+        return records_storage
+    if limits_storage.split("://")[0] in REDIS_SCHEMES:
+        return limits_storage
+    return f"sqlite:///{DEFAULT_FILE}"
+
+
+def open_records(uri: str) -> Records:
+    """The store a URI names; ValueError for one beamserve cannot use."""
+    scheme, sep, rest = uri.partition("://")
+    if scheme == "sqlite" and sep and rest.startswith("/"):
+        return SqliteRecords(Path(rest[1:]).expanduser())
+    if scheme in REDIS_SCHEMES and sep:
+        return RedisRecords(f"{REDIS_SCHEMES[scheme]}://{rest}")
+    raise ValueError(f"records_storage {uri!r}: a redis://, rediss://, valkey:// or sqlite:///path URI")
+
+
+def _down(exc: Exception) -> ApiError:
+    return ApiError(
+        "store_unavailable", f"the glossary and document store cannot be reached ({exc})", {"Retry-After": "5"}
+    )
+
+
+class SqliteRecords:
+    """One table in a file; each call opens its own connection in a thread (WAL: readers do not wait).
+    Expired records are never answered, and go when a record of their kind is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._ready = False
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        if not self._ready:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
+            if not self._ready:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS records "
+                    "(kind TEXT, id TEXT, owner TEXT, body BLOB, expires REAL, PRIMARY KEY (kind, id))"
+                )
+                db.execute("CREATE INDEX IF NOT EXISTS by_owner ON records (kind, owner)")
+                self._ready = True
+            with db:  # one transaction
+                yield db
+        finally:
+            db.close()
+
+    async def _run(self, *statements: tuple[str, tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        def run() -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = []
+            with self._db() as db:
+                for sql, args in statements:
+                    rows = db.execute(sql, args).fetchall()
+            return rows
+
+        try:
+            return await asyncio.to_thread(run)
+        except (sqlite3.Error, OSError) as exc:  # a file that is not a database, a directory not to be made
+            raise _down(exc) from None
+
+    async def put(self, kind: str, rid: str, owner: str, body: bytes, ttl_s: float | None = None) -> None:
+        now = time.time()
+        expires = now + ttl_s if ttl_s is not None else None
+        await self._run(
+            ("DELETE FROM records WHERE kind = ? AND expires < ?", (kind, now)),
+            ("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?)", (kind, rid, owner, body, expires)),
+        )
+
+    async def get(self, kind: str, rid: str) -> Record | None:
+        sql = "SELECT owner, body FROM records WHERE kind = ? AND id = ? AND (expires IS NULL OR expires > ?)"
+        rows = await self._run((sql, (kind, rid, time.time())))
+        return Record(rows[0][0], bytes(rows[0][1])) if rows else None
+
+    async def owned(self, kind: str, owner: str) -> list[bytes]:
+        sql = "SELECT body FROM records WHERE kind = ? AND owner = ? AND (expires IS NULL OR expires > ?)"
+        return [bytes(r[0]) for r in await self._run((sql, (kind, owner, time.time())))]
+
+    async def delete(self, kind: str, rid: str) -> None:
+        await self._run(("DELETE FROM records WHERE kind = ? AND id = ?", (kind, rid)))
+
+
+class RedisRecords:
+    """A record a hash {owner, body} under PREFIX + kind + id (expiring with Redis' own TTL); each
+    owner's ids of a kind in a set, pruned of expired ids as it is read."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: Any = None
+
+    def _redis(self) -> Any:
+        if self._client is None:
+            import coredis
+
+            self._client = coredis.Redis.from_url(self.url, decode_responses=False)
+        return self._client
+
+    async def _do(self, name: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._redis(), name)(*args)
+        except Exception as exc:  # coredis' connection and protocol errors alike: the store is down
+            raise _down(exc) from None
+
+    @staticmethod
+    def _key(kind: str, rid: str) -> str:
+        return f"{PREFIX}{kind}:{rid}"
+
+    @staticmethod
+    def _owner_key(kind: str, owner: str) -> str:
+        return f"{PREFIX}{kind}:owner:{owner}"
+
+    async def put(self, kind: str, rid: str, owner: str, body: bytes, ttl_s: float | None = None) -> None:
+        key = self._key(kind, rid)
+        await self._do("hset", key, {"owner": owner.encode(), "body": body})
+        if ttl_s is not None:
+            await self._do("pexpire", key, max(1, int(ttl_s * 1000)))
+        await self._do("sadd", self._owner_key(kind, owner), [rid])
+
+    async def get(self, kind: str, rid: str) -> Record | None:
+        found = await self._do("hgetall", self._key(kind, rid))
+        if not found:
+            return None
+        return Record(found[b"owner"].decode(), bytes(found[b"body"]))
+
+    async def owned(self, kind: str, owner: str) -> list[bytes]:
+        out = []
+        for rid in sorted(await self._do("smembers", self._owner_key(kind, owner))):
+            body = await self._do("hget", self._key(kind, rid.decode()), "body")
+            if body is None:  # expired
+                await self._do("srem", self._owner_key(kind, owner), [rid])
+            else:
+                out.append(bytes(body))
+        return out
+
+    async def delete(self, kind: str, rid: str) -> None:
+        found = await self.get(kind, rid)
+        await self._do("delete", [self._key(kind, rid)])
+        if found is not None:
+            await self._do("srem", self._owner_key(kind, found.owner), [rid])
