@@ -4,6 +4,7 @@ error body {"message": ...} and its statuses (400 for a bad request, 429 for too
 character quota). Options beamserve cannot honour are refused by name, never ignored.
 """
 
+from pathlib import PurePath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -164,6 +165,50 @@ def glossary_request(body: dict[str, Any]) -> DeepLGlossaryRequest:
     except ValidationError as exc:
         problems = message({"detail": exc.errors()})
         raise ApiError("invalid_request", f"Value for a parameter is not valid: {problems}") from None
+
+
+DOCUMENT_FIELDS = {"target_lang", "source_lang", "glossary_id", "formality", "output_format", "filename"}
+_LANG = {"type": "string", "minLength": 2, "maxLength": 16}
+DOCUMENT_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "target_lang"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": ".txt, .html, .htm or .srt"},
+                        "target_lang": _LANG,
+                        "source_lang": _LANG,
+                        "glossary_id": {"type": "string", "description": "needs source_lang"},
+                        "formality": {"enum": ["default", "prefer_more", "prefer_less"]},
+                        "output_format": {"enum": ["txt", "html", "htm", "srt"], "description": "the file's own"},
+                        "filename": {"type": "string", "description": "the name whose extension says the format"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def document_request(form: dict[str, str], filename: str) -> TranslateRequest:
+    """The beamserve request a document upload's fields make (DeepL's document options); ApiError
+    for one beamserve does not take."""
+    unknown = sorted(set(form) - DOCUMENT_FIELDS)
+    if unknown:
+        raise ApiError("unsupported_option", f"{', '.join(unknown)}: not an option of a document upload")
+    wanted = form.get("output_format", "").lower().lstrip(".")
+    if wanted and wanted != PurePath(filename).suffix.lower().lstrip("."):
+        raise ApiError("unsupported_option", f"output_format {wanted}: a document comes back in its own format")
+    body: dict[str, Any] = {"text": ["-"], **{k: v for k, v in form.items() if k in ("target_lang", "source_lang")}}
+    if form.get("formality"):
+        body["formality"] = form["formality"]
+    if form.get("glossary_id"):
+        body["glossary_id"] = form["glossary_id"]
+    return parse(body)[1]
 
 
 def glossary_pairs(pairs: list[str]) -> dict[str, list[dict[str, str]]]:

@@ -8,19 +8,22 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from ray import serve
+from starlette.datastructures import UploadFile
 
-from service import deepl, glossary, libretranslate, local_ray, openapi, request_log, ui
+from service import deepl, documents, glossary, libretranslate, local_ray, openapi, request_log, ui
 from service.bodies import json_response, openapi_body, parse_json, read_body
+from service.document_jobs import DocumentJobs
 from service.errors import ApiError
 from service.glossary_store import Glossaries
 from service.http import app
 from service.keys import Client, KeyLimits, Keys, load_keys
 from service.languages import name as language_name
-from service.libretranslate import DETECT_OPENAPI
+from service.libretranslate import DETECT_OPENAPI, FILE_OPENAPI
 from service.local_handle import LocalHandle, PairHandle
 from service.metrics import gateway_metrics
 from service.pair_router import DETECT_CHARS, PairRouter
@@ -90,6 +93,7 @@ class Gateway:
         )
         self.records = open_records(storage_of(self.settings.records_storage, self.settings.limits_storage))
         self.glossaries = Glossaries(self.records)
+        self.documents = DocumentJobs(self.records, self.router)
         gateway_metrics()
         app.openapi = openapi.served(app, self.settings, self.router.served_languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish
@@ -249,6 +253,94 @@ class Gateway:
             entries = glossary.parse_entries(body.entries, body.entries_format)
             made = await self.glossaries.create(glossary.new_glossary(body.name, source, target, entries, client.id))
         return JSONResponse(made.info(), status_code=201)
+
+    async def _document_form(self, request: Request) -> tuple[UploadFile, dict[str, str]]:
+        """A document upload's file and its other fields (multipart/form-data)."""
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise ApiError("unsupported_media_type", "a document is uploaded as multipart/form-data with a file")
+        form = await request.form()
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise ApiError("invalid_request", "file: a document to translate is required")
+        return upload, {k: str(v) for k, v in form.items() if k != "file"}
+
+    async def _start_document(
+        self, client: Client, request: Request, upload: UploadFile, filename: str, req: TranslateRequest
+    ) -> dict[str, str]:
+        """Parse a document, bill its characters and start its translation (service/document_jobs.py)."""
+        parsed = await asyncio.to_thread(documents.parse, filename, await upload.read())
+        if req.source is None:  # the whole document in the language of its beginning
+            heads = [" ".join(parsed.segments)[:DETECT_CHARS] or "-"]
+            found = self.router.detector.detect(heads, markup=parsed.html)[0]
+            req = req.model_copy(update={"source": found.language})
+        if not self.router.serves(f"{req.source}-{req.target}"):
+            served = ", ".join(sorted(self.router.pairs))
+            raise ApiError("unsupported_pair", f"no model for {req.source} -> {req.target}; served pairs: {served}")
+        if parsed.html:
+            req = req.model_copy(update={"tag_handling": "html"})
+        async with self._billed(client, request, parsed.characters):
+            terms = await self._terms(req, client)
+
+            async def refund() -> None:
+                await self.keys.refund(client, parsed.characters)
+
+            return await self.documents.upload(parsed, filename, req, terms, client.id, refund)
+
+    @app.post("/v2/document", responses=DEEPL_TRANSLATE_ERRORS, openapi_extra=deepl.DOCUMENT_OPENAPI)
+    async def deepl_document(self, request: Request) -> dict[str, str]:
+        """DeepL-compatible: a document (multipart `file`) to translate in the background; its id and key."""
+        with self._accepting():
+            client = self._client(request)
+            upload, fields = await self._document_form(request)
+            filename = fields.get("filename") or upload.filename or ""
+            req = deepl.document_request(fields, filename)
+            return await self._start_document(client, request, upload, filename, req)
+
+    @app.post("/translate_file", responses=LIBRE_ERRORS, openapi_extra=FILE_OPENAPI)
+    async def libretranslate_file(self, request: Request) -> dict[str, str]:
+        """LibreTranslate-compatible: a document translated, answered with the address of its translation
+        (a secret address: the document's id and key)."""
+        with self._accepting():
+            upload, fields = await self._document_form(request)
+            client = self._client(request, fields.get("api_key"))
+            filename = upload.filename or ""
+            req = libretranslate.file_request(fields)
+            started = await self._start_document(client, request, upload, filename, req)
+            doc, key = started["document_id"], started["document_key"]
+            deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_s
+            while (await self.documents.status(doc, key, client.id)).answer()["status"] not in ("done", "error"):
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ApiError(
+                        "timeout", f"the document was not translated within {self.settings.request_timeout_s:.0f}s"
+                    )
+                await asyncio.sleep(0.05)
+            await self.documents.result(doc, key, client.id)  # a failed document: its error, here
+            base = str(request.base_url).rstrip("/")
+            return {"translatedFileUrl": f"{base}/download_file/{doc}-{key}/{quote(filename)}"}
+
+    @app.get("/download_file/{handle}/{filename}", responses=errors(ErrorResponse, 404, 503))
+    async def libretranslate_download(self, handle: str, filename: str) -> Response:
+        """A translated document at the address /translate_file answered."""
+        doc, _, key = handle.partition("-")
+        body, status = await self.documents.result_by_key(doc, key)
+        disposition = f"attachment; filename*=UTF-8''{quote(status.filename)}"
+        return Response(body, media_type=status.content_type, headers={"Content-Disposition": disposition})
+
+    @app.post("/v2/document/{document_id}", responses=errors(DeepLError, 400, 403, 404, 503))
+    async def deepl_document_status(self, document_id: str, request: Request) -> dict[str, Any]:
+        """DeepL-compatible: the document's status, seconds_remaining while translating, billed_characters once done."""
+        client = self._client(request)
+        key = str((await read_body(request, deepl.form_field)).get("document_key", ""))
+        return (await self.documents.status(document_id, key, client.id)).answer()
+
+    @app.post("/v2/document/{document_id}/result", responses=errors(DeepLError, 400, 403, 404, 503))
+    async def deepl_document_result(self, document_id: str, request: Request) -> Response:
+        """DeepL-compatible: the translated document, once done (503 before)."""
+        client = self._client(request)
+        key = str((await read_body(request, deepl.form_field)).get("document_key", ""))
+        body, status = await self.documents.result(document_id, key, client.id)
+        disposition = f"attachment; filename*=UTF-8''{quote(status.filename)}"
+        return Response(body, media_type=status.content_type, headers={"Content-Disposition": disposition})
 
     @app.get("/v2/glossaries", responses=errors(DeepLError, 403, 503))
     async def deepl_glossaries(self, request: Request) -> dict[str, Any]:

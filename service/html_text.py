@@ -159,9 +159,11 @@ class _Splitter(HTMLParser):
         self.run, self.open = Run(), []
 
     def _keep(self, markup: str) -> None:
-        """Markup inside the open inline element not to translate: its content, as written."""
+        """Markup inside the open inline element not to translate: its content, as written (and the
+        run's, as it came)."""
         assert self.verbatim is not None and self.verbatim.verbatim is not None
         self.verbatim.verbatim.append(markup)
+        self.run.original.append(markup)
 
     def _inline_void(self, tag: str, markup: str) -> None:
         """<img>, <br>, <wbr>: an empty element at this point of the run. A line break separates words
@@ -252,7 +254,6 @@ class _Splitter(HTMLParser):
         if self.verbatim is not None:  # the model reads it; the output has it as written
             self._keep(html.escape(data, quote=False))
             self.run.text += data
-            self.run.original.append(html.escape(data, quote=False))
             return
         if self.kept:
             self.parts.append(html.escape(data, quote=False))

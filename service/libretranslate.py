@@ -131,7 +131,7 @@ def detected_language(found: Detected) -> dict[str, Any]:
 
 
 # Where errors are answered in LibreTranslate's shape.
-ROUTES = frozenset({"/translate", "/detect", "/frontend/settings"})
+ROUTES = frozenset({"/translate", "/detect", "/frontend/settings", "/translate_file"})
 
 
 def error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -176,3 +176,39 @@ def frontend_settings(char_limit: int, targets: list[str], *, keys: bool) -> dic
             "target": {"code": target, "name": name(target)},
         },
     }
+
+
+FILE_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "source", "target"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": ".txt, .html, .htm or .srt"},
+                        "source": {"type": "string", "description": "a language code, or auto"},
+                        "target": {"type": "string"},
+                        "api_key": {"type": "string"},
+                    },
+                    "additionalProperties": False,
+                }
+            }
+        },
+    }
+}
+
+
+def file_request(fields: dict[str, str]) -> TranslateRequest:
+    """The request a /translate_file upload's fields make; ApiError for a missing or unknown field."""
+    unknown = sorted(set(fields) - {"source", "target", "api_key"})
+    if unknown:
+        raise ApiError("invalid_request", f"{', '.join(unknown)}: not a field of /translate_file")
+    source = fields.get("source", "auto").strip().lower()
+    try:
+        return TranslateRequest(
+            texts=["-"], source=None if source == "auto" else source, target=fields.get("target", "")
+        )
+    except ValidationError as exc:
+        raise ApiError("invalid_request", message({"detail": exc.errors()})) from None

@@ -9,9 +9,8 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from fastapi import Request
 from ray.serve.handle import DeploymentHandle
 
 from model.errors import InvalidTextError, check_text
@@ -40,6 +39,14 @@ SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to th
 T = TypeVar("T")
 DETECT_CHARS = 1000  # the characters of a text that language detection looks at
 PIVOT = "en"  # a pair with no model of its own goes through it when both halves are served
+
+
+class Caller(Protocol):
+    """Who a translation is for: an HTTP request, or a document's job (service/document_jobs.py).
+    The router notes on its `state` the pair asked and the characters answered as sent."""
+
+    @property
+    def state(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,7 @@ class PairRouter:
     def detector(self) -> LanguageDetector:
         return self._detector.result()
 
-    async def translate(self, req: TranslateRequest, request: Request, terms: Terms | None = None) -> TranslateResponse:
+    async def translate(self, req: TranslateRequest, request: Caller, terms: Terms | None = None) -> TranslateResponse:
         """The request's texts grouped by source language (named, or detected per text), each group
         translated on its pair (with the glossary's terms when given), the answers in the texts' order."""
         detected, groups = await self._sources(req.source, req.target, req.texts, markup=req.tag_handling == "html")
@@ -127,7 +134,7 @@ class PairRouter:
         )
 
     async def _translate_from(
-        self, req: TranslateRequest, source: str, idx: list[int], request: Request, terms: Terms | None
+        self, req: TranslateRequest, source: str, idx: list[int], request: Caller, terms: Terms | None
     ) -> tuple[list[Translation], Usage]:
         """req's texts at idx, all in `source`. Texts detected to be in the target language already are
         answered as they are (what DeepL and LibreTranslate do)."""
@@ -165,7 +172,7 @@ class PairRouter:
         ]
         return translations, Usage(source_tokens=out.source_tokens, target_tokens=out.target_tokens)
 
-    def _check_echo(self, language: str, texts: list[str], request: Request) -> None:
+    def _check_echo(self, language: str, texts: list[str], request: Caller) -> None:
         """Texts already in the target language, answered as sent: the same checks as a translation (a
         language served, the limits), and their characters refunded to the key (Gateway._billed)."""
         if language not in self.served_languages:
@@ -211,7 +218,7 @@ class PairRouter:
         return detected, groups
 
     async def libre_texts(
-        self, body: dict[str, Any], texts: list[str], single: bool, request: Request
+        self, body: dict[str, Any], texts: list[str], single: bool, request: Caller
     ) -> dict[str, Any]:
         source, target = libretranslate.languages_of(body)
         markup = body.get("format") == "html"
@@ -225,7 +232,7 @@ class PairRouter:
         nbest = in_order(groups, list(parts))
         return libretranslate.response(single, libretranslate.alternatives(body), nbest, detected)
 
-    async def _libre_part(self, body: dict[str, Any], request: Request) -> list[list[str]]:
+    async def _libre_part(self, body: dict[str, Any], request: Caller) -> list[list[str]]:
         """Each text's n-best translations for a LibreTranslate body whose texts share one source; a
         text already in the target language is answered as it is (as LibreTranslate does)."""
         call = await libretranslate.parse(body, self.settings.max_beam_size)
@@ -251,7 +258,7 @@ class PairRouter:
             out.append(row)
         return out
 
-    def _check(self, req: TranslateRequest, request: Request) -> tuple[str, DecodeOptions]:
+    def _check(self, req: TranslateRequest, request: Caller) -> tuple[str, DecodeOptions]:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
         pair = f"{req.source}-{req.target}"
         request.state.pair = pair if self.serves(pair) else "unknown"
