@@ -64,7 +64,7 @@ def upload(url: str, name: str, data: bytes) -> float:
             return time.perf_counter() - start
         if status["status"] == "error":
             raise RuntimeError(status)
-        time.sleep(0.02)
+        time.sleep(0.2)  # a client polling faster would take the CPU the translation needs
 
 
 def on_v1(url: str, texts: list[str], html_mode: bool, step: int) -> float:
