@@ -1,8 +1,8 @@
 """Document throughput: Multi30k's test sentences (test_2016_flickr.en, four to a paragraph) as a plain
 text, an HTML and a SubRip document, each uploaded to DeepL's /v2/document and timed to its status
 `done`; beside it, the same paragraphs sent to /v1/translate, max_texts at a time, one request after
-another (what a client that split the file itself would get). One server, en-de, the translation
-cache off, on this machine's CPUs.
+another (what a client that split the file itself would get), each side twice in turn and the faster
+kept. One server, en-de, the translation cache off, on this machine's CPUs.
 
     python loadtests/bench_documents.py [--data ../shared/data/multi30k] [--compute-type int8]
 """
@@ -110,8 +110,11 @@ def main() -> int:
         ]
         for kind, (data, texts) in documents(sentences).items():
             print(f"{kind}: uploading {len(data)} bytes", flush=True)
-            took = upload(url, f"bench.{kind}", data)
-            direct = on_v1(url, texts, kind == "html", settings.max_texts)
+            # Each twice, in turn, the faster of each kept: neither side pays for shapes the other warmed.
+            took = direct = float("inf")
+            for _ in range(2):
+                direct = min(direct, on_v1(url, texts, kind == "html", settings.max_texts))
+                took = min(took, upload(url, f"bench.{kind}", data))
             characters = sum(len(t) for t in texts)
             speed = f"{characters / took:.0f} | {direct:.1f} | {direct / took:.2f}x"
             rows.append(f"| {kind} | {characters} | {took:.1f} | {speed} |")
