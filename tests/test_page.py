@@ -1,11 +1,15 @@
 """The translation page at `/` in a real headless Chromium against the shared server (en-de, en-fr):
 typed text translated as the API translates it, the language detected, alternatives, an error shown
-as the API says it, labels for every control, the keyboard, and a phone's width."""
+as the API says it, a file translated and offered for download, labels for every control, the
+keyboard, and a phone's width."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
@@ -69,6 +73,35 @@ def test_an_error_is_shown_as_the_api_says_it(browser: WebDriver, server: str) -
     until(browser, lambda: by_id(browser, "error").text == r.json()["detail"], "the API's message")
 
 
+def test_a_file_is_translated_as_its_lines_are_and_offered_for_download(
+    browser: WebDriver, server: str, tmp_path: Path
+) -> None:
+    from service import documents
+
+    text = "A dog is running in the snow.\n\nTwo men are playing soccer.\n"
+    path = tmp_path / "notes.txt"
+    path.write_text(text)
+    parsed = documents.parse("notes.txt", text.encode())
+    r = httpx.post(
+        f"{server}/v1/translate", json={"texts": parsed.segments, "source": "en", "target": "fr"}, timeout=60
+    )
+    want = parsed.rebuild([t["text"] for t in r.json()["translations"]])
+    open_page(browser, server)
+    Select(by_id(browser, "source")).select_by_value("en")
+    Select(by_id(browser, "target")).select_by_value("fr")
+    by_id(browser, "file").send_keys(str(path))
+    by_id(browser, "file-go").click()
+    until(browser, lambda: by_id(browser, "file-link").is_displayed(), "the download link")
+    assert by_id(browser, "file-status").text == "notes.txt is translated."
+    assert httpx.get(str(by_id(browser, "file-link").get_attribute("href")), timeout=10).content == want
+    # A file the server does not read: its message.
+    (tmp_path / "report.pdf").write_bytes(b"%PDF-1.7")
+    by_id(browser, "file").send_keys(str(tmp_path / "report.pdf"))
+    by_id(browser, "file-go").click()
+    until(browser, lambda: "documents are .txt" in by_id(browser, "file-status").text, "the API's message")
+    assert not by_id(browser, "file-link").is_displayed()
+
+
 def test_swap_without_a_model_back_says_so(browser: WebDriver, server: str) -> None:
     open_page(browser, server)
     Select(by_id(browser, "source")).select_by_value("en")
@@ -86,10 +119,23 @@ def test_every_control_has_a_label_and_the_keyboard_reaches_it(browser: WebDrive
     assert all(b.text or b.get_attribute("aria-label") for b in browser.find_elements("tag name", "button"))
     reached = []
     by_id(browser, "source").click()
-    for _ in range(12):
+    keys = ActionChains(browser)  # Tab pressed on the page: a file input takes keys sent to it as a path
+    for _ in range(16):
         reached.append(browser.switch_to.active_element.get_attribute("id"))
-        browser.switch_to.active_element.send_keys(Keys.TAB)
-    for control in ("source", "swap", "target", "text", "copy", "live", "html", "alternatives", "go"):
+        keys.send_keys(Keys.TAB).perform()
+    for control in (
+        "source",
+        "swap",
+        "target",
+        "text",
+        "copy",
+        "live",
+        "html",
+        "alternatives",
+        "go",
+        "file",
+        "file-go",
+    ):
         assert control in reached, (control, reached)
 
 

@@ -1,5 +1,5 @@
-// beamserve's translation page: the server's own API (/languages, /frontend/settings, /v1/translate),
-// no library and no build step. Every answer is written as text, never as markup.
+// beamserve's translation page: the server's own API (/languages, /frontend/settings, /v1/translate,
+// /translate_file for files), no library and no build step. Every answer is written as text, never as markup.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -108,6 +108,39 @@ function swap() {
   later();
 }
 
+async function translateFile() {
+  // LibreTranslate's file route: the file translated, answered with the address of the translation.
+  const [file] = $("file").files;
+  $("file-link").hidden = true;
+  if (!file) {
+    $("file-status").textContent = "choose a file first";
+    return;
+  }
+  const form = new FormData();
+  form.append("file", file);
+  form.append("source", $("source").value);
+  form.append("target", $("target").value);
+  if ($("api-key").value) form.append("api_key", $("api-key").value);
+  $("file-go").disabled = true;
+  $("file-status").textContent = `Translating ${file.name}...`;
+  try {
+    const r = await fetch("/translate_file", { method: "POST", body: form });
+    const answer = await r.json().catch(() => null);
+    if (!r.ok) {
+      $("file-status").textContent = (answer && answer.error) || `the server answered ${r.status}`;
+      return;
+    }
+    $("file-link").href = answer.translatedFileUrl;
+    $("file-link").download = file.name;
+    $("file-link").hidden = false;
+    $("file-status").textContent = `${file.name} is translated.`;
+  } catch (e) {
+    $("file-status").textContent = `the server could not be reached (${e.message})`;
+  } finally {
+    $("file-go").disabled = false;
+  }
+}
+
 async function start() {
   const [languages, settings] = await Promise.all([
     fetch("/languages").then((r) => r.json()),
@@ -135,6 +168,7 @@ async function start() {
     $("copied").textContent = "Copied";
   });
   $("translate-form").addEventListener("submit", (e) => { e.preventDefault(); clearTimeout(timer); translate(); });
+  $("file-form").addEventListener("submit", (e) => { e.preventDefault(); translateFile(); });
   $("text").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); clearTimeout(timer); translate(); }
   });
