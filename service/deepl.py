@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.bodies import openapi_body
+from service.bodies import multipart_body, openapi_body
+from service.documents import FILE_FIELD, FORMATS
 from service.errors import ApiError, message
 from service.languages import name
 from service.schemas import TranslateRequest, TranslateResponse
@@ -169,29 +170,18 @@ def glossary_request(body: dict[str, Any]) -> DeepLGlossaryRequest:
 
 DOCUMENT_FIELDS = {"target_lang", "source_lang", "glossary_id", "formality", "output_format", "filename"}
 _LANG = {"type": "string", "minLength": 2, "maxLength": 16}
-DOCUMENT_OPENAPI = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file", "target_lang"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "file": {"type": "string", "format": "binary", "description": ".txt, .html, .htm or .srt"},
-                        "target_lang": _LANG,
-                        "source_lang": _LANG,
-                        "glossary_id": {"type": "string", "description": "needs source_lang"},
-                        "formality": {"enum": ["default", "prefer_more", "prefer_less"]},
-                        "output_format": {"enum": ["txt", "html", "htm", "srt"], "description": "the file's own"},
-                        "filename": {"type": "string", "description": "the name whose extension says the format"},
-                    },
-                }
-            }
-        },
-    }
-}
+DOCUMENT_OPENAPI = multipart_body(
+    ["file", "target_lang"],
+    {
+        "file": FILE_FIELD,
+        "target_lang": _LANG,
+        "source_lang": _LANG,
+        "glossary_id": {"type": "string", "description": "needs source_lang"},
+        "formality": {"enum": ["default", "prefer_more", "prefer_less"]},
+        "output_format": {"enum": sorted(FORMATS), "description": "the file's own"},
+        "filename": {"type": "string", "description": "the name whose extension says the format"},
+    },
+)
 
 
 def document_request(form: dict[str, str], filename: str) -> TranslateRequest:

@@ -26,6 +26,8 @@ from service.html_text import HtmlDocument, HtmlLimitError, HtmlSyntaxError, Run
 FORMATS = {"txt": "text/plain", "html": "text/html", "htm": "text/html", "srt": "application/x-subrip"}
 MAX_CHARACTERS = 500_000  # characters of prose in one document
 BOM = "\ufeff"
+# A document upload's file field, as the OpenAPI document types it.
+FILE_FIELD = {"type": "string", "format": "binary", "description": ", ".join(f".{k}" for k in FORMATS)}
 
 
 @dataclass

@@ -9,8 +9,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from service.bodies import openapi_body
+from service.bodies import multipart_body, openapi_body
 from service.detect import Detected
+from service.documents import FILE_FIELD, FORMATS
 from service.errors import ApiError, message
 from service.html_text import HtmlDocument, parse_documents
 from service.languages import name
@@ -169,8 +170,8 @@ def frontend_settings(char_limit: int, targets: list[str], *, keys: bool) -> dic
         "apiKeys": keys,
         "keyRequired": keys,
         "suggestions": False,
-        "filesTranslation": False,
-        "supportedFilesFormat": [],
+        "filesTranslation": True,
+        "supportedFilesFormat": sorted(f".{k}" for k in FORMATS),
         "language": {
             "source": {"code": "auto", "name": "Auto Detect"},
             "target": {"code": target, "name": name(target)},
@@ -178,26 +179,15 @@ def frontend_settings(char_limit: int, targets: list[str], *, keys: bool) -> dic
     }
 
 
-FILE_OPENAPI = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file", "source", "target"],
-                    "properties": {
-                        "file": {"type": "string", "format": "binary", "description": ".txt, .html, .htm or .srt"},
-                        "source": {"type": "string", "description": "a language code, or auto"},
-                        "target": {"type": "string"},
-                        "api_key": {"type": "string"},
-                    },
-                    "additionalProperties": False,
-                }
-            }
-        },
-    }
-}
+FILE_OPENAPI = multipart_body(
+    ["file", "source", "target"],
+    {
+        "file": FILE_FIELD,
+        "source": {"type": "string", "description": "a language code, or auto"},
+        "target": {"type": "string"},
+        "api_key": {"type": "string"},
+    },
+)
 
 
 def file_request(fields: dict[str, str]) -> TranslateRequest:

@@ -100,6 +100,12 @@ def test_libretranslate_detect_and_a_text_already_in_the_target(client: httpx.Cl
 def test_libretranslate_frontend_settings(client: httpx.Client) -> None:
     settings = client.get("/frontend/settings").json()
     assert settings["charLimit"] == 2000 and settings["keyRequired"] is False
+    assert settings["filesTranslation"] is True and settings["supportedFilesFormat"] == [
+        ".htm",
+        ".html",
+        ".srt",
+        ".txt",
+    ]
     assert settings["language"]["source"]["code"] == "auto" and settings["language"]["target"]["code"] == "de"
 
 
