@@ -8,6 +8,9 @@ everything that is not prose kept as it came.
   is marked not to translate stay as written.
 - SubRip subtitles (.srt): each cue's text is a segment; its number and timing line stay, and the
   translation is wrapped over as many lines as the cue had. Inline tags (<i>, <b>) are carried over.
+- Word (.docx): each paragraph is a segment (body, tables, headers and footers); its runs' formatting
+  and hyperlinks carried over as inline markup (service/docx_text.py). A zip that would unpack past
+  MAX_UNZIPPED_BYTES, or a part past MAX_ZIP_RATIO times its packed size, is refused unopened.
 
 Text files are read as UTF-8 (a byte-order mark kept); anything else is refused by name.
 """
@@ -15,7 +18,9 @@ Text files are read as UTF-8 (a byte-order mark kept); anything else is refused 
 from __future__ import annotations
 
 import html
+import io
 import re
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -23,9 +28,18 @@ from pathlib import PurePath
 from service.errors import ApiError
 from service.html_text import HtmlDocument, HtmlLimitError, HtmlSyntaxError, Run
 
-FORMATS = {"txt": "text/plain", "html": "text/html", "htm": "text/html", "srt": "application/x-subrip"}
+FORMATS = {
+    "txt": "text/plain",
+    "html": "text/html",
+    "htm": "text/html",
+    "srt": "application/x-subrip",
+    "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+}
+MAX_UNZIPPED_BYTES = 100_000_000  # a zip-based document's parts, unpacked
+MAX_ZIP_RATIO = 200  # unpacked over packed, per part: past it, a zip bomb
 MAX_CHARACTERS = 500_000  # characters of prose in one document
 BOM = "\ufeff"
+_TAGS = re.compile(r"<[^<>]*>")
 # A document upload's file field, as the OpenAPI document types it.
 FILE_FIELD = {"type": "string", "format": "binary", "description": ", ".join(f".{k}" for k in FORMATS)}
 
@@ -41,7 +55,10 @@ class Parsed:
 
     @property
     def characters(self) -> int:
-        return sum(map(len, self.segments))
+        """The characters of text to translate (markup not counted): what a document is billed."""
+        if not self.html:
+            return sum(map(len, self.segments))
+        return sum(len(html.unescape(_TAGS.sub("", s))) for s in self.segments)
 
 
 def extension(filename: str) -> str:
@@ -55,18 +72,49 @@ def parse(filename: str, data: bytes) -> Parsed:
     if kind not in FORMATS:
         known = ", ".join(f".{k}" for k in FORMATS)
         raise ApiError("unsupported_document", f"{filename!r}: documents are {known}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ApiError("invalid_document", f"{filename!r} is not UTF-8 text (byte {exc.start})") from None
-    bom, text = (BOM, text[1:]) if text.startswith(BOM) else ("", text)
-    parsed = {"txt": _text, "html": _html, "htm": _html, "srt": _subtitles}[kind](text, bom)
+    if kind == "docx":
+        from service.docx_text import word_document  # python-docx: loaded for Word documents only
+
+        parsed = word_document(unzipped_safely(filename, data))
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError("invalid_document", f"{filename!r} is not UTF-8 text (byte {exc.start})") from None
+        bom, text = (BOM, text[1:]) if text.startswith(BOM) else ("", text)
+        parsed = {"txt": _text, "html": _html, "htm": _html, "srt": _subtitles}[kind](text, bom)
     parsed.content_type = FORMATS[kind]
     if parsed.characters > MAX_CHARACTERS:
         raise ApiError(
             "document_too_large", f"{parsed.characters} characters of text; a document holds at most {MAX_CHARACTERS}"
         )
     return parsed
+
+
+def unzipped_safely(filename: str, data: bytes) -> bytes:
+    """A zip-based document's bytes, once its directory shows it is a zip that unpacks to a bounded size
+    (no part more than MAX_ZIP_RATIO times its packed size, all of them within MAX_UNZIPPED_BYTES)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            parts = z.infolist()
+    except (zipfile.BadZipFile, ValueError) as exc:
+        raise ApiError("invalid_document", f"{filename!r} is not a {extension(filename)} file ({exc})") from None
+    unpacked = sum(p.file_size for p in parts)
+    bomb = next(
+        (p for p in parts if p.file_size > MAX_ZIP_RATIO * max(p.compress_size, 1) and p.file_size > 1_000_000), None
+    )
+    if unpacked > MAX_UNZIPPED_BYTES or bomb is not None:
+        raise ApiError(
+            "document_too_large",
+            f"{filename!r} unpacks to {unpacked} bytes"
+            + (
+                f" ({bomb.filename} {bomb.file_size // max(bomb.compress_size, 1)} times its packed size)"
+                if bomb
+                else ""
+            )
+            + f"; a document unpacks to at most {MAX_UNZIPPED_BYTES}, each part at most {MAX_ZIP_RATIO} times",
+        )
+    return data
 
 
 def _text(text: str, bom: str) -> Parsed:

@@ -101,6 +101,7 @@ def test_libretranslate_frontend_settings(client: httpx.Client) -> None:
     settings = client.get("/frontend/settings").json()
     assert settings["charLimit"] == 2000 and settings["keyRequired"] is False
     assert settings["filesTranslation"] is True and settings["supportedFilesFormat"] == [
+        ".docx",
         ".htm",
         ".html",
         ".srt",

@@ -58,7 +58,7 @@ def test_each_format_gives_back_what_it_took_when_nothing_is_translated() -> Non
 @pytest.mark.parametrize(
     ("name", "data", "code", "needle"),
     [
-        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".txt, .html, .htm, .srt"),
+        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".txt, .html, .htm, .srt, .docx"),
         ("notes", b"A dog.", "unsupported_document", "'notes'"),
         ("latin1.txt", "Caf\xe9".encode("latin-1"), "invalid_document", "not UTF-8 text (byte 3)"),
         ("a.srt", b"1\nA dog without a time.\n", "invalid_document", "subtitle 1 has no timing line"),
@@ -106,11 +106,16 @@ def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs
     import deepl
 
     translator = deepl.Translator("any-key", server_url=server)
-    for name, text in (("notes.txt", TEXT), ("page.html", HTML), ("film.srt", SRT)):
-        parsed = documents.parse(name, text.encode())
+    for name, data in (("notes.txt", TEXT.encode()), ("page.html", HTML.encode()), ("film.srt", SRT.encode())):
+        parsed = documents.parse(name, data)
         want = parsed.rebuild(on_v1(client, parsed.segments, **({"tag_handling": "html"} if parsed.html else {})))
-        got = document(translator, text.encode(), target_lang="DE", filename=name)
+        got = document(translator, data, target_lang="DE", filename=name)
         assert got == want, name
+    # A Word file (its zip's timestamps differ from one save to the next): its paragraphs and their runs.
+    parsed = documents.parse("report.docx", word())
+    want = parsed.rebuild(on_v1(client, parsed.segments, tag_handling="html"))
+    got = document(translator, word(), target_lang="DE", filename="report.docx")
+    assert runs_of(got) == runs_of(want) and runs_of(got) != runs_of(word())
     handle = translator.translate_document_upload(TEXT.encode(), target_lang="DE", source_lang="EN", filename="a.txt")
     status = translator.translate_document_get_status(handle)
     assert status.done and status.billed_characters == documents.parse("a.txt", TEXT.encode()).characters
@@ -126,7 +131,7 @@ def test_documents_are_refused_by_name_and_read_only_with_their_key(client: http
     import deepl
 
     translator = deepl.Translator("any-key", server_url=server)
-    with pytest.raises(deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt")):
+    with pytest.raises(deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .docx")):
         translator.translate_document_upload(b"%PDF-1.7", target_lang="DE", filename="report.pdf")
     with pytest.raises(deepl.DeepLException, match="a document comes back in its own format"):
         translator.translate_document_upload(TEXT.encode(), target_lang="DE", filename="a.txt", output_format="docx")
@@ -158,3 +163,98 @@ def test_libretranslate_s_file_route_answers_the_address_of_the_translation(clie
     assert client.get(f"/download_file/{doc}-{'0' * len(key)}/notes.txt").status_code == 404
     r = client.post("/translate_file", files={"file": ("a.pdf", b"%PDF", "application/pdf")}, data={"target": "de"})
     assert r.status_code == 400 and "documents are .txt" in r.json()["error"]
+
+
+def word(header: str = "A dog report.") -> bytes:
+    """A Word document: a paragraph with a bold run and a hyperlink, an empty one, a table, a header."""
+    import docx
+    from docx.oxml import OxmlElement
+    from docx.oxml.ns import qn
+
+    d = docx.Document()
+    d.sections[0].header.is_linked_to_previous = False
+    d.sections[0].header.paragraphs[0].text = header
+    p = d.add_paragraph("A man in a ")
+    p.add_run("red shirt").bold = True
+    p.add_run(" is riding a ")
+    link = OxmlElement("w:hyperlink")
+    rid = d.part.relate_to("https://bikes.example", docx.opc.constants.RELATIONSHIP_TYPE.HYPERLINK, is_external=True)
+    link.set(qn("r:id"), rid)
+    run = OxmlElement("w:r")
+    text = OxmlElement("w:t")
+    text.text = "bike"
+    run.append(text)
+    link.append(run)
+    p._p.append(link)
+    p.add_run(".")
+    d.add_paragraph("")
+    table = d.add_table(rows=1, cols=2)
+    table.cell(0, 0).text = "Two dogs play in the snow."
+    table.cell(0, 1).text = "A woman sings."
+    out = io.BytesIO()
+    d.save(out)
+    return out.getvalue()
+
+
+def runs_of(data: bytes) -> list[list[tuple[str, bool | None]]]:
+    import docx
+
+    d = docx.Document(io.BytesIO(data))
+    paragraphs = [*d.paragraphs, *(p for c in d.tables[0].rows[0].cells for p in c.paragraphs)]
+    return [[(r.text, r.bold) for r in p.runs] + [(h.text, None) for h in p.hyperlinks] for p in paragraphs]
+
+
+def test_a_word_document_gives_back_what_it_took_and_keeps_its_runs_formatting() -> None:
+    import docx
+
+    data = word()
+    parsed = documents.parse("a.docx", data)
+    assert parsed.segments == [
+        'A man in a <span data-r="1">red shirt</span> is riding a <a data-h="0">bike</a>.',
+        "Two dogs play in the snow.",
+        "A woman sings.",
+        "A dog report.",
+    ]
+    assert parsed.characters == len("A man in a red shirt is riding a bike.") + 26 + 14 + 13  # text, not markup
+    same = docx.Document(io.BytesIO(parsed.rebuild(parsed.segments)))
+    assert [(r.text, r.bold) for r in same.paragraphs[0].runs] == [
+        ("A man in a ", None),
+        ("red shirt", True),
+        (" is riding a ", None),
+        (".", None),
+    ]
+    translated = [
+        'Ein Mann in einem <span data-r="1">roten Hemd</span> fährt ein <a data-h="0">Fahrrad</a>.',
+        "Zwei Hunde spielen im Schnee.",
+        "Eine Frau singt.",
+        "Ein Hundebericht.",
+    ]
+    out = docx.Document(io.BytesIO(parsed.rebuild(translated)))
+    first = out.paragraphs[0]
+    assert first.text == "Ein Mann in einem roten Hemd fährt ein Fahrrad."
+    assert [r.text for r in first.runs if r.bold] == ["roten Hemd"]
+    [link] = first.hyperlinks
+    assert link.text == "Fahrrad" and link.address == "https://bikes.example"
+    assert [c.text for c in out.tables[0].rows[0].cells] == ["Zwei Hunde spielen im Schnee.", "Eine Frau singt."]
+    assert out.sections[0].header.paragraphs[0].text == "Ein Hundebericht."
+    assert out.paragraphs[1].text == ""  # an empty paragraph stays
+
+
+def test_a_zip_bomb_or_a_broken_zip_is_refused_unopened() -> None:
+    import zipfile
+
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("word/document.xml", b"0" * 20_000_000)
+    with pytest.raises(ApiError) as err:
+        documents.parse("bomb.docx", bomb.getvalue())
+    assert err.value.code == "document_too_large" and "word/document.xml" in err.value.detail
+    with pytest.raises(ApiError) as err:
+        documents.parse("broken.docx", b"PK\x03\x04 not a zip")
+    assert err.value.code == "invalid_document"
+    plain_zip = io.BytesIO()
+    with zipfile.ZipFile(plain_zip, "w") as z:
+        z.writestr("notes.txt", b"A dog.")
+    with pytest.raises(ApiError) as err:
+        documents.parse("zip.docx", plain_zip.getvalue())
+    assert err.value.code == "invalid_document" and "not a Word document" in err.value.detail
