@@ -8,9 +8,10 @@ everything that is not prose kept as it came.
   is marked not to translate stay as written.
 - SubRip subtitles (.srt): each cue's text is a segment; its number and timing line stay, and the
   translation is wrapped over as many lines as the cue had. Inline tags (<i>, <b>) are carried over.
-- Word (.docx): each paragraph is a segment (body, tables, headers and footers); its runs' formatting
-  and hyperlinks carried over as inline markup (service/docx_text.py). A zip that would unpack past
-  MAX_UNZIPPED_BYTES, or a part past MAX_ZIP_RATIO times its packed size, is refused unopened.
+- Word, PowerPoint and Excel (.docx, .pptx, .xlsx): each paragraph (each text cell) is a segment, its
+  runs' formatting and hyperlinks carried over as inline markup (service/ooxml_text.py). A zip that
+  would unpack past MAX_UNZIPPED_BYTES, or a part past MAX_ZIP_RATIO times its packed size, is
+  refused unopened.
 
 Text files are read as UTF-8 (a byte-order mark kept); anything else is refused by name.
 """
@@ -34,6 +35,8 @@ FORMATS = {
     "htm": "text/html",
     "srt": "application/x-subrip",
     "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
 }
 MAX_UNZIPPED_BYTES = 100_000_000  # a zip-based document's parts, unpacked
 MAX_ZIP_RATIO = 200  # unpacked over packed, per part: past it, a zip bomb
@@ -72,10 +75,10 @@ def parse(filename: str, data: bytes) -> Parsed:
     if kind not in FORMATS:
         known = ", ".join(f".{k}" for k in FORMATS)
         raise ApiError("unsupported_document", f"{filename!r}: documents are {known}")
-    if kind == "docx":
-        from service.docx_text import word_document  # python-docx: loaded for Word documents only
+    if kind in ("docx", "pptx", "xlsx"):
+        from service.ooxml_text import office_document  # lxml: loaded for Office documents only
 
-        parsed = word_document(unzipped_safely(filename, data))
+        parsed = office_document(kind, unzipped_safely(filename, data))
     else:
         try:
             text = data.decode("utf-8")

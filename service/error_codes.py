@@ -18,7 +18,7 @@ CODES: dict[str, tuple[int, str]] = {
     "glossary_mismatch": (400, "a glossary for another language pair than the request's"),
     "unsupported_document": (
         400,
-        "a document format beamserve does not read (it reads .txt, .html, .htm, .srt, .docx)",
+        "a document format beamserve does not read (it reads .txt, .html, .htm, .srt, .docx, .pptx, .xlsx)",
     ),
     "invalid_document": (400, "a document that is not what its name says: not UTF-8, HTML ending inside markup, ..."),
     "too_many_glossaries": (400, "the key holds as many glossaries as it may (1,000)"),

@@ -104,8 +104,10 @@ def test_libretranslate_frontend_settings(client: httpx.Client) -> None:
         ".docx",
         ".htm",
         ".html",
+        ".pptx",
         ".srt",
         ".txt",
+        ".xlsx",
     ]
     assert settings["language"]["source"]["code"] == "auto" and settings["language"]["target"]["code"] == "de"
 

@@ -58,7 +58,7 @@ def test_each_format_gives_back_what_it_took_when_nothing_is_translated() -> Non
 @pytest.mark.parametrize(
     ("name", "data", "code", "needle"),
     [
-        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".txt, .html, .htm, .srt, .docx"),
+        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".txt, .html, .htm, .srt, .docx, .pptx, .xlsx"),
         ("notes", b"A dog.", "unsupported_document", "'notes'"),
         ("latin1.txt", "Caf\xe9".encode("latin-1"), "invalid_document", "not UTF-8 text (byte 3)"),
         ("a.srt", b"1\nA dog without a time.\n", "invalid_document", "subtitle 1 has no timing line"),
@@ -116,6 +116,11 @@ def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs
     want = parsed.rebuild(on_v1(client, parsed.segments, tag_handling="html"))
     got = document(translator, word(), target_lang="DE", filename="report.docx")
     assert runs_of(got) == runs_of(want) and runs_of(got) != runs_of(word())
+    for name, data, read in (("deck.pptx", slides(), slide_texts), ("book.xlsx", workbook(), cells)):
+        parsed = documents.parse(name, data)
+        want = parsed.rebuild(on_v1(client, parsed.segments, tag_handling="html"))
+        got = document(translator, data, target_lang="DE", filename=name)
+        assert read(got) == read(want) != read(data), name
     handle = translator.translate_document_upload(TEXT.encode(), target_lang="DE", source_lang="EN", filename="a.txt")
     status = translator.translate_document_get_status(handle)
     assert status.done and status.billed_characters == documents.parse("a.txt", TEXT.encode()).characters
@@ -131,7 +136,9 @@ def test_documents_are_refused_by_name_and_read_only_with_their_key(client: http
     import deepl
 
     translator = deepl.Translator("any-key", server_url=server)
-    with pytest.raises(deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .docx")):
+    with pytest.raises(
+        deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .docx, .pptx, .xlsx")
+    ):
         translator.translate_document_upload(b"%PDF-1.7", target_lang="DE", filename="report.pdf")
     with pytest.raises(deepl.DeepLException, match="a document comes back in its own format"):
         translator.translate_document_upload(TEXT.encode(), target_lang="DE", filename="a.txt", output_format="docx")
@@ -258,3 +265,108 @@ def test_a_zip_bomb_or_a_broken_zip_is_refused_unopened() -> None:
     with pytest.raises(ApiError) as err:
         documents.parse("zip.docx", plain_zip.getvalue())
     assert err.value.code == "invalid_document" and "not a Word document" in err.value.detail
+
+
+def slides() -> bytes:
+    """A presentation: a title, a text box with a bold run and a line break, a table, speaker notes."""
+    from pptx import Presentation
+    from pptx.util import Inches
+
+    deck = Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[5])  # title only
+    slide.shapes.title.text = "A dog report"
+    paragraph = slide.shapes.add_textbox(Inches(1), Inches(2), Inches(6), Inches(1)).text_frame.paragraphs[0]
+    paragraph.add_run().text = "A man in a "
+    bold = paragraph.add_run()
+    bold.text, bold.font.bold = "red shirt", True
+    paragraph.add_run().text = " is riding a bike."
+    table = slide.shapes.add_table(1, 2, Inches(1), Inches(4), Inches(6), Inches(1)).table
+    table.cell(0, 0).text, table.cell(0, 1).text = "Two dogs.", "42"
+    slide.notes_slide.notes_text_frame.text = "A woman sings."
+    out = io.BytesIO()
+    deck.save(out)
+    return out.getvalue()
+
+
+def workbook() -> bytes:
+    """A workbook: text cells, a number, a formula, a second sheet."""
+    import openpyxl
+
+    book = openpyxl.Workbook()
+    sheet = book.active
+    sheet["A1"], sheet["B1"], sheet["C1"], sheet["A2"] = "A man is riding a bike.", 7, "=B1*2", "Two dogs."
+    book.create_sheet("Notes")["A1"] = "A woman sings."
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
+def slide_texts(data: bytes) -> list[list[tuple[str, bool | None]]]:
+    from pptx import Presentation
+
+    deck = Presentation(io.BytesIO(data))
+    out = []
+    for slide in deck.slides:
+        for shape in slide.shapes:
+            frames = [c.text_frame for row in shape.table.rows for c in row.cells] if shape.has_table else []
+            for frame in [shape.text_frame] if shape.has_text_frame else frames:
+                out += [[(r.text, r.font.bold) for r in p.runs] for p in frame.paragraphs]
+        out.append([(slide.notes_slide.notes_text_frame.text, None)])
+    return out
+
+
+def cells(data: bytes) -> list[tuple[str, object]]:
+    import openpyxl
+
+    book = openpyxl.load_workbook(io.BytesIO(data))
+    return [(f"{s.title}!{c.coordinate}", c.value) for s in book.worksheets for row in s.iter_rows() for c in row]
+
+
+def test_a_presentation_and_a_workbook_give_back_what_they_took_and_keep_what_is_not_text() -> None:
+    presentation = slides()
+    deck = documents.parse("deck.pptx", presentation)
+    assert deck.segments == [
+        "A dog report",
+        'A man in a <span data-r="1">red shirt</span> is riding a bike.',
+        "Two dogs.",
+        "42",
+        "A woman sings.",
+    ]
+    assert slide_texts(deck.rebuild(deck.segments)) == slide_texts(presentation)
+    out = deck.rebuild(
+        [
+            "Ein Hundebericht",
+            'Ein Mann in einem <span data-r="1">roten Hemd</span> fährt Rad.',
+            "Zwei Hunde.",
+            "42",
+            "Eine Frau singt.",
+        ]
+    )
+    assert slide_texts(out) == [
+        [("Ein Hundebericht", None)],
+        [("Ein Mann in einem ", None), ("roten Hemd", True), (" fährt Rad.", None)],
+        [("Zwei Hunde.", None)],
+        [("42", None)],
+        [("Eine Frau singt.", None)],
+    ]
+    original = workbook()
+    book = documents.parse("book.xlsx", original)
+    assert book.segments == ["A man is riding a bike.", "Two dogs.", "A woman sings."]
+    assert cells(book.rebuild(book.segments)) == cells(original)
+    assert cells(book.rebuild(["Ein Mann fährt Rad.", "Zwei Hunde.", "Eine Frau singt."])) == [
+        ("Sheet!A1", "Ein Mann fährt Rad."),
+        ("Sheet!B1", 7),
+        ("Sheet!C1", "=B1*2"),
+        ("Sheet!A2", "Zwei Hunde."),
+        ("Sheet!B2", None),
+        ("Sheet!C2", None),
+        ("Notes!A1", "Eine Frau singt."),
+    ]
+    # Everything but the parts with text comes back byte for byte (serialised again: the parts with text).
+    import zipfile
+
+    rebuilt = book.rebuild(book.segments)
+    with zipfile.ZipFile(io.BytesIO(original)) as before, zipfile.ZipFile(io.BytesIO(rebuilt)) as after:
+        assert before.namelist() == after.namelist()
+        changed = [n for n in before.namelist() if before.read(n) != after.read(n)]
+    assert all(n.startswith(("xl/sharedStrings", "xl/worksheets/")) for n in changed)
