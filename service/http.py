@@ -167,6 +167,8 @@ class Ingress:
         else:
             await self._guarded(scope, receive, sent, path, rid, limit, wait)
         endpoint = path if path in ENDPOINTS else "other"
+        # The route's template, not its path: a path may hold an id or a secret (a document's address).
+        summary.route = getattr(scope.get("route"), "path", None) or summary.route
         seconds = time.perf_counter() - start
         gateway_metrics().observe(endpoint, scope.get("state", {}).get("pair", ""), status, seconds)
         summary.status, summary.duration_s = status, seconds

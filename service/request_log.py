@@ -23,6 +23,8 @@ from typing import IO, Any
 
 import orjson
 
+# Characters some readers take for line ends (Python's str.splitlines), escaped in the line's strings.
+_LINE_BREAKS = [("\x85".encode(), b"\\u0085"), ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029")]
 MAX_BYTES = int(os.environ.get("RAY_ROTATION_MAX_BYTES", 512 * 1024 * 1024))
 BACKUPS = int(os.environ.get("RAY_ROTATION_BACKUP_COUNT", 5))
 
@@ -97,7 +99,10 @@ class RequestFile:
         self.size = self.file.tell()
 
     def write(self, record: dict[str, Any]) -> None:
-        line = orjson.dumps(record) + b"\n"
+        line = orjson.dumps(record)
+        for raw, escaped in _LINE_BREAKS:  # JSON allows them in a string; a reader splitting lines may not
+            line = line.replace(raw, escaped)
+        line += b"\n"
         if self.size + len(line) > MAX_BYTES > 0:
             self._rotate()
         self.file.write(line)

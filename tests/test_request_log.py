@@ -109,3 +109,22 @@ def test_a_client_s_error_is_its_summary_line_not_an_error_in_a_replica_s_log(se
     written = "".join(path.read_text()[before[path] :] for path in replica_logs)
     errors = [line for line in written.splitlines() if '"levelname": "ERROR"' in line or "Traceback" in line]
     assert not errors, errors[:3]
+
+
+def test_a_line_stays_one_line_whatever_its_strings_hold(tmp_path: Path) -> None:
+    from service.request_log import RequestFile
+
+    odd = "/download_file/\x85\u2028\u2029\n\x1c/é"  # a fuzzer's path: line ends of every reader's kind
+    log = RequestFile(tmp_path / "requests.log")
+    log.write({"route": odd})
+    log.write({"route": "/v1/translate"})
+    lines = (tmp_path / "requests.log").read_text().splitlines()
+    assert [json.loads(line)["route"] for line in lines] == [odd, "/v1/translate"]
+
+
+def test_a_route_with_an_id_or_a_secret_in_its_path_is_logged_as_its_template(server: str) -> None:
+    rid = f"test-download-{uuid.uuid4().hex[:8]}"
+    r = httpx.get(f"{server}/download_file/ABC-{'9' * 48}/notes.txt", headers={"X-Request-ID": rid}, timeout=10)
+    assert r.status_code == 404
+    [line] = summaries({rid})[rid]
+    assert line["route"] == "/download_file/{handle}/{filename}" and "9" * 48 not in json.dumps(line)
