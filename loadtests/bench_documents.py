@@ -1,5 +1,5 @@
 """Document throughput: Multi30k's test sentences (test_2016_flickr.en, four to a paragraph) as a plain
-text, an HTML and a SubRip document, each uploaded to DeepL's /v2/document and timed to its status
+text, an HTML, a SubRip and a Word document, each uploaded to DeepL's /v2/document and timed to its status
 `done`; beside it, the same paragraphs sent to /v1/translate, max_texts at a time, one request after
 another (what a client that split the file itself would get), each side twice in turn and the faster
 kept. One server, en-de, the translation cache off, on this machine's CPUs.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import html
+import io
 import os
 import sys
 import time
@@ -45,7 +46,26 @@ def documents(sentences: list[str]) -> dict[str, tuple[bytes, list[str]]]:
         "txt": (text.encode(), paragraphs),
         "html": (page.encode(), marked),
         "srt": (cues.encode(), sentences),
+        "docx": word(paragraphs),
     }
+
+
+def word(paragraphs: list[str]) -> tuple[bytes, list[str]]:
+    """A Word file of the paragraphs, the third word of each in bold (python-docx, a dev dependency),
+    and its paragraphs as /v1 gets them (HTML with the bold run marked)."""
+    import docx
+
+    from service import documents as formats
+
+    d = docx.Document()
+    for paragraph in paragraphs:
+        words = paragraph.split(" ")
+        p = d.add_paragraph(" ".join(words[:2]) + " ")
+        p.add_run(words[2]).bold = True
+        p.add_run(" " + " ".join(words[3:]))
+    out = io.BytesIO()
+    d.save(out)
+    return out.getvalue(), formats.parse("bench.docx", out.getvalue()).segments
 
 
 def upload(url: str, name: str, data: bytes) -> float:
@@ -113,7 +133,7 @@ def main() -> int:
             # Each twice, in turn, the faster of each kept: neither side pays for shapes the other warmed.
             took = direct = float("inf")
             for _ in range(2):
-                direct = min(direct, on_v1(url, texts, kind == "html", settings.max_texts))
+                direct = min(direct, on_v1(url, texts, kind in ("html", "docx"), settings.max_texts))
                 took = min(took, upload(url, f"bench.{kind}", data))
             characters = sum(len(t) for t in texts)
             speed = f"{characters / took:.0f} | {direct:.1f} | {direct / took:.2f}x"
