@@ -14,6 +14,7 @@ import gzip
 import html
 import io
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -135,7 +136,7 @@ def main() -> int:
             for _ in range(2):
                 direct = min(direct, on_v1(url, texts, kind in ("html", "docx"), settings.max_texts))
                 took = min(took, upload(url, f"bench.{kind}", data))
-            characters = sum(len(t) for t in texts)
+            characters = sum(len(html.unescape(re.sub(r"<[^>]*>", "", t))) for t in texts)  # text, not markup
             speed = f"{characters / took:.0f} | {direct:.1f} | {direct / took:.2f}x"
             rows.append(f"| {kind} | {characters} | {took:.1f} | {speed} |")
         emit("\n".join(rows), args.out)
