@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
-from service.documents import Parsed
+from service.documents import FORMATS, Parsed, extension
 from service.errors import ApiError
 from service.glossary import Terms
 from service.pair_router import PairRouter
@@ -90,9 +90,10 @@ class DocumentJobs:
         terms: Terms | None,
         owner: str,
         refund: Callable[[], Awaitable[None]],
+        wait_s: float = UPLOAD_WAIT_S,
     ) -> dict[str, str]:
-        """Start translating a parsed document; DeepL's {document_id, document_key}. A document that
-        fails is refunded its characters."""
+        """Start translating a parsed document; DeepL's {document_id, document_key}, once it is done or
+        after wait_s. A document that fails is refunded its characters."""
         too_long = next(
             (i for i, s in enumerate(parsed.segments) if len(s) > self.router.settings.max_text_chars), None
         )
@@ -108,7 +109,7 @@ class DocumentJobs:
             _digest(key),
             owner,
             filename,
-            parsed.content_type,
+            FORMATS[extension(filename)],
             parsed.characters,
             segments=len(parsed.segments),
         )
@@ -117,7 +118,7 @@ class DocumentJobs:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task), UPLOAD_WAIT_S)
+            await asyncio.wait_for(asyncio.shield(task), wait_s)
         return {"document_id": status.document_id, "document_key": key}
 
     async def _save(self, status: DocumentStatus) -> None:

@@ -54,7 +54,6 @@ class Parsed:
     segments: list[str]
     html: bool
     rebuild: Callable[[list[str]], bytes]
-    content_type: str
 
     @property
     def characters(self) -> int:
@@ -86,7 +85,6 @@ def parse(filename: str, data: bytes) -> Parsed:
             raise ApiError("invalid_document", f"{filename!r} is not UTF-8 text (byte {exc.start})") from None
         bom, text = (BOM, text[1:]) if text.startswith(BOM) else ("", text)
         parsed = {"txt": _text, "html": _html, "htm": _html, "srt": _subtitles}[kind](text, bom)
-    parsed.content_type = FORMATS[kind]
     if parsed.characters > MAX_CHARACTERS:
         raise ApiError(
             "document_too_large", f"{parsed.characters} characters of text; a document holds at most {MAX_CHARACTERS}"
@@ -133,7 +131,7 @@ def _text(text: str, bom: str) -> Parsed:
             out[i] = lead + translation + trail + line[len(body) :]
         return (bom + "".join(out)).encode()
 
-    return Parsed([lines[i].strip() for i in at], False, rebuild, "")
+    return Parsed([lines[i].strip() for i in at], False, rebuild)
 
 
 def _html(text: str, bom: str) -> Parsed:
@@ -153,7 +151,7 @@ def _html(text: str, bom: str) -> Parsed:
                 out.append(done.get(id(part)) or "".join(part.original))
         return (bom + "".join(out)).encode()
 
-    return Parsed(["".join(run.original) for run in runs], True, rebuild, "")
+    return Parsed(["".join(run.original) for run in runs], True, rebuild)
 
 
 _CUE_TIMING = re.compile(r"^\s*\d\d:\d\d:\d\d[,.]\d{3}\s*-->\s*\d\d:\d\d:\d\d[,.]\d{3}")
@@ -181,7 +179,7 @@ def _subtitles(text: str, bom: str) -> Parsed:
         return (bom + (newline * 2).join(out) + newline).encode()
 
     segments = [_markup(" ".join(w.strip() for w in cues[i][1] if w.strip())) for i in spoken]
-    return Parsed(segments, True, rebuild, "")
+    return Parsed(segments, True, rebuild)
 
 
 def _markup(text: str) -> str:

@@ -17,7 +17,7 @@ from starlette.datastructures import UploadFile
 
 from service import deepl, documents, glossary, libretranslate, local_ray, openapi, request_log, ui
 from service.bodies import json_response, openapi_body, parse_json, read_body
-from service.document_jobs import DocumentJobs
+from service.document_jobs import UPLOAD_WAIT_S, DocumentJobs, DocumentStatus
 from service.errors import ApiError
 from service.glossary_store import Glossaries
 from service.http import app
@@ -48,8 +48,15 @@ from service.settings import Settings
 ERRORS = errors(ErrorResponse, *BODY_ERRORS)
 TRANSLATE_ERRORS = errors(ErrorResponse, *BODY_ERRORS, 404)  # 404: a glossary id the key does not own
 LIBRE_ERRORS = errors(LibreError, *(s for s in BODY_ERRORS if s != 422))  # LibreTranslate has no 422
-DEEPL_ERRORS = errors(DeepLError, 400, 403, 408, 413, 415, 429, 456, 500, 503, 504)  # DeepL has no 401, 422
-DEEPL_TRANSLATE_ERRORS = errors(DeepLError, 400, 403, 404, 408, 413, 415, 429, 456, 500, 503, 504)
+DEEPL_STATUSES = (400, 403, 408, 413, 415, 429, 456, 500, 503, 504)  # DeepL has no 401, 422
+DEEPL_ERRORS = errors(DeepLError, *DEEPL_STATUSES)
+DEEPL_TRANSLATE_ERRORS = errors(DeepLError, *DEEPL_STATUSES, 404)  # 404: a glossary id the key does not own
+
+
+def _file(body: bytes, status: DocumentStatus) -> Response:
+    """A translated document as a download under its own name."""
+    disposition = f"attachment; filename*=UTF-8''{quote(status.filename)}"
+    return Response(body, media_type=status.content_type, headers={"Content-Disposition": disposition})
 
 
 def held_here(entries: list[dict[str, Any]], settings: Settings) -> list[Any]:
@@ -247,9 +254,7 @@ class Gateway:
         async with self._billed(client, request, 0):
             body = deepl.glossary_request(await read_body(request, deepl.form_field))
             source, target = deepl.code_of(body.source_lang), deepl.code_of(body.target_lang)
-            if not self.router.serves(f"{source}-{target}"):
-                why = f"no model for {source} -> {target}: a glossary's pair must be served"
-                raise ApiError("unsupported_pair", why)
+            self.router.check_pair(source, target)  # a glossary is for a pair served
             entries = glossary.parse_entries(body.entries, body.entries_format)
             made = await self.glossaries.create(glossary.new_glossary(body.name, source, target, entries, client.id))
         return JSONResponse(made.info(), status_code=201)
@@ -265,17 +270,22 @@ class Gateway:
         return upload, {k: str(v) for k, v in form.items() if k != "file"}
 
     async def _start_document(
-        self, client: Client, request: Request, upload: UploadFile, filename: str, req: TranslateRequest
+        self,
+        client: Client,
+        request: Request,
+        upload: UploadFile,
+        filename: str,
+        req: TranslateRequest,
+        wait_s: float = UPLOAD_WAIT_S,
     ) -> dict[str, str]:
-        """Parse a document, bill its characters and start its translation (service/document_jobs.py)."""
+        """Parse a document, bill its characters and start its translation (service/document_jobs.py),
+        answering once it is done or after wait_s."""
         parsed = await asyncio.to_thread(documents.parse, filename, await upload.read())
         if req.source is None:  # the whole document in the language of its beginning
             heads = [" ".join(parsed.segments)[:DETECT_CHARS] or "-"]
             found = self.router.detector.detect(heads, markup=parsed.html)[0]
             req = req.model_copy(update={"source": found.language})
-        if not self.router.serves(f"{req.source}-{req.target}"):
-            served = ", ".join(sorted(self.router.pairs))
-            raise ApiError("unsupported_pair", f"no model for {req.source} -> {req.target}; served pairs: {served}")
+        self.router.check_pair(req.source or "", req.target)
         if parsed.html:
             req = req.model_copy(update={"tag_handling": "html"})
         async with self._billed(client, request, parsed.characters):
@@ -284,7 +294,7 @@ class Gateway:
             async def refund() -> None:
                 await self.keys.refund(client, parsed.characters)
 
-            return await self.documents.upload(parsed, filename, req, terms, client.id, refund)
+            return await self.documents.upload(parsed, filename, req, terms, client.id, refund, wait_s)
 
     @app.post("/v2/document", responses=DEEPL_TRANSLATE_ERRORS, openapi_extra=deepl.DOCUMENT_OPENAPI)
     async def deepl_document(self, request: Request) -> dict[str, str]:
@@ -305,15 +315,11 @@ class Gateway:
             client = self._client(request, fields.get("api_key"))
             filename = upload.filename or ""
             req = libretranslate.file_request(fields)
-            started = await self._start_document(client, request, upload, filename, req)
+            limit = self.settings.request_timeout_s
+            started = await self._start_document(client, request, upload, filename, req, wait_s=limit)
             doc, key = started["document_id"], started["document_key"]
-            deadline = asyncio.get_running_loop().time() + self.settings.request_timeout_s
-            while (await self.documents.status(doc, key, client.id)).answer()["status"] not in ("done", "error"):
-                if asyncio.get_running_loop().time() > deadline:
-                    raise ApiError(
-                        "timeout", f"the document was not translated within {self.settings.request_timeout_s:.0f}s"
-                    )
-                await asyncio.sleep(0.05)
+            if (await self.documents.status(doc, key, client.id)).answer()["status"] not in ("done", "error"):
+                raise ApiError("timeout", f"the document was not translated within {limit:.0f}s")
             await self.documents.result(doc, key, client.id)  # a failed document: its error, here
             base = str(request.base_url).rstrip("/")
             return {"translatedFileUrl": f"{base}/download_file/{doc}-{key}/{quote(filename)}"}
@@ -322,9 +328,7 @@ class Gateway:
     async def libretranslate_download(self, handle: str, filename: str) -> Response:
         """A translated document at the address /translate_file answered."""
         doc, _, key = handle.partition("-")
-        body, status = await self.documents.result_by_key(doc, key)
-        disposition = f"attachment; filename*=UTF-8''{quote(status.filename)}"
-        return Response(body, media_type=status.content_type, headers={"Content-Disposition": disposition})
+        return _file(*await self.documents.result_by_key(doc, key))
 
     @app.post("/v2/document/{document_id}", responses=errors(DeepLError, 400, 403, 404, 503))
     async def deepl_document_status(self, document_id: str, request: Request) -> dict[str, Any]:
@@ -338,9 +342,7 @@ class Gateway:
         """DeepL-compatible: the translated document, once done (503 before)."""
         client = self._client(request)
         key = str((await read_body(request, deepl.form_field)).get("document_key", ""))
-        body, status = await self.documents.result(document_id, key, client.id)
-        disposition = f"attachment; filename*=UTF-8''{quote(status.filename)}"
-        return Response(body, media_type=status.content_type, headers={"Content-Disposition": disposition})
+        return _file(*await self.documents.result(document_id, key, client.id))
 
     @app.get("/v2/glossaries", responses=errors(DeepLError, 403, 503))
     async def deepl_glossaries(self, request: Request) -> dict[str, Any]:

@@ -244,4 +244,4 @@ def office_document(kind: str, data: bytes) -> Parsed:
                 new.writestr(info, body, compress_type=info.compress_type)
         return out.getvalue()
 
-    return Parsed(segments, True, rebuild, "")
+    return Parsed(segments, True, rebuild)

@@ -262,12 +262,7 @@ class PairRouter:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
         pair = f"{req.source}-{req.target}"
         request.state.pair = pair if self.serves(pair) else "unknown"
-        if not self.serves(pair):
-            raise ApiError(
-                "unsupported_pair",
-                f"no model for {req.source} -> {req.target}; served pairs: {', '.join(sorted(self.pairs))}"
-                + (f"; through {PIVOT}: {', '.join(sorted(self.pivoted))}" if self.pivoted else ""),
-            )
+        self.check_pair(req.source or "", req.target)
         request_log.current().add_texts(pair, req.texts)
         self.health.refresh_soon()
         if any(self.health.down(p) for p in self._legs(pair)):  # down or loading: this pair fails, not the pod
@@ -293,6 +288,15 @@ class PairRouter:
 
     def serves(self, pair: str) -> bool:
         return pair in self.pairs or pair in self.pivoted
+
+    def check_pair(self, source: str, target: str) -> None:
+        """ApiError unsupported_pair, naming the pairs served, when no model (nor the pivot) translates it."""
+        if not self.serves(f"{source}-{target}"):
+            raise ApiError(
+                "unsupported_pair",
+                f"no model for {source} -> {target}; served pairs: {', '.join(sorted(self.pairs))}"
+                + (f"; through {PIVOT}: {', '.join(sorted(self.pivoted))}" if self.pivoted else ""),
+            )
 
     def _legs(self, pair: str) -> list[str]:
         """The served pairs a pair goes through: itself, or its two halves through the pivot."""
