@@ -151,8 +151,6 @@ class PairRouter:
         if req.tag_handling == "html":
             ignore = frozenset(t.strip().lower() for t in req.ignore_tags or [])
             docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
-            if terms is not None:
-                glossary.apply(docs, terms)
             out, renders = await self._html(ask, docs)
             out = replace(out, nbest=renders)
         else:
@@ -340,8 +338,6 @@ class PairRouter:
         if ask.terms is None and not any(has_protected(t) for t in texts):
             return await self._call(ask, texts)
         docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
-        if ask.terms is not None:
-            glossary.apply(docs, ask.terms)
         out, renders = await self._html(ask, docs)
         return replace(out, nbest=[[(from_html(text), score) for text, score in ranks] for ranks in renders])
 
@@ -428,7 +424,9 @@ class PairRouter:
         """The texts' translation, and each document's num_hypotheses renderings with scores, best first: its
         runs translated sentence by sentence, the sentences of runs holding inline markup aligned to their
         translations (rank r: every sentence's r-th hypothesis; its score the mean of theirs, as for a
-        paragraph)."""
+        paragraph). The request's glossary terms are marked first, to be placed as inline elements."""
+        if ask.terms is not None:
+            glossary.apply(docs, ask.terms)
         n = ask.opts.num_hypotheses
         deadline = time.monotonic() + self._timeout(ask.timeout_s)
         texts = [text for doc in docs for text in doc.texts]
