@@ -1,12 +1,14 @@
 """A benchmark's report: printed, and written to --out when given (its folder made), stamped with
 what produced it: the commit (and whether the tree had uncommitted changes), the CPU and its usable
-cores, and the GPUs where there are any."""
+cores, the GPUs where there are any, and the command that ran it."""
 
 from __future__ import annotations
 
 import platform
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +28,14 @@ def emit(report: str, out: Path | None) -> None:
 
 def provenance() -> str:
     gpus = gpu_names()
-    return f"Commit: {commit()}. CPU: {cpu_name()}." + (f" GPU: {gpus}." if gpus else "")
+    return f"Commit: {commit()}. CPU: {cpu_name()}." + (f" GPU: {gpus}." if gpus else "") + f" Command: `{command()}`."
+
+
+def command() -> str:
+    """The command line that ran this benchmark, its script relative to the repository."""
+    script = Path(sys.argv[0]).resolve()
+    name = str(script.relative_to(REPO)) if script.is_relative_to(REPO) else sys.argv[0]
+    return shlex.join(["python", name, *sys.argv[1:]])
 
 
 def commit() -> str:
