@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from model import fairseq_vocab
 from model.compute_type import OUTPUT_PROJECTION, int8_weights
 from model.config import ModelConfig
 from model.quant import Int8Weight, int8_of, int8_weight, quantize_weight
@@ -35,6 +36,8 @@ TARGET_VOCAB = "target_vocab.json"  # separate vocabularies only
 
 
 def tokenizer_files(directory: Path) -> list[str]:
+    if fairseq_vocab.is_fairseq(directory):
+        return [name for name in fairseq_vocab.FILES if (directory / name).exists()]
     return [*TOKENIZER_FILES, *([TARGET_VOCAB] if (directory / TARGET_VOCAB).exists() else [])]
 
 
@@ -50,12 +53,22 @@ _LAYER_NAMES = [
     (r"decoder_layers\.(\d+)\.norm2\.", r"model.decoder.layers.\1.encoder_attn_layer_norm."),
     (r"decoder_layers\.(\d+)\.ffn\.(fc\d)\.", r"model.decoder.layers.\1.\2."),
     (r"decoder_layers\.(\d+)\.norm3\.", r"model.decoder.layers.\1.final_layer_norm."),
+    (r"encoder_norm\.", r"model.encoder.layer_norm."),  # pre-norm stacks' last LayerNorm (M2M100, NLLB)
+    (r"decoder_norm\.", r"model.decoder.layer_norm."),
 ]
+# Hugging Face model types read here: Marian's, and M2M100's (NLLB-200 is one).
+HF_TYPES = ("marian", "m2m_100")
+
+
+def hf_model_type(path: Path) -> str | None:
+    """The model_type of a Hugging Face directory this module reads ("marian", "m2m_100"), else None."""
+    config = path / "config.json"
+    kind = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    return kind if kind in HF_TYPES else None
 
 
 def is_hf_marian(path: Path) -> bool:
-    config = path / "config.json"
-    return config.is_file() and json.loads(config.read_text()).get("model_type") == "marian"
+    return hf_model_type(path) == "marian"
 
 
 def save(model: Seq2Seq, out: Path, tokenizer_dir: Path | None, dtype: torch.dtype = torch.float32) -> None:
@@ -128,10 +141,12 @@ def load(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read a checkpoint directory in either format -> (config, our state dict in float32)."""
     if is_own_checkpoint(path):
         return ModelConfig.load(path / OWN_CONFIG), _read_own(path)
-    if is_hf_marian(path):
+    if hf_model_type(path) is not None:
         return _import_hf(path)
     missing = [n for n in ("beamserve.json", "config.json") if not (path / n).exists()]
-    raise FileNotFoundError(f"{path} is neither a beamserve checkpoint nor a Marian directory (missing {missing})")
+    raise FileNotFoundError(
+        f"{path} is neither a beamserve checkpoint nor a Hugging Face Marian or M2M100 directory (missing {missing})"
+    )
 
 
 def build(path: Path) -> Seq2Seq:
@@ -142,10 +157,17 @@ def build(path: Path) -> Seq2Seq:
     return model.eval()
 
 
-def _config_from_hf(hf: dict[str, Any], vocab: dict[str, int]) -> ModelConfig:
+def _config_from_hf(
+    hf: dict[str, Any], generation: dict[str, Any], unk_token_id: int, final_logits_bias: bool
+) -> ModelConfig:
+    """Marian's config, or M2M100's: pre-norm, fairseq's positions, no logits bias, fairseq's ids, and </s>
+    forced at the length limit only where its generation config (else its config) says so."""
+    fairseq = hf.get("model_type") == "m2m_100"
+    forced_eos = generation.get("forced_eos_token_id", hf.get("forced_eos_token_id"))
     vocab_size = hf["vocab_size"]
     shared = hf.get("share_encoder_decoder_embeddings", True)
-    activation = {"silu": "swish"}.get(hf.get("activation_function", "swish"), hf.get("activation_function", "swish"))
+    default_activation = "relu" if fairseq else "swish"
+    activation = hf.get("activation_function", default_activation)
     return ModelConfig(
         vocab_size=vocab_size,
         decoder_vocab_size=vocab_size if shared else hf.get("decoder_vocab_size") or vocab_size,
@@ -157,17 +179,18 @@ def _config_from_hf(hf: dict[str, Any], vocab: dict[str, int]) -> ModelConfig:
         decoder_attention_heads=hf["decoder_attention_heads"],
         encoder_ffn_dim=hf["encoder_ffn_dim"],
         decoder_ffn_dim=hf["decoder_ffn_dim"],
-        activation=activation,
-        normalize_before=False,
+        activation={"silu": "swish"}.get(activation, activation),
+        normalize_before=fairseq,
         scale_embedding=hf.get("scale_embedding", True),
         tie_embeddings=hf.get("tie_word_embeddings", True),
-        final_logits_bias=True,
-        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        final_logits_bias=final_logits_bias,
+        max_position_embeddings=hf.get("max_position_embeddings", 1024 if fairseq else 512),
+        positions="fairseq" if fairseq else "marian",
         pad_token_id=hf["pad_token_id"],
         eos_token_id=hf["eos_token_id"],
-        unk_token_id=vocab.get("<unk>", 1),
-        decoder_start_token_id=hf.get("decoder_start_token_id", hf["pad_token_id"]),
-        forced_eos_token_id=hf.get("forced_eos_token_id", hf["eos_token_id"]),
+        unk_token_id=unk_token_id,
+        decoder_start_token_id=hf.get("decoder_start_token_id", hf["eos_token_id" if fairseq else "pad_token_id"]),
+        forced_eos_token_id=forced_eos if fairseq else hf.get("forced_eos_token_id", hf["eos_token_id"]),
         dropout=hf.get("dropout", 0.1),
         attention_dropout=hf.get("attention_dropout", 0.0),
         activation_dropout=hf.get("activation_dropout", 0.0),
@@ -184,15 +207,23 @@ def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def _import_hf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     hf_config = json.loads((path / "config.json").read_text())
-    vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
-    cfg = _config_from_hf(hf_config, vocab)
+    if fairseq_vocab.is_fairseq(path):
+        vocab = fairseq_vocab.read_vocab(path)
+    else:
+        vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
     hf = _read_hf_weights(path)
+    marian = hf_config.get("model_type") == "marian"
+    generation_file = path / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+    cfg = _config_from_hf(hf_config, generation, vocab.get("<unk>", 1), marian or "final_logits_bias" in hf)
     names = ("model.shared.weight", "model.encoder.embed_tokens.weight")
     source = next((hf[k] for k in (names if cfg.share_embeddings else names[::-1]) if k in hf), None)
     if source is None:
         raise KeyError(f"{path}: no source embedding ({' or '.join(names)}) in the weights")
-    bias = hf.get("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
-    state = {"embed.weight": source.float(), "final_logits_bias": bias.float().view(-1)}
+    state = {"embed.weight": source.float()}
+    if cfg.final_logits_bias:
+        bias = hf.get("final_logits_bias", torch.zeros(1, cfg.decoder_vocab_size))
+        state["final_logits_bias"] = bias.float().view(-1)
     if not cfg.share_embeddings:
         # The target side's own embedding; the output projection is tied to it unless lm_head is its own.
         target = hf.get("model.decoder.embed_tokens.weight", hf.get("lm_head.weight"))

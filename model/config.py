@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 Activation = Literal["relu", "swish", "gelu"]
+# Sinusoidal positions: Marian's (the paper's frequencies, position p at row p), or fairseq's as M2M100 and
+# NLLB have them (tensor2tensor's frequencies, position p at row pad_token_id + 1 + p).
+Positions = Literal["marian", "fairseq"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # output projection shares the embedding matrix
     final_logits_bias: bool = True  # a learned bias on the logits (Marian has one)
     max_position_embeddings: int = 512  # longest source or target sequence, in tokens
+    positions: Positions = "marian"  # the sinusoids' layout (Positions)
     pad_token_id: int = -1  # -1 means the last vocabulary entry (the Marian convention)
     eos_token_id: int = 0  # end of sentence, appended to every source
     unk_token_id: int = 1  # unknown piece
@@ -62,6 +66,8 @@ class ModelConfig:
             raise ValueError(f"pad and decoder start ids must be below decoder_vocab_size {self.decoder_vocab_size}")
         if self.activation not in ("relu", "swish", "gelu"):
             raise ValueError(f"activation must be relu, swish or gelu, not {self.activation!r}")
+        if self.positions not in ("marian", "fairseq"):
+            raise ValueError(f"positions must be marian or fairseq, not {self.positions!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -263,15 +263,31 @@ def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:
     return table.float()
 
 
+def fairseq_sinusoidal_table(positions: int, dim: int, offset: int) -> torch.Tensor:
+    """(P, C) the sinusoids of fairseq's M2M100 and NLLB: tensor2tensor's frequencies 10000^(-i / (C/2 - 1)),
+    sines then cosines, position p taken from row offset + p (offset: the padding id + 1). Computed in
+    float32 in fairseq's order of operations, so the table has the bits their models were trained with."""
+    half = dim // 2
+    step = math.log(10000) / (half - 1)
+    freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -step)  # (C/2,)
+    angles = torch.arange(offset, offset + positions, dtype=torch.int64).float()[:, None] * freq[None, :]
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # (P, 2 * (C/2))
+    return torch.nn.functional.pad(table, (0, dim - 2 * half))  # an odd width's last column is 0
+
+
 class PositionalEncoding(nn.Module):
     """Fixed sinusoidal position signals, looked up by position index."""
 
     table: torch.Tensor  # (P, C)
 
-    def __init__(self, max_positions: int, d_model: int) -> None:
+    def __init__(self, max_positions: int, d_model: int, style: str = "marian", pad_token_id: int = 0) -> None:
         super().__init__()
+        if style == "fairseq":
+            table = fairseq_sinusoidal_table(max_positions, d_model, pad_token_id + 1)
+        else:
+            table = sinusoidal_table(max_positions, d_model)
         # Not persistent: it is a function of the config, so checkpoints need not carry it.
-        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+        self.register_buffer("table", table, persistent=False)
         self.max_positions = max_positions
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,12 @@ class DecodeOptions:
     early_stopping: bool = option(
         False, "stop a sentence once it has beam_size finished hypotheses (CTranslate2's rule)"
     )
+    forced_bos_token_id: int | None = option(
+        None,
+        "token forced as the first generated one: a multilingual model's target language (NLLB, M2M100)",
+        api=False,
+        cli=False,
+    )
     max_length_ratio: float | None = option(
         2.0, "also cap at ratio x source tokens + max_length_offset (None: off)", api=False, cli=False
     )

@@ -49,6 +49,7 @@ class SearchOptions:
     start_token_id: int = 0
     suppressed_token_ids: tuple[int, ...] = ()  # never generated (the padding token)
     forced_eos_token_id: int | None = None  # forced as the last token a sentence may have
+    forced_bos_token_id: int | None = None  # forced as the first generated token (a multilingual target)
     no_repeat_ngram_size: int = 0  # > 0: a hypothesis never holds the same n-gram of this size twice
 
 
@@ -67,6 +68,7 @@ def constrain(
     *,
     min_lengths: torch.Tensor | None = None,
     ngram_sizes: torch.Tensor | None = None,
+    first_tokens: torch.Tensor | None = None,
     sync: bool = True,
 ) -> torch.Tensor:
     """Apply the decoding constraints to log_probs (N, V) of generating token number pos + 1, in place.
@@ -75,8 +77,9 @@ def constrain(
     each row's limit on generated tokens (</s> included); history (N, T), each row's generated tokens
     (positions from pos on are ignored), is needed for no_repeat_ngram_size. min_lengths and
     ngram_sizes (N,) give each row its own min_decoding_length and no_repeat_ngram_size (at most
-    opts.no_repeat_ngram_size). sync=False: nothing waits on the device (a step captured as a CUDA
-    graph); the same values, at the cost of a pass over log_probs every step.
+    opts.no_repeat_ngram_size), first_tokens (N,) its own forced_bos_token_id (-1: none). sync=False:
+    nothing waits on the device (a step captured as a CUDA graph); the same values, at the cost of a
+    pass over log_probs every step.
     """
     n_max = opts.no_repeat_ngram_size
     if n_max and history is not None:
@@ -91,6 +94,7 @@ def constrain(
     elif not isinstance(min_len, int) or min_len:
         too_early = torch.as_tensor(pos < min_len, device=log_probs.device).expand(log_probs.shape[0])  # (N,)
         log_probs[:, eos] = log_probs[:, eos].masked_fill(too_early, float("-inf"))
+    _force_first(log_probs, pos, opts.forced_bos_token_id, first_tokens)
     if opts.forced_eos_token_id is not None:
         last = max_lengths == pos + 1  # (N,) rows whose next token is their last
         if not sync:
@@ -102,6 +106,32 @@ def constrain(
             log_probs[last] = float("-inf")
             log_probs[last, opts.forced_eos_token_id] = 0.0
     return log_probs
+
+
+def _force_first(
+    log_probs: torch.Tensor, pos: int | torch.Tensor, token: int | None, per_row: torch.Tensor | None
+) -> None:
+    """The first generated token forced, as Hugging Face's ForcedBOSTokenLogitsProcessor does: every other
+    token -inf, the forced one log-probability 0 (it adds nothing to the score, and counts in the length).
+    token: one for all rows; per_row (N,): each row's, -1 for none, applied without waiting on the device."""
+    if per_row is None:
+        if token is None:
+            return
+        if isinstance(pos, int):
+            if pos == 0:
+                log_probs.fill_(float("-inf"))
+                log_probs[:, token] = 0.0
+            return
+        starting = pos == 0  # (N,)
+        if bool(starting.any()):
+            log_probs[starting] = float("-inf")
+            log_probs[starting, token] = 0.0
+        return
+    first = torch.as_tensor(pos == 0, device=log_probs.device).expand(log_probs.shape[0]) & (per_row >= 0)  # (N,)
+    at = per_row.clamp(min=0)[:, None]  # (N, 1)
+    kept = log_probs.gather(1, at)
+    log_probs.masked_fill_(first[:, None], float("-inf"))
+    log_probs.scatter_(1, at, torch.where(first[:, None], torch.zeros_like(kept), kept))
 
 
 def ban_repeated_ngrams(

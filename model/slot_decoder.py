@@ -115,6 +115,7 @@ class SlotDecoder:
         put(st.length_penalty, [o.length_penalty for o in opts])
         put(st.early_stopping, [o.early_stopping for o in opts])
         put(st.ngram, [o.no_repeat_ngram_size for o in opts])
+        put(st.first_token, [-1 if o.forced_bos_token_id is None else o.forced_bos_token_id for o in opts])
         put(st.pos, [0] * len(slots))
         put(beams.improvable, [True] * len(slots))
         put(st.finished, [False] * len(slots))

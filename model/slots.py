@@ -46,6 +46,7 @@ class SlotState:
     length_penalty: torch.Tensor  # (S,) float
     early_stopping: torch.Tensor  # (S,) bool
     ngram: torch.Tensor  # (S,) no_repeat_ngram_size, 0 off
+    first_token: torch.Tensor  # (S,) forced_bos_token_id, -1 none
     finished: torch.Tensor  # (S,) bool: the slot's sentence finished at the last step
     # Beam state: (S, K) running and finished scores, (S, K, T) their tokens (search.BeamState).
     search: BeamState
@@ -78,6 +79,7 @@ class SlotState:
             length_penalty=torch.ones(S, **floats),
             early_stopping=torch.zeros(S, **bools),
             ngram=torch.zeros(S, **longs),
+            first_token=torch.full((S,), -1, **longs),
             finished=torch.zeros(S, **bools),
             search=BeamState(
                 run_scores=torch.zeros(S, K, **floats),
@@ -142,6 +144,7 @@ def decode_step(
         history,
         min_lengths=per_row(state.min_len),
         ngram_sizes=per_row(state.ngram),
+        first_tokens=per_row(state.first_token),
         sync=False,
     )
     active = state.active

@@ -1,5 +1,7 @@
-"""SentencePiece tokenization with Marian's file layout: source.spm, target.spm and a joint vocab.json,
-or vocab.json (source) and target_vocab.json for a model with separate vocabularies."""
+"""SentencePiece tokenization with Marian's file layout (source.spm, target.spm and a joint vocab.json, or
+vocab.json and target_vocab.json for a model with separate vocabularies), or with fairseq's as M2M100 and
+NLLB have it (model/fairseq_vocab.py): one sentencepiece.bpe.model, and language tokens that name the
+source language before each source sentence and the target language as the first generated token."""
 
 from __future__ import annotations
 
@@ -11,11 +13,22 @@ import sentencepiece as spm
 SPECIAL = ("</s>", "<unk>", "<pad>")
 
 
+class LanguageError(ValueError):
+    """A language a multilingual model's vocabulary has no token for, or none named where one is needed."""
+
+
 class Tokenizer:
     """Text <-> ids exactly as Hugging Face's MarianTokenizer does it (so outputs match HF)."""
 
     def __init__(
-        self, source_spm: Path, target_spm: Path, vocab: dict[str, int], target_vocab: dict[str, int] | None = None
+        self,
+        source_spm: Path,
+        target_spm: Path,
+        vocab: dict[str, int],
+        target_vocab: dict[str, int] | None = None,
+        *,
+        languages: dict[str, int] | None = None,
+        specials: tuple[str, ...] = SPECIAL,
     ) -> None:
         self.source = spm.SentencePieceProcessor(model_file=str(source_spm))
         self.target = spm.SentencePieceProcessor(model_file=str(target_spm))
@@ -26,13 +39,21 @@ class Tokenizer:
         self.eos_id = vocab["</s>"]
         self.unk_id = vocab["<unk>"]
         self.pad_id = vocab["<pad>"]
+        # A fairseq model's language tokens by language code ("eng_Latn", "de"): one before every source
+        # sentence, and one forced as the first generated token; {} for Marian's layout.
+        self.languages = languages or {}
         # Dropped from decoded text: the specials of both vocabularies (they share </s> and <unk>).
-        self.special_ids = {v[s] for v in (vocab, self.target_vocab) for s in SPECIAL if s in v}
+        self.special_ids = {v[s] for v in (vocab, self.target_vocab) for s in specials if s in v}
+        self.special_ids |= set(self.languages.values())
         self.target_eos_id = self.target_vocab["</s>"]
         self.target_unk_id = self.target_vocab["<unk>"]
 
     @classmethod
     def load(cls, directory: Path) -> Tokenizer:
+        from model import fairseq_vocab  # here: fairseq_vocab builds Tokenizers
+
+        if fairseq_vocab.is_fairseq(directory):
+            return fairseq_vocab.load(directory)
         vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
         target = directory / "target_vocab.json"
         target_vocab = json.loads(target.read_text(encoding="utf-8")) if target.exists() else None
@@ -47,8 +68,22 @@ class Tokenizer:
         dumped = b"".join(json.dumps(v, sort_keys=True, ensure_ascii=False).encode() for v in vocabs)
         return self.source.serialized_model_proto() + self.target.serialized_model_proto() + dumped
 
-    def encode(self, text: str) -> list[int]:
-        """Source text -> ids ending in </s>; a leading >>xx<< language code stays one token."""
+    def language_id(self, code: str) -> int:
+        """The token of language `code` in a fairseq multilingual vocabulary; LanguageError names the codes."""
+        if code not in self.languages:
+            known = sorted(self.languages)
+            listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+            raise LanguageError(f"no language token for {code!r}; this model's: {listed or 'none'}")
+        return self.languages[code]
+
+    def encode(self, text: str, lang: str | None = None) -> list[int]:
+        """Source text -> ids ending in </s>; a leading >>xx<< language code stays one token. A fairseq
+        multilingual model's sources start with their language's token: `lang` names it."""
+        if self.languages:
+            if lang is None:
+                raise LanguageError("this model translates from many languages: name the source language")
+            ids = self.source.encode(text, out_type=str)
+            return [self.language_id(lang), *(self.vocab.get(p, self.unk_id) for p in ids), self.eos_id]
         code: list[str] = []
         if text.startswith(">>") and (end := text.find("<<")) != -1:
             code, text = [text[: end + 2]], text[end + 2 :]

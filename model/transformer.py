@@ -170,7 +170,7 @@ class Seq2Seq(nn.Module):
         C, V = cfg.d_model, cfg.decoder_vocab_size  # V: the target vocabulary, the logits' width
         self.embed = nn.Embedding(cfg.vocab_size, C, padding_idx=cfg.pad_token_id)  # source (and target if shared)
         self.target_embed = None if cfg.share_embeddings else nn.Embedding(V, C, padding_idx=cfg.pad_token_id)
-        self.positions = PositionalEncoding(cfg.max_position_embeddings, C)
+        self.positions = PositionalEncoding(cfg.max_position_embeddings, C, cfg.positions, cfg.pad_token_id)
         self.scale = embedding_scale(C, cfg.scale_embedding)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))

@@ -24,7 +24,7 @@ from model.options import DecodeOptions, max_length
 from model.quant import int8_of
 from model.search import Hypothesis, SearchOptions
 from model.shipped import resolve_model_path
-from model.tokenizer import Tokenizer
+from model.tokenizer import LanguageError, Tokenizer
 from model.transformer import Seq2Seq
 from model.workers import WorkerPool
 
@@ -32,6 +32,7 @@ __all__ = [
     "DecodeOptions",
     "InputTooLongError",
     "InvalidTextError",
+    "LanguageError",
     "SourceError",
     "TranslationResult",
     "Translator",
@@ -178,12 +179,19 @@ class Translator:
     def max_source_tokens(self) -> int:
         return self.model.cfg.max_position_embeddings
 
-    def encode(self, text: str, *, truncate: bool = False) -> list[int]:
-        """Source text -> ids ending in </s>; [] for empty text. Raises InputTooLongError, InvalidTextError."""
+    @property
+    def languages(self) -> list[str]:
+        """The language codes of a multilingual model that names them by token (NLLB's eng_Latn, M2M100's
+        en): each source needs its own (src_lang) and each translation its target's (tgt_lang); [] else."""
+        return sorted(self.tokenizer.languages)
+
+    def encode(self, text: str, *, truncate: bool = False, lang: str | None = None) -> list[int]:
+        """Source text -> ids ending in </s>; [] for empty text; `lang`: the source language, where the model
+        takes it (`languages`). Raises InputTooLongError, InvalidTextError, LanguageError."""
         if not text.strip():
             return []
         check_text(text)
-        ids = self.tokenizer.encode(text)
+        ids = self.tokenizer.encode(text, lang)
         limit = self.max_source_tokens
         if len(ids) > limit:
             if not truncate:
@@ -226,15 +234,28 @@ class Translator:
         texts: Sequence[str],
         options: DecodeOptions | None = None,
         progress: Callable[[int], None] | None = None,
+        *,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
         **kwargs: object,
     ) -> list[TranslationResult]:
-        """Translate texts; options as a DecodeOptions or keyword arguments (beam_size=4, ...)."""
+        """Translate texts; options as a DecodeOptions or keyword arguments (beam_size=4, ...). A
+        multilingual model that names languages by token (`languages`: NLLB, M2M100) needs the source
+        and target language, `src_lang` and `tgt_lang` (Hugging Face's names); others take neither."""
         opts = replace(options or DecodeOptions(), **kwargs)  # type: ignore[arg-type]
         opts.validate()
+        if not self.tokenizer.languages and (src_lang or tgt_lang):
+            raise LanguageError(
+                f"{self.name or 'this model'} has no language tokens: give neither src_lang nor tgt_lang"
+            )
+        if tgt_lang is not None:
+            opts = replace(opts, forced_bos_token_id=self.tokenizer.language_id(tgt_lang))
+        elif self.tokenizer.languages and opts.forced_bos_token_id is None:
+            raise LanguageError("this model translates into many languages: name the target language (tgt_lang)")
         sources = []
         for i, text in enumerate(texts):
             try:
-                sources.append(self.encode(text, truncate=opts.truncate))
+                sources.append(self.encode(text, truncate=opts.truncate, lang=src_lang))
             except SourceError as exc:  # say which text
                 raise type(exc)(exc.reason, i) from None
         hyps = self.translate_ids(sources, opts, progress)
@@ -304,6 +325,7 @@ class Translator:
             start_token_id=cfg.decoder_start_token_id,
             suppressed_token_ids=(cfg.pad_token_id,),
             forced_eos_token_id=cfg.forced_eos_token_id,
+            forced_bos_token_id=opts.forced_bos_token_id,
             no_repeat_ngram_size=opts.no_repeat_ngram_size,
         )
 
