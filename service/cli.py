@@ -170,6 +170,14 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert_marian(args: argparse.Namespace) -> int:
+    from model.marian_release import convert
+
+    convert(Path(args.release), Path(args.out))
+    print(f"wrote a Hugging Face MarianMT directory to {args.out}; serve it, or quantize it, as any model directory")
+    return 0
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     from model import Translator, checkpoint
     from model.shipped import resolve_model_path
@@ -314,6 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_export_hf)
+
+    p = sub.add_parser(
+        "convert-marian",
+        help="convert a Marian release (OPUS-MT or Tatoeba zip, unpacked: decoder.yml, *.npz, *.vocab.yml, "
+        "source.spm, target.spm) to a Hugging Face MarianMT directory",
+    )
+    p.add_argument("--release", required=True, help="the unpacked release directory")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_convert_marian)
 
     p = sub.add_parser(
         "quantize", help="write a model with int8 weights, which a replica loads without quantising (compute type int8)"
