@@ -96,12 +96,15 @@ class Tokenizer:
         # A lone word-boundary piece survives decode_pieces; Marian's tokenizer maps it to a space and strips.
         return str(self.target.decode_pieces(pieces)).replace("\u2581", " ").strip()
 
-    def spans(self, text: str, *, target: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
+    def spans(
+        self, text: str, *, target: bool = False, lang: str | None = None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids of text as `encode` (or `encode_target`) gives them, </s> left off, and each token's character
-        span in text without the whitespace before it; a lone word-boundary token has an empty span."""
+        span in text without the whitespace before it; a lone word-boundary token has an empty span. With
+        language tokens, `lang`'s comes first, with an empty span (a source's, or the target's forced one)."""
         code: list[tuple[int, int]] = []
         offset = 0
-        if not target and text.startswith(">>") and (end := text.find("<<")) != -1:
+        if not target and not self.languages and text.startswith(">>") and (end := text.find("<<")) != -1:
             code, offset = [(0, end + 2)], end + 2
         rest = text[offset:]
         proto = (self.target if target else self.source).encode(rest, return_type="proto")
@@ -109,6 +112,10 @@ class Tokenizer:
         chars = _char_index(rest)
         ids = [self.vocab.get(text[:offset], self.unk_id)] if code else []
         spans = list(code)
+        if self.languages:
+            if lang is None:
+                raise LanguageError("this model translates between many languages: name the language")
+            ids, spans = [self.language_id(lang)], [(0, 0)]
         for piece in proto.pieces:
             ids.append(vocab.get(piece.piece, unk))
             begin, end = chars[piece.begin], chars[piece.end]

@@ -199,9 +199,17 @@ class Translator:
             ids = [*ids[: limit - 1], self.tokenizer.eos_id]
         return ids
 
-    def align(self, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64) -> list[list[Link]]:
+    def align(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        batch_size: int = 64,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+    ) -> list[list[Link]]:
         """Each target token of each (source, translation) pair linked to the source token it attends to most
-        (model/align.py); a pair with a blank side gets no links. Raises SourceError as `encode` does."""
+        (model/align.py); a pair with a blank side gets no links. Raises SourceError as `encode` does. A
+        model with language tokens takes both languages, as `translate` does."""
         out: list[list[Link]] = [[] for _ in pairs]
         eos, limit = self.tokenizer.eos_id, self.max_source_tokens
         live = []
@@ -213,8 +221,8 @@ class Translator:
                 check_text(target)
             except SourceError as exc:
                 raise type(exc)(exc.reason, i) from None
-            src_ids, src_spans = self.tokenizer.spans(source)
-            tgt_ids, tgt_spans = self.tokenizer.spans(target, target=True)
+            src_ids, src_spans = self.tokenizer.spans(source, lang=src_lang)
+            tgt_ids, tgt_spans = self.tokenizer.spans(target, target=True, lang=tgt_lang)
             if max(len(src_ids) + 1, len(tgt_ids)) > limit:
                 raise InputTooLongError(
                     f"pair has {len(src_ids) + 1} source and {len(tgt_ids)} target tokens; "

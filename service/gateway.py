@@ -440,8 +440,7 @@ class Gateway:
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": "5"})
         if pair is not None and pair not in self.router.pairs:
-            served = ", ".join(sorted(self.router.pairs))
-            raise ApiError("unknown_pair", f"no model for {pair}; served pairs: {served}")
+            raise ApiError("unknown_pair", f"no model for {pair}; {self.router.served()}")
         health = self.router.health
         infos = await health.current()
         pairs = {p: "ready" if health.ready(p) else "unavailable" for p in sorted(self.router.pairs)}

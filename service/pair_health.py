@@ -51,8 +51,10 @@ class PairHealth:
 
     async def ask_all(self) -> dict[str, dict[str, Any] | None]:
         """Every pair's info() now (None for one that does not answer within ASK_S); the status too."""
-        answers = await asyncio.gather(*(self._ask(h) for h in self.handles.values()))
-        self.infos = dict(zip(self.handles, answers, strict=True))
+        # One question per deployment, however many pairs it answers (a multilingual model: thousands).
+        distinct = {id(h): h for h in self.handles.values()}
+        answers = dict(zip(distinct, await asyncio.gather(*(self._ask(h) for h in distinct.values())), strict=True))
+        self.infos = {pair: answers[id(h)] for pair, h in self.handles.items()}
         self.checked = time.monotonic()
         return self.infos
 

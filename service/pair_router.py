@@ -38,6 +38,7 @@ OPTIONS_KEPT = 1024  # combinations of decoding options remembered as checked
 SPLIT_INLINE_CHARS = 4000  # texts of a request split on the event loop up to this many characters
 T = TypeVar("T")
 DETECT_CHARS = 1000  # the characters of a text that language detection looks at
+MAX_LISTED_PAIRS = 60  # an error message lists the served pairs up to this many
 PIVOT = "en"  # a pair with no model of its own goes through it when both halves are served
 
 
@@ -85,13 +86,19 @@ class PairRouter:
         }
         self.settings = settings
         # Pairs served through the pivot language: src -> en -> tgt where both halves have a model.
-        self.pivoted = {
-            f"{a.split('-')[0]}-{b.split('-')[1]}"
-            for a in pairs
-            for b in pairs
-            if a.split("-")[1] == PIVOT == b.split("-")[0] and a.split("-")[0] != b.split("-")[1]
-        } - set(pairs)
-        self.admission = {pair: PairAdmission(pair) for pair in pairs}
+        into = {p.split("-")[0] for p in pairs if p.split("-")[1] == PIVOT}
+        out_of = {p.split("-")[1] for p in pairs if p.split("-")[0] == PIVOT}
+        self.pivoted = {f"{s}-{t}" for s in into for t in out_of if s != t} - set(pairs)
+        # Admission counts the work in flight on a deployment, which the pairs of one model share (a pooled
+        # model's pairs each have a handle of their own, carrying its model id).
+        served_by: dict[int, list[str]] = {}
+        for pair, handle in self.pairs.items():
+            served_by.setdefault(id(handle), []).append(pair)
+        shared = {
+            key: PairAdmission(names[0] if len(names) == 1 else f"the model of {names[0]} ({len(names)} pairs)")
+            for key, names in served_by.items()
+        }
+        self.admission = {pair: shared[id(handle)] for pair, handle in self.pairs.items()}
         self.health = PairHealth(pairs)  # without a model id: a pooled pair's health is the pool's, no load
         self.digests: dict[str, str] = {}  # each pair's model content digest, asked once (the cache's key)
         self._checked: dict[tuple[tuple[str, Any], ...], DecodeOptions] = {}  # the options requests gave, checked
@@ -104,6 +111,14 @@ class PairRouter:
         loader = ThreadPoolExecutor(1, "detector")
         self._detector = loader.submit(LanguageDetector, languages)
         loader.shutdown(wait=False)  # its thread ends once the detector is loaded
+
+    def served(self) -> str:
+        """The served pairs for an error message: listed, or past MAX_LISTED_PAIRS (a model of many
+        languages serves thousands) counted, with their languages."""
+        if len(self.pairs) <= MAX_LISTED_PAIRS:
+            return f"served pairs: {', '.join(sorted(self.pairs))}"
+        languages = ", ".join(sorted(self.served_languages))
+        return f"{len(self.pairs)} pairs served, among: {languages} (GET /languages lists each one's targets)"
 
     @property
     def detector(self) -> LanguageDetector:
@@ -174,8 +189,7 @@ class PairRouter:
         """Texts already in the target language, answered as sent: the same checks as a translation (a
         language served, the limits), and their characters refunded to the key (Gateway._billed)."""
         if language not in self.served_languages:
-            served = ", ".join(sorted(self.pairs))
-            raise ApiError("unsupported_pair", f"no model for {language} -> {language}; served pairs: {served}")
+            raise ApiError("unsupported_pair", f"no model for {language} -> {language}; {self.served()}")
         self.check_texts(texts)
         request.state.echoed_characters = getattr(request.state, "echoed_characters", 0) + sum(map(len, texts))
 
@@ -203,7 +217,7 @@ class PairRouter:
                 raise ApiError(
                     "unsupported_pair",
                     f"texts[{idx[0]}] is in {language_name(language)} ({language}), detected; no model "
-                    f"for {language} -> {target}; served pairs: {', '.join(sorted(self.pairs))}",
+                    f"for {language} -> {target}; {self.served()}",
                 )
             # Answered as already in the target only when the identifier is sure of it.
             if language == target and (unsure := [i for i in idx if detected[i].ambiguous]):
@@ -292,7 +306,7 @@ class PairRouter:
         if not self.serves(f"{source}-{target}"):
             raise ApiError(
                 "unsupported_pair",
-                f"no model for {source} -> {target}; served pairs: {', '.join(sorted(self.pairs))}"
+                f"no model for {source} -> {target}; {self.served()}"
                 + (f"; through {PIVOT}: {', '.join(sorted(self.pivoted))}" if self.pivoted else ""),
             )
 
@@ -398,10 +412,7 @@ class PairRouter:
             summary.add_decoded(len(sentences), len(sentences), 0.0, 0.0)
         else:
             with self.admission[pair].holding(len(todo) * opts.beam_size):
-                target = pair.split("-")[1]
-                done: Decoded = await self._remote(
-                    pair, "translate", target, todo, opts, timeout=timeout, pass_time=True
-                )
+                done: Decoded = await self._remote(pair, "translate", pair, todo, opts, timeout=timeout, pass_time=True)
             summary.add_decoded(len(sentences), len(sentences) - len(todo), done.queue_wait_s, done.decode_s)
             for sentence, nbest, (src, tgt) in zip(todo, done.nbest, done.tokens, strict=True):
                 entry = Entry([(text, score) for text, score in nbest], src, tgt)
@@ -446,7 +457,7 @@ class PairRouter:
         elif ask.pair in self.pivoted:
             links = await self._align_through_pivot(ask.pair, list(wanted), out.pivot, left)
         else:
-            links = await self._remote(ask.pair, "align", ask.pair.split("-")[1], list(wanted), timeout=left)
+            links = await self._remote(ask.pair, "align", ask.pair, list(wanted), timeout=left)
         renders, k = [], 0
         for doc in docs:
             ranks = []
@@ -472,8 +483,8 @@ class PairRouter:
         pivot token it attends to most (second model), and that to its source token (first model)."""
         first, second = self._legs(pair)
         there, back = await asyncio.gather(
-            self._remote(first, "align", PIVOT, [(s, middle[s]) for s, _ in wanted], timeout=timeout),
-            self._remote(second, "align", pair.split("-")[1], [(middle[s], t) for s, t in wanted], timeout=timeout),
+            self._remote(first, "align", first, [(s, middle[s]) for s, _ in wanted], timeout=timeout),
+            self._remote(second, "align", second, [(middle[s], t) for s, t in wanted], timeout=timeout),
         )
         out = []
         for to_pivot, to_target in zip(there, back, strict=True):

@@ -76,16 +76,16 @@ class ModelPool:
             model.reconfigure({**config, **{k: v for k, v in model.entry.settings.items() if k in config}})
 
     async def translate(
-        self, target: str, texts: list[str], options: DecodeOptions, timeout_s: float
+        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float
     ) -> Decoded | ApiError:
         async def call() -> Decoded:
-            return await (await self._model()).translate(target, texts, options, timeout_s)
+            return await (await self._model()).translate(pair, texts, options, timeout_s)
 
         return await returned(call())
 
-    async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
+    async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
         async def call() -> list[list[list[int]]]:
-            return await (await self._model()).align(target, pairs)
+            return await (await self._model()).align(pair, texts)
 
         return await returned(call())
 

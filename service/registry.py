@@ -15,6 +15,13 @@ Two ways to say it:
         "target_tokens": {"fr": ">>fr<<", "es": ">>es<<", "it": ">>it<<"},
         "settings": {"compute_type": "int8", "max_batch_size": 32}}]
 
+A model that names languages by token (NLLB-200, M2M100) needs no tokens listed: its languages are read
+from its vocabulary (torch-free, when the registry is read) and named by the API's codes
+(service/language_codes.py); `sources` and `targets` may list some of them, or be ["*"] for all, and
+`language_tokens` may add or change codes ({"zt": "zho_Hant"}):
+
+      [{"name": "nllb", "path": "/models/nllb-200-distilled-600M", "sources": ["*"], "targets": ["*"]}]
+
 Each entry is one Serve deployment (`model-<name>`); each (source, target) it lists routes to it.
 """
 
@@ -29,6 +36,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from model.shipped import resolve_model_path
+from service.language_codes import api_languages
 
 # Settings an entry may set for its own replicas (the rest are the server's: limits, keys, host...).
 ENTRY_SETTINGS = {
@@ -51,6 +59,7 @@ ENTRY_SETTINGS = {
     "max_queue_wait_s",
 }
 LANGUAGE = re.compile(r"^[a-z]{2,3}$")
+ALL = "*"  # sources or targets: every language of a model with language tokens
 
 
 class ModelUnavailableError(Exception):
@@ -67,6 +76,9 @@ class ModelEntry(BaseModel):
     sources: list[str] = Field(min_length=1)
     targets: list[str] = Field(min_length=1)
     target_tokens: dict[str, str] = {}  # target language -> the token put before each source sentence
+    # A model with language tokens (NLLB, M2M100): the API's code -> the model's own (en -> eng_Latn); filled
+    # from its vocabulary by `with_model_languages`, entries given here added or taking precedence.
+    language_tokens: dict[str, str] = {}
     settings: dict[str, Any] = {}
     pool: bool = False  # loaded on demand by the model pool (service/pool.py), not a deployment of its own
 
@@ -74,6 +86,8 @@ class ModelEntry(BaseModel):
     @classmethod
     def _codes(cls, codes: list[str]) -> list[str]:
         lowered = [c.strip().lower() for c in codes]
+        if lowered == [ALL]:
+            return lowered
         bad = [c for c in lowered if not LANGUAGE.match(c)]
         if bad:
             raise ValueError(f"language codes are 2 or 3 letters: {bad}")
@@ -93,13 +107,59 @@ class ModelEntry(BaseModel):
         stray = sorted(set(self.target_tokens) - set(self.targets))
         if stray:
             raise ValueError(f"{self.name}: target_tokens for languages it does not list as targets: {stray}")
-        if len(self.targets) > 1 and set(self.target_tokens) != set(self.targets):
-            missing = sorted(set(self.targets) - set(self.target_tokens))
-            raise ValueError(f"{self.name}: a model with several targets needs a token for each; none for {missing}")
         for token in self.target_tokens.values():
             if not (token.startswith(">>") and token.endswith("<<")):
                 raise ValueError(f"{self.name}: a target token looks like >>fra<<, not {token!r}")
         return self
+
+    def with_model_languages(self) -> ModelEntry:
+        """The entry with its languages read from its model, for a model with language tokens (NLLB, M2M100):
+        `language_tokens` filled, and ["*"] as sources or targets resolved to every language. ValueError
+        for a listed language the model has no token for, and for language options on any other model."""
+        from model import fairseq_vocab
+
+        try:
+            directory: Path | None = resolve_model_path(self.path)
+        except FileNotFoundError:  # named when the model loads
+            directory = None
+        if directory is None or not fairseq_vocab.is_fairseq(directory):
+            if self.language_tokens or ALL in (*self.sources, *self.targets):
+                raise ValueError(
+                    f"{self.name}: language_tokens and '*' are for models with language tokens (NLLB, M2M100); "
+                    "list its languages, and target_tokens where it takes them"
+                )
+            if len(self.targets) > 1 and set(self.target_tokens) != set(self.targets):
+                missing = sorted(set(self.targets) - set(self.target_tokens))
+                raise ValueError(
+                    f"{self.name}: a model with several targets needs a token for each; none for {missing}"
+                )
+            return self
+        if self.target_tokens:
+            raise ValueError(f"{self.name}: an NLLB or M2M100 model takes language_tokens, not target_tokens")
+        model_codes = fairseq_vocab.language_tokens(fairseq_vocab.read_vocab(directory))
+        unknown = sorted(c for c in self.language_tokens.values() if c not in model_codes)
+        if unknown:
+            raise ValueError(f"{self.name}: language_tokens name codes the model does not have: {unknown}")
+        codes = api_languages(list(model_codes)) | {k.lower(): v for k, v in self.language_tokens.items()}
+        found = {"sources": self.sources, "targets": self.targets}
+        for side, listed in found.items():
+            if listed == [ALL]:
+                found[side] = sorted(codes)
+            elif missing := sorted(set(listed) - set(codes)):
+                raise ValueError(
+                    f"{self.name}: {side} the model has no language token for: {missing}; add them to "
+                    f"language_tokens, or choose among {', '.join(sorted(codes))}"
+                )
+        used = set(found["sources"]) | set(found["targets"])
+        tokens = {code: token for code, token in codes.items() if code in used}
+        return self.model_copy(update={**found, "language_tokens": tokens})
+
+    def check_languages(self, codes: Mapping[str, int]) -> None:
+        """ValueError naming each language token the loaded model lacks (a directory changed since the
+        registry was read)."""
+        unknown = sorted(token for token in self.language_tokens.values() if token not in codes)
+        if unknown:
+            raise ValueError(f"{self.name}: language tokens not in the model's vocabulary: {unknown}")
 
     def check_tokens(self, vocab: Mapping[str, int]) -> None:
         """ValueError naming each target token the model's vocabulary lacks, and the ones it has: an
@@ -138,7 +198,7 @@ def entries(models: str, registry: str | list[dict[str, Any]]) -> list[ModelEntr
         raw = registry if isinstance(registry, list) else _read(registry)
         if not isinstance(raw, list):
             raise ValueError("model_registry is a list of entries")
-        found = [ModelEntry.model_validate(item) for item in raw]
+        found = [ModelEntry.model_validate(item).with_model_languages() for item in raw]
     else:
         found = []
         for model in (m.strip() for m in models.split(",") if m.strip()):

@@ -35,12 +35,12 @@ class PairModel:
         self.model.reconfigure(config)
 
     async def translate(
-        self, target: str, texts: list[str], options: DecodeOptions, timeout_s: float
+        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float
     ) -> Decoded | ApiError:
-        return await returned(self.model.translate(target, texts, options, timeout_s))
+        return await returned(self.model.translate(pair, texts, options, timeout_s))
 
-    async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
-        return await returned(self.model.align(target, pairs))
+    async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
+        return await returned(self.model.align(pair, texts))
 
     def info(self) -> dict[str, Any]:
         return self.model.info()

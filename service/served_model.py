@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -45,6 +46,7 @@ class ServedModel:
             entry.path, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
         )
         entry.check_tokens(self.translator.tokenizer.vocab)
+        entry.check_languages(self.translator.tokenizer.languages)
         if self.translator.device.type == "cpu" and not native.built():  # every replica's log says so
             logger.warning("%s decodes without beamserve's C kernels: %s", entry.name, native.in_use())
         self.metrics = ModelMetrics(self.pair)
@@ -56,7 +58,7 @@ class ServedModel:
         static_slots = s.uses_static_slots(tr.device.type)
         self.engine = Engine(self.translator, config, max_length=s.max_decoding_length, static_slots=static_slots)
         # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
-        self.engine.warm_up([self.translator.encode(WARMUP)])
+        self.engine.warm_up([self._encode(entry.pairs[0], WARMUP)])
         self.engine.observer = self.metrics  # the warm-up is not traffic
         self.in_flight = 0  # calls using the model now: closing waits for them
         self.ready = True
@@ -96,11 +98,24 @@ class ServedModel:
         token = self.entry.target_tokens.get(target)
         return f"{token} {text}" if token else text
 
-    async def translate(self, target: str, texts: list[str], options: DecodeOptions, timeout_s: float) -> Decoded:
-        """Each text's n-best toward `target`, its token counts and the time in the engine; raises
+    def _languages(self, pair: str) -> tuple[str | None, str | None]:
+        """A model with language tokens (NLLB, M2M100): its own codes of the pair's source and target."""
+        source, target = pair.split("-")
+        codes = self.entry.language_tokens
+        return (codes[source], codes[target]) if codes else (None, None)
+
+    def _encode(self, pair: str, text: str) -> list[int]:
+        source_lang, _ = self._languages(pair)
+        return self.translator.encode(self._source(pair.split("-")[1], text), lang=source_lang)
+
+    async def translate(self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float) -> Decoded:
+        """Each text's n-best for `pair` ("en-de"), its token counts and the time in the engine; raises
         SourceError (a text the model cannot take) and the engine's RequestTooLargeError,
         QueueFullError, DeadlineExceededError."""
-        sources = [self.translator.encode(self._source(target, t)) for t in texts]
+        sources = [self._encode(pair, t) for t in texts]
+        _, target_lang = self._languages(pair)
+        if target_lang is not None:  # the target's token forced first
+            options = replace(options, forced_bos_token_id=self.translator.tokenizer.language_id(target_lang))
         timing = RequestTiming()
         async with self._using():
             hyps = await self.engine.translate(sources, options, timeout_s, timing)
@@ -112,18 +127,21 @@ class ServedModel:
             decode_s=timing.decode_s,
         )
 
-    async def align(self, target: str, pairs: list[tuple[str, str]]) -> list[list[list[int]]]:
-        """Per (source, translation) pair, each target token's character span and that of the source token
-        it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread, a
-        few pairs a turn so that decoder steps go on in between. Raises SourceError."""
+    async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]]:
+        """Per (source, translation) of `pair`, each target token's character span and that of the source
+        token it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread,
+        a few pairs a turn so that decoder steps go on in between. Raises SourceError."""
+        target = pair.split("-")[1]
         token = self.entry.target_tokens.get(target)
         shift = len(token) + 1 if token else 0  # source spans are the text's, without the target token
-        tagged = [(self._source(target, s), t) for s, t in pairs]
+        tagged = [(self._source(target, s), t) for s, t in texts]
+        source_lang, target_lang = self._languages(pair)
+        align = partial(self.translator.align, src_lang=source_lang, tgt_lang=target_lang)
         links: list[list[Any]] = []
         async with self._using():
             for start in range(0, len(tagged), ALIGN_PAIRS_PER_TURN):
                 chunk = tagged[start : start + ALIGN_PAIRS_PER_TURN]
-                links += await asyncio.wrap_future(self.engine.call(partial(self.translator.align, chunk)))
+                links += await asyncio.wrap_future(self.engine.call(partial(align, chunk)))
         return [[[*k.target, max(0, k.source[0] - shift), max(0, k.source[1] - shift)] for k in pair] for pair in links]
 
     def info(self) -> dict[str, Any]:

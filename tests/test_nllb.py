@@ -19,67 +19,12 @@ from model.decoding import pad_batch
 from model.inflight import InflightBatch
 from model.slot_decoder import PoolShape, SlotDecoder, decode_all
 from model.tokenizer import LanguageError
-from tests.conftest import read_lines
+from tests.conftest import EOS, PAD, read_lines
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES  # noqa: E402
 
 CPU = torch.device("cpu")
-EOS, PAD = 2, 1
-
-
-def train_bpe(texts: list[str], out: Path, vocab_size: int) -> Path:
-    """A BPE SentencePiece model numbered as NLLB's is (<unk> 0, <s> 1, </s> 2)."""
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_prefix=str(out / "sp"),
-        vocab_size=vocab_size,
-        model_type="bpe",
-        character_coverage=1.0,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        num_threads=2,
-        minloglevel=2,
-    )
-    (out / "sp.vocab").unlink()
-    return (out / "sp.model").rename(out / "sentencepiece.bpe.model")
-
-
-@pytest.fixture(scope="module")
-def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An NLLB-200-shaped directory as transformers writes it: NllbTokenizer's files over a BPE model
-    trained on English and German, and an M2M100 model with seeded random weights whose </s> row is
-    scaled up, so that some translations end before the length limit."""
-    out = tmp_path_factory.mktemp("nllb")
-    train_bpe(read_lines("train.en.gz", 1500) + read_lines("train.de.gz", 1500), out, 400)
-    tok = transformers.NllbTokenizer.from_pretrained(str(out), additional_special_tokens=FAIRSEQ_LANGUAGE_CODES)
-    tok.save_pretrained(str(out))
-    config = transformers.M2M100Config(
-        vocab_size=len(tok),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        dropout=0.0,
-        init_std=0.2,
-        pad_token_id=PAD,
-        bos_token_id=0,
-        eos_token_id=EOS,
-        decoder_start_token_id=EOS,
-        scale_embedding=True,
-    )
-    torch.manual_seed(0)
-    model = transformers.M2M100ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        model.model.shared.weight[EOS] *= 4
-    model.save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")

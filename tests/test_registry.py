@@ -22,6 +22,12 @@ from service.registry import ModelEntry, entries
 
 from .conftest import REPO, serving, wait_for
 
+NLLB = {  # languages no other entry serves; zt: Chinese in traditional script
+    "name": "nllb",
+    "sources": ["ru", "zh", "ko"],
+    "targets": ["ru", "zh", "ko", "zt"],
+    "language_tokens": {"zt": "zho_Hant"},
+}
 ROMANCE = {
     "name": "en-multi",
     "sources": ["en"],
@@ -67,6 +73,48 @@ def test_a_bad_entry_is_refused_with_what_is_wrong(entry: dict[str, object], mes
 def test_two_models_for_one_pair_are_refused() -> None:
     with pytest.raises(ValueError, match="en-fr is answered by two models: en-multi and en-fr"):
         entries("", [{**ROMANCE, "path": "x"}, {"name": "en-fr", "path": "y", "sources": ["en"], "targets": ["fr"]}])
+
+
+def test_a_model_with_language_tokens_reads_its_languages_from_its_vocabulary(nllb_dir: Path) -> None:
+    [every] = entries("", [{"name": "nllb", "path": str(nllb_dir), "sources": ["*"], "targets": ["*"]}])
+    assert len(every.sources) == len(every.targets) == 196  # NLLB-200's 202 tokens, 6 of them second scripts
+    assert len(every.pairs) == 196 * 195
+    tokens = every.language_tokens
+    assert (tokens["en"], tokens["zh"], tokens["ar"], tokens["ms"], tokens["ace"]) == (
+        "eng_Latn",
+        "zho_Hans",
+        "arb_Arab",
+        "zsm_Latn",
+        "ace_Latn",
+    )
+    given = {"sources": ["en"], "targets": ["de", "zt"], "language_tokens": {"zt": "zho_Hant"}}
+    [some] = entries("", [{"name": "nllb", "path": str(nllb_dir), **given}])
+    assert some.language_tokens == {"en": "eng_Latn", "de": "deu_Latn", "zt": "zho_Hant"}
+    assert ModelEntry.model_validate(some.model_dump()) == some  # as a replica receives it
+    nllb = {"name": "nllb", "path": str(nllb_dir), "sources": ["en"]}
+    for entry, message in [
+        ({**nllb, "targets": ["xx"]}, r"targets the model has no language token for: \['xx'\]"),
+        ({**nllb, "targets": ["zt"], "language_tokens": {"zt": "zho_Hent"}}, "codes the model does not have"),
+        ({**nllb, "targets": ["de"], "target_tokens": {"de": ">>deu<<"}}, "takes language_tokens, not target_tokens"),
+        ({"name": "de", "path": "en-de", "sources": ["en"], "targets": ["*"]}, "are for models with language tokens"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            entries("", [entry])
+
+
+def test_a_router_of_every_nllb_pair_shares_the_model_s_admission_and_names_pairs_briefly(nllb_dir: Path) -> None:
+    """38,220 pairs on one deployment: no pivot to search (every pair is direct), one admission level for
+    the deployment, and an error message that counts the pairs instead of listing them."""
+    from service.pair_router import PairRouter
+    from service.settings import Settings
+
+    [every] = entries("", [{"name": "nllb", "path": str(nllb_dir), "sources": ["*"], "targets": ["*"]}])
+    deployment = object()  # one deployment's handle, which every pair of the entry shares; never called here
+    router = PairRouter(dict.fromkeys(every.pairs, deployment), Settings())  # type: ignore[arg-type]
+    assert not router.pivoted
+    assert len({id(a) for a in router.admission.values()}) == 1
+    message = router.served()
+    assert message.startswith("38220 pairs served, among: ") and len(message) < 2000
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +164,10 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(
-    multilingual_dir: Path, german_dir: Path, log: Path, tmp_path_factory: pytest.TempPathFactory
+    multilingual_dir: Path, german_dir: Path, nllb_dir: Path, log: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     registry = tmp_path_factory.mktemp("registry") / "models.json"
-    half = {"replica_cpus": 0.5}  # four models on two CPUs
+    half = {"replica_cpus": 0.4}  # five models on two CPUs (the NLLB model 0.2)
     shipped = {"name": "en-de", "path": "en-de", "sources": ["en"], "targets": ["de"]}
     german = {"name": "de-en", "path": str(german_dir), "sources": ["de"], "targets": ["en"], "settings": half}
     broken = tmp_path_factory.mktemp("broken") / "en-it"
@@ -133,6 +181,7 @@ def served(
                 {**ROMANCE, "path": str(multilingual_dir), "settings": half},
                 german,
                 {"name": "en-it", "path": str(broken), "sources": ["en"], "targets": ["it"], "settings": half},
+                {**NLLB, "path": str(nllb_dir), "settings": {"replica_cpus": 0.2}},
             ]
         )
     )
@@ -147,7 +196,8 @@ def served(
 @pytest.mark.slow
 def test_the_server_serves_what_the_registry_lists(served: str, multilingual_dir: Path, sources: list[str]) -> None:
     models = {m["name"]: m for m in httpx.get(f"{served}/v1/models", timeout=10).json()["models"]}
-    assert set(models) == {"en-de", "en-fr", "en-es", "de-en", "en-it"}
+    nllb_pairs = {"ru-zh", "ru-ko", "ru-zt", "zh-ru", "zh-ko", "zh-zt", "ko-ru", "ko-zh", "ko-zt"}
+    assert set(models) == {"en-de", "en-fr", "en-es", "de-en", "en-it", *nllb_pairs}
     assert (models["en-de"]["model"], models["en-de"]["compute_type"]) == ("en-de", "int8")  # its own setting
     assert models["en-fr"]["model"] == models["en-es"]["model"] == "en-multi"
     assert models["en-fr"]["digest"] == models["en-es"]["digest"] != models["en-de"]["digest"]
@@ -177,6 +227,28 @@ def test_the_server_serves_what_the_registry_lists(served: str, multilingual_dir
     assert r.status_code == 200 and r.json()["translations"][0]["text"].count("<b>") == 1
     unknown = httpx.post(f"{served}/v1/translate", json={"texts": ["x"], "source": "en", "target": "nl"}, timeout=10)
     assert unknown.status_code == 400 and "en-es, en-fr" in unknown.json()["detail"]
+
+
+@pytest.mark.slow
+def test_one_nllb_entry_serves_each_pair_through_its_language_tokens(served: str, nllb_dir: Path) -> None:
+    """The source's token before each sentence, the target's forced first: as the library translates."""
+    local = Translator.load(nllb_dir, "cpu")
+    texts = ["Ein Hund rennt im Park.", "A man is riding a bike."]
+    codes = {"ru": "rus_Cyrl", "zh": "zho_Hans", "zt": "zho_Hant", "ko": "kor_Hang"}
+    for source, target in [("ru", "zh"), ("ru", "zt"), ("ko", "ru")]:
+        body = {"texts": texts, "source": source, "target": target, "beam_size": 2, "split_sentences": False}
+        r = httpx.post(f"{served}/v1/translate", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        want = local.translate(texts, beam_size=2, src_lang=codes[source], tgt_lang=codes[target])
+        assert [t["text"] for t in r.json()["translations"]] == [w.hypotheses[0] for w in want]
+    languages = {lang["code"]: lang["targets"] for lang in httpx.get(f"{served}/languages", timeout=10).json()}
+    assert languages["ko"] == ["ru", "zh", "zt"]
+    deepl = {lang["language"] for lang in httpx.get(f"{served}/v2/languages?type=source", timeout=10).json()}
+    assert {"RU", "ZH", "KO"} <= deepl
+    # Markup placed by the alignment, which reads both language tokens.
+    html = {"texts": ["A <b>man</b> runs."], "source": "ko", "target": "zh", "tag_handling": "html"}
+    r = httpx.post(f"{served}/v1/translate", json=html, timeout=60)
+    assert r.status_code == 200 and r.json()["translations"][0]["text"].count("<b>") == 1, r.text
 
 
 @pytest.mark.slow
@@ -241,6 +313,7 @@ def test_the_broken_pair_fails_its_own_requests_with_503_at_once(served: str) ->
 @pytest.mark.slow
 def test_readyz_reports_each_pair_and_answers_fast(served: str) -> None:
     pairs = {"de-en": "ready", "en-de": "ready", "en-es": "ready", "en-fr": "ready", "en-it": "unavailable"}
+    pairs |= {f"{s}-{t}": "ready" for s in ("ru", "zh", "ko") for t in ("ru", "zh", "ko", "zt") if s != t}
     for _ in range(5):
         start = time.monotonic()
         r = httpx.get(f"{served}/readyz", timeout=1.0)  # Kubernetes' default probe timeout
