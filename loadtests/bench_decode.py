@@ -3,9 +3,13 @@
     python loadtests/bench_decode.py --out runs/bench/decode.md                 # CPU, both models
     python loadtests/bench_decode.py --device cuda --systems beamserve,hf        # GPU
 
-Models: `base`, a random model of OPUS-MT-base size (d512, 6+6 layers, 8 heads, ffn 2048, 58,101
-ids), and `en-de`, the shipped Multi30k model. Random weights rarely emit </s>, so on `base` every
-system decodes exactly --steps tokens (min = max length); `en-de` decodes naturally. Sources are
+Models (--models): `base`, a random model of OPUS-MT-base size (d512, 6+6 layers, 8 heads, ffn 2048,
+58,101 ids); `nllb-600m`, a random model of NLLB-200-distilled-600M's shapes (M2M100: d1024, 12+12
+pre-norm layers, 16 heads, ffn 4096, relu, 256,206 ids: its output projection, log-softmax and
+candidate ranking run over a vocabulary 4.4x base's), built as a Hugging Face directory with a
+tokenizer of NLLB's numbering; and `en-de`, the shipped Multi30k model. Random weights rarely emit
+</s>, so on the random models every system decodes exactly --steps tokens (min = max length); `en-de`
+decodes naturally. Sources are
 test_2016_flickr sentences sorted by length, identical for every system; each cell is the best of
 --repeats timed passes after one warm-up batch, the systems taking turns within each pass. Each
 system runs in its own worker process (see `SystemWorker`), all started before the first pass.
@@ -89,6 +93,70 @@ def make_base_model(work: Path) -> Path:
     return out
 
 
+NLLB_600M = dict(
+    d_model=1024,
+    encoder_layers=12,
+    decoder_layers=12,
+    encoder_attention_heads=16,
+    decoder_attention_heads=16,
+    encoder_ffn_dim=4096,
+    decoder_ffn_dim=4096,
+    vocab_size=256206,
+    max_position_embeddings=1024,
+)
+RANDOM_MODELS = ("base", "nllb-600m")
+
+
+def make_nllb_model(work: Path) -> Path:
+    """A random model of NLLB-200-distilled-600M's shapes as a Hugging Face M2M100 directory: a BPE
+    SentencePiece model trained on the English and German training text (8,000 pieces), NLLB's numbering
+    (pieces up to id 256,000, filled with unused ones, then the 202 language tokens and <mask>), and
+    seeded weights."""
+    import sentencepiece as spm
+    import transformers
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES as LANGS
+
+    out = work / "nllb-600m"
+    out.mkdir(parents=True)
+    texts = []
+    for name in ("train.en.gz", "train.de.gz"):
+        with gzip.open(DATA / name, "rt", encoding="utf-8") as f:
+            texts += [line.strip() for line in f][:30000]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(out / "sp"),
+        vocab_size=8000,
+        model_type="bpe",
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        num_threads=2,
+        minloglevel=2,
+    )
+    (out / "sp.model").rename(out / "sentencepiece.bpe.model")
+    (out / "sp.vocab").unlink()
+    transformers.NllbTokenizer.from_pretrained(str(out), additional_special_tokens=LANGS).save_pretrained(str(out))
+    tokenizer = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    last_piece = 256000
+    vocab.update({f"<unused_{i}>": i for i in range(max(vocab.values()) + 1, last_piece + 1)})
+    ids = {code: last_piece + 1 + i for i, code in enumerate(LANGS)} | {"<mask>": last_piece + 1 + len(LANGS)}
+    for token in tokenizer["added_tokens"]:
+        token["id"] = ids.get(token["content"], token["id"])
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder", None)  # tokenizer.json's ids hold
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    shape = transformers.M2M100Config(
+        **NLLB_600M, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, dropout=0.0
+    )
+    torch.manual_seed(0)
+    transformers.M2M100ForConditionalGeneration(shape).save_pretrained(str(out))
+    return out
+
+
 def split_inter(system: str) -> tuple[str, int]:
     """ "ct2-float32-inter2" -> ("ct2-float32", 2); no suffix -> (system, 1)."""
     base, _, n = system.rpartition("-inter")
@@ -98,9 +166,12 @@ def split_inter(system: str) -> tuple[str, int]:
 def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict[str, Path | str]]:
     """The model's own, Hugging Face and CTranslate2 directories; a CTranslate2 conversion that fails
     (no wheel for this platform) gives its reason instead of a path."""
-    own = make_base_model(work) if name == "base" else REPO / "model" / "pretrained" / name
-    hf = work / f"{name}-hf"
-    checkpoint.export_hf(own, hf)
+    if name == "nllb-600m":  # a Hugging Face directory, which beamserve reads as it is
+        own = hf = make_nllb_model(work)
+    else:
+        own = make_base_model(work) if name == "base" else REPO / "model" / "pretrained" / name
+        hf = work / f"{name}-hf"
+        checkpoint.export_hf(own, hf)
     ct2: dict[str, Path | str] = {}
     for quant in ("float32", "int8", "float16"):
         if f"ct2-{quant}" in {split_inter(s)[0] for s in systems}:
@@ -263,7 +334,8 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     tr = Translator.load(own, args.device, dtype=dtype, num_threads=args.threads)
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f][: args.sentences]
-    encoded = sorted((tr.encode(t) for t in texts), key=len)
+    lang = "eng_Latn" if tr.languages else None  # a model with language tokens: its source's first
+    encoded = sorted((tr.encode(t, lang=lang) for t in texts), key=len)
     if system == "beamserve" and inter > 1:
         pool = Translator.load(own, args.device, dtype=dtype, num_threads=threads, inter_threads=inter)
         return lambda n, B, K: run_beamserve(pool, encoded[:n], B, K, steps)
@@ -290,7 +362,8 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
         import transformers
 
         transformers.logging.set_verbosity_error()  # not a warning per generate() call about max_length
-        hf = transformers.MarianMTModel.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
+        auto = transformers.AutoModelForSeq2SeqLM
+        hf = auto.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).to(args.device).eval()
         pad = tr.model.cfg.pad_token_id
         return lambda n, B, K: run_hf(hf, pad, encoded[:n], B, K, steps, args.device)
     if system.startswith("ct2-"):
@@ -347,7 +420,7 @@ def _gpu_name(device: str) -> str:
 def _bench_model(
     name: str, own: Path, hf_dir: Path, ct2_dirs: dict[str, Path | str], systems: list[str], args: argparse.Namespace
 ) -> str:
-    steps = args.steps if name == "base" else None
+    steps = args.steps if name in RANDOM_MODELS else None
     workers: dict[str, SystemWorker] = {}
     missing: dict[str, str] = {}  # system -> why it did not run
     try:

@@ -3,6 +3,11 @@ and on a GPU everything the process holds there (CUDA context, torch's cache), a
 
     python loadtests/replica_memory.py --device cuda                          # a GPU replica as served
     python loadtests/replica_memory.py --device cpu --dtype float16 --sizes-for cuda  # its tensors, on CPU
+    python loadtests/replica_memory.py --model nllb-600m --device cpu --compute-type int8  # NLLB's shapes
+
+`--model nllb-600m` builds a random model of NLLB-200-distilled-600M's shapes first (bench_decode.py's
+make_nllb_model); its sentences are translated English to German through its language tokens. On CPU
+the report adds the process's resident set size after the burst.
 
 How many replicas fit on one GPU (service/app.py gpu_share) is the GPU's memory over the last figure.
 """
@@ -13,7 +18,9 @@ import argparse
 import gzip
 import os
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -47,13 +54,25 @@ def main() -> None:
     p.add_argument("--model", default="en-de")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="default: float16 on cuda, float32 on cpu")
+    p.add_argument("--compute-type", default=None, help="CTranslate2's names (int8, ...); instead of --dtype")
     p.add_argument("--sizes-for", default=None, help="the batching sizes of this device type (default: --device)")
     p.add_argument("--sentences", type=int, default=256, help="a burst of test sentences, beam 4, after loading")
+    p.add_argument("--max-length", type=int, default=256, help="max_decoding_length of the burst's sentences")
     p.add_argument("--out", type=Path, help="write the markdown report here")
     args = p.parse_args()
     data = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
+    with tempfile.TemporaryDirectory() as work:
+        model = args.model
+        if model == "nllb-600m":
+            from bench_decode import make_nllb_model
+
+            model = make_nllb_model(Path(work))
+        measure(args, model, data)
+
+
+def measure(args: argparse.Namespace, model: str | Path, data: Path) -> None:
     cuda = args.device.startswith("cuda")
-    tr = Translator.load(args.model, args.device, dtype=args.dtype)
+    tr = Translator.load(model, args.device, dtype=args.dtype, compute_type=args.compute_type)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tr.model.state_dict().values()}
     weights = sum(storages.values())  # tied embeddings once
     config = sized_for(args.sizes_for or torch.device(args.device).type, {"mode": "continuous"})
@@ -62,10 +81,14 @@ def main() -> None:
     with gzip.open(data / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f][: args.sentences]
     deadline = time.monotonic() + 600
+    source, options = None, DecodeOptions(beam_size=4, max_decoding_length=args.max_length)
+    if tr.languages:  # a model with language tokens: English to German
+        source = "eng_Latn"
+        options = replace(options, forced_bos_token_id=tr.tokenizer.language_id("deu_Latn"))
     items = [  # in requests of 16 sentences: every size's queue takes them
         item
         for i in range(0, len(texts), 16)
-        for item in engine.submit([tr.encode(t) for t in texts[i : i + 16]], DecodeOptions(beam_size=4), deadline)
+        for item in engine.submit([tr.encode(t, lang=source) for t in texts[i : i + 16]], options, deadline)
     ]
     for item in items:
         item.future.result(timeout=600)
@@ -82,10 +105,18 @@ def main() -> None:
             f"| the GPU's memory in use (this process alone on it: CUDA context included) | "
             f"{(total - free) / MIB:.0f} MiB of {total / MIB:.0f} |",
         ]
+    else:
+        import psutil
+
+        rows.append(
+            f"| the process's resident set size, after {len(texts)} sentences at beam 4 | "
+            f"{psutil.Process().memory_info().rss / MIB:.0f} MiB |"
+        )
     engine.close()
     name = torch.cuda.get_device_name() if cuda else "CPU"
     sizes = args.sizes_for or args.device
-    head = f"# One replica's memory\n\n{args.model}, {args.device} ({name}), batching sizes of {sizes}.\n"
+    kind = tr.compute_type
+    head = f"# One replica's memory\n\n{args.model}, {args.device} ({name}), {kind}, batching sizes of {sizes}.\n"
     emit(head + "\n| what | memory |\n|---|---:|\n" + "\n".join(rows) + "\n", args.out)
 
 
