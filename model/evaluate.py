@@ -35,12 +35,16 @@ def evaluate(
     sources: list[str],
     references: list[str],
     options: DecodeOptions | None = None,
+    *,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
 ) -> tuple[Evaluation, list[str]]:
-    """Translate sources and score against references -> (scores, hypotheses)."""
+    """Translate sources and score against references -> (scores, hypotheses); the languages for a model
+    with language tokens (Translator.translate)."""
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} source lines but {len(references)} reference lines")
     start = time.perf_counter()
-    results = translator.translate(sources, options or DecodeOptions())
+    results = translator.translate(sources, options or DecodeOptions(), src_lang=src_lang, tgt_lang=tgt_lang)
     seconds = time.perf_counter() - start
     hyps = [r.hypotheses[0] for r in results]
     bleu, chrf = BLEU(), CHRF()

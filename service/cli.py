@@ -29,6 +29,8 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, action="store_true", help=f.metadata["help"])
         else:
             p.add_argument(flag, type=hints[f.name], default=f.default, help=f.metadata["help"])
+    p.add_argument("--src-lang", default=None, help="a model with language tokens (NLLB: eng_Latn; M2M100: en)")
+    p.add_argument("--tgt-lang", default=None, help="the target's, as --src-lang")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
     p.add_argument(
@@ -97,7 +99,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     try:
         # translate() encodes every line before it decodes any, so a bad line stops it at once.
         with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.quiet) as bar:
-            results = tr.translate(lines, opts, progress=bar.update, truncate=args.truncate)
+            results = tr.translate(
+                lines, opts, progress=bar.update, truncate=args.truncate, src_lang=args.src_lang, tgt_lang=args.tgt_lang
+            )
     except SourceError as exc:
         hint = " (--truncate cuts such sources to fit)" if isinstance(exc, InputTooLongError) else ""
         print(f"beamserve translate: {_line_problem('stdin', exc)}{hint}", file=sys.stderr)
@@ -118,7 +122,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     opts.validate()  # before the model loads
     tr = _load(args)
     try:
-        ev, hyps = evaluate(tr, read_text(Path(args.src)), read_text(Path(args.ref)), opts)
+        sources, references = read_text(Path(args.src)), read_text(Path(args.ref))
+        ev, hyps = evaluate(tr, sources, references, opts, src_lang=args.src_lang, tgt_lang=args.tgt_lang)
     except SourceError as exc:
         print(f"beamserve evaluate: {_line_problem(args.src, exc)}", file=sys.stderr)
         return 2

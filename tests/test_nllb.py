@@ -270,3 +270,19 @@ def test_m2m100_directory_matches_transformers(nllb_dir: Path, tmp_path: Path, t
     for i, result in enumerate(mine):
         assert result.token_ids == theirs[i]
         assert result.scores == pytest.approx(out.sequences_scores[2 * i : 2 * i + 2].tolist(), abs=1e-4)
+
+
+def test_the_command_line_takes_the_languages(nllb_dir: Path, ours: Translator, texts: list[str]) -> None:
+    import subprocess
+    import sys
+
+    def run(*flags: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "service.cli", "translate", "--model", str(nllb_dir), "--quiet", *flags]
+        return subprocess.run(cmd, input="\n".join(texts[:3]) + "\n", capture_output=True, text=True, timeout=120)
+
+    done = run("--src-lang", "eng_Latn", "--tgt-lang", "fra_Latn", "--beam-size", "2")
+    assert done.returncode == 0, done.stderr
+    want = ours.translate(texts[:3], beam_size=2, src_lang="eng_Latn", tgt_lang="fra_Latn")
+    assert done.stdout.splitlines() == [r.hypotheses[0] for r in want]
+    refused = run("--src-lang", "eng_Latn")
+    assert refused.returncode == 2 and "name the target language (tgt_lang)" in refused.stderr
