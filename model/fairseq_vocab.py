@@ -106,3 +106,23 @@ def _listed_tokens(directory: Path) -> list[str]:
         f"{directory}: no tokenizer.json, and no language tokens listed (additional_special_tokens) in "
         "tokenizer_config.json or special_tokens_map.json, nor M2M100's language_codes"
     )
+
+
+def train_spm(texts: list[str], directory: Path, vocab_size: int) -> Path:
+    """Train a BPE SentencePiece model numbered as NLLB's (<unk> 0, <s> 1, </s> 2) on texts, as
+    directory/sentencepiece.bpe.model (the test and benchmark models of NLLB's layout)."""
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(directory / "sp"),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        num_threads=2,
+        minloglevel=2,
+    )
+    (directory / "sp.vocab").unlink()
+    return (directory / "sp.model").rename(directory / SPM)

@@ -124,27 +124,6 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 EOS, PAD = 2, 1  # fairseq's ids (M2M100, NLLB)
 
 
-def train_bpe(texts: list[str], out: Path, vocab_size: int) -> Path:
-    """A BPE SentencePiece model numbered as NLLB's is (<unk> 0, <s> 1, </s> 2)."""
-    import sentencepiece as spm
-
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_prefix=str(out / "sp"),
-        vocab_size=vocab_size,
-        model_type="bpe",
-        character_coverage=1.0,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        num_threads=2,
-        minloglevel=2,
-    )
-    (out / "sp.vocab").unlink()
-    return (out / "sp.model").rename(out / "sentencepiece.bpe.model")
-
-
 @pytest.fixture(scope="session")
 def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An NLLB-200-shaped directory as transformers writes it: NllbTokenizer's files over a BPE model
@@ -154,7 +133,9 @@ def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
     out = tmp_path_factory.mktemp("nllb")
-    train_bpe(read_lines("train.en.gz", 1500) + read_lines("train.de.gz", 1500), out, 400)
+    from model.fairseq_vocab import train_spm
+
+    train_spm(read_lines("train.en.gz", 1500) + read_lines("train.de.gz", 1500), out, 400)
     tok = transformers.NllbTokenizer.from_pretrained(str(out), additional_special_tokens=FAIRSEQ_LANGUAGE_CODES)
     tok.save_pretrained(str(out))
     config = transformers.M2M100Config(
