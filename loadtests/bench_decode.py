@@ -112,9 +112,10 @@ def make_nllb_model(work: Path) -> Path:
     SentencePiece model trained on the English and German training text (8,000 pieces), NLLB's numbering
     (pieces up to id 256,000, filled with unused ones, then the 202 language tokens and <mask>), and
     seeded weights."""
-    import sentencepiece as spm
     import transformers
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES as LANGS
+
+    from model.fairseq_vocab import train_spm
 
     out = work / "nllb-600m"
     out.mkdir(parents=True)
@@ -122,21 +123,7 @@ def make_nllb_model(work: Path) -> Path:
     for name in ("train.en.gz", "train.de.gz"):
         with gzip.open(DATA / name, "rt", encoding="utf-8") as f:
             texts += [line.strip() for line in f][:30000]
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_prefix=str(out / "sp"),
-        vocab_size=8000,
-        model_type="bpe",
-        character_coverage=1.0,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        num_threads=2,
-        minloglevel=2,
-    )
-    (out / "sp.model").rename(out / "sentencepiece.bpe.model")
-    (out / "sp.vocab").unlink()
+    train_spm(texts, out, 8000)
     transformers.NllbTokenizer.from_pretrained(str(out), additional_special_tokens=LANGS).save_pretrained(str(out))
     tokenizer = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
     vocab = tokenizer["model"]["vocab"]
