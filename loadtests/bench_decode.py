@@ -389,7 +389,7 @@ def main() -> None:
     if args.clock == "cpu" and any(split_inter(s)[1] > 1 for s in systems):
         p.error("-interN systems decode in worker processes whose CPU time --clock cpu cannot see; use --clock wall")
     lines = [
-        f"# Decoding benchmark\n\nCommand: `python loadtests/bench_decode.py {' '.join(sys.argv[1:])}`\n",
+        "# Decoding benchmark\n",  # the command, commit and CPU: the provenance line (reports.emit)
         f"Device: {args.device} ({torch.get_num_threads()} threads){_gpu_name(args.device)}; torch "
         f"{torch.__version__}" + ("; each worker's CPU time, not elapsed time" if args.clock == "cpu" else "") + ".\n",
     ]
