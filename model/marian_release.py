@@ -54,8 +54,11 @@ def read_config(weights: Any) -> dict[str, Any]:
 
 
 def read_vocab(path: Path) -> dict[str, int]:
-    """A Marian .vocab.yml (piece: id) as a dict; `<pad>` added after the last id, as Hugging Face's are."""
-    vocab = {str(k): int(v) for k, v in yaml.safe_load(path.read_text(encoding="utf-8")).items()}
+    """A Marian .vocab.yml (piece: id) as a dict; `<pad>` added after the last id, as Hugging Face's are.
+    Every key stays the string it is (YAML's base schema): a piece spelt `no`, `null` or `1` is not a
+    boolean, a None or a number."""
+    raw = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)  # builds no objects
+    vocab = {str(k): int(v) for k, v in raw.items()}
     vocab.setdefault("<pad>", max(vocab.values()) + 1)
     return vocab
 
@@ -64,6 +67,11 @@ def _check(config: dict[str, Any], weights: Any, vocabs: list[str]) -> None:
     problems = []
     if config.get("type", "transformer") != "transformer":
         problems.append(f"type {config.get('type')!r} (a transformer is needed)")
+    if config.get("transformer-decoder-autoreg", "self-attention") != "self-attention":
+        problems.append(f"a {config['transformer-decoder-autoreg']} decoder (self-attention is needed)")
+    depths = (config.get("transformer-ffn-depth", 2), config.get("transformer-decoder-ffn-depth", 0) or 2)
+    if any(int(d) != 2 for d in depths):
+        problems.append(f"feed-forward blocks of depth {depths} (2 is needed)")
     if str(config.get("transformer-preprocess", "")) != "" or config.get("transformer-postprocess", "dan") != "dan":
         problems.append("a pre-norm transformer (--transformer-preprocess n)")
     if not config.get("tied-embeddings-all", False) or len(set(vocabs)) != 1 or "Wemb" not in weights:

@@ -153,6 +153,17 @@ def test_the_converted_model_translates_as_ctranslate2_reads_the_release(
     assert ended and all(found[i].hypotheses[0] == targets[i] for i in ended)
 
 
+def test_a_vocabulary_keeps_every_piece_as_written(tmp_path: Path) -> None:
+    """Pieces that YAML's default schema would read as a boolean, a null or a number stay strings."""
+    from model.marian_release import read_vocab
+
+    text = '</s>: 0\n<unk>: 1\nno: 2\nnull: 3\n1: 4\n"\\"": 5\n"a: b": 6\n\u2581the: 7\n'
+    (tmp_path / "v.yml").write_text(text, encoding="utf-8")
+    assert read_vocab(tmp_path / "v.yml") == {
+        "</s>": 0, "<unk>": 1, "no": 2, "null": 3, "1": 4, '"': 5, "a: b": 6, "\u2581the": 7, "<pad>": 8,
+    }  # fmt: skip
+
+
 def test_the_cli_converts_and_unsupported_set_ups_are_refused_by_name(
     release: tuple[Path, Path], tmp_path: Path
 ) -> None:
