@@ -149,7 +149,6 @@ class ServedModel:
         stats = self.engine.stats
         return {
             "model": self.entry.name,
-            "pairs": self.entry.pairs,
             "device": str(tr.device),
             "dtype": str(tr.dtype).removeprefix("torch."),
             "compute_type": tr.compute_type,
