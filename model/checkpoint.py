@@ -73,6 +73,10 @@ def is_hf_marian(path: Path) -> bool:
 
 def save(model: Seq2Seq, out: Path, tokenizer_dir: Path | None, dtype: torch.dtype = torch.float32) -> None:
     """Write the own format; tokenizer files are copied from tokenizer_dir when given."""
+    if any(p.numel() == 0 and int8_of(p) is not None for p in model.parameters()):
+        raise ValueError(
+            "this model computes in int8 and holds no float weights (Translator.load frees them): use save_int8"
+        )
     out.mkdir(parents=True, exist_ok=True)
     model.cfg.save(out / OWN_CONFIG)
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}

@@ -17,7 +17,7 @@ from torch import nn
 
 from model.gemm import Linear
 from model.options import COMPUTE_TYPES
-from model.quant import Int8Weight, use_int8
+from model.quant import Int8Weight, int8_of, use_int8
 
 FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 INT8 = {"int8": "float32", "int8_float32": "float32", "int8_bfloat16": "bfloat16"}  # -> the float type elsewhere
@@ -86,3 +86,18 @@ def quantize_int8(model: nn.Module, output_weight: torch.Tensor, saved: dict[str
     the float table."""
     for name, w in int8_weights(model, output_weight).items():
         use_int8(w, saved.get(name) if saved is not None else None)
+
+
+def release_float_weights(model: nn.Module, output_weight: torch.Tensor) -> int:
+    """Free the float form of every weight that now computes only in int8 (each linear layer's; not a tied
+    output projection, whose embedding table lookups read in float): a served int8 model multiplies by
+    the int8 forms alone, so the float ones would only take memory (a quarter of it each again). Each
+    weight keeps its rows and its int8 form, with no columns: a float GEMM over it (autograd, another
+    device) fails on the shapes instead of computing with stale numbers. Returns the bytes freed."""
+    freed = 0
+    for name, weight in int8_weights(model, output_weight).items():
+        if name == OUTPUT_PROJECTION or int8_of(weight) is None:
+            continue
+        freed += weight.numel() * weight.element_size()
+        weight.data = weight.data.new_empty((weight.shape[0], 0))
+    return freed

@@ -132,8 +132,9 @@ class Translator:
                 # the steps. Flash / memory-efficient attention need no plan.
                 torch.backends.cuda.enable_cudnn_sdp(False)
             model = checkpoint.build(directory).to(dev, torch_dtype)
-            if ctype.int8:  # an int8 checkpoint's own weights, else quantised now
+            if ctype.int8:  # an int8 checkpoint's own weights, else quantised now; their float forms freed
                 compute.quantize_int8(model, model.output_weight, checkpoint.saved_int8(directory))
+                compute.release_float_weights(model, model.output_weight)
             # The count for this thread and for threads that run torch later (each takes it on first use).
             torch.set_num_threads(num_threads or cpus)
             translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)

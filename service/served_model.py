@@ -142,7 +142,7 @@ class ServedModel:
             for start in range(0, len(tagged), ALIGN_PAIRS_PER_TURN):
                 chunk = tagged[start : start + ALIGN_PAIRS_PER_TURN]
                 links += await asyncio.wrap_future(self.engine.call(partial(align, chunk)))
-        return [[[*k.target, max(0, k.source[0] - shift), max(0, k.source[1] - shift)] for k in pair] for pair in links]
+        return [[[*k.target, max(0, k.source[0] - shift), max(0, k.source[1] - shift)] for k in one] for one in links]
 
     def info(self) -> dict[str, Any]:
         tr = self.translator

@@ -208,6 +208,23 @@ def test_an_int8_checkpoint_loads_as_float_with_its_weights_dequantised(tmp_path
     assert result.hypotheses[0].startswith("Ein Hund")
 
 
+def test_an_int8_model_holds_no_float_copy_of_its_int8_weights_and_translates_as_with_one(tmp_path: Path) -> None:
+    """Translator.load frees the float form of each weight that computes in int8: the same bits as the
+    same model quantised with its float weights kept. The tied embedding table stays float."""
+    int8 = load("en-de", "int8")
+    fc1 = int8.model.decoder_layers[0].ffn.fc1.weight
+    assert fc1.numel() == 0 and int8_of(fc1) is not None and int8.model.embed.weight.numel() > 0
+    kept = checkpoint.build(PRETRAINED_DIR / "en-de")
+    compute.quantize_int8(kept, kept.output_weight)
+    assert kept.decoder_layers[0].ffn.fc1.weight.numel() > 0
+    reference = Translator(kept, int8.tokenizer, device=CPU)
+    texts = read_lines("test_2016_flickr.en.gz", 32)
+    for a, b in zip(int8.translate(texts, beam_size=4), reference.translate(texts, beam_size=4), strict=True):
+        assert (a.token_ids, a.scores) == (b.token_ids, b.scores)
+    with pytest.raises(ValueError, match="save_int8"):
+        checkpoint.save(int8.model, tmp_path, None)
+
+
 def test_an_int8_form_belongs_to_its_weight_alone() -> None:
     """Two models in one process (a pool replica) keep their own int8 forms, each going with its weight
     and never in a state dict; a new weight, even where a freed one lived, has none."""
