@@ -156,9 +156,7 @@ def load(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 def build(path: Path) -> Seq2Seq:
     """Load a checkpoint directory into a Seq2Seq in eval mode."""
     cfg, state = load(path)
-    model = Seq2Seq(cfg)
-    model.load_state_dict(state)
-    return model.eval()
+    return Seq2Seq.from_state(cfg, state).eval()
 
 
 def _config_from_hf(
@@ -236,7 +234,9 @@ def _import_hf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         state["target_embed.weight"] = target.float()
     if not cfg.tie_embeddings:
         state["lm_head.weight"] = hf["lm_head.weight"].float()
-    for ours in Seq2Seq(cfg).state_dict():
+    with torch.device("meta"):  # the names alone: no weights allocated or initialised
+        expected = list(Seq2Seq(cfg).state_dict())
+    for ours in expected:
         if ours not in state:
             state[ours] = hf[to_hf_name(ours)].float()
     return cfg, state

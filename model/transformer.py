@@ -182,6 +182,17 @@ class Seq2Seq(nn.Module):
         self.final_logits_bias = nn.Parameter(torch.zeros(V)) if cfg.final_logits_bias else None
         self.reset_parameters()
 
+    @classmethod
+    def from_state(cls, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Seq2Seq:
+        """A model holding `state`'s tensors themselves: built on the meta device, so that loading takes one
+        copy of the weights, not two (a random initialisation overwritten), and no time initialising them;
+        the fixed sinusoids computed after."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict(state, assign=True)
+        model.positions = PositionalEncoding(cfg.max_position_embeddings, cfg.d_model, cfg.positions, cfg.pad_token_id)
+        return model
+
     @property
     def decoders(self) -> list[DecoderLayer]:
         return cast(list[DecoderLayer], list(self.decoder_layers))
