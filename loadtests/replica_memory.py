@@ -5,9 +5,9 @@ and on a GPU everything the process holds there (CUDA context, torch's cache), a
     python loadtests/replica_memory.py --device cpu --dtype float16 --sizes-for cuda  # its tensors, on CPU
     python loadtests/replica_memory.py --model nllb-600m --device cpu --compute-type int8  # NLLB's shapes
 
-`--model nllb-600m` builds a random model of NLLB-200-distilled-600M's shapes first, in a process of its
-own (bench_decode.py's make_nllb_model); its sentences are translated English to German through its language tokens. On CPU
-the report adds the process's resident set size after the burst.
+`--model nllb-600m` builds a random model of NLLB-200-distilled-600M's shapes first, in a process of
+its own (bench_decode.py's make_nllb_model); its sentences are translated English to German through its
+language tokens. On CPU the report adds the process's resident set size after the burst.
 
 How many replicas fit on one GPU (service/app.py gpu_share) is the GPU's memory over the last figure.
 """
