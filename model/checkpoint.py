@@ -67,10 +67,6 @@ def hf_model_type(path: Path) -> str | None:
     return kind if kind in HF_TYPES else None
 
 
-def is_hf_marian(path: Path) -> bool:
-    return hf_model_type(path) == "marian"
-
-
 def save(model: Seq2Seq, out: Path, tokenizer_dir: Path | None, dtype: torch.dtype = torch.float32) -> None:
     """Write the own format; tokenizer files are copied from tokenizer_dir when given."""
     if any(p.numel() == 0 and int8_of(p) is not None for p in model.parameters()):
@@ -209,15 +205,15 @@ def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def _import_hf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     hf_config = json.loads((path / "config.json").read_text())
-    if fairseq_vocab.is_fairseq(path):
-        vocab = fairseq_vocab.read_vocab(path)
+    if fairseq_vocab.is_fairseq(path):  # fixed ids: the vocabulary is read once, by the tokenizer
+        unk = fairseq_vocab.SPECIAL_IDS["<unk>"]
     else:
-        vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+        unk = json.loads((path / "vocab.json").read_text(encoding="utf-8")).get("<unk>", 1)
     hf = _read_hf_weights(path)
     marian = hf_config.get("model_type") == "marian"
     generation_file = path / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
-    cfg = _config_from_hf(hf_config, generation, vocab.get("<unk>", 1), marian or "final_logits_bias" in hf)
+    cfg = _config_from_hf(hf_config, generation, unk, marian or "final_logits_bias" in hf)
     names = ("model.shared.weight", "model.encoder.embed_tokens.weight")
     source = next((hf[k] for k in (names if cfg.share_embeddings else names[::-1]) if k in hf), None)
     if source is None:

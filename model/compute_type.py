@@ -88,16 +88,12 @@ def quantize_int8(model: nn.Module, output_weight: torch.Tensor, saved: dict[str
         use_int8(w, saved.get(name) if saved is not None else None)
 
 
-def release_float_weights(model: nn.Module, output_weight: torch.Tensor) -> int:
+def release_float_weights(model: nn.Module, output_weight: torch.Tensor) -> None:
     """Free the float form of every weight that now computes only in int8 (each linear layer's; not a tied
     output projection, whose embedding table lookups read in float): a served int8 model multiplies by
     the int8 forms alone, so the float ones would only take memory (a quarter of it each again). Each
     weight keeps its rows and its int8 form, with no columns: a float GEMM over it (autograd, another
-    device) fails on the shapes instead of computing with stale numbers. Returns the bytes freed."""
-    freed = 0
+    device) fails on the shapes instead of computing with stale numbers."""
     for name, weight in int8_weights(model, output_weight).items():
-        if name == OUTPUT_PROJECTION or int8_of(weight) is None:
-            continue
-        freed += weight.numel() * weight.element_size()
-        weight.data = weight.data.new_empty((weight.shape[0], 0))
-    return freed
+        if name != OUTPUT_PROJECTION and int8_of(weight) is not None:
+            weight.data = weight.data.new_empty((weight.shape[0], 0))

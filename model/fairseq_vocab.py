@@ -23,7 +23,8 @@ from model.tokenizer import Tokenizer
 SPM = "sentencepiece.bpe.model"
 # The files that make the tokenizer, whichever the directory has (copied beside a converted checkpoint).
 FILES = (SPM, "tokenizer.json", "vocab.json", "tokenizer_config.json", "special_tokens_map.json")
-SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+SPECIAL_IDS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}  # fixed in every fairseq dictionary
+SPECIALS = (*SPECIAL_IDS, "<mask>")
 NLLB_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # eng_Latn, zho_Hans: the code is the token
 M2M100_CODE = re.compile(r"^__([a-z]{2,3})__$")  # __en__: the code is inside
 # M2M100's languages in the order of their tokens; its tokenizer config may name the set ("language_codes":
@@ -82,7 +83,7 @@ def read_vocab(directory: Path) -> dict[str, int]:
         return vocab | {token: size + i for i, token in enumerate(listed)}
     model = spm.SentencePieceProcessor(model_file=str(directory / SPM))
     # Fairseq's numbering: its specials, then the model's pieces one up (its own <unk>, <s>, </s> at 0-2).
-    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocab = dict(SPECIAL_IDS)
     vocab |= {model.id_to_piece(i): i + 1 for i in range(3, model.get_piece_size())}
     size = model.get_piece_size() + 1
     vocab |= {token: size + i for i, token in enumerate(listed)}

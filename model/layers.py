@@ -272,7 +272,7 @@ def fairseq_sinusoidal_table(positions: int, dim: int, offset: int) -> torch.Ten
     freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -step)  # (C/2,)
     angles = torch.arange(offset, offset + positions, dtype=torch.int64).float()[:, None] * freq[None, :]
     table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # (P, 2 * (C/2))
-    return torch.nn.functional.pad(table, (0, dim - 2 * half))  # an odd width's last column is 0
+    return F.pad(table, (0, dim - 2 * half))  # an odd width's last column is 0
 
 
 class PositionalEncoding(nn.Module):

@@ -42,10 +42,6 @@ _DECODER_BLOCKS = [
 ]
 
 
-def is_release(path: Path) -> bool:
-    return (path / "decoder.yml").is_file()
-
-
 def read_config(weights: Any) -> dict[str, Any]:
     """The architecture Marian stored beside the weights (YAML, a trailing NUL)."""
     raw = bytes(weights[CONFIG_KEY]).rstrip(b"\0")
@@ -94,6 +90,8 @@ def convert(release: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     width = int(config["dim-emb"])
+    # Hugging Face's converter sets dim-emb (512 or 1024 in the released models); 512 at least for narrower ones.
+    positions = max(512, width)
     hf_config = {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
@@ -108,8 +106,7 @@ def convert(release: Path, out: Path) -> None:
         "decoder_ffn_dim": int(config.get("transformer-decoder-dim-ffn") or config["transformer-dim-ffn"]),
         "activation_function": config.get("transformer-ffn-activation", "swish"),
         "scale_embedding": True,
-        # Hugging Face's converter sets dim-emb (512 or 1024 in the released models); 512 at least for narrower ones.
-        "max_position_embeddings": max(512, width),
+        "max_position_embeddings": positions,
         "pad_token_id": pad,
         "eos_token_id": vocab["</s>"],
         "decoder_start_token_id": pad,
@@ -130,7 +127,7 @@ def convert(release: Path, out: Path) -> None:
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     for name in ("source.spm", "target.spm"):
         shutil.copyfile(release / name, out / name)
-    tokenizer = {"tokenizer_class": "MarianTokenizer", "model_max_length": max(512, width), "separate_vocabs": False}
+    tokenizer = {"tokenizer_class": "MarianTokenizer", "model_max_length": positions, "separate_vocabs": False}
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
 
 
