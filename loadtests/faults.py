@@ -6,7 +6,8 @@
 Servers serve the shipped en-de: one model, so by default the ingress holds it (Settings.colocate).
 replica-kill, gateway-kill and slow-clients share one server with the model in a deployment of its
 own (BEAMSERVE_COLOCATE=false, as each model of a registry of several is), in that order, each after
-the last has recovered; every other case has a fresh server in the default layout.
+the last has recovered; every other case has a fresh server in the default layout. Without the first
+two, the shared server has the default layout and colocated-kill runs on it after slow-clients.
 
 Cases (bounded in time, traffic to 127.0.0.1 only):
 - spike: open-loop one-sentence requests at 10x the rate the server sustains (measured first by a
@@ -511,27 +512,31 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
     shared: list[Server] = []  # the server of the cases that leave it serving
-
-    def server() -> Server:
-        if not shared:  # a body timeout short enough for slow-clients, long past every other case's bodies
-            shared.append(Server(BEAMSERVE_BODY_TIMEOUT_S="3", BEAMSERVE_COLOCATE="false"))
-        return shared[0]
-
     cases = args.cases.split(",")
     unknown = set(cases) - set(CASES)
     if unknown:
         raise SystemExit(f"unknown case {sorted(unknown)[0]!r}")
+    # The kills of a split server's replicas need the model in a deployment of its own; without them the
+    # shared server has the default layout, and the colocated kill ends it, last of its cases.
+    split = bool({"replica-kill", "gateway-kill"} & set(cases))
+    on_shared = {*SHARED_ORDER, *(() if split else ("colocated-kill",))}
+
+    def server() -> Server:
+        if not shared:  # a body timeout short enough for slow-clients, long past every other case's bodies
+            shared.append(Server(BEAMSERVE_BODY_TIMEOUT_S="3", **({"BEAMSERVE_COLOCATE": "false"} if split else {})))
+        return shared[0]
+
     try:
         for case in sorted(cases, key=lambda c: SHARED_ORDER.index(c) if c in SHARED_ORDER else 3):  # shared first
             print(f"== {case}", flush=True)
-            if case not in SHARED_ORDER:  # the shared server's cases are done: its CPU is the next case's
+            if case not in on_shared:  # the shared server's cases are done: its CPU is the next case's
                 while shared:
                     shared.pop().stop()
             if case == "spike":
                 case_spike(args.duration, failures, args.spike_factor, args.spike_queue_wait)
             elif case == "replica-kill":
                 case_kill(server(), "model-en-de", args.duration, failures)
-            elif case == "gateway-kill":
+            elif case == "gateway-kill" or (case == "colocated-kill" and not split):  # the ingress's replica
                 case_kill(server(), "Gateway", args.duration, failures)
             elif case == "colocated-kill":
                 colocated = Server()

@@ -399,18 +399,6 @@ def test_concurrent_requests_share_batches_and_match_sequential(server: str, cli
     assert after["engine_cpu_s"] > before["engine_cpu_s"]  # the engine thread's CPU, as benchmarks read it
 
 
-def test_batching_knobs_reconfigure_live(server: str, client: httpx.Client) -> None:
-    from service import runtime
-
-    runtime.deploy({**SETTINGS, "batch_wait_ms": 7.0})
-    assert client.get("/v1/stats").json()["en-de"]["config"]["batch_wait_ms"] == 7.0
-    runtime.deploy(SETTINGS)
-    config = client.get("/v1/stats").json()["en-de"]["config"]
-    assert config["batch_wait_ms"] == SETTINGS["batch_wait_ms"]
-    # decode_slots is left unset: the CPU replica's size; max_queue is set: as given.
-    assert (config["decode_slots"], config["max_queue"]) == (256, SETTINGS["max_queue"])
-
-
 LONG = (
     "A group of young men in colorful uniforms are playing a game of soccer on a large green field "
     "while a crowd of people watches from the stands behind them."
@@ -421,11 +409,15 @@ BUSY_DAYS = ("today", "yesterday", "on Monday", "on Tuesday", "on Wednesday", "o
              "on Saturday", "on Sunday", "again")  # fmt: skip
 
 
-def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, client: httpx.Client) -> None:
+def test_knobs_deployed_live_overload_is_503_with_retry_after_and_deadline_is_504(
+    server: str, client: httpx.Client
+) -> None:
     from service import runtime
 
     runtime.deploy({**SETTINGS, "max_queue": 3, "max_batch_size": 1, "batch_wait_ms": 0.0})
     try:
+        config = client.get("/v1/stats").json()["en-de"]["config"]
+        assert (config["max_queue"], config["max_batch_size"], config["batch_wait_ms"]) == (3, 1, 0.0)
         # Four distinct sentences (the gateway decodes a repeated one once).
         too_big = client.post("/v1/translate", json={"texts": list("abcd"), "source": "en", "target": "de"})
         assert too_big.status_code == 422 and "queues at most 3" in too_big.text
@@ -465,6 +457,13 @@ def test_overload_is_503_with_retry_after_and_deadline_is_504(server: str, clien
         assert late.status_code == 504, late.text
     finally:
         runtime.deploy(SETTINGS)
+    config = client.get("/v1/stats").json()["en-de"]["config"]
+    assert (config["batch_wait_ms"], config["max_batch_size"]) == (
+        SETTINGS["batch_wait_ms"],
+        SETTINGS["max_batch_size"],
+    )
+    # decode_slots is left unset: the CPU replica's size; max_queue is set: as given.
+    assert (config["decode_slots"], config["max_queue"]) == (256, SETTINGS["max_queue"])
 
 
 def test_client_that_disconnects_stops_costing_compute(server: str, client: httpx.Client) -> None:
