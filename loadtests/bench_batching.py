@@ -286,15 +286,6 @@ def cells(runs: list[Probe]) -> dict[str, list[Probe]]:
     return out
 
 
-def command_line() -> list[str]:
-    """This run's arguments, less a --from-json (which only rewrites the report of the run it names)."""
-    argv = sys.argv[1:]
-    if "--from-json" in argv:
-        i = argv.index("--from-json")
-        argv = argv[:i] + argv[i + 2 :]
-    return argv
-
-
 def device_text(args: argparse.Namespace) -> str:
     path = "; continuous mode on the static decode state" if getattr(args, "static_slots", False) else ""
     if args.device == "cpu":
@@ -318,8 +309,8 @@ def sizes_text(name: str, args: argparse.Namespace) -> str:
     )
 
 
-def capacity_lines(capacities: list[Capacity], best: dict[str, float]) -> list[str]:
-    """The capacity table, and the continuous rate as a share of the best burst's median throughput."""
+def capacity_lines(capacities: list[Capacity]) -> list[str]:
+    """The capacity table: each burst's median, lowest and highest throughput."""
     if not capacities:
         return []
     lines = [
@@ -345,14 +336,10 @@ def capacity_lines(capacities: list[Capacity], best: dict[str, float]) -> list[s
         }[kind]
         medians[label] = statistics.median(values)
         lines.append(f"| {label} | {medians[label]:.1f} | {min(values):.1f} | {max(values):.1f} |")
-    if medians and best.get("request"):
-        need = 1.5 * best["request"]
-        label, top = max(medians.items(), key=lambda kv: kv[1])
+    if medians:
         lines += [
             "",
-            f"Continuous batching at 1.5x request-level's highest sustained rate would be {need:.1f} "
-            f"requests/s: {need / top:.2f}x the highest median burst throughput ({label}, {top:.1f}). A "
-            "queue kept full is as large as batches get, so no configuration completes more sentences a "
+            "A queue kept full is as large as batches get, so no configuration completes more sentences a "
             "second under Poisson arrivals than its bursts do; offered more, its queue, and p95 with it, "
             "grows without bound.",
         ]
@@ -364,8 +351,6 @@ def report(raw: list[Probe], args: argparse.Namespace, seconds: float, capacitie
     best = {name: max((p.rate for p in ps if p.passes(args.p95_target)), default=0.0) for name, ps in probes.items()}
     lines = [
         "# Batching benchmark: no batching vs request-level vs continuous batching",
-        "",
-        f"Command: `python loadtests/bench_batching.py {' '.join(command_line())}`",
         "",
         f"Shipped {args.model} model, {device_text(args)}, beam {args.beam_size}, one test_2016_flickr sentence per "
         f"request, Poisson arrivals for {args.duration:.0f} s per rate, {args.repeats} repetitions per rate "
@@ -395,7 +380,7 @@ def report(raw: list[Probe], args: argparse.Namespace, seconds: float, capacitie
     for name, ps in probes.items():
         tight = [max((p.rate for p in ps if p.passes(t)), default=0.0) for t in OTHER_TARGETS]
         lines.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in tight) + " |")
-    lines += capacity_lines(capacities or [], best)
+    lines += capacity_lines(capacities or [])
     lines += [
         "",
         "## Every rate (medians of the repetitions; p95 range = lowest..highest repetition)",
