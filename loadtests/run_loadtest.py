@@ -148,8 +148,6 @@ def summary(results: dict[str, list[dict[str, float]]], args: argparse.Namespace
     lines = [
         "# Load test",
         "",
-        f"Command: `python loadtests/run_loadtest.py {' '.join(sys.argv[1:])}`",
-        "",
         f"SLO: p95 <= {args.slo_p95_ms:.0f} ms and failures <= 1%. Traffic: loadtests/locustfile.py "
         "(test_2016_flickr sentences, 1 or 2-8 per request, beam 1/4/5, en-de and en-fr, LibreTranslate "
         "route too).",
