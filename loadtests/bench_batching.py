@@ -49,7 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from reports import emit  # noqa: E402
+from reports import emit, provenance  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
 from service.engine import Engine  # noqa: E402
@@ -324,7 +324,6 @@ def capacity_lines(capacities: list[Capacity]) -> list[str]:
         "| burst | median | lowest | highest |",
         "|---|---:|---:|---:|",
     ]
-    medians = {}
     for kind in CAPACITY_KINDS:
         values = [c.throughput for c in capacities if c.kind == kind]
         if not values:
@@ -334,15 +333,13 @@ def capacity_lines(capacities: list[Capacity]) -> list[str]:
             "request": "request mode, order drawn",
             "continuous": "continuous mode, order drawn",
         }[kind]
-        medians[label] = statistics.median(values)
-        lines.append(f"| {label} | {medians[label]:.1f} | {min(values):.1f} | {max(values):.1f} |")
-    if medians:
-        lines += [
-            "",
-            "A queue kept full is as large as batches get, so no configuration completes more sentences a "
-            "second under Poisson arrivals than its bursts do; offered more, its queue, and p95 with it, "
-            "grows without bound.",
-        ]
+        lines.append(f"| {label} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} |")
+    lines += [
+        "",
+        "A queue kept full is as large as batches get, so no configuration completes more sentences a "
+        "second under Poisson arrivals than its bursts do; offered more, its queue, and p95 with it, "
+        "grows without bound.",
+    ]
     return lines
 
 
@@ -438,7 +435,7 @@ def main() -> None:
         if isinstance(saved, list):  # written before capacity bursts were measured
             saved = {"probes": saved, "capacity": []}
         text = report([Probe(**p) for p in saved["probes"]], args, 0.0, [Capacity(**c) for c in saved["capacity"]])
-        emit(text, args.out)
+        emit(text, args.out, saved.get("provenance"))  # the run's commit and command, not this rewrite's
         return
     started = time.perf_counter()
     tr = Translator.load(args.model, args.device, num_threads=args.threads)
@@ -446,9 +443,10 @@ def main() -> None:
         sources = [tr.encode(line.strip()) for line in f if line.strip()]
     runs, capacities = sweep(tr, args.configs.split(","), sources, args)
     text = report(runs, args, time.perf_counter() - started, capacities)
-    emit(text, args.out)
+    stamp = provenance()
+    emit(text, args.out, stamp)
     if args.out:
-        saved = {"probes": [asdict(p) for p in runs], "capacity": [asdict(c) for c in capacities]}
+        saved = {"probes": [asdict(p) for p in runs], "capacity": [asdict(c) for c in capacities], "provenance": stamp}
         args.out.with_suffix(".json").write_text(json.dumps(saved, indent=1), encoding="utf-8")
 
 

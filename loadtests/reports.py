@@ -14,12 +14,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def emit(report: str, out: Path | None) -> None:
+def emit(report: str, out: Path | None, stamp: str | None = None) -> None:
     """Print the report and write it to `out`, with its provenance line after the title (first where
-    it has no "# " title) where the report has none."""
+    it has no "# " title) where the report has none: `stamp` where given (a report rewritten from an
+    earlier run's data keeps that run's), else this process's."""
     if "\nCommit: " not in report and not report.startswith("Commit: "):
+        stamp = stamp or provenance()
         title, _, rest = report.partition("\n")
-        report = f"{title}\n\n{provenance()}\n{rest}" if title.startswith("#") else f"{provenance()}\n\n{report}"
+        report = f"{title}\n\n{stamp}\n{rest}" if title.startswith("#") else f"{stamp}\n\n{report}"
     print(report)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
