@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: lock install chromium serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
+.PHONY: lock install chromium clang serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c model/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,12 +34,19 @@ chromium:
 	  { apt-get install -y -q --no-install-recommends chromium chromium-driver || \
 	    { apt-get update -q && apt-get install -y -q --no-install-recommends chromium chromium-driver; }; }
 
+# clang for the test that the C kernels build with it and give GCC's build's bits (tests/test_native.py):
+# Debian's package, installed once system-wide.
+clang:
+	command -v clang >/dev/null || \
+	  { apt-get install -y -q --no-install-recommends clang || \
+	    { apt-get update -q && apt-get install -y -q --no-install-recommends clang; }; }
+
 serve: install
 	$(VENV)/bin/beamserve serve
 
 CODE := model service tests loadtests
 
-test: lint $(VENV)/bin/promtool chromium
+test: lint $(VENV)/bin/promtool chromium clang
 	$(PY) -m pytest -q -ra
 
 # The inner loop: everything but the tests that start Ray, a server, worker processes or training.

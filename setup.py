@@ -1,4 +1,4 @@
-"""beamserve's C kernels (model/csrc: the int8 row passes, a decode step's attention, log-softmax and
+"""beamserve's C kernels (model/csrc: the int8 row passes and GEMM, a decode step's attention, log-softmax and
 candidate ranking), built as plain shared libraries beside the package: on x86-64 once for the baseline
 and once each for the x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) levels, of which model/native.py
 loads the best this CPU runs.
@@ -11,7 +11,7 @@ import platform
 
 from setuptools import Extension, setup
 
-SOURCES = ["model/csrc/int8_rows.c", "model/csrc/attention.c", "model/csrc/search.c"]
+SOURCES = ["model/csrc/int8_rows.c", "model/csrc/int8_gemm.c", "model/csrc/attention.c", "model/csrc/search.c"]
 # No contraction of a separate multiply and add into one rounding: the int8 passes must match PyTorch's
 # bits, and the decode-step kernels' bits must not depend on the CPU.
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]

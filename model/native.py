@@ -1,10 +1,13 @@
 """beamserve's C kernels (model/csrc), where the package was built with them: the passes around an int8
-GEMM, and a decode step's attention, log-softmax and candidate ranking.
+GEMM and the GEMM itself where oneDNN's does not serve, and a decode step's attention, log-softmax and
+candidate ranking.
 
 An int8 GEMM (model/quant.py) is wrapped in per-row passes: quantising the activation rows, and scaling
 the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
 passes over memory, each a call of its own; on the decoder's shapes they took as long as the GEMM.
-The C kernels do each in one pass and give the same bits (tests/test_native.py).
+The C kernels do each in one pass and give the same bits (tests/test_native.py). Where oneDNN's int8
+matmul is not exact (x86 without VNNI or AMX, model/quant.py) the GEMM is C's too (csrc/int8_gemm.c:
+16-bit products summed in 32 bits, exact as torch._int_mm, which there runs 30x slower than float32).
 
 A decode step's attention (csrc/attention.c: every row's query against its cached keys and values in
 one pass) and log-softmax (csrc/search.c) compute their own bits, the same on every CPU, vector width
@@ -75,6 +78,7 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_quantize_rows.restype = None
     lib.beamserve_scale_back.argtypes = [p, i64, i64, p, p, p, p]
     lib.beamserve_scale_back.restype = None
+    lib.beamserve_int8_gemm.argtypes, lib.beamserve_int8_gemm.restype = [p, i64, i64, i64, p, i64, p], None
     lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
     lib.beamserve_cpu_level.argtypes, lib.beamserve_cpu_level.restype = [], ctypes.c_int
     lib.beamserve_attend.argtypes = [
@@ -145,6 +149,26 @@ def quantizes() -> bool:
 def scales_back() -> bool:
     """Whether scale_back_ runs here."""
     return _LIB is not None and bool(_VECTORISED & 2)
+
+
+def multiplies_int8(x: torch.Tensor) -> bool:
+    """Whether int8_gemm takes x: the library is loaded, x on CPU, not inside torch.compile's tracing."""
+    return _LIB is not None and x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (M, K) int8 with unit column stride, w (N, K) int8 contiguous -> x @ w^T, (M, N) int32, exact (as
+    torch._int_mm). Only where multiplies_int8(x)."""
+    if _LIB is None:
+        raise RuntimeError("the C kernels are not loaded")
+    if x.dtype != torch.int8 or w.dtype != torch.int8 or x.dim() != 2 or w.dim() != 2:
+        raise TypeError(f"int8_gemm takes two 2-d int8 tensors, not {x.dtype} {tuple(x.shape)} and {w.dtype}")
+    (M, K), N = x.shape, w.shape[0]
+    if w.shape[1] != K or x.stride(1) != 1 or x.stride(0) < K or not w.is_contiguous():
+        raise ValueError(f"int8_gemm: ({M}, {K}) rows with strides {x.stride()} against a {tuple(w.shape)} weight")
+    y = torch.empty(M, N, dtype=torch.int32)
+    _LIB.beamserve_int8_gemm(x.data_ptr(), M, K, x.stride(0), w.data_ptr(), N, y.data_ptr())
+    return y
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,14 +6,16 @@ each output element is then scaled by its row's and its column's scale, so a sen
 depends on what it is batched with (a per-tensor activation scale, as PyTorch's dynamic quantisation
 uses, would make it depend on the batch's largest value).
 
-The GEMM is oneDNN's int8 matmul (`onednn::qlinear_pointwise`, VNNI or AMX where the CPU has them) on
+The GEMM is oneDNN's int8 matmul (`onednn::qlinear_pointwise`, with VNNI or AMX) on
 a copy of the weight reordered once into oneDNN's blocked layout, with the column scales applied in its
 epilogue: the product is exact in int32 and then scaled as one float multiply per element, so it equals
 `torch._int_mm` (which reorders the weight on every call) times the column scales, to the bit, in 2-4x
 less time on the decoder's shapes (`python loadtests/bench_gemm.py`). Builds without that op, and CPUs
 where it is a reference loop rather than a JIT kernel (onednn_int8()), keep `torch._int_mm` on the (N, K)
-weight's transposed view. Quantising the activation rows, and scaling `torch._int_mm`'s product back,
-run in C where model/native.py has its kernels, to the same bits.
+weight's transposed view, as do CPUs where it is not exact (no VNNI or AMX: onednn_int8_computes()); on
+CPU, where model/native.py has its kernels, that product is C's own (exact too: torch._int_mm on such
+CPUs is 30x slower than a float32 GEMM). Quantising the activation rows, and scaling the product back,
+run in C there too, to the same bits.
 """
 
 from __future__ import annotations
@@ -46,14 +48,18 @@ class Int8Weight:
 
 @functools.cache
 def onednn_int8_computes() -> bool:
-    """Whether this build has oneDNN's int8 matmul and it computes right."""
+    """Whether this build has oneDNN's int8 matmul and it computes the exact product. On x86 CPUs without
+    VNNI or AMX (AMD's Zen 2 and 3, Intel's before Cascade Lake) oneDNN multiplies with AVX2's vpmaddubsw,
+    which saturates each pair of products at 16 bits: 127 x 127 rows come out ~100x too small, and a
+    row's result would depend on which kernel its batch's size picks. The probe is such rows."""
     try:
-        probe = torch.ops.onednn.qlinear_prepack(torch.ones(2, 4, dtype=torch.int8), None)
+        x, w = torch.full((16, 256), 127, dtype=torch.int8), torch.full((8, 256), 127, dtype=torch.int8)
+        probe = torch.ops.onednn.qlinear_prepack(w, None)
         y = torch.ops.onednn.qlinear_pointwise(
-            torch.ones(1, 4, dtype=torch.int8), 1.0, 0, probe, torch.ones(2), torch.zeros(2, dtype=torch.int64),
+            x, 1.0, 0, probe, torch.ones(8), torch.zeros(8, dtype=torch.int64),
             None, 1.0, 0, torch.float32, "none", [], "",
         )  # fmt: skip
-        return bool(torch.equal(y, torch.full((1, 2), 4.0)))
+        return bool(torch.equal(y, torch.full((16, 8), 127.0 * 127.0 * 256)))  # exact in float32 (< 2^24)
     except (AttributeError, RuntimeError, NotImplementedError):  # a build or CPU without oneDNN's int8 path
         return False
 
@@ -178,7 +184,9 @@ def linear_int8(
         # the row scales, and the bias after them, in one pass
         y = torch.addcmul(bias, y, xs, out=y) if bias is not None else y.mul_(xs)
         return _out(y.view(*lead, N), x.dtype, log_softmax)
-    acc = torch._int_mm(xq, q.qweight.t())  # (M, N) int32, exact
+    # (M, N) int32, exact; in C where oneDNN does not serve (no packed copy), as torch._int_mm is slow there
+    in_c = q.packed is None and native.multiplies_int8(xq)
+    acc = native.int8_gemm(xq, q.qweight) if in_c else torch._int_mm(xq, q.qweight.t())
     if log_softmax and native.scales_back() and native.runs_on(x):
         y = native.scale_back_log_softmax_(acc, q.scale, xs, bias)
         return y.view(*lead, N)

@@ -136,7 +136,7 @@ def test_an_int8_product_row_is_exactly_the_same_in_any_batch(k: int, n: int) ->
 
 def test_the_onednn_and_int_mm_paths_give_the_same_bits() -> None:
     if not onednn_int8_computes():
-        pytest.skip("this torch build has no oneDNN int8 matmul")
+        pytest.skip("oneDNN's int8 matmul is not in this torch build or not exact on this CPU (no VNNI or AMX)")
     torch.manual_seed(1)
     # 16 rows: where oneDNN's int8 matmul is a reference loop (quant.onednn_int8() False) it still computes
     x, w, b = torch.randn(16, 512), torch.randn(2048, 512) * 0.05, torch.randn(2048)

@@ -34,8 +34,10 @@ quantizes = pytest.mark.skipif(not native.quantizes(), reason=f"the C quantisati
 
 def test_the_kernels_are_built_where_the_install_had_a_c_compiler_and_run_where_they_vectorise() -> None:
     # setup.py builds them as optional, so a broken build would only show as slower int8 decoding.
-    if platform.system() != "Linux" or not shutil.which("cc") or native.ENV in os.environ:
-        return
+    if platform.system() != "Linux" or not shutil.which("cc"):
+        pytest.skip("setup.py builds the kernels where there is a C compiler; this check reads Linux's cpuinfo")
+    if native.ENV in os.environ:
+        pytest.skip(f"{native.ENV} chooses the build")
     assert native.built() and native.steps() and native.in_use().startswith(f"{native.BUILD} (")
     flags = set(Path("/proc/cpuinfo").read_text().split())
     if platform.machine() == "x86_64":
@@ -201,6 +203,49 @@ X86_BUILDS = {"model._native": 1, "model._native_v3": 3, "model._native_v4": 4} 
 
 
 @steps
+@pytest.mark.parametrize(("M", "K", "N"), [(1, 512, 512), (2, 16, 4), (3, 37, 7), (9, 512, 2048), (64, 2048, 13)])
+def test_the_int8_gemm_in_c_gives_the_exact_product(M: int, K: int, N: int) -> None:
+    g = torch.Generator().manual_seed(M * K + N)
+    wide = torch.randint(-127, 128, (M, K + 3), dtype=torch.int8, generator=g)
+    x, w = wide[:, :K], torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)  # x: rows of a wider tensor
+    assert torch.equal(
+        native.int8_gemm(x, w), torch._int_mm(x.contiguous(), w.t()) if M > 1 else (x.long() @ w.long().t()).int()
+    )
+    # 127 x 127 everywhere: the sums AVX2's 16-bit pair products would saturate
+    full = torch.full((M, K), 127, dtype=torch.int8)
+    assert torch.equal(native.int8_gemm(full, -full[:1].expand(N, K).contiguous()), torch.full((M, N), -127 * 127 * K))
+    with pytest.raises(ValueError):
+        native.int8_gemm(x, w[:, 1:].contiguous())
+
+
+def _step_cases() -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
+    """Fixed random inputs for the decode-step attention (q, k, v, lengths, rows) and log-softmax (logits)."""
+    g = torch.Generator().manual_seed(3)
+    cases = []
+    for N, H, T, D in [(40, 4, 33, 64), (9, 3, 20, 24), (5, 2, 17, 100)]:
+        q, k, v = (torch.randn(*shape, generator=g) for shape in [(N, H, D), (N, H, T, D), (N, H, T, D)])
+        lengths, rows = torch.randint(0, T + 1, (N,), generator=g), torch.randint(0, N, (N, T), generator=g)
+        cases.append((q, k, v, lengths, rows))
+    return cases, [torch.randn(7, V, generator=g) * 5 for V in (8000, 33, 1)]
+
+
+def _assert_same_step_bits(library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+    """library's attention, log-softmax and int8 GEMM give the loaded build's bits on fixed random inputs."""
+    cases, logits = _step_cases()
+    loaded = [native.attend(*case) for case in cases]
+    log_probs = [native.log_softmax_(x.clone()) for x in logits]
+    g = torch.Generator().manual_seed(4)
+    xq, wq = (torch.randint(-127, 128, shape, dtype=torch.int8, generator=g) for shape in [(9, 520), (37, 520)])
+    product = native.int8_gemm(xq, wq)
+    monkeypatch.setattr(native, "_LIB", library)
+    for case, expected in zip(cases, loaded, strict=True):
+        assert torch.equal(native.attend(*case), expected)
+    for x, expected in zip(logits, log_probs, strict=True):
+        assert torch.equal(native.log_softmax_(x.clone()), expected)
+    assert torch.equal(native.int8_gemm(xq, wq), product)
+
+
+@steps
 @pytest.mark.parametrize("module", list(X86_BUILDS))
 def test_the_step_kernels_give_the_same_bits_in_every_build(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if platform.machine() != "x86_64" or not shutil.which("cc"):
@@ -210,20 +255,35 @@ def test_the_step_kernels_give_the_same_bits_in_every_build(module: str, monkeyp
     library = native.declared(ctypes.CDLL(spec.origin))
     if library.beamserve_cpu_level() < X86_BUILDS[module]:
         pytest.skip(f"this CPU does not run {module}")
-    g = torch.Generator().manual_seed(3)
-    cases = []
-    for N, H, T, D in [(40, 4, 33, 64), (9, 3, 20, 24), (5, 2, 17, 100)]:
-        q, k, v = (torch.randn(*shape, generator=g) for shape in [(N, H, D), (N, H, T, D), (N, H, T, D)])
-        lengths, rows = torch.randint(0, T + 1, (N,), generator=g), torch.randint(0, N, (N, T), generator=g)
-        cases.append((q, k, v, lengths, rows))
-    loaded = [native.attend(q, k, v, lengths, rows) for q, k, v, lengths, rows in cases]
-    logits = [torch.randn(7, V, generator=g) * 5 for V in (8000, 33, 1)]
-    log_probs = [native.log_softmax_(x.clone()) for x in logits]
-    monkeypatch.setattr(native, "_LIB", library)
-    for (q, k, v, lengths, rows), expected in zip(cases, loaded, strict=True):
-        assert torch.equal(native.attend(q, k, v, lengths, rows), expected)
-    for x, expected in zip(logits, log_probs, strict=True):
-        assert torch.equal(native.log_softmax_(x.clone()), expected)
+    _assert_same_step_bits(library, monkeypatch)
+
+
+@steps
+@pytest.mark.slow
+def test_clang_builds_every_library_and_its_build_gives_the_same_bits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kernels use GCC's and clang's vector extensions alike; a build clang cannot compile would only
+    # show as slower decoding, as setup.py's libraries are optional.
+    if platform.system() != "Linux" or not shutil.which("clang"):
+        pytest.skip("clang is not installed (make test installs Debian's)")
+    root = Path(__file__).resolve().parents[1]
+    build = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib")]
+    env = {**os.environ, "CC": "clang"}
+    subprocess.run([*build, "--build-temp", str(tmp_path / "tmp")], cwd=root, env=env, check=True, capture_output=True)
+    built = {path.name.split(".")[0]: path for path in (tmp_path / "lib" / "model").glob("_native*.so")}
+    expected = {"_native", "_native_v3", "_native_v4"} if platform.machine() == "x86_64" else {"_native"}
+    assert set(built) == expected, "clang did not build every library setup.py names"
+    # Each library this CPU runs computes the bits of GCC's build of its level.
+    for module, path in built.items():
+        library = native.declared(ctypes.CDLL(str(path)))
+        if library.beamserve_cpu_level() < X86_BUILDS.get(f"model.{module}", 1):
+            continue
+        spec = importlib.util.find_spec(f"model.{module}")
+        assert spec is not None and spec.origin is not None
+        with monkeypatch.context() as patch:
+            patch.setattr(native, "_LIB", native.declared(ctypes.CDLL(spec.origin)))
+            _assert_same_step_bits(library, patch)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@
 
 static float scale_of(float absmax) { return (absmax < 1e-12f ? 1e-12f : absmax) / QMAX; }
 
+#if !defined(__AVX512BW__)
 static inline void quantize_row_generic(const float *x, int64_t cols, int8_t *q, float *scale) {
     float m = 0.0f;
     for (int64_t c = 0; c < cols; c++) {
@@ -26,6 +27,7 @@ static inline void quantize_row_generic(const float *x, int64_t cols, int8_t *q,
     *scale = s;
     for (int64_t c = 0; c < cols; c++) q[c] = (int8_t)(int32_t)rintf(x[c] / s);
 }
+#endif
 
 #if defined(__AVX512BW__)
 /* Compilers do not vectorise the largest-magnitude reduction or the rounding conversion on their own. */
@@ -69,11 +71,17 @@ int beamserve_vectorised(void) {
 /* The best x86-64 level this CPU runs (4, 3, 2 or 1; 0 elsewhere): which of the library's builds to load. */
 int beamserve_cpu_level(void) {
 #if defined(__x86_64__)
+    /* Feature by feature: GCC before 12 and clang know no level names here. Each flag is set only where the
+     * OS also saves the registers it needs. */
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) return 4;
-    if (__builtin_cpu_supports("x86-64-v3")) return 3;
-    if (__builtin_cpu_supports("x86-64-v2")) return 2;
-    return 1;
+    const int v2 = __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("ssse3") &&
+                   __builtin_cpu_supports("popcnt");
+    const int v3 = v2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                   __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    const int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                   __builtin_cpu_supports("avx512vl");
+    return v4 ? 4 : v3 ? 3 : v2 ? 2 : 1;
 #else
     return 0;
 #endif

@@ -46,18 +46,26 @@ ALWAYS_INLINE vn max_n(vn a, vn b) {
 #endif
 }
 
-/* One register's lanes folded onto lane 0: lane j with lane j + WIDTH / 2, then j + WIDTH / 4, ... */
-#if WIDTH == 16
-#define FOLD(x, op)                                                               \
-    x = op(x, __builtin_shuffle(x, (vni){8, 9, 10, 11, 12, 13, 14, 15})); \
-    x = op(x, __builtin_shuffle(x, (vni){4, 5, 6, 7}));                   \
-    x = op(x, __builtin_shuffle(x, (vni){2, 3}))
-#elif WIDTH == 8
-#define FOLD(x, op)                                     \
-    x = op(x, __builtin_shuffle(x, (vni){4, 5, 6, 7})); \
-    x = op(x, __builtin_shuffle(x, (vni){2, 3}))
+/* x's lanes permuted by constant indices, one per lane (GCC's and clang's builtins take them differently). */
+#if defined(__clang__)
+#define SHUFFLE(x, ...) __builtin_shufflevector(x, x, __VA_ARGS__)
 #else
-#define FOLD(x, op) x = op(x, __builtin_shuffle(x, (vni){2, 3}))
+#define SHUFFLE(x, ...) __builtin_shuffle(x, (vni){__VA_ARGS__})
+#endif
+
+/* One register's lanes folded onto lane 0: lane j with lane j + WIDTH / 2, then j + WIDTH / 4, ... (the
+ * lanes no later fold reads take lane 0). */
+#if WIDTH == 16
+#define FOLD(x, op)                                                                           \
+    x = op(x, SHUFFLE(x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0));            \
+    x = op(x, SHUFFLE(x, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));                   \
+    x = op(x, SHUFFLE(x, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
+#elif WIDTH == 8
+#define FOLD(x, op)                                        \
+    x = op(x, SHUFFLE(x, 4, 5, 6, 7, 0, 0, 0, 0));        \
+    x = op(x, SHUFFLE(x, 2, 3, 0, 0, 0, 0, 0, 0))
+#else
+#define FOLD(x, op) x = op(x, SHUFFLE(x, 2, 3, 0, 0))
 #endif
 
 ALWAYS_INLINE vn add_n(vn a, vn b) { return a + b; }
