@@ -24,7 +24,7 @@ COPY --chown=ray:users service ./service
 # A build without the kernels fails here rather than shipping an image that runs without them.
 RUN pip wheel --no-cache-dir --no-deps --no-build-isolation -w /home/ray/wheels . \
  && python -c "import sys, zipfile, glob; n = zipfile.ZipFile(glob.glob('/home/ray/wheels/*.whl')[0]).namelist(); \
-sys.exit(0 if any(f.startswith('model/_native') for f in n) else 'the C kernels did not build')"
+sys.exit(0 if any(f.startswith('model/kernels/_native') for f in n) else 'the C kernels did not build')"
 
 FROM ${BASE}
 

@@ -6,14 +6,14 @@ DATA ?= ../shared/data/multi30k
 
 .PHONY: lock install chromium clang serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard model/csrc/*.c model/csrc/*.h)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard model/kernels/csrc/*.c model/kernels/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch first (it lies on disk here), so nothing pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
 	@# The C kernels build only where there is a C compiler (setup.py); pip -q would not say it failed.
-	@$(PY) -c "from model import native; print('beamserve C kernels:', native.in_use())"
+	@$(PY) -c "from model.kernels import native; print('beamserve C kernels:', native.in_use())"
 	touch $@
 
 install: $(VENV)/.installed

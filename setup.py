@@ -1,17 +1,22 @@
-"""beamserve's C kernels (model/csrc: the int8 row passes and GEMM, a decode step's attention, log-softmax and
+"""beamserve's C kernels (model/kernels/csrc: the int8 row passes and GEMM, a decode step's attention, log-softmax and
 candidate ranking), built as plain shared libraries beside the package: on x86-64 once for the baseline
-and once each for the x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) levels, of which model/native.py
+and once each for the x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) levels, of which model/kernels/native.py
 loads the best this CPU runs.
 
 Optional: without a C compiler the build goes on without them, and the model computes with PyTorch's ops
-(model/native.py says which runs).
+(model/kernels/native.py says which runs).
 """
 
 import platform
 
 from setuptools import Extension, setup
 
-SOURCES = ["model/csrc/int8_rows.c", "model/csrc/int8_gemm.c", "model/csrc/attention.c", "model/csrc/search.c"]
+SOURCES = [
+    "model/kernels/csrc/int8_rows.c",
+    "model/kernels/csrc/int8_gemm.c",
+    "model/kernels/csrc/attention.c",
+    "model/kernels/csrc/search.c",
+]
 # No contraction of a separate multiply and add into one rounding: the int8 passes must match PyTorch's
 # bits, and the decode-step kernels' bits must not depend on the CPU.
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
@@ -20,11 +25,11 @@ LEVELS = ["x86-64-v3", "x86-64-v4"] if platform.machine() in ("x86_64", "AMD64")
 
 def library(name: str, flags: list[str]) -> Extension:
     return Extension(
-        name, sources=SOURCES, depends=["model/csrc/vec16.h"], extra_compile_args=FLAGS + flags, optional=True
+        name, sources=SOURCES, depends=["model/kernels/csrc/vec16.h"], extra_compile_args=FLAGS + flags, optional=True
     )
 
 
 setup(
-    ext_modules=[library("model._native", [])]
-    + [library(f"model._native_{level[-2:]}", [f"-march={level}"]) for level in LEVELS]
+    ext_modules=[library("model.kernels._native", [])]
+    + [library(f"model.kernels._native_{level[-2:]}", [f"-march={level}"]) for level in LEVELS]
 )

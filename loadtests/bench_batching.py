@@ -5,7 +5,7 @@
 Each request is one test_2016_flickr sentence (drawn at random, so lengths follow that set) decoded
 with beam 4. Arrivals are Poisson at a fixed rate for --duration seconds, open loop: a request's
 latency counts from its scheduled arrival, so a slow server cannot slow the load down. The same
-seeded arrivals go to each configuration of the same engine (service/engine.py, the code a Serve
+seeded arrivals go to each configuration of the same engine (service/engine/engine.py, the code a Serve
 replica runs, driven in-process so the 2-core machine measures batching rather than HTTP; one
 engine, reconfigured between probes as `reconfigure` does for a live replica):
 
@@ -14,7 +14,7 @@ engine, reconfigured between probes as `reconfigure` does for a live replica):
 - continuous: continuous batching (mode "continuous": sentences join and leave every decoder step);
 
 A configuration may override BatchingConfig fields: `--configs continuous,continuous/max_waiting_steps=2`.
-Sizes not overridden are the device's, as a replica takes them (service/scheduler.py `sized_for`);
+Sizes not overridden are the device's, as a replica takes them (service/engine/scheduler.py `sized_for`);
 `--sizes-for cpu` gives a GPU run the CPU's sizes to compare.
 
 Rates rise until a configuration's median p95 over --repeats runs misses the target or a request
@@ -52,8 +52,8 @@ sys.path.insert(0, str(REPO))
 from reports import emit, provenance  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
-from service.engine import Engine  # noqa: E402
-from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, sized_for  # noqa: E402
+from service.engine.engine import Engine  # noqa: E402
+from service.engine.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, sized_for  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 MODES = ("none", "request", "continuous")  # one at a time, request-level batching, continuous batching

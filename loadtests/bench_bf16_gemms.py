@@ -25,10 +25,10 @@ CONFIGS = ("float32", "bfloat16", "bfloat16-gemms")
 
 
 def gemms_in_bfloat16() -> None:
-    """Route model.gemm.linear's float32 calls through bfloat16 copies of the weights, packed once."""
-    import model.gemm as gemm
-    import model.layers as layers
-    import model.transformer as transformer
+    """Route model.kernels.gemm.linear's float32 calls through bfloat16 copies of the weights, packed once."""
+    import model.kernels.gemm as gemm
+    import model.nn.layers as layers
+    import model.nn.transformer as transformer
 
     plain = gemm.linear
     packed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}

@@ -5,7 +5,7 @@
 
 The batching benchmark (bench_batching.py) measures latency under load; this measures the cost of
 the work itself. Every configuration gets the same burst of one-sentence requests (test_2016_flickr,
-drawn at random, beam 4), all submitted at once to its engine (service/engine.py, in-process), and
+drawn at random, beam 4), all submitted at once to its engine (service/engine/engine.py, in-process), and
 the configurations take turns round by round. With --threads 1 the process's CPU time does not
 count what other tenants of a shared machine take, so small differences show through its noise.
 "offline" is Translator.translate_ids on the same sentences in batches of 64 in arrival order, the
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from bench_batching import batching_config  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
-from service.engine import Engine  # noqa: E402
+from service.engine.engine import Engine  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 
@@ -51,7 +51,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", default="en-de")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compute-types", default="float32", help="each configuration with each (model/compute_type.py)")
+    ap.add_argument(
+        "--compute-types", default="float32", help="each configuration with each (model/kernels/compute_type.py)"
+    )
     args = ap.parse_args()
     types = args.compute_types.split(",")
     translators = {t: Translator.load(args.model, "cpu", compute_type=t, num_threads=args.threads) for t in types}

@@ -18,8 +18,8 @@ Systems (--systems): beamserve; beamserve-es and beamserve-int8-es (early_stoppi
 stopping rule);
 beamserve-bf16 (dtype bfloat16); beamserve-int8 and beamserve-int8_bfloat16 (compute_type: int8 GEMMs
 with per-row scales, float32 or bfloat16 elsewhere); beamserve-pytorch and beamserve-int8-pytorch
-(float32 and int8 in PyTorch's ops only, without the C kernels of model/native.py); beamserve-slots
-(the static decode state, model/slot_decoder.py: B slots of K beams refilled as sentences finish; CUDA
+(float32 and int8 in PyTorch's ops only, without the C kernels of model/kernels/native.py); beamserve-slots
+(the static decode state, model/decode/slot_decoder.py: B slots of K beams refilled as sentences finish; CUDA
 graphs on a GPU); hf; ct2-float32; ct2-int8; ct2-float16 (GPU).
 
 A suffix -interN (beamserve-inter2, ct2-float32-inter2) decodes N batches in parallel, each worker with
@@ -52,10 +52,12 @@ sys.path.insert(0, str(REPO))
 
 from reports import emit  # noqa: E402
 
-from model import DecodeOptions, Translator, checkpoint, native  # noqa: E402
-from model.config import preset  # noqa: E402
-from model.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
-from model.transformer import Seq2Seq  # noqa: E402
+from model import DecodeOptions, Translator  # noqa: E402
+from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
+from model.io import checkpoint  # noqa: E402
+from model.kernels import native  # noqa: E402
+from model.nn.config import preset  # noqa: E402
+from model.nn.transformer import Seq2Seq  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 
@@ -115,7 +117,7 @@ def make_nllb_model(work: Path) -> Path:
     import transformers
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES as LANGS
 
-    from model.fairseq_vocab import train_spm
+    from model.io.fairseq_vocab import train_spm
 
     out = work / "nllb-600m"
     out.mkdir(parents=True)
@@ -337,7 +339,9 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
         return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
     if system in ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch", "beamserve-int8-es"):
-        if system.endswith("-pytorch"):  # PyTorch's ops only: no C row kernels, no C attention (model/native.py)
+        if system.endswith(
+            "-pytorch"
+        ):  # PyTorch's ops only: no C row kernels, no C attention (model/kernels/native.py)
             native.turn_off()
         early = system.endswith("-es")  # CTranslate2's stopping rule, as beamserve-es
         tr8 = Translator.load(own, args.device, compute_type=system.split("-")[1], num_threads=args.threads)

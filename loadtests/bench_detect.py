@@ -1,4 +1,4 @@
-"""Language detection accuracy with a server's view of it (service/detect.py, serving en, de and fr):
+"""Language detection accuracy with a server's view of it (service/text/detect.py, serving en, de and fr):
 every English, German and French sentence of Multi30k's test_2016_flickr, overall, for sentences of
 five words or more and for their first three words alone, and how many were taken for a language no
 model serves; then the sentences of tests/data/detect (Spanish, Italian, Dutch, Polish, Portuguese,
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadtests.reports import emit
-from service.detect import LanguageDetector
+from service.text.detect import LanguageDetector
 
 LANGUAGES = ("en", "de", "fr")
 UNSERVED = ("es", "it", "nl", "pl", "pt")

@@ -56,7 +56,7 @@ def word(paragraphs: list[str]) -> tuple[bytes, list[str]]:
     and its paragraphs as /v1 gets them (HTML with the bold run marked)."""
     import docx
 
-    from service import documents as formats
+    from service.text import documents as formats
 
     d = docx.Document()
     for paragraph in paragraphs:

@@ -1,5 +1,5 @@
-"""The decoder's GEMM shapes, side by side on CPU: F.linear (MKL sgemm) vs model.gemm.linear (oneDNN,
-float32), and the two int8 paths of model/quant.py (torch._int_mm vs oneDNN's prepacked int8 matmul,
+"""The decoder's GEMM shapes, side by side on CPU: F.linear (MKL sgemm) vs model.kernels.gemm.linear (oneDNN,
+float32), and the two int8 paths of model/kernels/quant.py (torch._int_mm vs oneDNN's prepacked int8 matmul,
 each with its scaling passes; the same bits).
 
 python loadtests/bench_gemm.py [--threads 2] [--d-model 256] [--ffn 1024] [--vocab 8000]
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model.gemm import linear
-from model.quant import Int8Weight, linear_int8, onednn_int8, quantize_weight
+from model.kernels.gemm import linear
+from model.kernels.quant import Int8Weight, linear_int8, onednn_int8, quantize_weight
 
 
 def best_ms(fn: Callable[[], object], repeats: int = 5, n: int = 50) -> float:
@@ -58,7 +58,7 @@ def main() -> None:
                 ref = best_ms(lambda x=x, w=w, b=b: F.linear(x, w, b))
                 ours = best_ms(lambda x=x, w=w, b=b: linear(x, w, b))
                 int_mm = best_ms(lambda x=x, b=b, q=plain: linear_int8(x, q, b))
-                # Where oneDNN's int8 matmul is a reference loop (model.quant.onednn_int8() False) it is not timed.
+                # Where oneDNN's int8 matmul is a reference loop (quant.onednn_int8() False) it is not timed.
                 cells = "reference loop | |"
                 if onednn_int8():
                     onednn = best_ms(lambda x=x, b=b, q=packed: _onednn_int8(x, q, b))
@@ -71,8 +71,8 @@ def main() -> None:
 
 
 def _onednn_int8(x: torch.Tensor, q: Int8Weight, b: torch.Tensor) -> torch.Tensor:
-    """model.quant's oneDNN path whatever the size (linear_int8 keeps _int_mm for small products)."""
-    from model import quant
+    """model.kernels.quant's oneDNN path whatever the size (linear_int8 keeps _int_mm for small products)."""
+    from model.kernels import quant
 
     saved = quant.ONEDNN_MIN_WEIGHT
     quant.ONEDNN_MIN_WEIGHT = 0

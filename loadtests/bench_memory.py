@@ -5,7 +5,7 @@
 
 Each allocator runs the same load in its own process (jemalloc preloaded with LD_PRELOAD, as
 `BEAMSERVE_ALLOCATOR=auto` does for the replicas): the shipped en-de model behind the serving
-engine (service/engine.py, continuous batching), rounds of 8 concurrent requests of 1-12
+engine (service/engine/engine.py, continuous batching), rounds of 8 concurrent requests of 1-12
 test_2016_flickr sentences with beam sizes 1-5, n-best lists, n-gram bans, and some requests
 cancelled or timed out mid-decode, all from one seed. It prints the resident set size every 50
 rounds, and the sentences decoded per CPU-second of the process.
@@ -38,9 +38,9 @@ def load(rounds: int, seed: int) -> dict[str, object]:
 
     from model.options import DecodeOptions
     from model.translator import Translator
-    from service.allocator import in_use
-    from service.engine import Engine
-    from service.scheduler import BatchingConfig
+    from service.engine.allocator import in_use
+    from service.engine.engine import Engine
+    from service.engine.scheduler import BatchingConfig
 
     tr = Translator.load("en-de", "cpu", num_threads=1)
     # Every request admitted (no time-based refusal), so both allocators see the same work.
@@ -89,7 +89,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(load(args.rounds, args.seed)))
         return 0
-    from service.allocator import replica_env
+    from service.engine.allocator import replica_env
 
     results = []
     for name in args.allocators.split(","):

@@ -1,4 +1,4 @@
-"""Twenty pairs on the same CPUs: the model pool (service/pool.py) against one dedicated deployment
+"""Twenty pairs on the same CPUs: the model pool (service/engine/pool.py) against one dedicated deployment
 per pair, side by side on one mixed workload, and a cold pooled model's time to first translation.
 
     BEAMSERVE_DATA=../shared/data/multi30k python loadtests/bench_multiplex.py --requests 600

@@ -42,8 +42,8 @@ DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "
 def replica(device: str, model: str, texts: list[str], beam: int, threads: int, barrier: Any, out: Any) -> None:
     """One replica process: load, warm up, wait for the others, decode its share; report its end time."""
     from model import DecodeOptions, Translator
-    from service.engine import Engine
-    from service.scheduler import sized_for
+    from service.engine.engine import Engine
+    from service.engine.scheduler import sized_for
     from service.settings import Settings
 
     tr = Translator.load(model, device, num_threads=threads)

@@ -1,4 +1,4 @@
-"""Sentence splitters side by side: beamserve's (service/sentences.py), pysbd and sentencex.
+"""Sentence splitters side by side: beamserve's (service/text/sentences.py), pysbd and sentencex.
 
     python loadtests/bench_splitter.py --out runs/bench/splitter.md
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from reports import emit  # noqa: E402
 
-from service.sentences import split_sentences  # noqa: E402
+from service.text.sentences import split_sentences  # noqa: E402
 from tests.conftest import read_lines  # noqa: E402
 from tests.test_sentences import CASES  # noqa: E402
 

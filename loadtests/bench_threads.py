@@ -2,7 +2,7 @@
 
     python loadtests/bench_threads.py --rounds 3
 
-A Serve replica decodes on its engine's thread (service/engine.py). If another thread of the process
+A Serve replica decodes on its engine's thread (service/engine/engine.py). If another thread of the process
 has also run parallel torch ops (a warm-up on the constructor's thread, say), libgomp holds two
 thread teams, counts more threads than CPUs, and stops spin-waiting between parallel regions: each
 of the ~1,000 regions of a decoder step then waits for a futex wake-up. Each setup runs in a fresh
@@ -46,9 +46,9 @@ def measure(setup: str, requests: int, threads: int, seed: int) -> dict[str, flo
     """Runs in a fresh process: one setup's sequential latency and burst throughput."""
     sys.path.insert(0, str(REPO))
     from model import DecodeOptions, Translator
-    from service.engine import Engine
-    from service.scheduler import BatchingConfig
-    from service.served_model import WARMUP
+    from service.engine.engine import Engine
+    from service.engine.scheduler import BatchingConfig
+    from service.engine.served_model import WARMUP
 
     tr = Translator.load("en-de", "cpu", num_threads=threads)
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from bench_inflight import decode_backlog  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
-from model.inflight import InflightBatch  # noqa: E402
+from model.decode.inflight import InflightBatch  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 

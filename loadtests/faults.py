@@ -16,7 +16,7 @@ Cases (bounded in time, traffic to 127.0.0.1 only):
 - replica-kill: half the sustainable rate, the model replica SIGKILLed mid-way: no 5xx but 503/504,
   no dropped connection; answers 200 again within RECOVERY_S.
 - gateway-kill: the same with the gateway (HTTP ingress) replica: the requests in flight on it are sent
-  again by the front (service/front.py) or get a JSON 503 with Retry-After, none a 500.
+  again by the front (service/api/front.py) or get a JSON 503 with Retry-After, none a 500.
 - colocated-kill: the same with the one replica of the default layout, ingress and model together:
   the front holds requests until Serve has started another that has loaded the model, or answers a
   JSON 503 with Retry-After; none a 500.

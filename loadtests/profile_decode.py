@@ -20,14 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model import DecodeOptions, Translator  # noqa: E402
-from model.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
+from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
-    p.add_argument("--compute-type", default=None, help="float32, int8, bfloat16, ... (model/compute_type.py)")
+    p.add_argument("--compute-type", default=None, help="float32, int8, bfloat16, ... (model/kernels/compute_type.py)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: every CPU)")
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)

@@ -51,7 +51,7 @@ GROUPS = [
     ("asyncio", "asyncio"),
     ("logging", "logging"),
 ]
-ENGINE = "Engine._loop ("  # the engine thread's frame (service/engine.py)
+ENGINE = "Engine._loop ("  # the engine thread's frame (service/engine/engine.py)
 IDLE = ("_worker (", "main_loop (", "PythonGCThread", "Condition.wait", "Event.wait")
 
 

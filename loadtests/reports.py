@@ -50,7 +50,7 @@ def commit() -> str:
 
 
 def cpu_name() -> str:
-    from model.cpus import usable_cpus
+    from model.kernels.cpus import usable_cpus
 
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -10,10 +10,10 @@ from model.errors import InputTooLongError, InvalidTextError, SourceError
 from model.options import DecodeOptions
 
 if TYPE_CHECKING:
-    from model.config import ModelConfig
+    from model.nn.config import ModelConfig
     from model.translator import TranslationResult, Translator
 
-_LAZY = {"ModelConfig": "model.config", "TranslationResult": "model.translator", "Translator": "model.translator"}
+_LAZY = {"ModelConfig": "model.nn.config", "TranslationResult": "model.translator", "Translator": "model.translator"}
 
 __all__ = [
     "DecodeOptions",

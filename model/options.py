@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-# Compute types by CTranslate2's names (what each means: model/compute_type.py); here, torch-free, for
+# Compute types by CTranslate2's names (what each means: model/kernels/compute_type.py); here, torch-free, for
 # the CLI's choices and the service's settings.
 COMPUTE_TYPES = ("default", "float32", "float16", "bfloat16", "int8", "int8_float32", "int8_bfloat16")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
-OWN_CONFIG = "beamserve.json"  # the config file of beamserve's own checkpoint format (model/checkpoint.py)
+OWN_CONFIG = "beamserve.json"  # the config file of beamserve's own checkpoint format (model/io/checkpoint.py)
 
 
 def is_own_checkpoint(path: Path) -> bool:

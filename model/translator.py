@@ -13,19 +13,20 @@ from pathlib import Path
 
 import torch
 
-from model import checkpoint, native
-from model import compute_type as compute
-from model.align import Link, attention_alignment
-from model.allocator import retain_freed_memory
-from model.cpus import usable_cpus
-from model.decoding import generate, pad_batch
+from model.decode.align import Link, attention_alignment
+from model.decode.decoding import generate, pad_batch
+from model.decode.search import Hypothesis, SearchOptions
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
+from model.io import checkpoint
+from model.io.tokenizer import LanguageError, Tokenizer
+from model.kernels import compute_type as compute
+from model.kernels import native
+from model.kernels.allocator import retain_freed_memory
+from model.kernels.cpus import usable_cpus
+from model.kernels.quant import int8_of
+from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
-from model.quant import int8_of
-from model.search import Hypothesis, SearchOptions
 from model.shipped import resolve_model_path
-from model.tokenizer import LanguageError, Tokenizer
-from model.transformer import Seq2Seq
 from model.workers import WorkerPool
 
 __all__ = [
@@ -64,7 +65,7 @@ class Translator:
         self.name = name
         self.load_seconds = 0.0
         self.pool: WorkerPool | None = None  # inter_threads > 1: batches decode in these processes
-        # float32, int8, ... (model/compute_type.py); a model built here computes in its weights' dtype.
+        # float32, int8, ... (model/kernels/compute_type.py); a model built here computes in its weights' dtype.
         self.compute_type = compute.named(self.dtype)
 
     @classmethod
@@ -80,7 +81,7 @@ class Translator:
     ) -> Translator:
         """Load an own-format or Hugging Face Marian directory, or a shipped model by name ("en-de").
 
-        compute_type: CTranslate2's names (model/compute_type.py): "int8" quantises every linear layer
+        compute_type: CTranslate2's names (model/kernels/compute_type.py): "int8" quantises every linear layer
         and the output projection at load; "default" is float16 on CUDA, float32 on CPU. `dtype` is the
         float-only form of the same choice; give one or the other.
 
@@ -119,13 +120,13 @@ class Translator:
             )
         # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly (below).
         # Until then build on one thread, so that loading starts no OpenMP team in this thread: a server
-        # decodes in another thread (service/engine.py), and with two teams libgomp counts more threads
+        # decodes in another thread (service/engine/engine.py), and with two teams libgomp counts more threads
         # than CPUs and stops spin-waiting between parallel regions. Every region then waits for a
         # futex wake-up: requests took 2-2.5x as long on 2 cores (loadtests/bench_threads.py).
         try:
             torch.set_num_threads(1)
             if dev.type == "cpu":
-                retain_freed_memory()  # no page faults for each step's logits (model/allocator.py)
+                retain_freed_memory()  # no page faults for each step's logits (model/kernels/allocator.py)
             elif dev.type == "cuda":
                 # cuDNN's attention builds an execution plan for each new shape, and decoding meets a new
                 # one nearly every step (the cache grows; rows join and leave): the plans cost more than
@@ -209,7 +210,7 @@ class Translator:
         tgt_lang: str | None = None,
     ) -> list[list[Link]]:
         """Each target token of each (source, translation) pair linked to the source token it attends to most
-        (model/align.py); a pair with a blank side gets no links. Raises SourceError as `encode` does. A
+        (model/decode/align.py); a pair with a blank side gets no links. Raises SourceError as `encode` does. A
         model with language tokens takes both languages, as `translate` does."""
         out: list[list[Link]] = [[] for _ in pairs]
         eos, limit = self.tokenizer.eos_id, self.max_source_tokens

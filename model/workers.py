@@ -24,8 +24,8 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
+from model.decode.search import Hypothesis
 from model.options import DecodeOptions
-from model.search import Hypothesis
 
 POLL_SECONDS = 1.0  # how often a waiting parent checks that its workers are alive
 

@@ -1,12 +1,12 @@
-"""The Ray Serve application: one ingress (service/gateway.py), one model deployment per model of
-the registry (service/registry.py, service/replica.py), each answering its language pairs.
+"""The Ray Serve application: one ingress (service/api/gateway.py), one model deployment per model of
+the registry (service/registry.py, service/engine/replica.py), each answering its language pairs.
 `serve run service.app:build_app` and the Serve config import it.
 
 With one model (Settings.colocate), the ingress holds it instead: one deployment, whose replicas
 serve HTTP and decode in one process. Otherwise each model has a deployment of its own: it is always
 loaded (the models are small), scales on its own load with its own autoscaling config, and no model
 evicts another's weights.
-Entries marked `pool` share one multiplexed deployment instead (service/pool.py): many rarely used
+Entries marked `pool` share one multiplexed deployment instead (service/engine/pool.py): many rarely used
 models on a few replicas, the least recently used evicted.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 from ray import serve
 
-from service.allocator import replica_env
-from service.gateway import Gateway
-from service.pool import POOL, ModelPool
-from service.replica import PairModel
-from service.scheduler import batching_knobs
+from service.api.gateway import Gateway
+from service.engine.allocator import replica_env
+from service.engine.pool import POOL, ModelPool
+from service.engine.replica import PairModel
+from service.engine.scheduler import batching_knobs
 from service.settings import Settings
 
 
@@ -82,7 +82,7 @@ def colocated_settings(settings: Settings, dedicated: list[Settings]) -> Setting
 
 def gateway_logging(s: Settings) -> dict[str, Any]:
     """The gateway's Serve logging: WARNING unless DEBUG is asked. Its INFO lines would be Serve's
-    access line for each request, which beamserve's request line replaces (service/request_log.py) and
+    access line for each request, which beamserve's request line replaces (service/api/request_log.py) and
     which Serve builds even with the access log off (then drops): at WARNING the logger skips it."""
     level = "DEBUG" if s.log_level == "DEBUG" else "WARNING" if s.log_level == "INFO" else s.log_level
     return {"encoding": s.log_encoding, "log_level": level, "enable_access_log": False}

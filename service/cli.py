@@ -85,7 +85,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     opts.validate()  # before the model loads
     tr = _load(args)
     if args.verbose:
-        from model import native
+        from model.kernels import native
 
         print(
             f"beamserve translate: {args.model} on {tr.device} ({tr.compute_type}, digest {tr.digest[:12]}), "
@@ -115,8 +115,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from model import SourceError
-    from model.data import read_text
-    from model.evaluate import evaluate
+    from model.train.data import read_text
+    from model.train.evaluate import evaluate
 
     opts = _options(args)
     opts.validate()  # before the model loads
@@ -138,7 +138,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     import json
 
-    from model.train import TrainConfig, train
+    from model.train.train import TrainConfig, train
 
     cfg = TrainConfig(
         data_dir=Path(args.data),
@@ -167,7 +167,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-    from model.checkpoint import export_hf
+    from model.io.checkpoint import export_hf
     from model.shipped import resolve_model_path
 
     export_hf(resolve_model_path(args.model), Path(args.out))
@@ -176,7 +176,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_convert_marian(args: argparse.Namespace) -> int:
-    from model.marian_release import convert
+    from model.io.marian_release import convert
 
     convert(Path(args.release), Path(args.out))
     print(f"wrote a Hugging Face MarianMT directory to {args.out}; serve it, or quantize it, as any model directory")
@@ -184,7 +184,8 @@ def cmd_convert_marian(args: argparse.Namespace) -> int:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from model import Translator, checkpoint
+    from model import Translator
+    from model.io import checkpoint
     from model.shipped import resolve_model_path
 
     source = resolve_model_path(args.model)

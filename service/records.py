@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from service.errors import ApiError
+from service.api.errors import ApiError
 
 DEFAULT_FILE = "~/.local/share/beamserve/records.sqlite3"
 REDIS_SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}

@@ -17,7 +17,7 @@ Two ways to say it:
 
 A model that names languages by token (NLLB-200, M2M100) needs no tokens listed: its languages are read
 from its vocabulary (torch-free, when the registry is read) and named by the API's codes
-(service/language_codes.py); `sources` and `targets` may list some of them, or be ["*"] for all, and
+(service/text/language_codes.py); `sources` and `targets` may list some of them, or be ["*"] for all, and
 `language_tokens` may add or change codes ({"zt": "zho_Hant"}):
 
       [{"name": "nllb", "path": "/models/nllb-200-distilled-600M", "sources": ["*"], "targets": ["*"]}]
@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from model.shipped import resolve_model_path
-from service.language_codes import api_languages
+from service.text.language_codes import api_languages
 
 # Settings an entry may set for its own replicas (the rest are the server's: limits, keys, host...).
 ENTRY_SETTINGS = {
@@ -80,7 +80,7 @@ class ModelEntry(BaseModel):
     # from its vocabulary by `with_model_languages`, entries given here added or taking precedence.
     language_tokens: dict[str, str] = {}
     settings: dict[str, Any] = {}
-    pool: bool = False  # loaded on demand by the model pool (service/pool.py), not a deployment of its own
+    pool: bool = False  # loaded on demand by the model pool (service/engine/pool.py), not a deployment of its own
 
     @field_validator("sources", "targets")
     @classmethod
@@ -116,7 +116,7 @@ class ModelEntry(BaseModel):
         """The entry with its languages read from its model, for a model with language tokens (NLLB, M2M100):
         `language_tokens` filled, and ["*"] as sources or targets resolved to every language. ValueError
         for a listed language the model has no token for, and for language options on any other model."""
-        from model import fairseq_vocab
+        from model.io import fairseq_vocab
 
         try:
             directory: Path | None = resolve_model_path(self.path)

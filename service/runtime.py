@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from model.cpus import usable_cpus
-from service import front, local_ray
+from model.kernels.cpus import usable_cpus
+from service import local_ray
+from service.api import front
 from service.metrics_relay import MetricsRelay
 from service.settings import Settings
 
@@ -49,7 +50,7 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
     """ray.init sized for this machine, Serve's HTTP front on settings.host:port, the app deployed."""
     # Every port Ray opens on loopback, its token authentication on (service/local_ray.py).
     local_ray.enter_local_only()
-    # The front's switches and limits, read by Ray's processes (service/front.py).
+    # The front's switches and limits, read by Ray's processes (service/api/front.py).
     os.environ.update(front.environment(settings.proxy, front.limits_of(settings)))
     # HAProxy's stats page and exporter (on loopback) on ports of this instance's, not Serve's fixed ones.
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_loopback_port())
@@ -79,7 +80,7 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
         configure_logging=True,
         logging_level=logging.WARNING,
         # In every worker, the proxy's and HAProxy manager's among them: JSON errors, the front's limits.
-        runtime_env={"worker_process_setup_hook": "service.front.install"},
+        runtime_env={"worker_process_setup_hook": "service.api.front.install"},
     )
     if relayed:
         _RELAY.append(MetricsRelay(settings.metrics_host, settings.metrics_port, export_port).start())
@@ -99,7 +100,7 @@ def deploy(
 
     args = settings.model_dump() if isinstance(settings, Settings) else settings
     s = Settings(**args)
-    # beamserve's summary line is the one line per request (service/request_log.py): no access line beside it.
+    # beamserve's summary line is the one line per request (service/api/request_log.py): no access line beside it.
     logging_config = {"encoding": s.log_encoding, "log_level": s.log_level, "enable_access_log": False}
     try:
         serve.run(build_app(args), name=app_name, route_prefix="/", blocking=False, logging_config=logging_config)

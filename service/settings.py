@@ -9,10 +9,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.options import COMPUTE_TYPES
 from service import registry
-from service.allocator import Allocator
-from service.front import Front
+from service.api.front import Front
+from service.engine.allocator import Allocator
+from service.engine.scheduler import BatchingConfig, Mode
 from service.registry import ModelEntry
-from service.scheduler import BatchingConfig, Mode
 
 ComputeTypeName = Literal[COMPUTE_TYPES]  # type: ignore[valid-type]
 
@@ -24,11 +24,11 @@ class Settings(BaseSettings):
     # Models with their languages and settings (service/registry.py): inline JSON, a JSON or YAML file's
     # path, or a list in the Serve config's args. When set, `models` is not read.
     model_registry: str | list[dict[str, Any]] = ""
-    # The model pool (service/pool.py) for registry entries with "pool": true.
+    # The model pool (service/engine/pool.py) for registry entries with "pool": true.
     pool_replicas: int = 1  # replicas of the pool deployment (each with replica_cpus, replica_gpus)
     pool_models_per_replica: int = 4  # models a pool replica holds at once; past it, the least recently used goes
     host: str = "127.0.0.1"
-    # The HTTP front (service/front.py): haproxy (Ray Serve's high-throughput mode) or serve (its Python proxy).
+    # The HTTP front (service/api/front.py): haproxy (Ray Serve's high-throughput mode) or serve (its Python proxy).
     proxy: Front = "haproxy"
     port: int = 8000
     metrics_host: str = "127.0.0.1"  # where Prometheus metrics are served (elsewhere than loopback: a relay)
@@ -41,15 +41,15 @@ class Settings(BaseSettings):
     threads: int | None = None  # torch intra-op threads per replica (default: ceil(replica_cpus))
     device: str | None = None  # cpu or cuda (default: cuda when present)
     dtype: str | None = None  # float32, float16, bfloat16 (default: float16 on cuda, float32 on cpu)
-    # Continuous batching on the static decode state, CUDA graphs replayed on a GPU (service/slot_runner.py).
+    # Continuous batching on the static decode state, CUDA graphs replayed on a GPU (service/engine/slot_runner.py).
     # Unset: on a GPU, off on a CPU (uses_static_slots).
     static_slots: bool | None = None
-    compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/compute_type.py); not with dtype
+    compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/kernels/compute_type.py); not with dtype
     # Serve's logging_config for `beamserve serve` (the Serve config sets its own): JSON lines in each
-    # replica's log file under Ray's logs directory, one summary per request (service/request_log.py).
+    # replica's log file under Ray's logs directory, one summary per request (service/api/request_log.py).
     log_encoding: Literal["JSON", "TEXT"] = "JSON"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    allocator: Allocator = "auto"  # model replicas' malloc: jemalloc when the host has it (service/allocator.py)
+    allocator: Allocator = "auto"  # model replicas' malloc: jemalloc when the host has it (service/engine/allocator.py)
     max_texts: int = 64  # texts per request
     max_text_chars: int = 2000  # characters per text
     max_body_bytes: int = 1_000_000  # request body
@@ -61,11 +61,11 @@ class Settings(BaseSettings):
     max_queued: int = 64  # requests the front holds per gateway replica past max_in_flight; past it, 503 at once
     drain_timeout_s: float = 40.0  # on SIGTERM, how long accepted requests may take to finish
     gateway_replicas: int = 1  # HTTP ingress replicas (beamserve serve; the Serve config autoscales them)
-    # The models in the ingress's own process (service/local_handle.py): a request crosses no second
+    # The models in the ingress's own process (service/engine/local_handle.py): a request crosses no second
     # process, and ingress and models scale as one. Unset: colocated when the registry has one model
     # and no pool (uses_colocation).
     colocate: bool | None = None
-    # API keys and their limits (service/keys.py): off unless api_keys or api_keys_file is set.
+    # API keys and their limits (service/api/keys.py): off unless api_keys or api_keys_file is set.
     api_keys: str = ""  # comma-separated keys, each with the key_* limits below
     api_keys_file: str = ""  # a JSON list of {"key", "name", and any of the key_* limits without key_}
     key_requests_per_minute: int = 0  # 0: no limit
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     # The gateway's translation cache (service/cache.py), per gateway replica; either at 0 turns it off.
     cache_entries: int = 50_000
     cache_bytes: int = 64_000_000
-    # Batching: BatchingConfig's fields (service/scheduler.py, where each is described), tunable live
+    # Batching: BatchingConfig's fields (service/engine/scheduler.py, where each is described), tunable live
     # through the Serve config's user_config. Sizes left None are the replica's device's (sized_for).
     mode: Mode = BatchingConfig.mode
     max_batch_tokens: int | None = None

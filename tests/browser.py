@@ -1,5 +1,5 @@
 """A real headless Chromium (Debian's chromium and chromedriver, installed by `make test`; nothing is
-downloaded at run time) driven by Selenium, for the translation page at `/` (service/ui/)."""
+downloaded at run time) driven by Selenium, for the translation page at `/` (service/api/ui/)."""
 
 from __future__ import annotations
 

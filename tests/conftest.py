@@ -97,7 +97,7 @@ def read_lines(name: str, limit: int | None = None) -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny en-de model trained for a few seconds: real enough to emit varied lengths and </s>."""
-    from model.train import TrainConfig, train
+    from model.train.train import TrainConfig, train
 
     out = tmp_path_factory.mktemp("tiny_run")
     train(
@@ -133,7 +133,7 @@ def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
     out = tmp_path_factory.mktemp("nllb")
-    from model.fairseq_vocab import train_spm
+    from model.io.fairseq_vocab import train_spm
 
     train_spm(read_lines("train.en.gz", 1500) + read_lines("train.de.gz", 1500), out, 400)
     tok = transformers.NllbTokenizer.from_pretrained(str(out), additional_special_tokens=FAIRSEQ_LANGUAGE_CODES)

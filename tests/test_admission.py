@@ -1,4 +1,4 @@
-"""The gateway's cached refusal level (service/admission.py)."""
+"""The gateway's cached refusal level (service/engine/admission.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from service import admission
-from service.admission import PairAdmission
-from service.errors import ApiError
+from service.api.errors import ApiError
+from service.engine import admission
+from service.engine.admission import PairAdmission
 
 
 def refuse_with(a: PairAdmission, work: int) -> None:

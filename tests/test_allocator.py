@@ -1,4 +1,4 @@
-"""model.allocator: with freed memory retained, decoding a large vocabulary stops faulting pages in."""
+"""model.kernels.allocator: with freed memory retained, decoding a large vocabulary stops faulting pages in."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 PROBE = """
 import resource, sys
 import torch
-from model.allocator import retain_freed_memory
-from model.config import preset
-from model.decoding import generate
-from model.search import SearchOptions
-from model.transformer import Seq2Seq
+from model.kernels.allocator import retain_freed_memory
+from model.nn.config import preset
+from model.decode.decoding import generate
+from model.decode.search import SearchOptions
+from model.nn.transformer import Seq2Seq
 if sys.argv[1] == "retain":
     assert retain_freed_memory()
 torch.manual_seed(0)
@@ -47,7 +47,7 @@ def test_decoding_reuses_freed_memory_instead_of_faulting_pages_in() -> None:
 
 
 def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from model.allocator import ENV, retain_freed_memory
+    from model.kernels.allocator import ENV, retain_freed_memory
 
     monkeypatch.setenv(ENV, "0")
     assert not retain_freed_memory()

@@ -1,4 +1,4 @@
-"""Compute types (model/compute_type.py, model/quant.py): int8 weights within half a quantisation step,
+"""Compute types (model/kernels/compute_type.py, model/kernels/quant.py): int8 weights within half a quantisation step,
 each layer's int8 output close to float32's, a sentence's translation independent of its batch,
 translation quality per compute type on half the test set, and int8 checkpoints."""
 
@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from model import TranslationResult, Translator, checkpoint
-from model import compute_type as compute
-from model.gemm import Linear
-from model.layers import FeedForward
-from model.quant import Int8Weight, int8_of, int8_weight, linear_int8, onednn_int8_computes, quantize_weight
+from model import TranslationResult, Translator
+from model.io import checkpoint
+from model.kernels import compute_type as compute
+from model.kernels.gemm import Linear
+from model.kernels.quant import Int8Weight, int8_of, int8_weight, linear_int8, onednn_int8_computes, quantize_weight
+from model.nn.layers import FeedForward
 from model.shipped import PRETRAINED_DIR
 from service.cli import main
 
@@ -71,8 +72,8 @@ BF16_SCORES = 0.01
 
 # Every compute type: a sentence alone and in a batch of 64 gets the same tokens and the same scores, to
 # the bit (oneDNN's GEMMs compute a row alike beside any rows, in float32 and int8, and in bfloat16 on CPUs
-# without AMX; attention sums in the same order however far the batch pads the source: model/gemm.py,
-# model/quant.py, layers.softmax_, layers.step_attention). bfloat16 on CPUs with AMX: the same tokens,
+# without AMX; attention sums in the same order however far the batch pads the source: model/kernels/gemm.py,
+# model/kernels/quant.py, layers.softmax_, layers.step_attention). bfloat16 on CPUs with AMX: the same tokens,
 # scores within BF16_SCORES.
 @functools.cache
 def in_batches_of_64(
@@ -230,7 +231,7 @@ def test_an_int8_model_holds_no_float_copy_of_its_int8_weights_and_translates_as
 def test_an_int8_form_belongs_to_its_weight_alone() -> None:
     """Two models in one process (a pool replica) keep their own int8 forms, each going with its weight
     and never in a state dict; a new weight, even where a freed one lived, has none."""
-    from model.quant import use_int8
+    from model.kernels.quant import use_int8
 
     layer, other = Linear(64, 64), Linear(64, 64)
     keys = set(layer.state_dict())

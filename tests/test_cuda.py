@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import DecodeOptions, Translator
-from model.decoding import CachedStepper, generate, pad_batch
+from model.decode.decoding import CachedStepper, generate, pad_batch
 
 from .conftest import read_lines
 
@@ -52,7 +52,7 @@ def test_shipped_model_on_gpu_matches_cpu(dtype: str) -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_continuous_batching_on_gpu_equals_decoding_alone(dtype: str) -> None:
-    from model.inflight import InflightBatch
+    from model.decode.inflight import InflightBatch
 
     tr = Translator.load("en-de", "cuda", dtype=dtype)
     texts = read_lines("test_2016_flickr.en.gz", 24)

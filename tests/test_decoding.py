@@ -1,4 +1,4 @@
-"""model.decoding.CachedStepper: a reorder copies few cache rows (or, with attention in C, only their
+"""model.decode.decoding.CachedStepper: a reorder copies few cache rows (or, with attention in C, only their
 lineage: KVCache) and every search row still sees its own prefix."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import native
-from model.config import ModelConfig
-from model.decoding import CachedStepper
-from model.kv_cache import KVCache
-from model.transformer import Seq2Seq
+from model.decode.decoding import CachedStepper
+from model.kernels import native
+from model.nn.config import ModelConfig
+from model.nn.kv_cache import KVCache
+from model.nn.transformer import Seq2Seq
 
 
 @pytest.fixture(autouse=True, params=["c", "torch"])

@@ -1,11 +1,11 @@
-"""DeepL's request body read into beamserve's (service/deepl.py), and its error shape."""
+"""DeepL's request body read into beamserve's (service/api/deepl.py), and its error shape."""
 
 from __future__ import annotations
 
 import pytest
 
-from service import deepl
-from service.errors import ApiError
+from service.api import deepl
+from service.api.errors import ApiError
 
 
 def test_deepl_codes_options_and_defaults() -> None:

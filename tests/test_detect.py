@@ -1,4 +1,4 @@
-"""Language detection (service/detect.py) on the shipped Multi30k slices, on sentences in languages the
+"""Language detection (service/text/detect.py) on the shipped Multi30k slices, on sentences in languages the
 server does not serve (tests/data/detect), and its edge cases."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.detect import LanguageDetector
+from service.text.detect import LanguageDetector
 
 from .conftest import read_lines
 

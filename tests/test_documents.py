@@ -1,4 +1,4 @@
-"""Documents (service/documents.py, service/document_jobs.py): each format's prose found and put back
+"""Documents (service/text/documents.py, service/text/document_jobs.py): each format's prose found and put back
 with everything else as it came, and DeepL's document API through the official `deepl` package on
 the real server, a document's translation equal to its paragraphs translated on /v1."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service import documents
-from service.errors import ApiError
+from service.api.errors import ApiError
+from service.text import documents
 
 TEXT = "\ufeffA man is riding a bike.\n\n  Two dogs play in the snow. They are happy.  \r\nA woman sings.\n"
 HTML = (

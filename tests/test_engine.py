@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from model import DecodeOptions, Translator
-from model.search import Hypothesis
-from service.engine import Engine
-from service.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, RequestTooLargeError
+from model.decode.search import Hypothesis
+from service.engine.engine import Engine
+from service.engine.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, RequestTooLargeError
 from tests.conftest import read_lines, until, wait_for
 
 LONG = (
@@ -291,7 +291,7 @@ def test_health_reports_a_stalled_turn_and_a_stopped_engine(engine: Engine, refe
 def test_a_failing_static_decode_state_leaves_the_engine_on_today_s_path(
     slot_engine: Engine, reference: Translator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from model import slot_decoder
+    from model.decode import slot_decoder
 
     def broken(*args: object, **kwargs: object) -> None:  # a fault injected into the pool's step
         raise RuntimeError("capture failed")

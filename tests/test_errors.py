@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from model.errors import InputTooLongError, InvalidTextError
-from service.errors import ApiError, api_error
-from service.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
+from service.api.errors import ApiError, api_error
+from service.engine.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 
 
 @pytest.mark.parametrize(
@@ -78,14 +78,14 @@ def codes_in_the_service() -> set[str]:
 
 
 def test_every_error_code_has_one_status_and_the_docs_list_them_all() -> None:
-    from service.error_codes import CODES
-    from service.errors import TYPES
-    from service.http import HTTP_CODES
+    from service.api.error_codes import CODES
+    from service.api.errors import TYPES
+    from service.api.http import HTTP_CODES
 
     from .test_codebase import ROOT
 
     used = codes_in_the_service() | set(TYPES.values()) | set(HTTP_CODES.values())
-    assert used <= set(CODES), f"answered, not in service/error_codes.py: {sorted(used - set(CODES))}"
+    assert used <= set(CODES), f"answered, not in service/api/error_codes.py: {sorted(used - set(CODES))}"
     assert set(CODES) <= used, f"listed, never answered: {sorted(set(CODES) - used)}"
     assert all(CODES[code][0] == status for status, code in HTTP_CODES.items())
     docs = (ROOT / "docs" / "operations.md").read_text()

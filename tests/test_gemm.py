@@ -1,4 +1,4 @@
-"""model.gemm: the oneDNN inference GEMM agrees with F.linear, and training keeps autograd."""
+"""model.kernels.gemm: the oneDNN inference GEMM agrees with F.linear, and training keeps autograd."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.gemm import Linear, linear, packed, uses_onednn
+from model.kernels.gemm import Linear, linear, packed, uses_onednn
 
 
-@pytest.mark.parametrize("rows", [1, 7, 256])  # one row is given a zero row for company (model/gemm.py)
+@pytest.mark.parametrize("rows", [1, 7, 256])  # one row is given a zero row for company (model/kernels/gemm.py)
 @pytest.mark.parametrize("activation", [None, "relu", "swish"])
 def test_inference_linear_equals_f_linear(rows: int, activation: str | None) -> None:
     torch.manual_seed(0)

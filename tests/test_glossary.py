@@ -1,4 +1,4 @@
-"""Glossaries (service/glossary.py, service/glossary_store.py): how terms are found and placed, the
+"""Glossaries (service/text/glossary.py, service/text/glossary_store.py): how terms are found and placed, the
 record stores (service/records.py), and DeepL's glossary API through the official `deepl` package
 and /v1's `glossary` on the real server."""
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service import glossary, glossary_store
-from service.errors import ApiError
-from service.glossary import Terms, apply, new_glossary, parse_entries
-from service.glossary_store import Glossaries
-from service.html_text import parse_documents
-from service.protect import to_html
+from service.api.errors import ApiError
 from service.records import Record, Records, RedisRecords, SqliteRecords, open_records, storage_of
+from service.text import glossary, glossary_store
+from service.text.glossary import Terms, apply, new_glossary, parse_entries
+from service.text.glossary_store import Glossaries
+from service.text.html_text import parse_documents
+from service.text.protect import to_html
 
 BIKE = "A man is riding a bike."
 

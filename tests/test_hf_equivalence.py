@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model import TranslationResult, Translator, checkpoint
+from model import TranslationResult, Translator
+from model.io import checkpoint
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""service.html_text: LibreTranslate's format="html" translates runs of prose and carries inline markup over."""
+"""service.text.html_text: LibreTranslate's format="html" translates runs of prose and carries inline markup over."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from service.html_text import MAX_DEPTH, HtmlDocument, HtmlLimitError, HtmlSyntaxError, Link, join_aligned
+from service.text.html_text import MAX_DEPTH, HtmlDocument, HtmlLimitError, HtmlSyntaxError, Link, join_aligned
 
 
 def links(source: str, target: str, pairs: list[tuple[str, str]]) -> list[Link]:

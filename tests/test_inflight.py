@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from model import DecodeOptions, Translator
-from model.compute_type import supported
-from model.config import preset
-from model.inflight import TOKEN_WIDTH, InflightBatch
-from model.search import Hypothesis
-from model.transformer import Seq2Seq
+from model.decode.inflight import TOKEN_WIDTH, InflightBatch
+from model.decode.search import Hypothesis
+from model.kernels.compute_type import supported
+from model.nn.config import preset
+from model.nn.transformer import Seq2Seq
 from tests.conftest import bfloat16_rows_invariant, read_lines
 from tests.test_compute_type import BF16_SCORES
 
@@ -54,7 +54,7 @@ def assert_same_as_alone(
     for _, key, ids, opts in arrivals:
         alone = tr.decode_batch([ids], opts)[0]
         assert [h.tokens for h in results[key]] == [h.tokens for h in alone], (key, opts)
-        # To the bit: padding-blind decode steps (layers.step_attention) and row-wise GEMMs (model/gemm.py).
+        # To the bit: padding-blind decode steps (layers.step_attention) and row-wise GEMMs (model/kernels/gemm.py).
         got, want = [h.score for h in results[key]], [h.score for h in alone]
         assert got == want if exact else got == pytest.approx(want, abs=BF16_SCORES), (key, opts)
 

@@ -85,7 +85,7 @@ def test_dockerfile_passes_hadolint_and_has_what_an_operator_needs() -> None:
     assert "--require-hashes --no-deps -r deploy/requirements.lock" in text
     # The C kernels built in a stage of their own; the runtime stage installs that wheel and has no compiler.
     build, runtime = text.split("FROM ${BASE} AS build\n")[1].split("\nFROM ${BASE}\n")
-    assert "gcc" in build and "pip wheel" in build and "model/_native" in build
+    assert "gcc" in build and "pip wheel" in build and "model/kernels/_native" in build
     assert "gcc" not in runtime and "COPY --from=build" in runtime and "--no-deps /home/ray/wheels/*.whl" in runtime
     assert "EXPOSE 8000 8080" in text and "USER 1000" in text
     # The health check on the port the container serves; the stop timeout the drain needs, said.
@@ -259,7 +259,7 @@ def test_every_ray_container_carries_the_http_front_and_its_setup_hook(
     reaches (tests/test_cluster.py runs a cluster from it)."""
     from ray._private import ray_constants
 
-    from service import front
+    from service.api import front
     from service.settings import Settings
 
     assert front.SETUP_HOOK_ENV == ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR  # Ray's name for it
@@ -371,7 +371,7 @@ def test_ingress_example_is_valid_and_agrees_with_the_server_limits() -> None:
 
 
 def test_api_keys_example_mounts_the_keys_file_everywhere_and_counts_in_its_store(tmp_path: Path) -> None:
-    from service.keys import KeyLimits, load_keys
+    from service.api.keys import KeyLimits, load_keys
 
     out = run(tool("kubectl"), "kustomize", K8S / "examples" / "api-keys")
     path = tmp_path / "api-keys.yaml"

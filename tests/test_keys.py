@@ -253,7 +253,7 @@ def test_keys_off_count_the_anonymous_characters_in_fixed_windows() -> None:
     """Keys off and no shared store: the anonymous usage /v1/usage reports, counted in the process."""
     import asyncio
 
-    from service.keys import ANONYMOUS, Keys
+    from service.api.keys import ANONYMOUS, Keys
 
     keys = Keys({}, "")
     assert keys.local is not None and Keys({}, "redis://127.0.0.1:1").local is None  # a shared store counts there

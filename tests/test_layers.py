@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.layers import (
+from model.kernels.quant import use_int8
+from model.nn.layers import (
     MultiHeadAttention,
     PositionalEncoding,
     attention,
@@ -13,7 +14,6 @@ from model.layers import (
     step_attention,
     subsequent_mask,
 )
-from model.quant import use_int8
 
 
 def test_attention_is_softmax_of_scaled_dot_products() -> None:

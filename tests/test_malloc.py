@@ -1,4 +1,4 @@
-"""The model replicas' allocator choice (service/allocator.py)."""
+"""The model replicas' allocator choice (service/engine/allocator.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service import allocator
+from service.engine import allocator
 
 
 def test_system_sets_nothing() -> None:

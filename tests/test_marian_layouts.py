@@ -15,8 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model import Translator, checkpoint
-from model.config import preset
+from model import Translator
+from model.io import checkpoint
+from model.nn.config import preset
 
 from .test_hf_equivalence import assert_same_as_generate
 
@@ -26,7 +27,7 @@ EXTRA_TARGET_PIECES = 37  # the target vocabulary is larger than the source one,
 
 
 def small_config(**sizes: Any) -> Any:
-    """A MarianConfig of the `tiny` preset's sizes (model/config.py)."""
+    """A MarianConfig of the `tiny` preset's sizes (model/nn/config.py)."""
     tiny = preset("tiny", 8)
     layers = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads")
     return transformers.MarianConfig(
@@ -168,8 +169,8 @@ def test_the_batching_engine_decodes_separate_vocabularies_as_offline(
     import asyncio
 
     from model import DecodeOptions
-    from service.engine import Engine
-    from service.scheduler import sized_for
+    from service.engine.engine import Engine
+    from service.engine.scheduler import sized_for
 
     ours = Translator.load(separate, "cpu")
     offline = ours.translate(sources, beam_size=4)

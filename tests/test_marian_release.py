@@ -1,4 +1,4 @@
-"""Marian's own release format (model/marian_release.py): a release written with Marian's parameter names
+"""Marian's own release format (model/io/marian_release.py): a release written with Marian's parameter names
 from a MarianMTModel converts back to that model's every tensor, and translates as CTranslate2's own
 converter of Marian releases (ctranslate2.converters.OpusMTConverter) reads the same files."""
 
@@ -15,9 +15,10 @@ import pytest
 import torch
 import yaml
 
-from model import Translator, checkpoint
-from model.decoding import pad_batch
-from model.marian_release import CONFIG_KEY, convert
+from model import Translator
+from model.decode.decoding import pad_batch
+from model.io import checkpoint
+from model.io.marian_release import CONFIG_KEY, convert
 
 transformers = pytest.importorskip("transformers")
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -155,7 +156,7 @@ def test_the_converted_model_translates_as_ctranslate2_reads_the_release(
 
 def test_a_vocabulary_keeps_every_piece_as_written(tmp_path: Path) -> None:
     """Pieces that YAML's default schema would read as a boolean, a null or a number stay strings."""
-    from model.marian_release import read_vocab
+    from model.io.marian_release import read_vocab
 
     text = '</s>: 0\n<unk>: 1\nno: 2\nnull: 3\n1: 4\n"\\"": 5\n"a: b": 6\n\u2581the: 7\n'
     (tmp_path / "v.yml").write_text(text, encoding="utf-8")

@@ -1,5 +1,5 @@
-"""The C kernels (model/native.py): built where the install had a C compiler; the int8 row kernels give the
-same bits as model/quant.py's PyTorch ops, kernel by kernel and for whole int8 translations; decode-step
+"""The C kernels (model/kernels/native.py): built where the install had a C compiler; the int8 row kernels give the
+same bits as model/kernels/quant.py's PyTorch ops, kernel by kernel and for whole int8 translations; decode-step
 attention agrees with PyTorch's to float32 rounding, computes each row alike in any batch, and reads a
 beam's positions from its cache lineage as from copied rows."""
 
@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from model import DecodeOptions, Translator, native
-from model.kv_cache import KVCache
-from model.quant import linear_int8, quantize_rows, quantize_weight
-from model.search import NEG, top_candidates
-from model.transformer import Seq2Seq
+from model import DecodeOptions, Translator
+from model.decode.search import NEG, top_candidates
+from model.kernels import native
+from model.kernels.quant import linear_int8, quantize_rows, quantize_weight
+from model.nn.kv_cache import KVCache
+from model.nn.transformer import Seq2Seq
 
 from .conftest import read_lines
 
@@ -199,7 +200,11 @@ def test_translations_with_the_step_kernels_match_pytorchs_and_the_lineage_cache
     assert Translator.load("en-de", "cpu", compute_type=compute_type).digest != digest
 
 
-X86_BUILDS = {"model._native": 1, "model._native_v3": 3, "model._native_v4": 4}  # 4, 8 and 16 floats a register
+X86_BUILDS = {
+    "model.kernels._native": 1,
+    "model.kernels._native_v3": 3,
+    "model.kernels._native_v4": 4,
+}  # 4, 8 and 16 floats a register
 
 
 @steps
@@ -271,15 +276,15 @@ def test_clang_builds_every_library_and_its_build_gives_the_same_bits(
     build = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib")]
     env = {**os.environ, "CC": "clang"}
     subprocess.run([*build, "--build-temp", str(tmp_path / "tmp")], cwd=root, env=env, check=True, capture_output=True)
-    built = {path.name.split(".")[0]: path for path in (tmp_path / "lib" / "model").glob("_native*.so")}
+    built = {path.name.split(".")[0]: path for path in (tmp_path / "lib" / "model" / "kernels").glob("_native*.so")}
     expected = {"_native", "_native_v3", "_native_v4"} if platform.machine() == "x86_64" else {"_native"}
     assert set(built) == expected, "clang did not build every library setup.py names"
     # Each library this CPU runs computes the bits of GCC's build of its level.
     for module, path in built.items():
         library = native.declared(ctypes.CDLL(str(path)))
-        if library.beamserve_cpu_level() < X86_BUILDS.get(f"model.{module}", 1):
+        if library.beamserve_cpu_level() < X86_BUILDS.get(f"model.kernels.{module}", 1):
             continue
-        spec = importlib.util.find_spec(f"model.{module}")
+        spec = importlib.util.find_spec(f"model.kernels.{module}")
         assert spec is not None and spec.origin is not None
         with monkeypatch.context() as patch:
             patch.setattr(native, "_LIB", native.declared(ctypes.CDLL(spec.origin)))
@@ -287,13 +292,14 @@ def test_clang_builds_every_library_and_its_build_gives_the_same_bits(
 
 
 @pytest.mark.parametrize(
-    ("setting", "build"), [("x86-64-v3", "model._native_v3"), ("x86-64", "model._native"), ("0", "None")]
+    ("setting", "build"),
+    [("x86-64-v3", "model.kernels._native_v3"), ("x86-64", "model.kernels._native"), ("0", "None")],
 )
 def test_the_setting_loads_the_build_a_cpu_of_that_level_would(setting: str, build: str) -> None:
     if platform.machine() != "x86_64" or not native.built() or native.ENV in os.environ:
         pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
     env = {**os.environ, native.ENV: setting}
-    code = "from model import native; print(native.BUILD)"
+    code = "from model.kernels import native; print(native.BUILD)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == build
     env[native.ENV] = "avx2"

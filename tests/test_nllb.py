@@ -14,11 +14,12 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from model import DecodeOptions, Translator, checkpoint
-from model.decoding import pad_batch
-from model.inflight import InflightBatch
-from model.slot_decoder import PoolShape, SlotDecoder, decode_all
-from model.tokenizer import LanguageError
+from model import DecodeOptions, Translator
+from model.decode.decoding import pad_batch
+from model.decode.inflight import InflightBatch
+from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all
+from model.io import checkpoint
+from model.io.tokenizer import LanguageError
 from tests.conftest import EOS, PAD, read_lines
 
 transformers = pytest.importorskip("transformers")
@@ -210,7 +211,7 @@ def test_a_directory_with_the_sentencepiece_model_alone_numbers_as_fairseq(
     (tmp_path / "tokenizer_config.json").write_text(
         '{"additional_special_tokens": ' + str(FAIRSEQ_LANGUAGE_CODES).replace("'", '"') + "}"
     )
-    from model import fairseq_vocab
+    from model.io import fairseq_vocab
 
     vocab = fairseq_vocab.read_vocab(tmp_path)
     assert vocab["eng_Latn"] == 401 + FAIRSEQ_LANGUAGE_CODES.index("eng_Latn")  # 400 pieces, then <pad>
@@ -225,7 +226,7 @@ def test_m2m100_directory_matches_transformers(nllb_dir: Path, tmp_path: Path, t
     same ids as M2M100Tokenizer, and the same n-best as generate toward German."""
     from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES as M2M100_CODES
 
-    from model import fairseq_vocab
+    from model.io import fairseq_vocab
 
     assert M2M100_CODES["m2m100"] == fairseq_vocab.M2M100_LANGUAGES
     model_file = shutil.copyfile(nllb_dir / "sentencepiece.bpe.model", tmp_path / "sentencepiece.bpe.model")

@@ -76,7 +76,7 @@ def test_an_error_is_shown_as_the_api_says_it(browser: WebDriver, server: str) -
 def test_a_file_is_translated_as_its_lines_are_and_offered_for_download(
     browser: WebDriver, server: str, tmp_path: Path
 ) -> None:
-    from service import documents
+    from service.text import documents
 
     text = "A dog is running in the snow.\n\nTwo men are playing soccer.\n"
     path = tmp_path / "notes.txt"

@@ -90,7 +90,7 @@ def test_translate_command_reads_stdin_and_writes_one_line_each() -> None:
 
 
 def test_translate_verbose_names_the_kernels_in_use() -> None:
-    from model import native
+    from model.kernels import native
 
     for env, kernels in (({}, native.in_use()), ({native.ENV: "0"}, f"none ({native.ENV}=0)")):
         proc = subprocess.run(

@@ -1,4 +1,4 @@
-"""service.protect: URLs, e-mail addresses and placeholders found and wrapped, and plain text given back."""
+"""service.text.protect: URLs, e-mail addresses and placeholders found and wrapped, and plain text given back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from service.protect import PROTECTED, from_html, has_protected, to_html
+from service.text.protect import PROTECTED, from_html, has_protected, to_html
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_wrapping_and_unwrapping_is_the_identity() -> None:
 
 
 def test_the_sentence_s_full_stop_stays_when_the_alignment_links_it_to_the_url() -> None:
-    from service.html_text import parse_documents
+    from service.text.html_text import parse_documents
 
     source = "Dogs play near https://dogs.example."
     [doc] = parse_documents([to_html(source)])

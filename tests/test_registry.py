@@ -105,7 +105,7 @@ def test_a_model_with_language_tokens_reads_its_languages_from_its_vocabulary(nl
 def test_a_router_of_every_nllb_pair_shares_the_model_s_admission_and_names_pairs_briefly(nllb_dir: Path) -> None:
     """38,220 pairs on one deployment: no pivot to search (every pair is direct), one admission level for
     the deployment, and an error message that counts the pairs instead of listing them."""
-    from service.pair_router import PairRouter
+    from service.engine.pair_router import PairRouter
     from service.settings import Settings
 
     [every] = entries("", [{"name": "nllb", "path": str(nllb_dir), "sources": ["*"], "targets": ["*"]}])
@@ -132,7 +132,7 @@ def multilingual_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.mark.slow
 def test_a_target_token_the_vocabulary_lacks_fails_the_load_and_is_named(multilingual_dir: Path) -> None:
-    from service.served_model import ServedModel
+    from service.engine.served_model import ServedModel
     from service.settings import Settings
 
     # opus-mt-en-ROMANCE's spelling on a model whose vocabulary spells them >>fra<< and >>spa<<.

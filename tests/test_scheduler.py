@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from model import DecodeOptions
-from service import scheduler as scheduler_module
-from service.scheduler import (
+from service.engine import scheduler as scheduler_module
+from service.engine.scheduler import (
     GPU_SIZES,
     BatchingConfig,
     ContinuousScheduler,

@@ -1,4 +1,4 @@
-"""service.sentences: paragraphs split into the sentences the models were trained on, and joined back."""
+"""service.text.sentences: paragraphs split into the sentences the models were trained on, and joined back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from service.sentences import join_sentences, join_translations, split_sentences
+from service.text.sentences import join_sentences, join_translations, split_sentences
 
 from .conftest import read_lines
 

@@ -100,7 +100,7 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
     models = client.get("/v1/models").json()["models"]
     assert {m["name"] for m in models} == {"en-de", "en-fr"} and all(m["ready"] for m in models)
     assert all(m["compute_type"] == "float32" for m in models)  # the CPU's default
-    from model import native  # the replicas run the build this process loads (one machine, one install)
+    from model.kernels import native  # the replicas run the build this process loads (one machine, one install)
 
     assert all(m["kernels"] == native.in_use() for m in models)
     assert client.get("/healthz").json() == {"status": "ok"}
@@ -236,7 +236,7 @@ def test_a_paragraph_is_translated_sentence_by_sentence_unless_asked_not_to(clie
     ],
 )
 def test_a_header_that_is_not_utf8_is_a_json_400_naming_it(server: str, header: str, path: str, shape: str) -> None:
-    # Serve decodes these headers itself; the front refuses what it could not decode (service/front.py).
+    # Serve decodes these headers itself; the front refuses what it could not decode (service/api/front.py).
     port = int(server.rsplit(":", 1)[1])
     body = (
         b'{"texts": ["A dog."], "q": "A dog.", "text": ["A dog."], "source": "en", "target": "de", "target_lang": "DE"}'
@@ -319,7 +319,7 @@ def test_libretranslate_html_translates_sentences_whole_and_carries_inline_marku
 
 def test_libretranslate_html_of_many_runs_equals_the_library_s_alignment(client: httpx.Client) -> None:
     from model import Translator
-    from service.html_text import HtmlDocument
+    from service.text.html_text import HtmlDocument
 
     captions = [c for c in read_lines("test_2016_flickr.en.gz", 40) if len(c.split()) > 3][:20]
     items = []
@@ -606,7 +606,7 @@ def test_json_nested_too_deep_is_a_4xx_not_a_500(client: httpx.Client, route: st
 
 
 def test_html_past_the_nesting_and_element_limits_is_a_fast_4xx(client: httpx.Client) -> None:
-    from service.html_text import MAX_DEPTH, MAX_ELEMENTS
+    from service.text.html_text import MAX_DEPTH, MAX_ELEMENTS
 
     deep = "<b>" * 70_000 + "A dog." + "</b>" * 70_000  # 490 KB, under the body limit
     start = time.monotonic()
@@ -630,7 +630,7 @@ def test_html_that_ends_inside_markup_is_a_422_saying_where(client: httpx.Client
 
 
 def test_stats_report_allocator_memory_and_the_gateways_admission(client: httpx.Client) -> None:
-    from service.allocator import jemalloc_path
+    from service.engine.allocator import jemalloc_path
 
     stats = client.get("/v1/stats").json()["en-de"]
     # The replica process runs with jemalloc preloaded exactly when the host has it (allocator "auto").

@@ -1,4 +1,4 @@
-"""The static decode state (model/slots.py) and its host side (model/slot_decoder.py): the same
+"""The static decode state (model/decode/slots.py) and its host side (model/decode/slot_decoder.py): the same
 hypotheses as today's search and as Hugging Face, no host synchronisation in a step, a step that
 traces whole, and state tensors that never move."""
 
@@ -11,11 +11,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model import DecodeOptions, Translator, checkpoint
+from model import DecodeOptions, Translator
+from model.decode.search import Hypothesis
+from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all
+from model.decode.slots import decode_step
+from model.io import checkpoint
 from model.options import max_length
-from model.search import Hypothesis
-from model.slot_decoder import PoolShape, SlotDecoder, decode_all
-from model.slots import decode_step
 
 from .conftest import read_lines
 

@@ -55,8 +55,8 @@ def test_serving_through_the_engine_uses_one_team_like_decoding_on_one_thread() 
         print(native())
     """)
     served = run("""
-        from service.engine import Engine
-        from service.scheduler import BatchingConfig
+        from service.engine.engine import Engine
+        from service.engine.scheduler import BatchingConfig
         tr = Translator.load("en-de", "cpu", num_threads=2)
         engine = Engine(tr, BatchingConfig(), max_length=64)
         engine.warm_up([tr.encode("A man is riding a bike.")])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import Translator
-from model.train import TrainConfig, lr_at, train
+from model.train.train import TrainConfig, lr_at, train
 
 from .conftest import DATA
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import DecodeOptions, Translator
-from model.decoding import generate, pad_batch
+from model.decode.decoding import generate, pad_batch
 
 
 @pytest.fixture(scope="module")

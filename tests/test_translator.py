@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from model import DecodeOptions, InputTooLongError, InvalidTextError, Translator
-from model.decoding import CachedStepper, generate, pad_batch
-from model.search import beam_search
+from model.decode.decoding import CachedStepper, generate, pad_batch
+from model.decode.search import beam_search
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_loads_and_translates_where_the_os_has_no_cpu_affinity(monkeypatch: pyte
     """macOS and Windows have no os.sched_getaffinity: the CPU count comes from os.cpu_count there."""
     import os
 
-    from model.cpus import usable_cpus
+    from model.kernels.cpus import usable_cpus
 
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     assert usable_cpus() == os.cpu_count()

@@ -1,0 +1,330 @@
+"""Continuous batching: sentences join and leave the running decode batch between decoder steps.
+
+An `InflightBatch` owns a fixed pool of hypothesis rows (each beam of each sentence holds one row of
+the preallocated self-attention cache) and the cross-attention keys/values of its sentences, computed
+once when a sentence joins. `step()` runs one decoder step for every row, advances each sentence's
+search and returns the sentences that finished; their rows are free before the next step.
+
+Sentences with different decoding options (beam size, length penalty, ...) decode in the same
+decoder step; their searches run as separate groups, one vectorised `beam_step` per group. Beam
+size 1 runs the same beam step with one beam, which picks the arg-max like greedy search. Every
+sentence gets exactly the search it would get alone: rows see only their own positions (per-row
+self-attention masks), their own source (per-sentence cross-attention) and their own search state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+
+from model.decode.decoding import pad_batch
+from model.decode.search import (
+    BeamState,
+    Hypothesis,
+    SearchOptions,
+    beam_step,
+    constrain,
+    finished_hypotheses,
+)
+from model.nn.kv_cache import CrossCache, continue_in_place, fill_holes
+from model.nn.transformer import Seq2Seq
+
+TOKEN_WIDTH = 32  # starting width of a group's token buffers (BeamState), doubled as sentences get longer
+
+
+@dataclass
+class SearchGroup:
+    """The sentences that share one set of search options; rows of sentence i are rows[i]."""
+
+    opts: SearchOptions
+    state: BeamState
+    keys: list[Hashable]  # (b,) the caller's handle of each sentence
+    rows: torch.Tensor  # (b, K) cache rows of each sentence's beams
+    pos: torch.Tensor  # (b,) tokens generated so far
+    max_lengths: torch.Tensor  # (b,) generated-token limit
+    sentence: torch.Tensor  # (b,) index into the cross-attention cache
+
+    @classmethod
+    def empty(cls, opts: SearchOptions, width: int, device: torch.device) -> SearchGroup:
+        none = torch.empty(0, dtype=torch.long, device=device)
+        K = opts.beam_size
+        return cls(opts, BeamState.start(0, K, width, device), [], none.view(0, K), none, none, none)
+
+    def join(
+        self,
+        keys: list[Hashable],
+        rows: torch.Tensor,
+        max_lengths: torch.Tensor,
+        sentence: torch.Tensor,
+        state: BeamState,
+        pos: torch.Tensor,
+    ) -> None:
+        """Append newly encoded sentences: rows (b, K), max_lengths (b,), sentence (b,), their search
+        state and tokens generated so far pos (b,)."""
+        self.state.extend(state)
+        self.keys += keys
+        self.rows = torch.cat([self.rows, rows])
+        self.pos = torch.cat([self.pos, pos])
+        self.max_lengths = torch.cat([self.max_lengths, max_lengths])
+        self.sentence = torch.cat([self.sentence, sentence])
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.state.select(keep)
+        self.keys = [self.keys[i] for i in keep.tolist()]
+        self.rows, self.pos = self.rows[keep], self.pos[keep]
+        self.max_lengths, self.sentence = self.max_lengths[keep], self.sentence[keep]
+
+
+class InflightBatch:
+    """The sentences being decoded right now, on one model; not thread-safe (one owner thread)."""
+
+    def __init__(self, model: Seq2Seq, *, rows: int, max_length: int) -> None:
+        """rows: hypothesis rows in the pool (sum of beam sizes in flight); max_length: longest output."""
+        self.model = model
+        weight = model.embed.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        # A beam search's first step runs in add() on CPU, one row per sentence instead of K identical
+        # ones; on a GPU, where a step costs the same at any row count, newcomers take K rows at once.
+        self.first_step_apart = self.device.type == "cpu"
+        self.max_length = min(max_length, model.cfg.max_position_embeddings)
+        # Positions are allocated 64 at a time up to max_length; rows are fixed.
+        self.cache = model.new_cache(
+            rows, min(64, self.max_length), self.dtype, self.device, limit=self.max_length, zeroed=True
+        )
+        self.cache.resize(0, 0)
+        self.cross: CrossCache | None = None
+        self.groups: dict[SearchOptions, SearchGroup] = {}
+        self.tokens = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) next input of each row
+        self.positions = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) its position
+        self._finished: list[tuple[Hashable, list[Hypothesis]]] = []  # ended at their first step (add)
+
+    @property
+    def rows(self) -> int:
+        """Hypothesis rows in use."""
+        return self.cache.rows
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    @property
+    def sentences(self) -> int:
+        return sum(len(g.keys) for g in self.groups.values())
+
+    def keys(self) -> list[Hashable]:
+        return [k for g in self.groups.values() for k in g.keys]
+
+    @torch.inference_mode()
+    def add(self, keys: list[Hashable], sources: list[list[int]], max_lengths: list[int], opts: SearchOptions) -> None:
+        """Encode non-empty sources and give each beam_size rows; raises IndexError past the pool.
+
+        On CPU a beam search's first step runs here, one row per sentence (its K beams are all the
+        start token, as when decoding alone), rather than on K identical rows in the next step().
+        Sentences that end at that step come back from the next step().
+        """
+        b, K = len(sources), opts.beam_size
+        N = self.rows
+        if N + b * K > self.capacity:
+            raise IndexError(f"{b * K} rows asked, {self.capacity - N} free")
+        if max(max_lengths) > self.max_length:
+            raise ValueError(f"max length {max(max_lengths)} is past the batch's {self.max_length}")
+        dev = self.device
+        src_ids, src_mask = pad_batch(sources, self.model.cfg.pad_token_id, dev)
+        cross = self.model.cross_cache(self.model.encode(src_ids, src_mask), src_mask)
+        caps = torch.tensor(max_lengths, device=dev)  # (b,)
+        group = self.groups.get(opts)
+        # Token buffers as wide as the longest running sentence needs (step() widens them), not
+        # max_length: every beam step gathers and writes them whole.
+        state = BeamState.start(b, K, TOKEN_WIDTH if group is None else group.state.width, dev)
+        pos = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
+        tokens = torch.full((b * K,), opts.start_token_id, dtype=torch.long, device=dev)  # (b*K,)
+        written = 0  # positions the newcomers' rows hold
+        if K > 1 and self.first_step_apart:
+            first = self._first_step(keys, cross, caps, state, opts)
+            if first is None:
+                return
+            keep, tokens = first
+            keys = [keys[i] for i in keep.tolist()]
+            state.select(keep)
+            caps, b = caps[keep], keep.numel()
+            pos = torch.ones(b, dtype=torch.long, device=dev)
+            written = 1
+        self._compact_sentences(force=True)  # extending copies every kept sentence: keep only live ones
+        B = 0 if self.cross is None else self.cross.src_mask.shape[0]
+        if self.cross is None:
+            self.cross = cross
+        else:
+            self.cross.extend(cross)
+        group = self.groups.setdefault(opts, SearchGroup.empty(opts, state.width, dev))
+        group.join(
+            keys,
+            torch.arange(N, N + b * K, device=dev).view(b, K),
+            caps,
+            torch.arange(B, B + b, device=dev),
+            state,
+            pos,
+        )
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.cache.resize(N + b * K, max(self.cache.length, written))
+        self._index_rows()
+
+    def _first_step(
+        self, keys: list[Hashable], cross: CrossCache, caps: torch.Tensor, state: BeamState, opts: SearchOptions
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Newcomers' first decoder step, one row each, with a cache of their own; their beams' position 0
+        is then written to the K rows each will hold (after the rows in use). Returns the sentences that
+        go on, keep (b',), and their next tokens (b' * K,); None when none does. Trims `cross` to them."""
+        b, K = caps.numel(), opts.beam_size
+        dev = self.device
+        first = self.model.new_cache(b, 1, self.dtype, dev)
+        start = torch.full((b,), opts.start_token_id, dtype=torch.long, device=dev)
+        log_probs = self.model.decode_step(start, 0, first, cross, log_probs=True)  # (b, V)
+        log_probs = constrain(log_probs.repeat_interleave(K, dim=0), 0, caps.repeat_interleave(K), opts)
+        _, token, done = beam_step(log_probs.view(b, K, -1), state, torch.zeros_like(caps), caps, opts)  # (b, K)
+        for i in done.nonzero()[:, 0].tolist():
+            self._finished.append((keys[i], finished_hypotheses(state, i, opts)))
+        keep = (~done).nonzero()[:, 0]
+        if keep.numel() == 0:
+            return None
+        if keep.numel() < b:
+            cross.select(keep)
+        # Every beam continues its sentence's one row: position 0 of rows N + i * K + k is that row's.
+        k, v = (c[:, keep, :, :1].repeat_interleave(K, dim=1) for c in (first.k, first.v))  # (L, b' * K, H, 1, D)
+        self.cache.write(self.rows, k, v)
+        return keep, token[keep].reshape(-1)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Hashable, list[Hypothesis]]]:
+        """One decoder step for every row; returns (key, n-best) of the sentences that finished."""
+        finished, self._finished = self._finished, []  # sentences that ended at their first step, in add()
+        first_finished = len(finished)
+        if not self.rows or self.cross is None:
+            return finished
+        groups = list(self.groups.values())
+        order = torch.cat([g.rows.view(-1) for g in groups])  # rows grouped by search, sentence, beam
+        log_probs = self.model.decode_step(self.tokens, self.positions, self.cache, self.cross, order, log_probs=True)
+        updates = {}
+        start = 0
+        for g in groups:
+            b, K = g.rows.shape
+            lp = constrain(
+                log_probs[start : start + b * K],
+                g.pos.repeat_interleave(K),
+                g.max_lengths.repeat_interleave(K),
+                g.opts,
+                g.state.run_tokens.view(b * K, -1),
+            )  # (b*K, V)
+            start += b * K
+            if g.state.width < self.cache.length:  # a beam step writes at its sentences' positions (< length)
+                g.state.widen(min(self.max_length, max(self.cache.length, 2 * g.state.width)))
+            src_beam, token, done = beam_step(lp.view(b, K, -1), g.state, g.pos, g.max_lengths, g.opts)
+            for i in done.nonzero()[:, 0].tolist():
+                finished.append((g.keys[i], finished_hypotheses(g.state, i, g.opts)))
+            updates[g.opts] = (~done, g.rows.gather(1, src_beam), token)
+        if len(finished) == first_finished:
+            self._advance(updates)
+        else:
+            self._regroup(updates, advance=True)
+        return finished
+
+    @torch.inference_mode()
+    def remove(self, keys: set[Hashable]) -> None:
+        """Drop sentences mid-decode (cancelled, deadline passed); their rows are free at once."""
+        if not self.groups:
+            return
+        updates = {}
+        for opts, g in self.groups.items():
+            keep = torch.tensor([k not in keys for k in g.keys], dtype=torch.bool, device=self.device)
+            updates[opts] = (keep, g.rows, self.tokens[g.rows])
+        self._regroup(updates, advance=False)
+
+    def _advance(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """_regroup when no sentence left: beams move only among their sentence's own rows, so rows in
+        use, each row's sentence and query slot (row_index) stay as they are; positions all advance."""
+        cache_src = torch.empty(self.rows, dtype=torch.long, device=self.device)  # (N,)
+        tokens = torch.empty_like(cache_src)
+        for opts, (_, src_rows, token) in updates.items():
+            g = self.groups[opts]
+            g.rows = continue_in_place(src_rows, g.rows)  # (b, K) a continuing beam keeps its row
+            cache_src[g.rows.view(-1)] = src_rows.view(-1)
+            tokens[g.rows.view(-1)] = token.view(-1)
+            g.pos = g.pos + 1
+        self.cache.reorder(cache_src, self.positions + 1)  # a moved row copies only as far as it has written
+        self.tokens = tokens
+        self.positions = self.positions + 1
+
+    def _regroup(
+        self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *, advance: bool
+    ) -> None:
+        """Keep each group's sentences where keep (b,) is set, beam k continuing from row src (b, K) with
+        token (b, K); compact the surviving rows into [0, M) moving as few as possible."""
+        dest, src, tok = [], [], []
+        for opts, (keep, src_rows, token) in updates.items():
+            g = self.groups[opts]
+            idx = keep.nonzero()[:, 0]
+            rows = continue_in_place(src_rows[idx], g.rows[idx])  # (b', K) a continuing beam keeps its row
+            dest.append(rows.view(-1))
+            src.append(src_rows[idx].view(-1))
+            tok.append(token[idx].view(-1))
+            g.select(idx)
+            g.rows = rows
+            if advance:
+                g.pos = g.pos + 1
+        self.groups = {o: g for o, g in self.groups.items() if g.keys}
+        old_dest, old_src = torch.cat(dest), torch.cat(src)  # (M,) surviving rows and their cache sources
+        M, N = old_dest.numel(), self.rows
+        # Rows already below M stay; rows at or above M move into the holes that finished rows left.
+        where = fill_holes(old_dest)  # (M,) the new row of each surviving row
+        new_index = torch.full((N,), -1, dtype=torch.long, device=self.device)
+        new_index[old_dest] = where
+        cache_src = torch.empty(M, dtype=torch.long, device=self.device)
+        cache_src[where] = old_src
+        self.cache.reorder(cache_src, self.positions + 1)  # a moved row copies only as far as it has written
+        self.tokens = torch.empty(M, dtype=torch.long, device=self.device)
+        self.tokens[where] = torch.cat(tok)
+        for g in self.groups.values():
+            g.rows = new_index[g.rows]
+        self._compact_sentences()
+        self._index_rows()
+
+    def _compact_sentences(self, *, force: bool = False) -> None:
+        """Drop finished sentences' cross-attention keys/values and renumber the rest.
+
+        Compacting copies every live sentence's keys/values, and sentences finish at nearly every
+        step, so finished ones stay until they are a quarter of the cache or newcomers join (which
+        copies it anyway): no row queries them, and attending over them costs less than the copy.
+        """
+        if self.cross is None:
+            return
+        if not self.groups:
+            self.cross = None
+            self.cache.resize(0, 0)
+            return
+        alive = torch.cat([g.sentence for g in self.groups.values()]).sort().values
+        B = self.cross.src_mask.shape[0]
+        if alive.numel() == B or (not force and 4 * (B - alive.numel()) < B):
+            return
+        self.cross.select(alive)
+        self.cross.trim()
+        renumber = torch.full((B,), -1, dtype=torch.long, device=self.device)
+        renumber[alive] = torch.arange(alive.numel(), device=self.device)
+        for g in self.groups.values():
+            g.sentence = renumber[g.sentence]
+
+    def _index_rows(self) -> None:
+        """Per row: its position, and its query slot among its sentence's beams for cross-attention."""
+        if self.cross is None:
+            return
+        N = self.rows
+        beams = max(g.opts.beam_size for g in self.groups.values())
+        row_index = torch.empty(N, dtype=torch.long, device=self.device)
+        positions = torch.empty(N, dtype=torch.long, device=self.device)
+        for g in self.groups.values():
+            K = g.rows.shape[1]
+            flat = g.rows.view(-1)
+            row_index[flat] = (g.sentence[:, None] * beams + torch.arange(K, device=self.device)).view(-1)
+            positions[flat] = g.pos.repeat_interleave(K)
+        self.cross.row_index, self.cross.beams = row_index, beams
+        self.positions = positions

@@ -1,0 +1,204 @@
+"""A static decode state and a decode step that is a pure function of it.
+
+The state is a fixed pool of S sentence slots x K beams: the self-attention cache, each slot's
+cross-attention keys/values and source mask, every per-sentence option as a tensor, and the beam
+state. Every tensor is allocated once and only ever updated in place (admission writes into free
+slots, finishing marks a slot free), so a captured CUDA graph can keep reading it. `decode_step`
+runs the embedding, the decoder layers, the logits processing and the beam step for every slot at
+once, with static shapes and device-side indices, and never synchronises with the host: the host
+learns which slots finished from `finished` after the step (model/decode/slot_decoder.py). The layers,
+the logit constraints and the beam step are the ones every search runs (model/nn/transformer.py,
+model/decode/search.py), given each slot's options as tensors; only the cache layout is this module's.
+
+Shapes: S slots, K beams, N = S * K hypothesis rows, T target positions, P source positions,
+L layers, H heads, D head dim, V vocabulary, C model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import Any
+
+import torch
+
+from model.decode.search import NEG, BeamState, SearchOptions, beam_step, constrain
+from model.nn.layers import attention
+from model.nn.transformer import DecoderLayer, Seq2Seq
+
+
+@dataclass
+class SlotState:
+    """Everything a decode step reads and writes; see the module docstring for the shape letters."""
+
+    # Decoder inputs and caches.
+    tokens: torch.Tensor  # (N,) each row's last token, the next step's input
+    self_k: torch.Tensor  # (L, N, H, T, D) self-attention keys, written at each row's position
+    self_v: torch.Tensor  # (L, N, H, T, D)
+    cross_k: torch.Tensor  # (L, S, H, P, D) cross-attention keys of each slot's source
+    cross_v: torch.Tensor  # (L, S, H, P, D)
+    src_mask: torch.Tensor  # (S, P) True on real source tokens
+    # Per-sentence options and progress.
+    active: torch.Tensor  # (S,) bool: the slot holds a sentence still decoding
+    pos: torch.Tensor  # (S,) tokens generated so far
+    max_len: torch.Tensor  # (S,) generated-token limit, </s> included
+    min_len: torch.Tensor  # (S,) tokens before </s> is allowed
+    length_penalty: torch.Tensor  # (S,) float
+    early_stopping: torch.Tensor  # (S,) bool
+    ngram: torch.Tensor  # (S,) no_repeat_ngram_size, 0 off
+    first_token: torch.Tensor  # (S,) forced_bos_token_id, -1 none
+    finished: torch.Tensor  # (S,) bool: the slot's sentence finished at the last step
+    # Beam state: (S, K) running and finished scores, (S, K, T) their tokens (search.BeamState).
+    search: BeamState
+
+    @classmethod
+    def allocate(
+        cls, model: Seq2Seq, slots: int, beams: int, target_len: int, source_len: int, *, device: torch.device
+    ) -> SlotState:
+        cfg = model.cfg
+        L, H = cfg.decoder_layers, cfg.decoder_attention_heads
+        D, dtype = cfg.d_model // H, model.embed.weight.dtype
+        S, K, T, P, N = slots, beams, target_len, source_len, slots * beams
+        longs: dict[str, Any] = {"dtype": torch.long, "device": device}
+        bools: dict[str, Any] = {"dtype": torch.bool, "device": device}
+        floats: dict[str, Any] = {"dtype": torch.float32, "device": device}
+        src_mask = torch.zeros(S, P, **bools)
+        src_mask[:, 0] = True  # free slots attend somewhere: no all-masked row, no NaN
+        return cls(
+            tokens=torch.full((N,), cfg.decoder_start_token_id, **longs),
+            # Zeroed: masked positions still meet a 0 weight, and 0 * NaN would be NaN.
+            self_k=torch.zeros(L, N, H, T, D, dtype=dtype, device=device),
+            self_v=torch.zeros(L, N, H, T, D, dtype=dtype, device=device),
+            cross_k=torch.zeros(L, S, H, P, D, dtype=dtype, device=device),
+            cross_v=torch.zeros(L, S, H, P, D, dtype=dtype, device=device),
+            src_mask=src_mask,
+            active=torch.zeros(S, **bools),
+            pos=torch.zeros(S, **longs),
+            max_len=torch.ones(S, **longs),
+            min_len=torch.zeros(S, **longs),
+            length_penalty=torch.ones(S, **floats),
+            early_stopping=torch.zeros(S, **bools),
+            ngram=torch.zeros(S, **longs),
+            first_token=torch.full((S,), -1, **longs),
+            finished=torch.zeros(S, **bools),
+            search=BeamState(
+                run_scores=torch.zeros(S, K, **floats),
+                run_tokens=torch.full((S, K, T), -1, **longs),
+                fin_scores=torch.full((S, K), NEG, **floats),
+                fin_tokens=torch.full((S, K, T), -1, **longs),
+                fin_flags=torch.zeros(S, K, **bools),
+                improvable=torch.ones(S, **bools),
+            ),
+        )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "search"}
+        return out | {f"search.{name}": getattr(self.search, name) for name in BeamState.FIELDS}
+
+    @property
+    def beams(self) -> int:
+        return int(self.search.run_scores.shape[1])
+
+
+def decode_step(
+    model: Seq2Seq,
+    state: SlotState,
+    opts: SearchOptions,
+    t_len: int | None = None,
+    p_len: int | None = None,
+) -> None:
+    """One decoder step and beam step for every slot, in place; inactive slots keep their state.
+
+    opts carries what the model fixes (the end token, the forced last token, the suppressed tokens)
+    and, as no_repeat_ngram_size, the bound of `state.ngram`; the per-sentence options are the
+    state's tensors. t_len and p_len (buckets: every active slot's position is below t_len and its
+    source within p_len) limit the target and source positions the step reads; all three are static
+    shapes.
+    """
+    S, K = state.search.run_scores.shape
+    N = S * K
+    t_len, p_len = t_len or state.search.width, p_len or state.src_mask.shape[1]
+
+    def per_row(t: torch.Tensor) -> torch.Tensor:
+        return t[:, None].expand(S, K).reshape(N)  # (S,) -> (N,)
+
+    # (N,) each row's position; an inactive slot's may lie past t_len, and its rows' writes are moot.
+    rows_pos = per_row(state.pos.clamp(max=t_len - 1))
+    x = model.embed_at(state.tokens[:, None], rows_pos[:, None], target=True)  # (N, 1, C)
+    self_mask = (torch.arange(t_len, device=x.device) <= rows_pos[:, None])[:, None, None, :]  # (N, 1, 1, t)
+    cross_mask = state.src_mask[:, None, None, :p_len]  # (S, 1, 1, p)
+    for i, layer in enumerate(model.decoders):
+        x = layer.sublayers(
+            x,
+            partial(_self_attention, layer, i, state, rows_pos, self_mask, t_len),
+            partial(_cross_attention, layer, i, state, cross_mask, p_len),
+        )
+    # torch's log-softmax, not output(log_probs=True)'s C kernel: a step traces whole (CUDA graphs).
+    log_probs = torch.log_softmax(model.output(x[:, 0]).float(), dim=-1)  # (N, V)
+    history = state.search.run_tokens[:, :, :t_len].reshape(N, t_len)  # (N, t)
+    constrain(
+        log_probs,
+        rows_pos,
+        per_row(state.max_len),
+        opts,
+        history,
+        min_lengths=per_row(state.min_len),
+        ngram_sizes=per_row(state.ngram),
+        first_tokens=per_row(state.first_token),
+        sync=False,
+    )
+    active = state.active
+    src_beam, token, done = beam_step(
+        log_probs.view(S, K, -1),
+        state.search,
+        state.pos,
+        state.max_len,
+        opts,
+        length_penalty=state.length_penalty,
+        early_stopping=state.early_stopping,
+        active=active,
+    )
+    state.finished.copy_(active & done)
+    state.pos.add_(active.long())
+    active.logical_and_(~done)
+    # Each row continues its source beam's cache row; the other slots (a sentence that just finished
+    # included) keep theirs.
+    src_beam = torch.where(active[:, None], src_beam, torch.arange(K, device=x.device))  # (S, K)
+    rows = (torch.arange(S, device=x.device)[:, None] * K + src_beam).reshape(N)  # (N,)
+    for cache in (state.self_k, state.self_v):
+        filled = cache[:, :, :, :t_len]
+        filled.copy_(filled.index_select(1, rows))
+    state.tokens.copy_(torch.where(active[:, None], token, state.tokens.view(S, K)).reshape(N))
+
+
+def _self_attention(
+    layer: DecoderLayer,
+    i: int,
+    state: SlotState,
+    rows_pos: torch.Tensor,
+    self_mask: torch.Tensor,
+    t_len: int,
+    h: torch.Tensor,
+) -> torch.Tensor:
+    """Layer i's self-attention with each row's keys/values written at its own position. h: (N, 1, C)."""
+    k_new, v_new = layer.self_attn.project_kv(h)  # (N, H, 1, D)
+    rows = torch.arange(h.shape[0], device=h.device)
+    state.self_k[i, rows, :, rows_pos] = k_new[:, :, 0]
+    state.self_v[i, rows, :, rows_pos] = v_new[:, :, 0]
+    q = layer.self_attn.project_q(h)  # (N, H, 1, D)
+    k, v = state.self_k[i, :, :, :t_len], state.self_v[i, :, :, :t_len]  # (N, H, t, D)
+    return layer.self_attn.merge_heads(attention(q, k, v, self_mask))
+
+
+def _cross_attention(
+    layer: DecoderLayer, i: int, state: SlotState, cross_mask: torch.Tensor, p_len: int, h: torch.Tensor
+) -> torch.Tensor:
+    """Layer i's encoder-decoder attention: a slot's K beams are the query positions of one attention
+    over its source. h: (N, 1, C)."""
+    q = layer.cross_attn.project_q(h)  # (N, H, 1, D)
+    N, H, _, D = q.shape
+    S = state.src_mask.shape[0]
+    q = q.view(S, N // S, H, D).transpose(1, 2)  # (S, H, K, D)
+    k, v = state.cross_k[i, :, :, :p_len], state.cross_v[i, :, :, :p_len]  # (S, H, p, D)
+    out = attention(q, k, v, cross_mask)  # (S, H, K, D)
+    return layer.cross_attn.merge_heads(out.transpose(1, 2).reshape(N, H, 1, D))

@@ -1,0 +1,128 @@
+/* Attention of a decode step on CPU: each hypothesis row's one query against its cached keys and values,
+ * every head, in one pass over them (model/kernels/native.py, used by model/nn/transformer.py's decoder steps).
+ *
+ * In PyTorch's ops a step's attention is two batched matmuls around five softmax passes, and the query
+ * matrix carries a zero row (layers.step_attention keeps its shapes canonical); here the keys and values
+ * are read once, from wherever each position lives: `rows` names the cache row that holds position t of
+ * hypothesis n, so a beam search need not copy a parent's cache into its children's rows (KVCache's
+ * lineage) and cross-attention reads its sentence's keys from every beam.
+ *
+ * Every row is computed on its own, over its own length, in a fixed order: dot products in 16 partial
+ * sums reduced as a fixed tree, the softmax sum in double in position order, the weighted values summed
+ * in position order. Compiled without contraction (-ffp-contract=off) and with no reassociation, the
+ * bits do not depend on the batch, on the vector width the compiler picks, or on the CPU.
+ */
+#include <stdlib.h>
+
+#include "vec16.h"
+
+/* Lane j sums a[d] b[d] for d = j, j + 16, ... in order; the 16 lanes are then added as a fixed tree
+ * (j and j + 8, then j + 4, j + 2, j + 1). */
+ALWAYS_INLINE float dot(const v16 *q, const float *k, int64_t chunks, int64_t D) {
+    v16 acc = splat(0.0f);
+    for (int64_t c = 0; c < chunks; c++) acc = vadd(acc, vmul(q[c], load(k + c * LANES, D - c * LANES, 0.0f)));
+    return lanes_sum(acc);
+}
+
+/* The head attended next, whose keys and values are fetched from memory while this one computes: a head's
+ * positions are a few kilobytes apart from the next one's, too short a stream for the hardware's prefetcher. */
+typedef struct {
+    const float *k, *v; /* NULL: none */
+    const int64_t *rows;
+    int64_t row0, len;
+} ahead;
+
+/* Position t of a head whose positions live in cache rows `rows` (strided by ts), or all in row0. */
+ALWAYS_INLINE const float *at(const float *head, const int64_t *rows, int64_t ts, int64_t row0, int64_t t, int64_t sN,
+                              int64_t sT) {
+    return head + (rows ? rows[t * ts] : row0) * sN + t * sT;
+}
+
+ALWAYS_INLINE void fetch(const float *p, int64_t D) {
+    for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(p + d); /* a 64-byte line a time */
+}
+
+/* One head of one row: `chunks` 16-float pieces of the head's D floats (a constant where D is 64). */
+ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, int64_t D, int64_t chunks, int64_t len,
+                               const int64_t *rows, int64_t ts, int64_t row0, int64_t sN, int64_t sT, float scale,
+                               ahead next, float *s, float *out) {
+    v16 qc[16];
+    for (int64_t c = 0; c < chunks; c++) qc[c] = load(q + c * LANES, D - c * LANES, 0.0f);
+    for (int64_t t = 0; t < len; t++) {
+        if (next.k && t < next.len) fetch(at(next.k, next.rows, ts, next.row0, t, sN, sT), D);
+        s[t] = dot(qc, at(k, rows, ts, row0, t, sN, sT), chunks, D) * scale;
+    }
+    for (int64_t t = len; next.k && t < next.len; t++) /* a longer next row */
+        fetch(at(next.k, next.rows, ts, next.row0, t, sN, sT), D);
+    float m = s[0];
+    for (int64_t t = 1; t < len; t++) m = s[t] > m ? s[t] : m;
+    for (int64_t t = 0; t < len; t += LANES) store(s + t, exp_nonpositive(vsub(load(s + t, len - t, m), splat(m))), len - t);
+    double sum = 0.0;
+    for (int64_t t = 0; t < len; t++) sum += s[t];
+    float total = (float)sum;
+    for (int64_t t = 0; t < len; t++) s[t] = s[t] / total;
+    v16 acc[16];
+    for (int64_t c = 0; c < chunks; c++) acc[c] = splat(0.0f);
+    for (int64_t t = 0; t < len; t++) {
+        const float *vp = at(v, rows, ts, row0, t, sN, sT);
+        if (next.k && t < next.len) fetch(at(next.v, next.rows, ts, next.row0, t, sN, sT), D);
+        v16 w = splat(s[t]);
+        for (int64_t c = 0; c < chunks; c++) acc[c] = vadd(acc[c], vmul(w, load(vp + c * LANES, D - c * LANES, 0.0f)));
+    }
+    for (int64_t t = len; next.k && t < next.len; t++)
+        fetch(at(next.v, next.rows, ts, next.row0, t, sN, sT), D);
+    for (int64_t c = 0; c < chunks; c++) store(out + c * LANES, acc[c], D - c * LANES);
+}
+
+/* q (N, H, D) float32 contiguous; k and v float32 with element strides sN (row), sH (head), sT (position) and
+ * unit stride over D; out (N, H, D) contiguous. Row n attends over positions [0, len) with len = lengths[n],
+ * or `length` for every row when lengths is NULL (rows with no positions get zeros). Position t of row n
+ * is read from cache row rows[n * rs + t * ts] (rows holds rN rows of rT positions), or from row n when rows
+ * is NULL. The cache holds R rows of T positions. Returns 0; -1 where the scores' scratch could not be
+ * allocated; -2, having read nothing, where a position or a cache row would lie outside what holds it. */
+int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, int64_t H, int64_t D, int64_t sN,
+                     int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *lengths, int64_t length,
+                     const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale, float *out) {
+    /* Every read below checked first: an index past the cache would read another tensor's memory. */
+    if (rows && N > rN) return -2;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t len = lengths ? lengths[n] : length;
+        if (len > T || (rows && len > rT)) return -2;
+        if (!rows) {
+            if (len > 0 && n >= R) return -2;
+            continue;
+        }
+        for (int64_t t = 0; t < len; t++) {
+            int64_t row = rows[n * rs + t * ts];
+            if (row < 0 || row >= R) return -2;
+        }
+    }
+    int64_t most = length;
+    if (lengths)
+        for (int64_t n = 0; n < N; n++) most = lengths[n] > most ? lengths[n] : most;
+    float on_stack[1024], *scratch = most <= 1024 ? on_stack : malloc((size_t)most * sizeof(float));
+    if (!scratch) return -1;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t len = lengths ? lengths[n] : length;
+        const int64_t *r = rows ? rows + n * rs : 0;
+        for (int64_t h = 0; h < H; h++) {
+            float *o = out + (n * H + h) * D;
+            if (len <= 0) {
+                for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+                continue;
+            }
+            ahead next = {0, 0, 0, 0, 0};
+            if (h + 1 < H)
+                next = (ahead){k + (h + 1) * sH, v + (h + 1) * sH, r, n, len};
+            else if (n + 1 < N)
+                next = (ahead){k, v, rows ? rows + (n + 1) * rs : 0, n + 1, lengths ? lengths[n + 1] : length};
+            const float *qh = q + (n * H + h) * D, *kh = k + h * sH, *vh = v + h * sH;
+            if (D == 64) /* the common head size, its loops unrolled */
+                attend_head(qh, kh, vh, 64, 4, len, r, ts, n, sN, sT, scale, next, scratch, o);
+            else
+                attend_head(qh, kh, vh, D, (D + LANES - 1) / LANES, len, r, ts, n, sN, sT, scale, next, scratch, o);
+        }
+    }
+    if (scratch != on_stack) free(scratch);
+    return 0;
+}

@@ -1,0 +1,116 @@
+/* A beam search step's passes over the logits on CPU (model/kernels/native.py, used by model/decode/search.py): the
+ * log-softmax of each row written over it, and the best candidates of each sentence over all its beams'
+ * tokens, each in one pass over the rows instead of PyTorch's several.
+ *
+ * The log-softmax computes its own bits, the same on every CPU and vector width (16 fixed lanes, fixed
+ * reduction trees, no contraction, its own exp and log). The candidate ranking gives exactly
+ * search.top_candidates's answer: the same float additions, and equal scores ranked by beam, then token.
+ */
+#include <math.h>
+
+#include "vec16.h"
+
+/* log(s) for s >= 1 in double: s = m 2^e with m in [1, 2), log m = 2 atanh((m - 1) / (m + 1)) by its series
+ * (|z| <= 1/3: 20 terms reach double precision). Plain double arithmetic, so it is the same everywhere. */
+static double log_at_least_one(double s) {
+    int e;
+    double m = frexp(s, &e) * 2.0; /* exact */
+    e -= 1;
+    double z = (m - 1.0) / (m + 1.0), z2 = z * z, term = z, sum = 0.0;
+    for (int i = 1; i < 40; i += 2) {
+        sum += term / i;
+        term *= z2;
+    }
+    return 2.0 * sum + e * 0.69314718055994530942;
+}
+
+/* x (rows, cols) float32 with row stride ld: each row's log-softmax, x - max - log(sum(exp(x - max))),
+ * written over it. The sum runs in four 16-lane vectors (vector i of the row into partial i % 4, in
+ * order), added as (0 + 1) + (2 + 3), then its lanes as a fixed tree; in float. Four partial maxima and
+ * sums keep four independent chains in flight. */
+static void log_softmax_row(float *row, int64_t cols) {
+    const int64_t block = 4 * LANES, full = cols - cols % block; /* whole blocks of four vectors, then the rest */
+    v16 mx[4];
+    for (int i = 0; i < 4; i++) mx[i] = load(row + full + i * LANES, cols - full - i * LANES, -INFINITY);
+    for (int64_t c = 0; c < full; c += block)
+        for (int i = 0; i < 4; i++) mx[i] = vmax(mx[i], load16(row + c + i * LANES));
+    const float m = lanes_max(vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3])));
+    const v16 vm = splat(m);
+    v16 acc[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+    for (int64_t c = 0; c < full; c += block)
+        for (int i = 0; i < 4; i++) acc[i] = vadd(acc[i], exp_nonpositive(vsub(load16(row + c + i * LANES), vm)));
+    for (int i = 0; i < 4; i++) {
+        int64_t left = cols - full - i * LANES; /* floats of the row in this tail vector */
+        if (left <= 0) continue;
+        float e[LANES]; /* lanes past the row add nothing */
+        store(e, exp_nonpositive(vsub(load(row + full + i * LANES, left, m), vm)), LANES);
+        for (int64_t j = left; j < LANES; j++) e[j] = 0.0f;
+        acc[i] = vadd(acc[i], load16(e));
+    }
+    const float sum = lanes_sum(vadd(vadd(acc[0], acc[1]), vadd(acc[2], acc[3])));
+    float lse = (float)log_at_least_one((double)sum); /* >= 1: the maximum's own exp(0) */
+    for (int64_t c = 0; c < cols; c++) row[c] = (row[c] - m) - lse;
+}
+
+void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++) log_softmax_row(x + r * ld, cols);
+}
+
+void beamserve_scale_back(const int32_t *acc, int64_t rows, int64_t cols, const float *col_scale,
+                          const float *row_scale, const float *bias, float *y); /* int8_rows.c */
+
+/* beamserve_scale_back, then beamserve_log_softmax, a row at a time: the same bits, with the row still in
+ * cache for the log-softmax's passes (the int8 output projection's logits, model/kernels/quant.py). */
+void beamserve_scale_back_log_softmax(const int32_t *acc, int64_t rows, int64_t cols, const float *col_scale,
+                                      const float *row_scale, const float *bias, float *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        beamserve_scale_back(acc + r * cols, 1, cols, col_scale, row_scale + r, bias, y + r * cols);
+        if (r + 1 < rows) /* the next row from memory while this one's log-softmax computes */
+            for (int64_t c = 0; c < cols; c += 16) __builtin_prefetch(acc + (r + 1) * cols + c);
+        log_softmax_row(y + r * cols, cols);
+    }
+}
+
+/* The n best of run[b, k] + lp[b, k, v] over every beam k and token v of each of `batch` sentences, best
+ * first, equal scores by beam, then token, lower first (search.top_indices): scores (batch, n), beam and
+ * token (batch, n) int64. lp (batch, K, V) contiguous, run (batch, K) contiguous; n <= K * V, n <= 64. */
+void beamserve_top_candidates(const float *lp, const float *run, int64_t batch, int64_t K, int64_t V, int64_t n,
+                              float *scores, int64_t *beam, int64_t *token) {
+    for (int64_t b = 0; b < batch; b++) {
+        float best[64];
+        int64_t at[64];
+        int64_t held = 0;
+        for (int64_t k = 0; k < K; k++) {
+            const float *row = lp + (b * K + k) * V;
+            const float base = run[b * K + k];
+            for (int64_t c = 0; c < V; c += 4 * LANES) {
+                int64_t width = V - c < 4 * LANES ? V - c : 4 * LANES;
+                if (b + 1 < batch) /* the next sentence's block from memory while this one is ranked */
+                    for (int64_t j = 0; j < 4 * LANES; j += 16) __builtin_prefetch(row + K * V + c + j);
+                if (held == n && width == 4 * LANES) { /* only a score above the n-th best can enter */
+                    v16 top = vmax(vmax(load16(row + c), load16(row + c + LANES)),
+                                   vmax(load16(row + c + 2 * LANES), load16(row + c + 3 * LANES)));
+                    if (!any_above(top, base, best[n - 1])) continue;
+                }
+                for (int64_t j = 0; j < width; j++) {
+                    float s = row[c + j] + base;
+                    if (held == n && !(s > best[n - 1])) continue; /* not better: an equal one came first */
+                    int64_t p = held < n ? held : n - 1;       /* the place it takes: after every score >= it */
+                    while (p > 0 && best[p - 1] < s) {
+                        best[p] = best[p - 1];
+                        at[p] = at[p - 1];
+                        p--;
+                    }
+                    best[p] = s;
+                    at[p] = k * V + c + j;
+                    if (held < n) held++;
+                }
+            }
+        }
+        for (int64_t i = 0; i < n; i++) {
+            scores[b * n + i] = best[i];
+            beam[b * n + i] = at[i] / V;
+            token[b * n + i] = at[i] % V;
+        }
+    }
+}

@@ -1,0 +1,298 @@
+"""beamserve's C kernels (model/kernels/csrc), where the package was built with them: the passes around an int8
+GEMM and the GEMM itself where oneDNN's does not serve, and a decode step's attention, log-softmax and
+candidate ranking.
+
+An int8 GEMM (model/kernels/quant.py) is wrapped in per-row passes: quantising the activation rows, and scaling
+the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
+passes over memory, each a call of its own; on the decoder's shapes they took as long as the GEMM.
+The C kernels do each in one pass and give the same bits (tests/test_native.py). Where oneDNN's int8
+matmul is not exact (x86 without VNNI or AMX, model/kernels/quant.py) the GEMM is C's too (csrc/int8_gemm.c:
+16-bit products summed in 32 bits, exact as torch._int_mm, which there runs 30x slower than float32).
+
+A decode step's attention (csrc/attention.c: every row's query against its cached keys and values in
+one pass) and log-softmax (csrc/search.c) compute their own bits, the same on every CPU, vector width
+and batch, within float32 rounding of PyTorch's; a model that decodes with them says so in its digest
+(Translator.digest), as its scores differ in the last bits from a replica's without the library. The
+candidate ranking (csrc/search.c) gives search.top_candidates's exact answer in one pass.
+
+`pip install` compiles the library (setup.py; optional: without a C compiler the install goes on without
+it), on x86-64 once per level: the baseline (SSE2), x86-64-v3 (AVX2) and x86-64-v4 (AVX-512), the best
+this CPU runs loaded. BEAMSERVE_NATIVE_KERNELS=0 turns it off; =x86-64-v3 (or another level) loads the
+build a CPU of that level would, to measure it. The kernels run on the calling thread: a one-thread pass
+still beats PyTorch's passes spread over threads (docs/benchmarks.md, "Compute types on CPU").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+
+import torch
+
+ENV = "BEAMSERVE_NATIVE_KERNELS"
+LEVELS = {"x86-64": 1, "x86-64-v2": 2, "x86-64-v3": 3, "x86-64-v4": 4}
+# The library's builds beside the baseline one, best first: (x86-64 level, module).
+LEVEL_BUILDS = ((4, "model.kernels._native_v4"), (3, "model.kernels._native_v3"))
+
+
+def _load() -> tuple[ctypes.CDLL, str] | None:
+    """The best build this CPU runs, or the one BEAMSERVE_NATIVE_KERNELS names (`x86-64-v3`, `x86-64`: what a
+    CPU of that level computes, for measurements and tests), and its module; None where turned off (`0`)
+    or not built."""
+    setting = os.environ.get(ENV, "1")
+    if setting == "0":
+        return None
+    baseline = _open("model.kernels._native")
+    if baseline is None:
+        return None
+    level = baseline.beamserve_cpu_level()
+    if setting != "1":
+        if setting not in LEVELS:
+            raise ValueError(f"{ENV}={setting!r}: expected 0, 1 or one of {', '.join(LEVELS)}")
+        level = min(level, LEVELS[setting])
+    for least, module in LEVEL_BUILDS:
+        lib = _open(module) if level >= least else None
+        if lib is not None:
+            return lib, module
+    return baseline, "model.kernels._native"
+
+
+def _open(module: str) -> ctypes.CDLL | None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:  # built without it (no C compiler, another architecture)
+        return None
+    try:
+        return declared(ctypes.CDLL(spec.origin))
+    except (OSError, AttributeError):
+        return None
+
+
+def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """lib with its functions' argument and result types declared."""
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.beamserve_quantize_rows.argtypes = [p, i64, i64, i64, p, p]
+    lib.beamserve_quantize_rows.restype = None
+    lib.beamserve_scale_back.argtypes = [p, i64, i64, p, p, p, p]
+    lib.beamserve_scale_back.restype = None
+    lib.beamserve_int8_gemm.argtypes, lib.beamserve_int8_gemm.restype = [p, i64, i64, i64, p, i64, p], None
+    lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
+    lib.beamserve_cpu_level.argtypes, lib.beamserve_cpu_level.restype = [], ctypes.c_int
+    lib.beamserve_attend.argtypes = [
+        p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p
+    ]  # fmt: skip
+    lib.beamserve_attend.restype = ctypes.c_int
+    lib.beamserve_log_softmax.argtypes, lib.beamserve_log_softmax.restype = [p, i64, i64, i64], None
+    lib.beamserve_scale_back_log_softmax.argtypes = [p, i64, i64, p, p, p, p]
+    lib.beamserve_scale_back_log_softmax.restype = None
+    lib.beamserve_top_candidates.argtypes = [p, p, i64, i64, i64, i64, p, p, p]
+    lib.beamserve_top_candidates.restype = None
+    return lib
+
+
+_LOADED = _load()
+_LIB = None if _LOADED is None else _LOADED[0]
+BUILD = None if _LOADED is None else _LOADED[1]  # the build loaded: model.kernels._native_v4, ... (None: none)
+# Which kernels beat PyTorch's vectorised operators on this CPU: a kernel the compiler leaves scalar here
+# (the quantisation without AVX-512, the scale-back without a vector fused multiply-add) would be slower.
+_VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
+
+
+def in_use() -> str:
+    """The kernels this process computes with, for a person: the build and its x86-64 level, or why none."""
+    if _LIB is None:
+        if os.environ.get(ENV) == "0":
+            return f"none ({ENV}=0)"
+        return "none (turned off)" if _LOADED is not None else "none (not built: the install had no C compiler)"
+    level = {"model.kernels._native_v4": "x86-64-v4", "model.kernels._native_v3": "x86-64-v3"}.get(
+        str(BUILD), "baseline"
+    )
+    return f"{BUILD} ({level})"
+
+
+def turn_off() -> None:
+    """From now on the model computes with PyTorch's ops only (side-by-side measurements, tests)."""
+    global _LIB
+    _LIB = None
+
+
+def built() -> bool:
+    """Whether the library is built and loaded (and not turned off), whatever this CPU runs of it."""
+    return _LIB is not None
+
+
+def available() -> bool:
+    """Whether any int8 C kernel runs here (built, loadable, not turned off, vectorised on this CPU)."""
+    return quantizes() or scales_back()
+
+
+def steps() -> bool:
+    """Whether a decode step's C kernels (attention, log-softmax, candidate ranking) run here: wherever the
+    library is built and not turned off."""
+    return _LIB is not None
+
+
+def runs_on(x: torch.Tensor) -> bool:
+    """Whether the decode-step kernels take x: steps() here, x float32 on CPU, not inside torch.compile's
+    tracing (a ctypes call would break its graph)."""
+    return (
+        _LIB is not None and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling()
+    )
+
+
+def quantizes() -> bool:
+    """Whether quantize_rows runs here."""
+    return _LIB is not None and bool(_VECTORISED & 1)
+
+
+def scales_back() -> bool:
+    """Whether scale_back_ runs here."""
+    return _LIB is not None and bool(_VECTORISED & 2)
+
+
+def multiplies_int8(x: torch.Tensor) -> bool:
+    """Whether int8_gemm takes x: the library is loaded, x on CPU, not inside torch.compile's tracing."""
+    return _LIB is not None and x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (M, K) int8 with unit column stride, w (N, K) int8 contiguous -> x @ w^T, (M, N) int32, exact (as
+    torch._int_mm). Only where multiplies_int8(x)."""
+    if _LIB is None:
+        raise RuntimeError("the C kernels are not loaded")
+    if x.dtype != torch.int8 or w.dtype != torch.int8 or x.dim() != 2 or w.dim() != 2:
+        raise TypeError(f"int8_gemm takes two 2-d int8 tensors, not {x.dtype} {tuple(x.shape)} and {w.dtype}")
+    (M, K), N = x.shape, w.shape[0]
+    if w.shape[1] != K or x.stride(1) != 1 or x.stride(0) < K or not w.is_contiguous():
+        raise ValueError(f"int8_gemm: ({M}, {K}) rows with strides {x.stride()} against a {tuple(w.shape)} weight")
+    y = torch.empty(M, N, dtype=torch.int32)
+    _LIB.beamserve_int8_gemm(x.data_ptr(), M, K, x.stride(0), w.data_ptr(), N, y.data_ptr())
+    return y
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) float32 on CPU, unit column stride -> (M, K) int8 and (M, 1) float32 scales, as
+    model.kernels.quant.quantize_rows computes them. Only where quantizes()."""
+    assert _LIB is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(1) == 1
+    M, K = x.shape
+    q = torch.empty(M, K, dtype=torch.int8)
+    scale = torch.empty(M, 1)
+    _LIB.beamserve_quantize_rows(x.data_ptr(), M, K, x.stride(0), q.data_ptr(), scale.data_ptr())
+    return q, scale
+
+
+def _check_scales(
+    acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
+) -> None:
+    """What the scale-back kernels read: acc's M x N int32s, N column scales, M row scales, N biases."""
+    M, N = acc.shape
+    assert acc.dtype == torch.int32 and acc.is_contiguous()
+    assert col_scale.dtype == row_scale.dtype == torch.float32
+    assert col_scale.is_contiguous() and row_scale.is_contiguous()
+    assert col_scale.numel() == N and row_scale.numel() == M
+    assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N)
+
+
+def scale_back_(
+    acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """acc (M, N) contiguous int32 -> acc * col_scale (N,) * row_scale (M, 1) + bias (N,), float32, written
+    over acc's own memory (returned as a float32 view of it). Only where scales_back()."""
+    assert _LIB is not None
+    M, N = acc.shape
+    _check_scales(acc, col_scale, row_scale, bias)
+    y = acc.view(torch.float32)
+    b = None if bias is None else bias.data_ptr()
+    _LIB.beamserve_scale_back(acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr())
+    return y
+
+
+def scale_back_log_softmax_(
+    acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """scale_back_, then log_softmax_ of each row, a row at a time (the row still in cache): the same bits as
+    the two calls. Only where scales_back() and steps()."""
+    assert _LIB is not None
+    M, N = acc.shape
+    _check_scales(acc, col_scale, row_scale, bias)
+    y = acc.view(torch.float32)
+    b = None if bias is None else bias.data_ptr()
+    _LIB.beamserve_scale_back_log_softmax(
+        acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr()
+    )
+    return y
+
+
+MOST_HEAD_DIM = 256  # csrc/attention.c keeps a head's query and output in 16 vectors
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    length: int | torch.Tensor,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v for each row's one query over its own positions; only where steps().
+
+    q: (N, H, D) float32, contiguous. k, v: (R, H, T, D) float32 with equal strides and unit stride over D.
+    length: positions every row attends over, or (N,) int64 per row. rows: where position t of row n
+    lives, k[rows[n, t], :, t] ((N, T) int64, any strides; (N, 1) expanded over T for one row per query
+    row, as a sentence's cross-attention keys); None: row n. Returns (N, H, D). IndexError, with nothing
+    read, where a length or a cache row would lie outside k and v (the kernel checks each before it reads).
+    """
+    assert _LIB is not None
+    N, H, D = q.shape
+    assert D <= MOST_HEAD_DIM and q.is_contiguous() and k.dtype == v.dtype == torch.float32
+    assert k.shape == v.shape and k.shape[1] == H and k.shape[3] == D
+    assert k.stride() == v.stride() and k.stride(3) == 1
+    held = None if isinstance(length, int) else length if length.is_contiguous() else length.contiguous()
+    assert held is None or (held.dtype == torch.int64 and held.numel() >= N)
+    lengths, each = (None, length) if held is None else (held.data_ptr(), 0)  # per row: the kernel finds the longest
+    out = torch.empty(N, H, D)
+    assert rows is None or (rows.dtype == torch.int64 and rows.dim() == 2)
+    r, rs, ts, rN, rT = (
+        (None, 0, 0, 0, 0) if rows is None else (rows.data_ptr(), rows.stride(0), rows.stride(1), *rows.shape)
+    )
+    R, T = k.shape[0], k.shape[2]
+    failed = _LIB.beamserve_attend(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), N, H, D, k.stride(0), k.stride(1), k.stride(2), R, T,
+        lengths, each, r, rs, ts, rN, rT, D**-0.5, out.data_ptr(),
+    )  # fmt: skip
+    if failed == -2:
+        raise IndexError(f"attention: a length or a cache row outside the cache's {R} rows of {T} positions")
+    if failed:
+        raise MemoryError("no memory for the attention's scores")
+    return out
+
+
+def log_softmax_(x: torch.Tensor) -> torch.Tensor:
+    """Each row of x (M, V) float32 on CPU, unit column stride, replaced by its log-softmax; returns x.
+    Only where steps()."""
+    assert _LIB is not None and x.dtype == torch.float32 and x.stride(-1) == 1
+    rows = x.view(-1, x.shape[-1]) if x.dim() != 2 else x
+    _LIB.beamserve_log_softmax(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0))
+    return x
+
+
+MOST_CANDIDATES = 64
+
+
+def top_candidates(
+    log_probs: torch.Tensor, run_scores: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """search.top_candidates in one pass: log_probs (b, K, V) and run_scores (b, K) float32 on CPU, n at
+    most MOST_CANDIDATES -> scores, beam, token, each (b, n). Only where steps()."""
+    assert _LIB is not None and n <= MOST_CANDIDATES
+    b, K, V = log_probs.shape
+    assert n <= K * V and run_scores.shape == (b, K) and log_probs.dtype == run_scores.dtype == torch.float32
+    lp, run = log_probs.contiguous(), run_scores.contiguous()
+    scores = torch.empty(b, n)
+    beam, token = torch.empty(b, n, dtype=torch.int64), torch.empty(b, n, dtype=torch.int64)
+    _LIB.beamserve_top_candidates(
+        lp.data_ptr(), run.data_ptr(), b, K, V, n, scores.data_ptr(), beam.data_ptr(), token.data_ptr()
+    )
+    return scores, beam, token

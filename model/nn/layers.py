@@ -1,0 +1,298 @@
+"""The paper's building blocks: attention, multi-head attention, feed-forward, positions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.kernels import native
+from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, Linear, linear
+from model.kernels.quant import int8_of, int8_weight, linear_int8
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Scaled dot-product attention softmax(QK^T / sqrt(D)) V; mask is True where attending is allowed.
+
+    q: (B, H, T, D), k and v: (B, H, S, D), mask broadcastable to (B, H, T, S) -> (B, H, T, D)
+    """
+    if q.device.type == "cpu" and q.shape[-2] <= 8 and not causal and not dropout:
+        return _step_formula(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+
+
+def _step_formula(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """`attention` as two batched matmuls: on decode steps (a query or a few beams) PyTorch's CPU flash
+    kernel is 2-4x slower (measured on the decode shapes)."""
+    scores = _batched_matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return _batched_matmul(softmax_(scores), v)
+
+
+def softmax_(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension; on CPU outside autograd, in place and padding-blind: a row's
+    result does not change, to the bit, with how many masked (-inf) positions follow its last real one.
+
+    ATen's softmax sums a row in vector lanes grouped by the row's width (and below 16 wide runs a
+    scalar loop, 234 us on 1024 x 15 against 16 us at 16 wide), so a sentence's attention weights
+    would depend on how far its batch pads it. Here the sum runs in position order (cumsum
+    accumulates sequentially, in double), which trailing zeros leave unchanged.
+    """
+    if scores.device.type != "cpu" or scores.requires_grad:
+        return torch.softmax(scores, dim=-1)
+    e = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    return e.div_(e.cumsum(-1)[..., -1:])
+
+
+# ATen's CPU bmm runs matrices of fewer multiply-adds than this through a scalar loop, 3-10x slower
+# than its GEMM path or a broadcast product on the decoder's first steps (1-6 cached positions x 64).
+NAIVE_BMM_MACS = 400
+
+
+def _batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (..., M, K) @ b (..., K, N) -> (..., M, N); tiny matrices as a broadcast product and sum."""
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    if M * K * N >= NAIVE_BMM_MACS:
+        return a @ b
+    return (a[..., :, :, None] * b[..., None, :, :]).sum(-2)  # (..., M, K, N) summed over K
+
+
+# A decode step's attention on CPU sums each query row in an order that does not depend on its batch (how
+# many key positions the batch pads to, how many rows) only while every batch takes the same kernel of
+# ATen's batched GEMM (MKL). MKL picks kernels by the matrix shape, differently by CPU: a lone query row
+# would be a matrix-vector product, below NAIVE_BMM_MACS ATen multiplies in a scalar loop, and on AMD's
+# Zen 4, 2-3 query rows, 4 and more, a key count that is not a multiple of 4, and fewer than 12 keys
+# beside 4 or more rows each take a kernel of their own. So a step's shapes are canonical: self-attention
+# queries (one a row) come MIN_QUERIES to a matrix (zero rows beside them), cross-attention queries (a
+# sentence's beams, whose count varies within a continuous batch) a multiple of CROSS_QUERY_MULTIPLE, and
+# keys number a multiple of KEY_MULTIPLE, at least least_keys(D) (masked ones after the real ones).
+MIN_QUERIES = 2
+CROSS_QUERY_MULTIPLE = 4
+KEY_MULTIPLE = 4
+LEAST_KEYS = 12
+
+
+def least_keys(head_dim: int) -> int:
+    return _round_up(max(LEAST_KEYS, -(-NAIVE_BMM_MACS // (MIN_QUERIES * head_dim))), KEY_MULTIPLE)
+
+
+def attended_keys(keys: int, head_dim: int) -> int:
+    """Key positions a CPU decode step attends over for `keys` real ones (masked ones after them)."""
+    return max(least_keys(head_dim), _round_up(keys, KEY_MULTIPLE))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def step_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, cross: bool = False
+) -> torch.Tensor:
+    """`attention` for decode steps, padding-blind on CPU (above). q: (B, H, T, D), k, v: (B, H, S, D),
+    mask broadcastable to (B, H, T, S) or None -> (B, H, T, D). `cross`: q holds each sentence's beams.
+    Callers hand over keys already at attended_keys(S) (the caches keep them so); others are padded here."""
+    if q.device.type != "cpu":
+        return attention(q, k, v, mask)
+    B, H, T, D = q.shape
+    rows = _round_up(T, CROSS_QUERY_MULTIPLE) if cross else max(T, MIN_QUERIES)
+    if rows > T:
+        q = torch.cat([q, q.new_zeros(B, H, rows - T, D)], dim=2)
+    keys = k.shape[2]
+    attended = attended_keys(keys, D)
+    if keys < attended:
+        k, v = (F.pad(x, (0, 0, 0, attended - keys)) for x in (k, v))
+        real = torch.arange(attended, device=q.device) < keys  # (S',)
+        mask = real if mask is None else F.pad(mask.expand(*mask.shape[:-1], keys), (0, attended - keys), value=False)
+    return _step_formula(q, k, v, mask)[:, :, :T]
+
+
+def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
+    """Whether decode-step attention on x's device and dtype, with heads of `head_dim`, runs in C
+    (model/kernels/native.py): CPU float32 inference with the library built."""
+    return native.runs_on(x) and head_dim <= native.MOST_HEAD_DIM and not torch.is_grad_enabled()
+
+
+def dropped(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """dropout(x), not called where it is the identity (inference): a decode step would dispatch a dozen."""
+    return dropout(x) if dropout.training else x
+
+
+def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
+    """(T, T) boolean mask: position i may attend to positions <= i."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with separate q/k/v/out projections (Marian's parameter layout)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = d_model // heads
+        self.dropout = dropout
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, d_model)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, T, D = x.shape
+        return self.out_proj(x.transpose(1, 2).reshape(B, T, H * D))  # (B, T, C)
+
+    def project_q(self, x: torch.Tensor) -> torch.Tensor:
+        return self.split_heads(self.q_proj(x))  # (B, H, T, D)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))  # 2 x (B, H, S, D)
+
+    def project_qkv_int8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """x (N, 1, C) through the q, k and v projections as one int8 GEMM, where all three compute in int8
+        (model/kernels/quant.py): one quantisation of x and one product instead of three, to the same bits (each
+        output element is the same exact int32 sum, scaled back alike). -> q (N, H, D) contiguous and k, v
+        (N, H, 1, D); None where the projections do not all compute in int8."""
+        parts = tuple(int8_of(p.weight) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if any(p is None for p in parts) or not x.is_cpu or torch.is_grad_enabled():
+            return None
+        fused = self.__dict__.get("_qkv_int8")
+        if fused is None or any(a is not b for a, b in zip(fused[0], parts, strict=True)):  # once per quantisation
+            projections = (self.q_proj, self.k_proj, self.v_proj)
+            biases: list[torch.Tensor] = [
+                p.bias if p.bias is not None else torch.zeros(p.out_features) for p in projections
+            ]
+            bias = None if all(p.bias is None for p in projections) else torch.cat(biases).float()
+            weight = int8_weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]))  # type: ignore[union-attr]
+            fused = (parts, weight, bias)
+            self.__dict__["_qkv_int8"] = fused  # not a submodule or buffer: no state_dict entry
+        N, C = x.shape[0], x.shape[-1]
+        qkv = linear_int8(x.reshape(N, C), fused[1], fused[2]).view(N, 3, self.heads, self.head_dim)
+        return qkv[:, 0].contiguous(), qkv[:, 1, :, None], qkv[:, 2, :, None]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        source: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """Full (non-incremental) attention of x (B, T, C) over source (B, S, C) -> (B, T, C)."""
+        k, v = self.project_kv(source)
+        if source is x and mask is not None and not causal and attends_natively(x, self.head_dim):
+            return self._each_in_c(x, k, v, mask)
+        q = self.project_q(x)
+        if source is x and mask is not None and not causal and not self.training and x.device.type == "cpu":
+            return self.merge_heads(self._each_unpadded(q, k, v, mask))
+        p = self.dropout if self.training else 0.0
+        return self.merge_heads(attention(q, k, v, mask, causal=causal, dropout=p))
+
+    def _each_in_c(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Self-attention of each right-padded sequence over its own length, in C (model/kernels/native.py): every
+        query row of x (B, S, C) against its sequence's keys and values k, v (B, H, S, D), mask broadcastable
+        to (B, 1, 1, S), True on real tokens -> (B, S, C). Padded rows attend too; nothing reads them."""
+        B, S, C = x.shape
+        lengths = mask.reshape(B, -1).sum(-1)  # (B,)
+        sequence = torch.arange(B, device=x.device).repeat_interleave(S)  # (B * S,) each query row's
+        q = self.q_proj(x).view(B * S, self.heads, self.head_dim)
+        out = native.attend(q, k, v, lengths.repeat_interleave(S), sequence[:, None].expand(B * S, S))
+        return self.out_proj(out.view(B, S, C))
+
+    @staticmethod
+    def _each_unpadded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Self-attention of each right-padded sequence over its own length: q, k, v (B, H, S, D), mask
+        broadcastable to (B, 1, 1, S), True on real tokens -> (B, H, S, D), padded rows 0.
+
+        Over the padded batch, a sequence's attention would sum in another order than alone (and take
+        another kernel by the batch's longest length): its result would depend on its batch, in the
+        last bit, which an int8 activation's rounding can carry into another word. The loop costs a
+        few milliseconds per batch of 64, once per sentence (the encoder).
+        """
+        lengths = mask.reshape(mask.shape[0], -1).sum(-1).tolist()
+        out = torch.zeros_like(q)
+        for b, n in enumerate(lengths):
+            if not n:
+                continue
+            one = (slice(b, b + 1), slice(None), slice(0, int(n)))
+            out[one] = attention(q[one].contiguous(), k[one].contiguous(), v[one].contiguous())
+        return out
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward: fc2(act(fc1(x)))."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = Linear(d_model, ffn_dim)
+        self.fc2 = Linear(ffn_dim, d_model)
+        self.activation = activation
+        self.act = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation in FUSED_ACTIVATIONS:  # the activation as the GEMM's epilogue where it can be
+            h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
+        else:
+            h = self.act(self.fc1(x))
+        return self.fc2(dropped(self.dropout, h))
+
+
+def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:
+    """(P, C) sinusoids of the paper; Marian stores all sines first, then all cosines (not interleaved)."""
+    pos = torch.arange(positions, dtype=torch.float64)[:, None]
+    freq = torch.pow(10000.0, torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (C/2,)
+    angles = pos / freq
+    half = (dim + 1) // 2
+    table = torch.empty(positions, dim, dtype=torch.float64)
+    table[:, :half] = torch.sin(angles)
+    table[:, half:] = torch.cos(angles[:, : dim // 2])
+    return table.float()
+
+
+def fairseq_sinusoidal_table(positions: int, dim: int, offset: int) -> torch.Tensor:
+    """(P, C) the sinusoids of fairseq's M2M100 and NLLB: tensor2tensor's frequencies 10000^(-i / (C/2 - 1)),
+    sines then cosines, position p taken from row offset + p (offset: the padding id + 1). Computed in
+    float32 in fairseq's order of operations, so the table has the bits their models were trained with."""
+    half = dim // 2
+    step = math.log(10000) / (half - 1)
+    freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -step)  # (C/2,)
+    angles = torch.arange(offset, offset + positions, dtype=torch.int64).float()[:, None] * freq[None, :]
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # (P, 2 * (C/2))
+    return F.pad(table, (0, dim - 2 * half))  # an odd width's last column is 0
+
+
+class PositionalEncoding(nn.Module):
+    """Fixed sinusoidal position signals, looked up by position index."""
+
+    table: torch.Tensor  # (P, C)
+
+    def __init__(self, max_positions: int, d_model: int, style: str = "marian", pad_token_id: int = 0) -> None:
+        super().__init__()
+        if style == "fairseq":
+            table = fairseq_sinusoidal_table(max_positions, d_model, pad_token_id + 1)
+        else:
+            table = sinusoidal_table(max_positions, d_model)
+        # Not persistent: it is a function of the config, so checkpoints need not carry it.
+        self.register_buffer("table", table, persistent=False)
+        self.max_positions = max_positions
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.table[positions]  # (..., C)
+
+
+def embedding_scale(d_model: int, enabled: bool) -> float:
+    return math.sqrt(d_model) if enabled else 1.0

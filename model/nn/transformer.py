@@ -1,0 +1,358 @@
+"""Encoder, decoder and the Seq2Seq model with full and incremental (cached) decoding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.decode.search import log_softmax_
+from model.kernels import native
+from model.kernels.gemm import Linear, linear
+from model.kernels.quant import int8_of, linear_int8
+from model.nn.config import ModelConfig
+from model.nn.kv_cache import CrossCache, KVCache
+from model.nn.layers import (
+    FeedForward,
+    MultiHeadAttention,
+    PositionalEncoding,
+    attended_keys,
+    attends_natively,
+    dropped,
+    embedding_scale,
+    step_attention,
+)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each wrapped in residual + LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        C = cfg.d_model
+        self.self_attn = MultiHeadAttention(C, cfg.encoder_attention_heads, cfg.attention_dropout)
+        self.norm1 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(C, cfg.encoder_ffn_dim, cfg.activation, cfg.activation_dropout)
+        self.norm2 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre = cfg.normalize_before
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = _sublayer(x, self.norm1, lambda h: self.self_attn(h, h, mask), self.dropout, self.pre)
+        return _sublayer(x, self.norm2, self.ffn, self.dropout, self.pre)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward; residual + LayerNorm around each."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        C = cfg.d_model
+        self.self_attn = MultiHeadAttention(C, cfg.decoder_attention_heads, cfg.attention_dropout)
+        self.norm1 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.cross_attn = MultiHeadAttention(C, cfg.decoder_attention_heads, cfg.attention_dropout)
+        self.norm2 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(C, cfg.decoder_ffn_dim, cfg.activation, cfg.activation_dropout)
+        self.norm3 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre = cfg.normalize_before
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Full recomputation over all target positions (training, reference)."""
+        return self.sublayers(
+            x, lambda h: self.self_attn(h, h, causal=True), lambda h: self.cross_attn(h, memory, src_mask)
+        )
+
+    def sublayers(
+        self,
+        x: torch.Tensor,
+        self_attention: Callable[[torch.Tensor], torch.Tensor],
+        cross_attention: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The layer around its two attentions, whichever cache they read (full recomputation, the
+        incremental step, the static decode state of model/decode/slots.py): residual + LayerNorm around the
+        self-attention, the encoder-decoder attention and the feed-forward. x: (N, T, C) -> (N, T, C)."""
+        x = _sublayer(x, self.norm1, self_attention, self.dropout, self.pre)
+        x = _sublayer(x, self.norm2, cross_attention, self.dropout, self.pre)
+        return _sublayer(x, self.norm3, self.ffn, self.dropout, self.pre)
+
+    def step(
+        self,
+        x: torch.Tensor,
+        layer: int,
+        pos: int | torch.Tensor,
+        cache: KVCache,
+        cross: CrossCache,
+        self_mask: torch.Tensor | None = None,
+        row_map: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """One new position for every hypothesis row. x: (N, 1, C) -> (N, 1, C). row_map: cross.row_map(N) where
+        the cross-attention runs in C (computed once a step for every layer)."""
+        return self.sublayers(
+            x,
+            lambda h: self._self_step(h, layer, pos, cache, self_mask),
+            lambda h: self._cross_step(h, layer, cross, row_map),
+        )
+
+    def _self_step(
+        self,
+        h: torch.Tensor,
+        layer: int,
+        pos: int | torch.Tensor,
+        cache: KVCache,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        # In C each row attends over its own positions, wherever its cache lineage keeps them (a lineage
+        # cache, whose rows are not copied on reorders, is read by nothing else).
+        if cache.lineage is not None or attends_natively(h, self.self_attn.head_dim):
+            N, _, C = h.shape
+            qkv = self.self_attn.project_qkv_int8(h)
+            if qkv is None:
+                k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
+                q = self.self_attn.q_proj(h).view(N, self.self_attn.heads, -1)  # (N, H, D)
+            else:
+                q, k_new, v_new = qkv
+            cache.update(layer, pos, k_new, v_new)
+            out = native.attend(q, cache.k[layer], cache.v[layer], pos + 1, cache.lineage)
+            return self.self_attn.out_proj(out.view(N, 1, C))
+        k, v = cache.update(layer, pos, *self.self_attn.project_kv(h))  # (N, H, T, D)
+        # Rows at a shared position see every cached one; rows at their own positions are masked.
+        return self.self_attn.merge_heads(step_attention(self.self_attn.project_q(h), k, v, mask))
+
+    def _cross_step(
+        self, h: torch.Tensor, layer: int, cross: CrossCache, row_map: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        B = cross.src_mask.shape[0]
+        if row_map is not None:  # in C each row attends over its sentence's source positions
+            N, _, C = h.shape
+            q = self.cross_attn.q_proj(h).view(N, self.cross_attn.heads, -1)  # (N, H, D)
+            out = native.attend(q, cross.k[layer], cross.v[layer], *row_map)
+            return self.cross_attn.out_proj(out.view(N, 1, C))
+        q = self.cross_attn.project_q(h)  # (N, H, 1, D)
+        N, H, _, D = q.shape
+        # The K beams of a sentence share its keys/values: treat beams as query positions.
+        if cross.row_index is None:
+            q = q.view(B, N // B, H, D)  # (B, K, H, D), rows of a sentence contiguous
+        else:  # rows in any order: scatter them to their sentence's query slots (unused slots stay 0)
+            q = q.new_zeros(B * cross.beams, H, D).index_copy_(0, cross.row_index, q[:, :, 0])
+            q = q.view(B, cross.beams, H, D)
+        keys, values = cross.keys(layer), cross.v[layer]
+        out = step_attention(q.transpose(1, 2), keys, values, cross.src_mask, cross=True)  # (B, H, K, D)
+        out = out.transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
+        if cross.row_index is not None:
+            out = out.index_select(0, cross.row_index)  # (N, H, 1, D)
+        return self.cross_attn.merge_heads(out)
+
+
+def _sublayer(
+    x: torch.Tensor,
+    norm: nn.LayerNorm,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    dropout: nn.Dropout,
+    pre: bool,
+) -> torch.Tensor:
+    """Residual connection around fn: post-norm LayerNorm(x + fn(x)), or pre-norm x + fn(LayerNorm(x))."""
+    if pre:
+        return x + dropped(dropout, fn(norm(x)))
+    return norm(x + dropped(dropout, fn(x)))
+
+
+class Seq2Seq(nn.Module):
+    """The encoder-decoder Transformer of "Attention Is All You Need" with shared embeddings (or, as some
+    Marian models have them, separate source and target vocabularies and embeddings)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        C, V = cfg.d_model, cfg.decoder_vocab_size  # V: the target vocabulary, the logits' width
+        self.embed = nn.Embedding(cfg.vocab_size, C, padding_idx=cfg.pad_token_id)  # source (and target if shared)
+        self.target_embed = None if cfg.share_embeddings else nn.Embedding(V, C, padding_idx=cfg.pad_token_id)
+        self.positions = PositionalEncoding(cfg.max_position_embeddings, C, cfg.positions, cfg.pad_token_id)
+        self.scale = embedding_scale(C, cfg.scale_embedding)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm stacks end with a LayerNorm; post-norm ones are already normalised.
+        self.encoder_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps) if cfg.normalize_before else None
+        self.decoder_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps) if cfg.normalize_before else None
+        self.lm_head = None if cfg.tie_embeddings else Linear(C, V, bias=False)
+        self.final_logits_bias = nn.Parameter(torch.zeros(V)) if cfg.final_logits_bias else None
+        self.reset_parameters()
+
+    @classmethod
+    def from_state(cls, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Seq2Seq:
+        """A model holding `state`'s tensors themselves: built on the meta device, so that loading takes one
+        copy of the weights, not two (a random initialisation overwritten), and no time initialising them;
+        the fixed sinusoids computed after."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict(state, assign=True)
+        model.positions = PositionalEncoding(cfg.max_position_embeddings, cfg.d_model, cfg.positions, cfg.pad_token_id)
+        return model
+
+    @property
+    def decoders(self) -> list[DecoderLayer]:
+        return cast(list[DecoderLayer], list(self.decoder_layers))
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        # Embeddings ~ N(0, 1/C), so that after the sqrt(C) scale they are ~ N(0, 1).
+        for embed in (self.embed, self.target_embed):
+            if embed is not None:
+                nn.init.normal_(embed.weight, std=self.cfg.d_model**-0.5)
+                with torch.no_grad():
+                    embed.weight[self.cfg.pad_token_id].zero_()
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The output projection (V, C): its own, or tied to the target side's embedding."""
+        if self.lm_head is not None:
+            return self.lm_head.weight
+        return (self.target_embed or self.embed).weight
+
+    def embed_at(self, ids: torch.Tensor, positions: torch.Tensor, *, target: bool = False) -> torch.Tensor:
+        """Token embedding * sqrt(C) + sinusoid. ids: (B, T), positions broadcastable -> (B, T, C);
+        target ids through the target embedding where the vocabularies are separate."""
+        embed = self.target_embed if target and self.target_embed is not None else self.embed
+        return dropped(self.dropout, embed(ids) * self.scale + self.positions(positions))
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """src_ids, src_mask: (B, S) -> memory (B, S, C); src_mask is True on real tokens."""
+        S = src_ids.shape[1]
+        self._check_length(S)
+        x = self.embed_at(src_ids, torch.arange(S, device=src_ids.device))
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        return self.encoder_norm(x) if self.encoder_norm is not None else x
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced decoding of every position at once. tgt_in: (B, T) -> logits (B, T, V)."""
+        T = tgt_in.shape[1]
+        self._check_length(T)
+        x = self.embed_at(tgt_in, torch.arange(T, device=tgt_in.device), target=True)
+        mask = src_mask[:, None, None, :]
+        for layer in self.decoder_layers:
+            x = layer(x, memory, mask)
+        return self.output(x)
+
+    def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return self.decode(tgt_in, self.encode(src_ids, src_mask), src_mask)
+
+    def output(self, h: torch.Tensor, *, log_probs: bool = False) -> torch.Tensor:
+        """Decoder states (..., C) -> logits (..., V) through the (tied) output projection; with `log_probs`,
+        their search.log_softmax_ (float32), in one pass over the logits with the int8 projection's
+        scale-back where the C kernels run (the same bits)."""
+        if self.decoder_norm is not None:
+            h = self.decoder_norm(h)
+        q = int8_of(self.output_weight) if log_probs and h.is_cpu and not torch.is_grad_enabled() else None
+        if q is not None:
+            return linear_int8(h, q, self.final_logits_bias, log_softmax=True)
+        # One fused GEMM + bias: a separate add would make a second pass over the (N, V) logits.
+        logits = linear(h, self.output_weight, self.final_logits_bias)
+        return log_softmax_(logits) if log_probs else logits
+
+    def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
+        """Project the encoder output once into every decoder layer's cross-attention keys/values."""
+        cpu = memory.device.type == "cpu"
+        positions = memory.shape[1]
+        head_dim = self.cfg.d_model // self.cfg.decoder_attention_heads
+        attended = attended_keys(positions, head_dim) if cpu else positions
+        if attended > positions:
+            # Masked positions up to what a CPU step attends over, once here (layers.step_attention).
+            memory = F.pad(memory, (0, 0, 0, attended - positions))
+            src_mask = F.pad(src_mask, (0, attended - positions), value=False)
+        kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
+        # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
+        # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
+        transposed = cpu and not attends_natively(memory, head_dim)  # the C kernel reads (B, H, S, D)
+        keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
+        values = [v.contiguous() for _, v in kv]
+        return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=transposed, padded=cpu)
+
+    def new_cache(
+        self,
+        rows: int,
+        max_length: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        limit: int | None = None,
+        zeroed: bool = False,
+        lineage: bool = False,
+    ) -> KVCache:
+        """A self-attention cache of `rows` rows and `max_length` positions (growing up to `limit`);
+        `lineage`: reorders move row indices, not keys (KVCache), where attention runs in C."""
+        cfg = self.cfg
+        heads = cfg.decoder_attention_heads
+        return KVCache(
+            cfg.decoder_layers,
+            rows,
+            heads,
+            max_length,
+            cfg.d_model // heads,
+            dtype=dtype,
+            device=device,
+            limit=limit,
+            zeroed=zeroed,
+            lineage=lineage and attends_natively(self.embed.weight, cfg.d_model // heads) and device.type == "cpu",
+        )
+
+    def decode_step(
+        self,
+        tokens: torch.Tensor,
+        pos: int | torch.Tensor,
+        cache: KVCache,
+        cross: CrossCache,
+        order: torch.Tensor | None = None,
+        *,
+        log_probs: bool = False,
+    ) -> torch.Tensor:
+        """Decode one position incrementally.
+
+        Args:
+            tokens: (N,) the token at position `pos` of every hypothesis row.
+            pos: the position being decoded (0 for the decoder start token): one int for all rows,
+                or (N,) per row when rows started at different steps (continuous batching).
+            cache: self-attention cache holding each row's earlier positions; position pos is written.
+            cross: cross-attention keys/values of the B sentences and which sentence each row is.
+            order: (N,) return the rows' logits in this order (cheaper on the (N, C) states than on logits).
+            log_probs: return log-probabilities (Seq2Seq.output) instead of logits.
+        Returns:
+            logits (N, V) for position pos + 1, or their log-softmax.
+        """
+        self_mask = None
+        if isinstance(pos, int):
+            self._check_length(pos + 1)
+            positions = torch.tensor([pos], device=tokens.device)
+            written = max(cache.length, pos + 1)
+            visible = cache.visible(written)
+            if visible > written:  # CPU: masked positions after the written ones (KVCache)
+                self_mask = torch.arange(visible, device=tokens.device) < written  # (T',)
+        else:
+            T = cache.reserve(pos)
+            self._check_length(T)
+            positions = pos[:, None]  # (N, 1)
+            columns = torch.arange(cache.visible(T), device=pos.device)
+            self_mask = (columns <= positions)[:, None, None, :]  # (N, 1, 1, T')
+        x = self.embed_at(tokens[:, None], positions, target=True)  # (N, 1, C)
+        head_dim = self.cfg.d_model // self.cfg.decoder_attention_heads
+        in_c = attends_natively(x, head_dim) and not cross.keys_transposed
+        row_map = cross.row_map(x.shape[0]) if in_c else None
+        for i, layer in enumerate(self.decoders):
+            x = layer.step(x, i, pos, cache, cross, self_mask, row_map)
+        h = x[:, 0] if order is None else x[:, 0].index_select(0, order)  # (N, C)
+        return self.output(h, log_probs=log_probs)
+
+    def _check_length(self, length: int) -> None:
+        if length > self.cfg.max_position_embeddings:
+            raise ValueError(
+                f"sequence of {length} tokens is longer than the model's {self.cfg.max_position_embeddings} positions"
+            )

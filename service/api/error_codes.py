@@ -1,0 +1,62 @@
+"""Every error code a client can get and its one HTTP status, with what it means (docs/operations.md's
+table of errors is this one, tested). The compatible APIs' routes answer some codes with the status
+their own clients expect (deepl.error, libretranslate.error): 400 for a 422, 429 for overloaded.
+
+Import-light: HAProxy's configuration (service/api/front.py), built in every Ray worker, reads it.
+"""
+
+# Error code -> its HTTP status and what it means (docs/operations.md's table is this one, tested).
+CODES: dict[str, tuple[int, str]] = {
+    "malformed_request": (400, "not a valid HTTP request, or a body the framework cannot read"),
+    "invalid_header": (400, "a header that is not UTF-8"),
+    "invalid_json": (400, "the body is not JSON, or nested deeper than it may be"),
+    "unsupported_pair": (400, "no model for the (named or detected) source and target"),
+    "unsupported_option": (400, "an option of a compatible API that beamserve does not have"),
+    "detection_unavailable": (400, "no served language can be detected: the source must be named"),
+    "ambiguous_source": (400, "a detected source that may be the target language: the source must be named"),
+    "invalid_glossary": (400, "glossary entries that do not parse; an empty, overlong or repeated term; an empty name"),
+    "glossary_mismatch": (400, "a glossary for another language pair than the request's"),
+    "unsupported_document": (
+        400,
+        "a document format beamserve does not read (it reads .txt, .html, .htm, .srt, .docx, .pptx, .xlsx)",
+    ),
+    "invalid_document": (400, "a document that is not what its name says: not UTF-8, HTML ending inside markup, ..."),
+    "too_many_glossaries": (400, "the key holds as many glossaries as it may (1,000)"),
+    "missing_api_key": (401, "the server needs an API key and none was sent"),
+    "invalid_api_key": (403, "the API key is not known"),
+    "not_found": (404, "no such route"),
+    "invalid_document_key": (403, "a document_key that is not the document's"),
+    "document_not_found": (404, "no document of the calling key has this id, or it has expired"),
+    "glossary_not_found": (404, "no glossary of the calling key has this id"),
+    "unknown_pair": (404, "/readyz?pair= names a pair the server does not serve"),
+    "method_not_allowed": (405, "the route does not take this method"),
+    "body_timeout": (408, "the body did not arrive in time"),
+    "body_too_large": (413, "the body is over max_body_bytes"),
+    "document_too_large": (413, "over 500,000 characters of text, a paragraph over max_text_chars, or a zip bomb"),
+    "glossary_too_large": (413, "a glossary over 10,000 entries or 1,000,000 characters of entries"),
+    "unsupported_media_type": (415, "a content type the route does not read"),
+    "invalid_request": (422, "a field missing, of the wrong type or out of range"),
+    "invalid_text": (422, "a text that is not text (a lone surrogate, a NUL)"),
+    "text_too_long": (422, "a text over max_text_chars characters"),
+    "input_too_long": (422, "a sentence over the model's source tokens"),
+    "too_many_texts": (422, "over max_texts texts, or more sentences than the replica queues"),
+    "html_too_complex": (422, "HTML past the nesting or element limits"),
+    "html_malformed": (422, "HTML that ends inside markup"),
+    "document_failed": (422, "the document's translation failed: its status says why"),
+    "rate_limited": (429, "the key's requests per minute used up"),
+    "quota_exceeded": (429, "the key's characters per month used up"),
+    "internal_error": (500, "a bug: logged with its traceback"),
+    "overloaded": (503, "more work than the server can start within max_queue_wait_s, or its queues full"),
+    "shutting_down": (503, "the server is draining on SIGTERM"),
+    "starting": (503, "the HTTP front has no application's routes yet"),
+    "pair_unavailable": (503, "the pair's model is down, loading, or failed to load"),
+    "replica_unavailable": (503, "the pair's or the gateway's replica died or restarts"),
+    "limits_unavailable": (503, "the API keys' limits store cannot be reached"),
+    "document_not_ready": (503, "the document is still being translated"),
+    "store_unavailable": (503, "the glossary and document store cannot be reached"),
+    "timeout": (504, "no answer within the request's deadline"),
+}
+
+
+def status_of(code: str) -> int:
+    return CODES[code][0]

@@ -1,0 +1,100 @@
+"""The errors a request can end in: the typed errors of the library and the engine mapped to error
+codes (each with its one HTTP status: service/api/error_codes.py), and the JSON body they are answered with."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError
+
+from model.errors import InputTooLongError, InvalidTextError
+from service.api.error_codes import status_of
+from service.engine.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
+from service.registry import ModelUnavailableError
+from service.text.html_text import HtmlLimitError, HtmlSyntaxError
+
+# Error type -> error code; the first match wins, so subclasses go before their bases.
+TYPES: dict[type[Exception], str] = {
+    InputTooLongError: "input_too_long",
+    InvalidTextError: "invalid_text",
+    HtmlLimitError: "html_too_complex",
+    HtmlSyntaxError: "html_malformed",
+    RequestTooLargeError: "too_many_texts",
+    QueueFullError: "overloaded",
+    BackPressureError: "overloaded",  # Serve's queue ahead of a replica (max_queued_requests) is full
+    DeadlineExceededError: "timeout",
+    ModelUnavailableError: "pair_unavailable",  # a pooled model that would not load
+    # The pair's replica died or restarts mid-request: Serve replaces it within seconds.
+    RayActorError: "replica_unavailable",
+    ActorUnavailableError: "replica_unavailable",
+}
+RETRY_AFTER_S = {
+    "replica_unavailable": 5.0,
+    "pair_unavailable": 5.0,
+    "overloaded": 1.0,
+    "timeout": 1.0,
+}  # answers that say when to retry without the error telling; every 503 and 504 says (http.error_response)
+
+
+def message(body: dict[str, Any]) -> str:
+    """An error body's detail as one string for a person: a validation error's list of {loc, msg}
+    joined as "field.sub: why; ...", any other detail as it is."""
+    detail = body.get("detail", body.get("error", ""))
+    if isinstance(detail, str):
+        return detail
+    parts = []
+    for e in detail:
+        where, why = ".".join(map(str, e.get("loc", []))), str(e.get("msg", "")).removeprefix("Value error, ")
+        parts.append(f"{where}: {why}" if where else why)  # a check of the whole body has no field
+    return "; ".join(parts)
+
+
+class ApiError(Exception):
+    """An error answered with its code's status and a JSON body {"error": code, "detail": message}."""
+
+    def __init__(self, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.headers = status_of(code), code, detail, headers or {}
+
+    def __reduce__(self) -> tuple[type[ApiError], tuple[str, str, dict[str, str]]]:
+        return type(self), (self.code, self.detail, self.headers)
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.code, "detail": self.detail}
+
+
+def api_error(exc: BaseException) -> ApiError | None:
+    """The answer to a typed error raised in a replica or here (Ray hands a replica's error over as a
+    RayTaskError whose `cause` is the original); None for an error no client should see as such."""
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(cause, ApiError):
+        return cause
+    for kind, code in TYPES.items():
+        if isinstance(cause, kind):
+            retry = getattr(cause, "retry_after_s", None) or RETRY_AFTER_S.get(code)
+            return ApiError(code, str(cause), retry_after(retry) if retry is not None else None)
+    return None
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """The Retry-After header for a wait of `seconds`: whole seconds, at least one."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+T = TypeVar("T")
+
+
+async def returned(call: Awaitable[T]) -> T | ApiError:
+    """A replica's call with its typed errors (a text the model cannot take, a full queue, a deadline)
+    returned as their ApiError, not raised: Serve logs a raised error at ERROR with its traceback, and
+    these are answers to the client, not faults. The gateway raises them again (PairRouter._remote)."""
+    try:
+        return await call
+    except Exception as exc:
+        known = api_error(exc)
+        if known is None:
+            raise
+        return known

@@ -1,0 +1,221 @@
+"""API keys, per-key limits and usage. Off unless keys are configured (BEAMSERVE_API_KEYS, or
+BEAMSERVE_API_KEYS_FILE for keys with their own limits): a default server is for loopback use.
+
+A key is read from `Authorization: Bearer <key>`, DeepL's `Authorization: DeepL-Auth-Key <key>`, or
+LibreTranslate's `api_key` body field. Limits are counted with the `limits` library: requests per
+minute in a moving window, characters per day and per 30 days in fixed windows that start with a
+key's first request in them. With BEAMSERVE_LIMITS_STORAGE (redis://...) every gateway replica
+counts in one Redis or Valkey; without it each replica counts alone, so N replicas admit up to N
+times a key's limits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from limits import RateLimitItem, RateLimitItemPerDay, RateLimitItemPerMinute
+from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+from limits.errors import StorageError
+from limits.storage import storage_from_string
+
+from service.api.errors import ApiError
+from service.api.schemas import KeyUsage
+
+UNLIMITED = 10**15  # the amount of a window that only counts
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    requests_per_minute: int = 0  # 0: no limit
+    characters_per_day: int = 0
+    characters_per_month: int = 0  # a 30-day window
+
+
+@dataclass(frozen=True)
+class Client:
+    """Who a request is billed to: `id` names it in storage and logs (never the key itself)."""
+
+    id: str
+    limits: KeyLimits = field(default_factory=KeyLimits)
+
+
+ANONYMOUS = Client("anonymous")  # every request while keys are off
+
+
+def _id(key: str) -> str:
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def load_keys(keys: str, keys_file: str, defaults: KeyLimits) -> dict[str, Client]:
+    """key -> Client from the comma-separated keys (default limits) and the JSON file, a list of
+    {"key", "name"?, "requests_per_minute"?, "characters_per_day"?, "characters_per_month"?}."""
+    out = {k.strip(): Client(_id(k.strip()), defaults) for k in keys.split(",") if k.strip()}
+    if keys_file:
+        try:
+            entries = json.loads(Path(keys_file).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"BEAMSERVE_API_KEYS_FILE {keys_file}: {exc}") from None
+        if not isinstance(entries, list):
+            raise ValueError(f"BEAMSERVE_API_KEYS_FILE {keys_file}: a JSON list of keys is expected")
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("key"), str) or not entry["key"]:
+                raise ValueError(f"BEAMSERVE_API_KEYS_FILE {keys_file}: entry {i} has no key")
+            given = {f: int(entry[f]) for f in KeyLimits.__dataclass_fields__ if entry.get(f) is not None}
+            limits = KeyLimits(**{**defaults.__dict__, **given})
+            out[entry["key"]] = Client(str(entry.get("name") or _id(entry["key"])), limits)
+    return out
+
+
+def presented_key(headers: Mapping[str, str], body_key: object = None) -> str | None:
+    """The key a request presents, from its Authorization header or LibreTranslate's api_key field."""
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() in ("bearer", "deepl-auth-key") and value.strip():
+        return value.strip()
+    # A blank key is no key (401), whichever way it came.
+    return body_key.strip() if isinstance(body_key, str) and body_key.strip() else None
+
+
+class LocalUsage:
+    """The anonymous client's characters while keys are off and nothing is shared: the same fixed
+    windows as the limits library's (starting with the first request in them), counted in this
+    process at a fraction of its cost a request."""
+
+    WINDOWS: ClassVar[dict[str, float]] = {"day": 86_400.0, "month": 30 * 86_400.0}
+
+    def __init__(self) -> None:
+        self.windows = {name: [0.0, 0] for name in self.WINDOWS}  # name -> [reset time, characters]
+
+    def add(self, characters: int) -> None:
+        now = time.time()
+        for name, seconds in self.WINDOWS.items():
+            window = self.windows[name]
+            if now >= window[0]:
+                window[0], window[1] = now + seconds, 0
+            window[1] += characters
+
+    def usage(self) -> KeyUsage:
+        now, out = time.time(), dict[str, Any]()
+        for name in self.WINDOWS:
+            reset, used = self.windows[name]
+            used = used if now < reset else 0
+            out |= {f"characters_{name}": used, f"characters_{name}_limit": 0}
+            out[f"characters_{name}_resets_at"] = reset if used else None
+        return KeyUsage(client=ANONYMOUS.id, requests_per_minute_limit=0, **out)
+
+
+class Keys:
+    """Identifies clients and keeps their limits and usage."""
+
+    def __init__(self, clients: dict[str, Client], storage: str) -> None:
+        self.clients = clients
+        self.storage_uri = storage or "memory://"
+        if "://" not in self.storage_uri:
+            raise ValueError(f"limits storage {storage!r} is not a URI (redis://host:6379, valkey://..., memory://)")
+        self._limits: tuple[MovingWindowRateLimiter, FixedWindowRateLimiter] | None = None
+        # Keys off and no shared store: nothing to limit, the anonymous usage counted here.
+        self.local = LocalUsage() if not clients and self.storage_uri.startswith("memory://") else None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.clients)
+
+    def client(self, headers: Mapping[str, str], body_key: object = None) -> Client:
+        """The request's client; ApiError 401 without a key, 403 with one that is not known."""
+        if not self.enabled:
+            return ANONYMOUS
+        key = presented_key(headers, body_key)
+        if key is None:
+            raise ApiError(
+                "missing_api_key",
+                "this server needs an API key: Authorization: Bearer <key> (DeepL-Auth-Key <key>, or api_key)",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        found = self.clients.get(key)
+        if found is None:
+            raise ApiError("invalid_api_key", "the API key is not valid")
+        return found
+
+    def _limiters(self) -> tuple[MovingWindowRateLimiter, FixedWindowRateLimiter]:
+        if self._limits is None:  # made on first use, inside the replica's event loop
+            storage = storage_from_string("async+" + self.storage_uri, wrap_exceptions=True)
+            self._limits = MovingWindowRateLimiter(storage), FixedWindowRateLimiter(storage)
+        return self._limits
+
+    @staticmethod
+    def _windows(client: Client) -> list[tuple[str, RateLimitItem]]:
+        lim = client.limits
+        return [
+            ("day", RateLimitItemPerDay(lim.characters_per_day or UNLIMITED, namespace="chars")),
+            ("month", RateLimitItemPerDay(lim.characters_per_month or UNLIMITED, 30, namespace="chars")),
+        ]
+
+    async def charge(self, client: Client, characters: int) -> None:
+        """Count one request and its characters against the client's limits; ApiError 429
+        (rate_limited, quota_exceeded) with Retry-After past them, 503 when the store cannot be reached."""
+        if self.local is not None:
+            self.local.add(characters)
+            return
+        moving, fixed = self._limiters()
+        try:
+            if client.limits.requests_per_minute:
+                rpm = RateLimitItemPerMinute(client.limits.requests_per_minute, namespace="requests")
+                if not await moving.hit(rpm, client.id):
+                    reset, _ = await moving.get_window_stats(rpm, client.id)
+                    raise _refused("rate_limited", f"over {rpm.amount} requests per minute", reset)
+            charged: list[RateLimitItem] = []
+            for name, item in self._windows(client):
+                if not await fixed.hit(item, client.id, cost=characters):
+                    for done in [*charged, item]:  # nothing of a refused request stays counted
+                        await fixed.storage.incr(done.key_for(client.id), done.get_expiry(), -characters)
+                    reset, left = await fixed.get_window_stats(item, client.id)
+                    why = f"{characters} characters would pass this key's limit of {item.amount} a {name} ({left} left)"
+                    raise _refused("quota_exceeded", why, reset)
+                charged.append(item)
+        except StorageError as exc:
+            raise _store_down(exc) from None
+
+    async def refund(self, client: Client, characters: int) -> None:
+        """Take back a request's characters (it failed: nothing was delivered)."""
+        if self.local is not None:
+            self.local.add(-characters)
+            return
+        _, fixed = self._limiters()
+        try:
+            for _, item in self._windows(client):
+                await fixed.storage.incr(item.key_for(client.id), item.get_expiry(), -characters)
+        except StorageError:
+            pass  # the store is down: the charge may stand, which errs on the client's side by one request
+
+    async def usage(self, client: Client) -> KeyUsage:
+        """Characters used in the current day and 30-day windows, with the limits (0: none)."""
+        if self.local is not None:
+            return self.local.usage()
+        _, fixed = self._limiters()
+        out: dict[str, Any] = {"client": client.id}
+        try:
+            for name, item in self._windows(client):
+                reset, left = await fixed.get_window_stats(item, client.id)
+                out[f"characters_{name}"] = item.amount - left
+                out[f"characters_{name}_limit"] = item.amount if item.amount != UNLIMITED else 0
+                out[f"characters_{name}_resets_at"] = reset if item.amount - left else None
+        except StorageError as exc:
+            raise _store_down(exc) from None
+        out["requests_per_minute_limit"] = client.limits.requests_per_minute
+        return KeyUsage(**out)
+
+
+def _store_down(exc: StorageError) -> ApiError:
+    """Keyed requests are refused, not served uncounted, while the store is unreachable."""
+    return ApiError("limits_unavailable", f"the limits store cannot be reached ({exc})", {"Retry-After": "5"})
+
+
+def _refused(code: str, why: str, reset: float) -> ApiError:
+    """429 with Retry-After: the seconds until the window `reset` (Unix time) frees enough."""
+    return ApiError(code, why, {"Retry-After": str(max(1, math.ceil(reset - time.time())))})

@@ -1,0 +1,204 @@
+"""LibreTranslate's POST /translate: its request body (JSON or form; q a string or a list;
+alternatives; format text or html) read into beamserve's request, and its response shape."""
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from service.api.bodies import multipart_body, openapi_body
+from service.api.errors import ApiError, message
+from service.api.schemas import TranslateRequest
+from service.text.detect import Detected
+from service.text.documents import FILE_FIELD, FORMATS
+from service.text.html_text import HtmlDocument, parse_documents
+from service.text.languages import name
+
+
+class LibreDetectRequest(BaseModel):
+    """The body of LibreTranslate's POST /detect (JSON or a form, q repeated for a list)."""
+
+    q: str | Annotated[list[str], Field(min_length=1)] = Field(description="a text, or a list of texts")
+    api_key: str | None = Field(None, description="the client's key, when the server requires keys")
+
+
+class LibreTranslateRequest(LibreDetectRequest):
+    """The body of LibreTranslate's POST /translate: /detect's, and the languages and options."""
+
+    source: str = Field(description="a language code, or auto (detected per text)", examples=["en"])
+    target: str = Field(examples=["de"])
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(0, ge=0, description="extra translations per text")
+
+
+class LibreDetected(BaseModel):
+    confidence: float  # percent
+    language: str
+
+
+class LibreTranslateResponse(BaseModel):
+    translatedText: str | list[str]  # noqa: N815 (LibreTranslate's name)
+    alternatives: list[str] | list[list[str]] | None = None
+    detectedLanguage: LibreDetected | list[LibreDetected] | None = None  # noqa: N815
+
+
+OPENAPI = openapi_body(LibreTranslateRequest)  # Mastodon sends JSON, other clients forms
+DETECT_OPENAPI = openapi_body(LibreDetectRequest)
+
+
+@dataclass
+class LibreCall:
+    request: TranslateRequest  # one text per plain text, or per run of prose of the HTML documents
+    docs: list[HtmlDocument] | None  # format "html": the parsed documents
+
+
+def form_field(name: str, values: list[str]) -> Any:
+    """A form field's value: q given several times is a list."""
+    return values if name == "q" and len(values) > 1 else values[0]
+
+
+def texts_of(body: dict[str, Any]) -> tuple[list[str], bool]:
+    """q as a list of texts, and whether it was one string (the answer is one too)."""
+    q = body.get("q")
+    texts = [q] if isinstance(q, str) else q
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise ApiError("invalid_request", "q must be a non-empty string or list of strings")
+    return texts, isinstance(q, str)
+
+
+def languages_of(body: dict[str, Any]) -> tuple[str, str]:
+    """LibreTranslate's source ("auto" to detect) and target, each a string as sent."""
+    out = []
+    for field, wanted in (("source", "a language code or 'auto'"), ("target", "a language code")):
+        value = body.get(field)
+        if not isinstance(value, str) or not value.strip():
+            raise ApiError(
+                "invalid_request", f"{field} must be {wanted}, not {json.dumps(value, ensure_ascii=False)[:100]}"
+            )
+        out.append(value)
+    return out[0], out[1]
+
+
+def alternatives(body: dict[str, Any]) -> int:
+    """LibreTranslate's `alternatives`: an integer, in JSON or as a form's string of ASCII digits."""
+    value = body.get("alternatives")
+    if value is None or value == "":
+        return 0
+    if isinstance(value, str) and value.isascii() and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ApiError(
+        "invalid_request", f"alternatives must be an integer, not {json.dumps(value, ensure_ascii=False)[:100]}"
+    )
+
+
+async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
+    """The request beamserve runs for a LibreTranslate body whose source is known; ApiError 400 for what
+    LibreTranslate refuses. HTML is parsed off the event loop (service/text/html_text.py bounds its size)."""
+    texts, _ = texts_of(body)
+    if body.get("format", "text") not in ("text", "html"):
+        raise ApiError("invalid_request", "format must be 'text' or 'html'")
+    extra = alternatives(body)
+    # HTML: runs of prose are translated, inline markup carried over by alignment (service/text/html_text.py).
+    docs = await asyncio.to_thread(parse_documents, texts) if body.get("format") == "html" else None
+    segments = [node for doc in docs for node in doc.texts] if docs is not None else texts
+    if not 0 <= extra < max_beam_size:
+        raise ApiError("invalid_request", f"alternatives must be between 0 and {max_beam_size - 1}")
+    try:
+        req = TranslateRequest.model_validate(
+            {
+                # A document of markup alone still goes through the checks (with one empty text).
+                "texts": segments or [""],
+                "source": body["source"],
+                "target": body["target"],
+                "beam_size": max(4, extra + 1),
+                "num_hypotheses": extra + 1,
+            }
+        )
+    except ValidationError as exc:
+        raise ApiError("invalid_request", message({"detail": exc.errors()})) from None
+    return LibreCall(req, docs)
+
+
+def detected_language(found: Detected) -> dict[str, Any]:
+    """LibreTranslate's {"confidence", "language"}, the confidence in percent."""
+    return {"confidence": round(found.confidence * 100, 1), "language": found.language}
+
+
+# Where errors are answered in LibreTranslate's shape.
+ROUTES = frozenset({"/translate", "/detect", "/frontend/settings", "/translate_file"})
+
+
+def error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """An error as answered on `path`: as it is, except on LibreTranslate's route, as its clients read
+    it: {"error": message} (Mastodon and the web client show that string), 400 for every invalid
+    request (LibreTranslate has no 422), and 429 for overload, which they take as "slow down"."""
+    if path not in ROUTES:
+        return status, body
+    out = {"error": message(body), "code": body.get("error", "")}
+    return (429 if body.get("error") == "overloaded" else 400 if status == 422 else status), out
+
+
+def response(single: bool, extra: int, nbest: list[list[str]], detected: list[Detected] | None) -> dict[str, Any]:
+    """{"translatedText", "alternatives", "detectedLanguage"} from each text's n-best translations, best
+    first; each a string or object when q was one string, else a list."""
+
+    def shaped(values: list[Any]) -> Any:
+        return values[0] if single else values
+
+    result: dict[str, Any] = {"translatedText": shaped([n[0] for n in nbest])}
+    if extra:
+        result["alternatives"] = shaped([n[1:] for n in nbest])
+    if detected is not None:
+        result["detectedLanguage"] = shaped([detected_language(d) for d in detected])
+    return result
+
+
+def frontend_settings(char_limit: int, targets: list[str], *, keys: bool) -> dict[str, Any]:
+    """GET /frontend/settings as LibreTranslate answers it: limits, whether keys are needed, the
+    languages its web client starts with."""
+    target = targets[0] if targets else "en"
+    return {
+        "charLimit": char_limit,
+        "frontendTimeout": 500,
+        "apiKeys": keys,
+        "keyRequired": keys,
+        "suggestions": False,
+        "filesTranslation": True,
+        "supportedFilesFormat": sorted(f".{k}" for k in FORMATS),
+        "language": {
+            "source": {"code": "auto", "name": "Auto Detect"},
+            "target": {"code": target, "name": name(target)},
+        },
+    }
+
+
+FILE_OPENAPI = multipart_body(
+    ["file", "source", "target"],
+    {
+        "file": FILE_FIELD,
+        "source": {"type": "string", "description": "a language code, or auto"},
+        "target": {"type": "string"},
+        "api_key": {"type": "string"},
+    },
+)
+
+
+def file_request(fields: dict[str, str]) -> TranslateRequest:
+    """The request a /translate_file upload's fields make; ApiError for a missing or unknown field."""
+    unknown = sorted(set(fields) - {"source", "target", "api_key"})
+    if unknown:
+        raise ApiError("invalid_request", f"{', '.join(unknown)}: not a field of /translate_file")
+    source = fields.get("source", "auto").strip().lower()
+    try:
+        return TranslateRequest(
+            texts=["-"], source=None if source == "auto" else source, target=fields.get("target", "")
+        )
+    except ValidationError as exc:
+        raise ApiError("invalid_request", message({"detail": exc.errors()})) from None

@@ -1,0 +1,29 @@
+"""The translation page at `/` (service/api/ui/: one HTML file, its script and its style, shipped with the
+package): served as they are, with headers that keep the page to this server's own resources."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import Response
+
+from service.api.errors import ApiError
+
+FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+# Scripts and styles from this server alone, no frames, no guessing of types: the page shows what the
+# API answers as text, and a policy keeps it that way should a text ever reach markup.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+_read: dict[str, bytes] = {}
+
+
+def response(name: str) -> Response:
+    """The file `name` of service/api/ui/; ApiError not_found for any other name."""
+    if name not in FILES:
+        raise ApiError("not_found", f"no file {name!r} in the page's files")
+    if name not in _read:
+        _read[name] = (Path(__file__).parent / "ui" / name).read_bytes()
+    return Response(_read[name], media_type=f"{FILES[name]}; charset=utf-8", headers=HEADERS)

@@ -1,0 +1,407 @@
+"""The batching engine: one model's queue, scheduler and runner. No Ray here: the Serve replica owns
+one Engine per model, and the engine's thread owns the model.
+
+The loop reads schedule -> execute -> update. In continuous mode (the default) it turns once per
+decoder step: the scheduler admits queued sentences and drops withdrawn ones, the runner encodes the
+newcomers and runs one decoder step for every sentence in flight, and finished sentences complete
+their requests at once, freeing their rows for the next step. In request mode a turn is a whole
+batch decoded to its end (the classic dynamic batching, kept as a baseline and a fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from model.decode.inflight import InflightBatch
+from model.decode.search import Hypothesis
+from model.options import DecodeOptions
+from model.translator import Translator
+from service.engine.scheduler import (
+    BatchingConfig,
+    BatchStats,
+    ContinuousScheduler,
+    DeadlineExceededError,
+    Plan,
+    QueueFullError,
+    RequestScheduler,
+    RequestTooLargeError,
+    Throughput,
+    WorkItem,
+    batch_tokens,
+)
+from service.engine.slot_runner import SlotPoolError, SlotStepRunner
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BatchingConfig",
+    "DeadlineExceededError",
+    "Engine",
+    "QueueFullError",
+    "RequestTiming",
+    "RequestTooLargeError",
+]
+
+R = TypeVar("R")
+
+
+@dataclass
+class RequestTiming:
+    """One request's time in the engine: the longest any of its sentences waited to start decoding,
+    and from the first of them starting to the last finishing."""
+
+    queue_wait_s: float = 0.0
+    decode_s: float = 0.0
+
+    def measure(self, items: list[WorkItem]) -> None:
+        starts = [it.started if it.started is not None else it.enqueued for it in items]
+        ends = [it.finished if it.finished is not None else s for it, s in zip(items, starts, strict=True)]
+        self.queue_wait_s = max(s - it.enqueued for it, s in zip(items, starts, strict=True))
+        self.decode_s = max(ends) - min(starts)
+
+
+class EngineObserver(Protocol):
+    """Receives what the engine does (service/metrics.py records it); called from the engine thread."""
+
+    def on_batch(self, sentences: int, padded: int, real: int, waits: list[float]) -> None: ...
+
+    def on_step(self, rows: int) -> None: ...
+
+    def on_generated(self, tokens: int) -> None: ...
+
+    def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int) -> None: ...
+
+
+def _run_job(fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+    if not future.set_running_or_notify_cancel():  # cancelled while queued
+        return
+    try:
+        future.set_result(fn())
+    except Exception as exc:
+        future.set_exception(exc)
+
+
+def _resolve(item: WorkItem, hyps: list[Hypothesis]) -> int:
+    """Complete an item's request; returns the tokens its best hypothesis generated (</s> included)."""
+    item.finished = time.monotonic()
+    try:
+        item.future.set_result(hyps)
+    except concurrent.futures.InvalidStateError:  # withdrawn while its last step ran
+        return 0
+    return len(hyps[0].tokens) + 1 if hyps else 0
+
+
+class BatchRunner:
+    """Request mode: computes a whole batch with the model; never decides anything."""
+
+    def __init__(self, translator: Translator) -> None:
+        self.translator = translator
+
+    def run(self, batch: list[WorkItem]) -> tuple[list[WorkItem], list[list[Hypothesis]] | Exception]:
+        """Decode the batch's live items (withdrawn ones are skipped); returns them and their n-best
+        lists, or the exception that failed the batch. The engine resolves the futures."""
+        live = [it for it in batch if it.future.set_running_or_notify_cancel()]
+        if not live:
+            return live, []
+        try:
+            return live, self.translator.decode_batch([it.ids for it in live], live[0].opts)
+        except Exception as exc:  # a failed batch fails its requests, never the engine
+            logger.exception("a batch of %d sentences failed (beam_size %d)", len(live), live[0].opts.beam_size)
+            return live, exc
+
+
+class StepRunner:
+    """Continuous mode: applies a plan to the in-flight batch and runs one decoder step."""
+
+    def __init__(self, translator: Translator, slots: int, max_length: int) -> None:
+        self.translator = translator
+        self.batch = InflightBatch(translator.model, rows=slots, max_length=max_length)
+
+    def execute(self, plan: Plan) -> tuple[int, list[tuple[int, list[Hypothesis]]]]:
+        """Drop leavers, encode joiners (grouped by options), step.
+
+        Returns the rows the decoder step ran (0: nothing left to decode) and (seq, n-best) of the
+        sentences that finished.
+        """
+        tr = self.translator
+        if plan.leave:
+            self.batch.remove({it.seq for it in plan.leave})
+        groups: dict[DecodeOptions, list[WorkItem]] = {}
+        for it in plan.join:
+            groups.setdefault(it.opts, []).append(it)
+        for opts, items in groups.items():
+            sources = [it.ids for it in items]
+            caps = tr.max_lengths(sources, opts).clamp(max=self.batch.max_length)  # never past the buffers
+            self.batch.add([it.seq for it in items], sources, caps.tolist(), tr.search_options(opts))
+        rows = self.batch.rows
+        return rows, [(int(seq), hyps) for seq, hyps in self.batch.step()]  # type: ignore[call-overload]
+
+
+class Engine:
+    """One model's queue, scheduler and runner; the runner works in its own thread."""
+
+    def __init__(
+        self,
+        translator: Translator,
+        config: BatchingConfig,
+        observer: EngineObserver | None = None,
+        *,
+        max_length: int | None = None,
+        static_slots: bool = False,
+    ) -> None:
+        """max_length: the longest output any request may ask for (sizes continuous mode's buffers).
+        static_slots: continuous mode decodes on the static decode state (service/engine/slot_runner.py), which
+        replays CUDA graphs on a GPU (Settings.uses_static_slots: the default there)."""
+        self.translator = translator
+        self.static_slots = static_slots
+        self.max_length = min(max_length or 10**9, translator.model.cfg.max_position_embeddings)
+        self.observer = observer
+        self.config = config
+        self.requests = RequestScheduler(config)
+        self.continuous = ContinuousScheduler(config)
+        self.stats = BatchStats()
+        self.requests.stats = self.continuous.stats = self.stats  # one set of counts whatever the mode
+        self.requests.throughput = self.continuous.throughput = Throughput()  # and one decoding rate
+        self.batch_runner = BatchRunner(translator)
+        self.step_runner: StepRunner | SlotStepRunner
+        self._cv = threading.Condition()
+        self._jobs: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()  # call()'s
+        self._active = 0
+        self._stop = False
+        self._last_turn = time.monotonic()  # when the loop last finished a unit of work (health)
+        # All of the model's work, the step runner's buffers included, happens on the engine's thread:
+        # a second thread running parallel torch ops would start a second OpenMP team (see Translator.load).
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="beamserve-engine", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    @property
+    def scheduler(self) -> RequestScheduler | ContinuousScheduler:
+        """The scheduler new sentences queue in (the configured mode's)."""
+        return self.continuous if self.config.mode == "continuous" else self.requests
+
+    @property
+    def queued(self) -> int:
+        return len(self.requests.queue) + len(self.continuous.queue)
+
+    @property
+    def active(self) -> int:
+        """Sentences being decoded right now."""
+        return self._active
+
+    def reconfigure(self, config: BatchingConfig) -> None:
+        """Apply new knobs live; queued sentences move to the new mode's queue, running ones finish."""
+        with self._cv:
+            old = self.scheduler
+            self.config = self.requests.config = self.continuous.config = config
+            if self.scheduler is not old:
+                self.scheduler.queue.extend(old.queue)
+                old.queue.clear()
+            self._cv.notify()
+
+    def submit(self, sources: list[list[int]], opts: DecodeOptions, deadline: float) -> list[WorkItem]:
+        """Queue the non-empty sources of one request (all or none)."""
+        items = [WorkItem(ids, opts, deadline) for ids in sources if ids]
+        config = self.config
+        if len(items) > config.max_queue:
+            raise RequestTooLargeError(
+                f"request has {len(items)} sentences; this server queues at most {config.max_queue}"
+            )
+        if config.mode == "continuous" and opts.beam_size > config.decode_slots:
+            raise RequestTooLargeError(
+                f"beam_size {opts.beam_size} is more than the {config.decode_slots} decode slots this server has"
+            )
+        with self._cv:
+            self.scheduler.admit(items)
+            self._cv.notify()
+        return items
+
+    async def translate(
+        self,
+        sources: list[list[int]],
+        opts: DecodeOptions,
+        timeout_s: float,
+        timing: RequestTiming | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Decode one request's sources; cancelling the awaiting task withdraws its sentences, queued or
+        running. `timing`, when given, is filled in with the request's queue wait and decode time."""
+        live = [i for i, ids in enumerate(sources) if ids]
+        items = self.submit(sources, opts, time.monotonic() + timeout_s)  # one per live source, in order
+        futures = {i: item.future for i, item in zip(live, items, strict=True)}
+        try:
+            done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures.values()))
+        except BaseException:
+            for f in futures.values():
+                f.cancel()
+            with self._cv:
+                self._cv.notify()
+            raise
+        results = dict(zip(futures, done, strict=True))
+        if timing is not None and items:
+            timing.measure(items)
+        return [results.get(i, [Hypothesis([], 0.0)]) for i in range(len(sources))]
+
+    def call(self, fn: Callable[[], R]) -> concurrent.futures.Future[R]:
+        """Run fn on the engine's thread between two turns (a decoder step or a batch): other work with
+        the model (alignment) without a second thread running torch ops. Its exception goes to the future."""
+        future: concurrent.futures.Future[R] = concurrent.futures.Future()
+        with self._cv:
+            self._jobs.append((fn, future))
+            self._cv.notify()
+        return future
+
+    def warm_up(self, sources: list[list[int]], beam_sizes: tuple[int, ...] = (1, 4), timeout_s: float = 300.0) -> None:
+        """Decode `sources` once per beam size through the engine (its first calls allocate and pick
+        kernels), blocking until done; on the engine's thread, as every decode is."""
+        for beam in beam_sizes:
+            items = self.submit(sources, DecodeOptions(beam_size=beam), time.monotonic() + timeout_s)
+            for item in items:
+                item.future.result(timeout=timeout_s)
+
+    def health(self, stall_s: float) -> str | None:
+        """Why the engine cannot serve, or None: its thread has died, or work has waited stall_s seconds
+        without the loop finishing a turn (a wedged step)."""
+        if not self._thread.is_alive():
+            return "the engine's thread has stopped"
+        busy = self.queued or self._active or self._jobs
+        idle_for = time.monotonic() - self._last_turn
+        if busy and idle_for > stall_s:
+            return f"no decoder turn for {idle_for:.0f}s with {self.queued} sentences queued, {self._active} decoding"
+        return None
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=5)
+
+    def _step_runner(self, config: BatchingConfig) -> StepRunner | SlotStepRunner:
+        if self.static_slots:
+            graphs = self.translator.device.type == "cuda"
+            beams = DecodeOptions().beam_size  # the pool hosts the default beam; other beams decode beside it
+            return SlotStepRunner(self.translator, config.decode_slots, self.max_length, beams=beams, graphs=graphs)
+        return StepRunner(self.translator, config.decode_slots, self.max_length)
+
+    def _run(self) -> None:
+        try:
+            self.step_runner = self._step_runner(self.config)
+        except BaseException as exc:  # raised again by __init__
+            self._start_error = exc
+            return
+        finally:
+            self._started.set()
+        self._loop()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    if self._stop:
+                        return
+                    turn, wait = self._schedule(time.monotonic())
+                    if turn is not None:
+                        break
+                    self._last_turn = time.monotonic()  # idle is not stalled
+                    self._cv.wait(timeout=wait)
+            try:
+                turn()
+            except Exception as exc:  # a failure fails the sentences in flight, never the engine
+                self._fail_running(exc)
+            self._last_turn = time.monotonic()
+            self.stats.cpu_s = time.thread_time()
+            self._sync()
+
+    def _schedule(self, now: float) -> tuple[Callable[[], None] | None, float]:
+        """The next unit of work, run outside the lock; or None and how long to wait for some."""
+        if self._jobs:
+            fn, future = self._jobs.popleft()
+            return (lambda: _run_job(fn, future)), 0.0
+        if self.continuous.running or self.continuous.queue:
+            if not self.continuous.running and self.step_runner.batch.capacity != self.config.decode_slots:
+                self.step_runner = self._step_runner(self.config)  # resize the pool while it is empty
+            plan = self.continuous.schedule(now, self.step_runner.batch.capacity)
+            self._active = len(self.continuous.running)
+            if plan.join:
+                self._observe_start(plan.join, now)
+            return (lambda: self._step(plan)), 0.0
+        batch, wait = self.requests.next_batch(now)
+        if batch is None:
+            self._active = 0
+            self._sync()
+            return None, wait
+        self._active = len(batch)
+        self._observe_start(batch, now)
+        return (lambda: self._run_batch(batch)), 0.0
+
+    def _observe_start(self, items: list[WorkItem], now: float) -> None:
+        for it in items:
+            it.started = now
+        if self.observer is not None:
+            self.observer.on_batch(len(items), *batch_tokens(items), [now - it.enqueued for it in items])
+
+    def _step(self, plan: Plan) -> None:
+        """execute -> update for one decoder step."""
+        start = time.monotonic()
+        rows, finished = self.step_runner.execute(plan)
+        busy = time.monotonic() - start
+        with self._cv:
+            self.stats.steps += rows > 0  # a turn that only dropped leavers ran no decoder step
+            done = [(self.continuous.finish(seq), hyps) for seq, hyps in finished]
+            self.continuous.throughput.record(sum(item.cost for item, _ in done), busy, start + busy)
+            self._active = len(self.continuous.running)  # counted before any caller sees its result
+            generated = sum(_resolve(item, hyps) for item, hyps in done)
+        if self.observer is not None and rows:
+            self.observer.on_step(rows)
+            self.observer.on_generated(generated)
+
+    def _fail_running(self, exc: Exception) -> None:
+        """Fail every sentence in flight and start from a fresh pool (its state may be half-updated);
+        after a failure of the static decode state, on the InflightBatch path alone."""
+        if isinstance(exc, SlotPoolError):
+            self.static_slots = False
+        logger.error(
+            "a decoder step failed; failing the %d sentences in flight", len(self.continuous.running), exc_info=exc
+        )
+        with self._cv:
+            futures = [self.continuous.finish(seq).future for seq in list(self.continuous.running)]
+            self._active = 0
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+        self.step_runner = self._step_runner(self.config)
+
+    def _run_batch(self, batch: list[WorkItem]) -> None:
+        start = time.monotonic()
+        live, results = self.batch_runner.run(batch)
+        busy = time.monotonic() - start
+        generated = 0
+        with self._cv:
+            self._active = 0  # before any caller sees its result, as in _step
+            if isinstance(results, Exception):
+                for it in live:
+                    it.future.set_exception(results)
+            else:
+                generated = sum(_resolve(it, hyps) for it, hyps in zip(live, results, strict=True))
+                self.requests.throughput.record(sum(it.cost for it in live), busy, start + busy)
+        if self.observer is not None:
+            self.observer.on_generated(generated)
+
+    def _sync(self) -> None:
+        if self.observer is not None:
+            device = self.translator.device
+            gpu = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+            self.observer.sync(self.stats, self.queued, self._active, gpu)

@@ -1,0 +1,174 @@
+"""ServedModel: one registry entry's model and batching engine in a replica process (GPU-resident when
+there is one): what a dedicated deployment's replica holds one of (service/engine/replica.py) and a pool
+replica several (service/engine/pool.py). It raises the typed errors of service/api/errors.py; the gateway
+answers them."""
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from model.kernels import native
+from model.options import DecodeOptions
+from model.translator import Translator
+from service.engine import allocator
+from service.engine.answers import Decoded
+from service.engine.engine import BatchingConfig, Engine, RequestTiming
+from service.engine.scheduler import sized_for
+from service.metrics import ModelMetrics
+from service.registry import ModelEntry
+from service.settings import Settings
+
+logger = logging.getLogger(__name__)
+WARMUP = "A man in a blue shirt is standing on a ladder."
+# Alignment runs between decoder steps; 16 pairs take 57 ms on one CPU thread (about 3 steps of a full
+# batch), 64 pairs 236 ms.
+ALIGN_PAIRS_PER_TURN = 16
+# A turn is one decoder step (milliseconds) or one request-mode batch (seconds at most on a CPU).
+HEALTH_STALL_S = 60.0
+
+
+class ServedModel:
+    """One model of the registry and its engine; it answers the entry's pairs (a multilingual model:
+    each target through its target token). Built off the event loop (it loads and warms up)."""
+
+    def __init__(self, entry: ModelEntry, s: Settings) -> None:
+        self.entry = entry
+        self.request_timeout_s = s.request_timeout_s
+        threads = s.threads or max(1, math.ceil(s.replica_cpus))
+        self.pair = entry.name  # the metrics' pair label: the model's name (its one pair, most often)
+        self.translator = Translator.load(
+            entry.path, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
+        )
+        entry.check_tokens(self.translator.tokenizer.vocab)
+        entry.check_languages(self.translator.tokenizer.languages)
+        if self.translator.device.type == "cpu" and not native.built():  # every replica's log says so
+            logger.warning("%s decodes without beamserve's C kernels: %s", entry.name, native.in_use())
+        self.metrics = ModelMetrics(self.pair)
+        self.metrics.load_time = self.translator.load_seconds
+        tr = self.translator
+        self.metrics.info_tags.update(digest=tr.digest, compute_type=tr.compute_type, device=tr.device.type)
+        config = self._sized(s.model_dump())
+        self.metrics.capacity = (config.max_queue, config.decode_slots)
+        static_slots = s.uses_static_slots(tr.device.type)
+        self.engine = Engine(self.translator, config, max_length=s.max_decoding_length, static_slots=static_slots)
+        # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
+        self.engine.warm_up([self._encode(entry.pairs[0], WARMUP)])
+        self.engine.observer = self.metrics  # the warm-up is not traffic
+        self.in_flight = 0  # calls using the model now: closing waits for them
+        self.ready = True
+
+    def health(self) -> str | None:
+        return self.engine.health(stall_s=HEALTH_STALL_S)
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        """Batching knobs, applied live."""
+        sized = self._sized(config)
+        self.engine.reconfigure(sized)
+        self.metrics.capacity = (sized.max_queue, sized.decode_slots)
+
+    async def close(self) -> None:
+        """Stop the engine once the calls using the model have finished (bounded by the request
+        timeout), and withdraw its metrics' model info."""
+        deadline = time.monotonic() + self.request_timeout_s + 5.0
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.ready = False
+        await asyncio.to_thread(self.engine.close)
+        self.metrics.closed()
+
+    @asynccontextmanager
+    async def _using(self) -> AsyncIterator[None]:
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    def _sized(self, config: dict[str, Any]) -> BatchingConfig:
+        return sized_for(self.translator.device.type, config)
+
+    def _source(self, target: str, text: str) -> str:
+        """The text as the model takes it toward `target`: behind the target's token, if it has one."""
+        token = self.entry.target_tokens.get(target)
+        return f"{token} {text}" if token else text
+
+    def _languages(self, pair: str) -> tuple[str | None, str | None]:
+        """A model with language tokens (NLLB, M2M100): its own codes of the pair's source and target."""
+        source, target = pair.split("-")
+        codes = self.entry.language_tokens
+        return (codes[source], codes[target]) if codes else (None, None)
+
+    def _encode(self, pair: str, text: str) -> list[int]:
+        source_lang, _ = self._languages(pair)
+        return self.translator.encode(self._source(pair.split("-")[1], text), lang=source_lang)
+
+    async def translate(self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float) -> Decoded:
+        """Each text's n-best for `pair` ("en-de"), its token counts and the time in the engine; raises
+        SourceError (a text the model cannot take) and the engine's RequestTooLargeError,
+        QueueFullError, DeadlineExceededError."""
+        sources = [self._encode(pair, t) for t in texts]
+        _, target_lang = self._languages(pair)
+        if target_lang is not None:  # the target's token forced first
+            options = replace(options, forced_bos_token_id=self.translator.tokenizer.language_id(target_lang))
+        timing = RequestTiming()
+        async with self._using():
+            hyps = await self.engine.translate(sources, options, timeout_s, timing)
+        decode = self.translator.tokenizer.decode
+        return Decoded(
+            nbest=[[(decode(h.tokens), h.score) for h in hs] for hs in hyps],
+            tokens=[(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)],
+            queue_wait_s=timing.queue_wait_s,
+            decode_s=timing.decode_s,
+        )
+
+    async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]]:
+        """Per (source, translation) of `pair`, each target token's character span and that of the source
+        token it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread,
+        a few pairs a turn so that decoder steps go on in between. Raises SourceError."""
+        target = pair.split("-")[1]
+        token = self.entry.target_tokens.get(target)
+        shift = len(token) + 1 if token else 0  # source spans are the text's, without the target token
+        tagged = [(self._source(target, s), t) for s, t in texts]
+        source_lang, target_lang = self._languages(pair)
+        align = partial(self.translator.align, src_lang=source_lang, tgt_lang=target_lang)
+        links: list[list[Any]] = []
+        async with self._using():
+            for start in range(0, len(tagged), ALIGN_PAIRS_PER_TURN):
+                chunk = tagged[start : start + ALIGN_PAIRS_PER_TURN]
+                links += await asyncio.wrap_future(self.engine.call(partial(align, chunk)))
+        return [[[*k.target, max(0, k.source[0] - shift), max(0, k.source[1] - shift)] for k in one] for one in links]
+
+    def info(self) -> dict[str, Any]:
+        tr = self.translator
+        stats = self.engine.stats
+        return {
+            "model": self.entry.name,
+            "device": str(tr.device),
+            "dtype": str(tr.dtype).removeprefix("torch."),
+            "compute_type": tr.compute_type,
+            "digest": tr.digest,
+            "max_source_tokens": tr.max_source_tokens,
+            "ready": self.ready,
+            "queued": self.engine.queued,
+            "active": self.engine.active,
+            "batches": stats.batches,
+            "batched_sentences": stats.sentences,
+            "max_batch_sentences": stats.max_sentences,
+            "rejected": stats.rejected,
+            "expired": stats.expired,
+            "cancelled": stats.cancelled,
+            "padded_tokens": stats.padded_tokens,
+            "real_tokens": stats.real_tokens,
+            "steps": stats.steps,
+            "engine_cpu_s": stats.cpu_s,
+            "config": vars(self.engine.config),
+            "allocator": allocator.in_use(),
+            "kernels": native.in_use(),
+            "resident_bytes": allocator.resident_bytes(),
+        }

@@ -1,0 +1,188 @@
+"""Document translations (DeepL's /v2/document): upload, status, download.
+
+The gateway replica that takes an upload parses it (service/text/documents.py), keeps its status as a
+record (service/records.py, so any replica answers for it) and translates its segments in the
+background, MAX_TEXTS at a time through the same router, cache and batching engine as a request's
+texts. The upload is answered once the document is done or after UPLOAD_WAIT_S, whichever is
+first: a small document is ready when its client first asks. The status and the translated file
+are readable with the document's key, by the API key that uploaded it, for KEEP_S; a document
+whose replica stopped mid-way (its status not renewed for STALE_S) reads as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
+
+from service.api.errors import ApiError
+from service.api.schemas import TranslateRequest
+from service.engine.pair_router import PairRouter
+from service.records import Records
+from service.text.documents import FORMATS, Parsed, extension
+from service.text.glossary import Terms
+
+logger = logging.getLogger(__name__)
+KIND, RESULT = "document", "document-result"
+KEEP_S = 3600.0  # a document and its translation are kept this long after the upload
+STALE_S = 60.0  # a translating document whose status is not renewed for this long has failed
+UPLOAD_WAIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class DocumentStatus:
+    """A document's record: what DeepL's status route answers, and what the server needs besides."""
+
+    document_id: str
+    key_digest: str
+    owner: str
+    filename: str
+    content_type: str
+    characters: int
+    status: str = "queued"  # queued, translating, done, error
+    done_segments: int = 0
+    segments: int = 0
+    started: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    error_message: str = ""
+
+    def answer(self) -> dict[str, Any]:
+        """DeepL's status body: seconds_remaining while translating, billed_characters once done."""
+        status = self.status
+        if status in ("queued", "translating") and time.time() - self.updated > STALE_S:
+            status = "error"
+        out: dict[str, Any] = {"document_id": self.document_id, "status": status}
+        if status == "translating":
+            spent = max(time.time() - self.started, 0.001)
+            rate = self.done_segments / spent
+            out["seconds_remaining"] = round((self.segments - self.done_segments) / rate) if rate else None
+        if status == "done":
+            out["billed_characters"] = self.characters
+        if status == "error":
+            out["error_message"] = self.error_message or "the server translating it stopped; upload it again"
+        return out
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class DocumentJobs:
+    def __init__(self, records: Records, router: PairRouter) -> None:
+        self.records = records
+        self.router = router
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def upload(
+        self,
+        parsed: Parsed,
+        filename: str,
+        req: TranslateRequest,
+        terms: Terms | None,
+        owner: str,
+        refund: Callable[[], Awaitable[None]],
+        wait_s: float = UPLOAD_WAIT_S,
+    ) -> dict[str, str]:
+        """Start translating a parsed document; DeepL's {document_id, document_key}, once it is done or
+        after wait_s. A document that fails is refunded its characters."""
+        too_long = next(
+            (i for i, s in enumerate(parsed.segments) if len(s) > self.router.settings.max_text_chars), None
+        )
+        if too_long is not None:
+            raise ApiError(
+                "document_too_large",
+                f"paragraph {too_long + 1} has {len(parsed.segments[too_long])} characters; the server translates "
+                f"at most {self.router.settings.max_text_chars} at once",
+            )
+        key = secrets.token_hex(24)
+        status = DocumentStatus(
+            str(uuid.uuid4()).replace("-", "").upper(),
+            _digest(key),
+            owner,
+            filename,
+            FORMATS[extension(filename)],
+            parsed.characters,
+            segments=len(parsed.segments),
+        )
+        await self._save(status)
+        task = asyncio.create_task(self._translate(status, parsed, req, terms, refund))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), wait_s)
+        return {"document_id": status.document_id, "document_key": key}
+
+    async def _save(self, status: DocumentStatus) -> None:
+        body = json.dumps(asdict(status)).encode()
+        await self.records.put(KIND, status.document_id, status.owner, body, ttl_s=KEEP_S)
+
+    async def _translate(
+        self,
+        status: DocumentStatus,
+        parsed: Parsed,
+        req: TranslateRequest,
+        terms: Terms | None,
+        refund: Callable[[], Awaitable[None]],
+    ) -> None:
+        step = self.router.settings.max_texts
+        out: list[str] = []
+        try:
+            status = replace(status, status="translating", updated=time.time())
+            await self._save(status)
+            for at in range(0, len(parsed.segments), step):
+                chunk = req.model_copy(update={"texts": parsed.segments[at : at + step]})
+                answer = await self.router.translate(chunk, SimpleNamespace(state=SimpleNamespace()), terms)
+                out += [t.text for t in answer.translations]
+                status = replace(status, done_segments=len(out), updated=time.time())
+                await self._save(status)
+            result = await asyncio.to_thread(parsed.rebuild, out)
+            await self.records.put(RESULT, status.document_id, status.owner, result, ttl_s=KEEP_S)
+            await self._save(replace(status, status="done", updated=time.time()))
+        except Exception as exc:  # the document fails, said in its status; the server goes on
+            message = exc.detail if isinstance(exc, ApiError) else f"the translation failed ({type(exc).__name__})"
+            if not isinstance(exc, ApiError):
+                logger.exception("document %s failed", status.document_id)
+            with contextlib.suppress(ApiError):
+                await self._save(replace(status, status="error", error_message=message, updated=time.time()))
+                await refund()
+
+    async def status(self, document_id: str, key: str, owner: str | None) -> DocumentStatus:
+        """The document's status for its owner (any owner when None: the key alone is the proof)."""
+        found = await self.records.get(KIND, document_id) if document_id.isalnum() else None
+        status = DocumentStatus(**json.loads(found.body)) if found is not None else None
+        if status is None or owner not in (None, status.owner):
+            raise ApiError("document_not_found", f"no document {document_id[:64]!r}")
+        if not secrets.compare_digest(status.key_digest, _digest(key)):
+            raise ApiError("invalid_document_key", "the document_key is not this document's")
+        return status
+
+    async def result_by_key(self, document_id: str, key: str) -> tuple[bytes, DocumentStatus]:
+        """A translation read at its secret address (LibreTranslate's download): not found unless the
+        key is the document's."""
+        try:
+            return await self.result(document_id, key, None)
+        except ApiError as exc:
+            if exc.code == "invalid_document_key":
+                raise ApiError("document_not_found", f"no document {document_id[:64]!r}") from None
+            raise
+
+    async def result(self, document_id: str, key: str, owner: str | None) -> tuple[bytes, DocumentStatus]:
+        status = await self.status(document_id, key, owner)
+        answer = status.answer()
+        if answer["status"] == "error":
+            raise ApiError("document_failed", f"document {document_id} failed: {answer['error_message']}")
+        if answer["status"] != "done":
+            raise ApiError("document_not_ready", f"document {document_id} is {answer['status']}", {"Retry-After": "1"})
+        found = await self.records.get(RESULT, document_id)
+        if found is None:
+            raise ApiError("document_not_found", f"document {document_id}'s translation has expired")
+        return found.body, status

@@ -1,0 +1,211 @@
+"""Documents: a file's prose as segments to translate, and the file rebuilt around their translations,
+everything that is not prose kept as it came.
+
+- Plain text (.txt): each line with words is a segment, translated sentence by sentence; blank lines,
+  indentation and line endings are kept.
+- HTML (.html, .htm): each run of prose between block boundaries is a segment, its inline markup
+  carried over by the alignment (service/text/html_text.py); <script>, <style>, <code>, <pre> and what
+  is marked not to translate stay as written.
+- SubRip subtitles (.srt): each cue's text is a segment; its number and timing line stay, and the
+  translation is wrapped over as many lines as the cue had. Inline tags (<i>, <b>) are carried over.
+- Word, PowerPoint and Excel (.docx, .pptx, .xlsx): each paragraph (each text cell) is a segment, its
+  runs' formatting and hyperlinks carried over as inline markup (service/text/ooxml_text.py). A zip that
+  would unpack past MAX_UNZIPPED_BYTES, or a part past MAX_ZIP_RATIO times its packed size, is
+  refused unopened.
+
+Text files are read as UTF-8 (a byte-order mark kept); anything else is refused by name.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from service.api.errors import ApiError
+from service.text.html_text import HtmlDocument, HtmlLimitError, HtmlSyntaxError, Run
+
+FORMATS = {
+    "txt": "text/plain",
+    "html": "text/html",
+    "htm": "text/html",
+    "srt": "application/x-subrip",
+    "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+}
+MAX_UNZIPPED_BYTES = 100_000_000  # a zip-based document's parts, unpacked
+MAX_ZIP_RATIO = 200  # unpacked over packed, per part: past it, a zip bomb
+MAX_CHARACTERS = 500_000  # characters of prose in one document
+BOM = "\ufeff"
+_TAGS = re.compile(r"<[^<>]*>")
+# A document upload's file field, as the OpenAPI document types it.
+FILE_FIELD = {"type": "string", "format": "binary", "description": ", ".join(f".{k}" for k in FORMATS)}
+
+
+@dataclass
+class Parsed:
+    """A document's segments to translate (HTML fragments when `html`) and how to put it back together."""
+
+    segments: list[str]
+    html: bool
+    rebuild: Callable[[list[str]], bytes]
+
+    @property
+    def characters(self) -> int:
+        """The characters of text to translate (markup not counted): what a document is billed."""
+        if not self.html:
+            return sum(map(len, self.segments))
+        return sum(len(html.unescape(_TAGS.sub("", s))) for s in self.segments)
+
+
+def extension(filename: str) -> str:
+    return PurePath(filename).suffix.lower().lstrip(".")
+
+
+def parse(filename: str, data: bytes) -> Parsed:
+    """The document's segments; ApiError for a format it is not in, a file that is not what its
+    name says, or more prose than one document may hold."""
+    kind = extension(filename)
+    if kind not in FORMATS:
+        known = ", ".join(f".{k}" for k in FORMATS)
+        raise ApiError("unsupported_document", f"{filename!r}: documents are {known}")
+    if kind in ("docx", "pptx", "xlsx"):
+        from service.text.ooxml_text import office_document  # lxml: loaded for Office documents only
+
+        parsed = office_document(kind, unzipped_safely(filename, data))
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError("invalid_document", f"{filename!r} is not UTF-8 text (byte {exc.start})") from None
+        bom, text = (BOM, text[1:]) if text.startswith(BOM) else ("", text)
+        parsed = {"txt": _text, "html": _html, "htm": _html, "srt": _subtitles}[kind](text, bom)
+    if parsed.characters > MAX_CHARACTERS:
+        raise ApiError(
+            "document_too_large", f"{parsed.characters} characters of text; a document holds at most {MAX_CHARACTERS}"
+        )
+    return parsed
+
+
+def unzipped_safely(filename: str, data: bytes) -> bytes:
+    """A zip-based document's bytes, once its directory shows it is a zip that unpacks to a bounded size
+    (no part more than MAX_ZIP_RATIO times its packed size, all of them within MAX_UNZIPPED_BYTES)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            parts = z.infolist()
+    except (zipfile.BadZipFile, ValueError) as exc:
+        raise ApiError("invalid_document", f"{filename!r} is not a {extension(filename)} file ({exc})") from None
+    unpacked = sum(p.file_size for p in parts)
+    bomb = next(
+        (p for p in parts if p.file_size > MAX_ZIP_RATIO * max(p.compress_size, 1) and p.file_size > 1_000_000), None
+    )
+    if unpacked > MAX_UNZIPPED_BYTES or bomb is not None:
+        raise ApiError(
+            "document_too_large",
+            f"{filename!r} unpacks to {unpacked} bytes"
+            + (
+                f" ({bomb.filename} {bomb.file_size // max(bomb.compress_size, 1)} times its packed size)"
+                if bomb
+                else ""
+            )
+            + f"; a document unpacks to at most {MAX_UNZIPPED_BYTES}, each part at most {MAX_ZIP_RATIO} times",
+        )
+    return data
+
+
+def _text(text: str, bom: str) -> Parsed:
+    lines = text.splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if line.strip()]
+
+    def rebuild(translations: list[str]) -> bytes:
+        out = list(lines)
+        for i, translation in zip(at, translations, strict=True):
+            line = lines[i]
+            body = line.rstrip("\r\n")
+            lead, trail = body[: len(body) - len(body.lstrip())], body[len(body.rstrip()) :]
+            out[i] = lead + translation + trail + line[len(body) :]
+        return (bom + "".join(out)).encode()
+
+    return Parsed([lines[i].strip() for i in at], False, rebuild)
+
+
+def _html(text: str, bom: str) -> Parsed:
+    try:
+        doc = HtmlDocument(text)
+    except (HtmlLimitError, HtmlSyntaxError) as exc:
+        raise ApiError("invalid_document", f"the HTML document: {exc}") from None
+    runs = [p for p in doc.parts if isinstance(p, Run) and not p.blank]
+
+    def rebuild(translations: list[str]) -> bytes:
+        done = dict(zip(map(id, runs), translations, strict=True))
+        out = []
+        for part in doc.parts:
+            if isinstance(part, str):
+                out.append(part)
+            else:
+                out.append(done.get(id(part)) or "".join(part.original))
+        return (bom + "".join(out)).encode()
+
+    return Parsed(["".join(run.original) for run in runs], True, rebuild)
+
+
+_CUE_TIMING = re.compile(r"^\s*\d\d:\d\d:\d\d[,.]\d{3}\s*-->\s*\d\d:\d\d:\d\d[,.]\d{3}")
+_TAG = re.compile(r"(<[^<>]*>|\{\\[^{}]*\})")  # <i>, </b>, <font ...>, and ASS overrides such as {\an8}
+
+
+def _subtitles(text: str, bom: str) -> Parsed:
+    newline = "\r\n" if "\r\n" in text else "\n"
+    blocks = re.split(r"(?:\r?\n){2,}", text.strip("\r\n"))
+    cues: list[tuple[list[str], list[str]]] = []  # (number and timing lines, text lines)
+    for n, block in enumerate(blocks, 1):
+        lines = block.splitlines()
+        timing = next((i for i, line in enumerate(lines[:2]) if _CUE_TIMING.match(line)), None)
+        if timing is None:
+            raise ApiError("invalid_document", f"subtitle {n} has no timing line (00:00:01,000 --> 00:00:02,000)")
+        cues.append((lines[: timing + 1], lines[timing + 1 :]))
+    spoken = [i for i, (_, words) in enumerate(cues) if any(w.strip() for w in words)]
+
+    def rebuild(translations: list[str]) -> bytes:
+        done = dict(zip(spoken, translations, strict=True))
+        out = []
+        for i, (head, words) in enumerate(cues):
+            body = _wrap(_plain(done[i]), len([w for w in words if w.strip()])) if i in done else words
+            out.append(newline.join(head + body))
+        return (bom + (newline * 2).join(out) + newline).encode()
+
+    segments = [_markup(" ".join(w.strip() for w in cues[i][1] if w.strip())) for i in spoken]
+    return Parsed(segments, True, rebuild)
+
+
+def _markup(text: str) -> str:
+    """A cue's text as an HTML fragment: its tags as they are, the rest escaped."""
+    return "".join(p if _TAG.fullmatch(p) else html.escape(p, quote=False) for p in _TAG.split(text) if p)
+
+
+def _plain(fragment: str) -> str:
+    """A translated fragment back as a cue's text: its tags as they are, the rest unescaped."""
+    return "".join(p if _TAG.fullmatch(p) else html.unescape(p) for p in _TAG.split(fragment) if p)
+
+
+def _wrap(text: str, lines: int) -> list[str]:
+    """The text over `lines` lines (at least one) of about equal length, broken between words."""
+    words = text.split()
+    if lines <= 1 or len(words) < 2:
+        return [" ".join(words)]
+    lines = min(lines, len(words))
+    out, left = [], words
+    for k in range(lines, 1, -1):
+        goal = sum(len(w) + 1 for w in left) / k
+        taken, size = 0, 0
+        while taken < len(left) - (k - 1) and (taken == 0 or size + len(left[taken]) / 2 < goal):
+            size += len(left[taken]) + 1
+            taken += 1
+        out.append(" ".join(left[:taken]))
+        left = left[taken:]
+    out.append(" ".join(left))
+    return out

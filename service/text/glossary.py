@@ -1,0 +1,229 @@
+"""Glossaries: term pairs every translation must follow (DeepL's glossaries, `glossary` on /v1).
+
+A glossary has one source and one target language and at most MAX_ENTRIES entries. A source term is
+found in a text as whole words (no match inside a longer word). The rules, in order:
+
+- Case: a term written with a capital letter matches only as written ("Apple" the company, not
+  "apple" the fruit); an all-lowercase term matches in any case, and where the text capitalises it
+  (a sentence's first word) its target term is capitalised too.
+- Overlaps: matches are taken leftmost first, the longest at a position ("New York City" before
+  "New York"), and none overlaps another.
+- Markup and do-not-translate spans win: a match that overlaps a span not to translate (a URL, a
+  placeholder, translate="no", ignore_tags) or that crosses or encloses markup is not applied.
+
+Each match becomes an inline element of its run (service/text/html_text.py) written as the target term:
+the model still reads the source term in its sentence, and the word alignment puts the target term
+where the source term's translation stands. The translation cache holds the model's translations,
+which a glossary does not change, so one cache serves every glossary.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import html
+import io
+import json
+import time
+import unicodedata
+import uuid
+from dataclasses import asdict, dataclass, field
+
+from service.api.errors import ApiError
+from service.text.html_text import Element, HtmlDocument, Run
+
+MAX_ENTRIES = 10_000  # entries of one glossary
+MAX_ENTRIES_CHARS = 1_000_000  # characters of one glossary's entries, as sent
+MAX_TERM_CHARS = 1024  # one term (DeepL's limit, in characters here)
+MAX_NAME_CHARS = 1024
+MAX_GLOSSARIES = 1000  # glossaries of one API key
+FORMATS = ("tsv", "csv")
+
+
+@dataclass(frozen=True)
+class Glossary:
+    """A glossary as stored: its entries and who owns it (the API key's client id)."""
+
+    glossary_id: str
+    name: str
+    source: str
+    target: str
+    entries: dict[str, str]
+    owner: str
+    created: float = field(default_factory=time.time)
+
+    @property
+    def pair(self) -> str:
+        return f"{self.source}-{self.target}"
+
+    def info(self) -> dict[str, object]:
+        """DeepL's glossary object (GET /v2/glossaries/{id}): ready at once, entries not included."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.created))
+        return {
+            "glossary_id": self.glossary_id,
+            "name": self.name,
+            "ready": True,
+            "source_lang": self.source,
+            "target_lang": self.target,
+            "creation_time": f"{stamp}.{int(self.created % 1 * 1000):03d}Z",
+            "entry_count": len(self.entries),
+        }
+
+    def tsv(self) -> str:
+        return "".join(f"{s}\t{t}\n" for s, t in self.entries.items())
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Glossary:
+        return cls(**json.loads(text))
+
+
+def new_glossary(name: str, source: str, target: str, entries: dict[str, str], owner: str) -> Glossary:
+    if not name.strip():
+        raise ApiError("invalid_glossary", "the glossary's name is empty")
+    if len(name) > MAX_NAME_CHARS:
+        raise ApiError("invalid_glossary", f"the glossary's name has {len(name)} characters; at most {MAX_NAME_CHARS}")
+    return Glossary(str(uuid.uuid4()), name, source, target, checked(entries), owner)
+
+
+def _check_term(term: str, where: str) -> None:
+    if not term:
+        raise ApiError("invalid_glossary", f"{where}: an empty term")
+    if len(term) > MAX_TERM_CHARS:
+        raise ApiError("invalid_glossary", f"{where}: a term of {len(term)} characters; at most {MAX_TERM_CHARS}")
+    bad = next((c for c in term if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        raise ApiError("invalid_glossary", f"{where}: the term {term[:40]!r} holds the control character {bad!r}")
+
+
+def checked(entries: dict[str, str]) -> dict[str, str]:
+    """The entries, their terms stripped; ApiError when there are none, too many, or a term is empty,
+    too long or holds a control character or a line break."""
+    if not entries:
+        raise ApiError("invalid_glossary", "the glossary has no entries")
+    if len(entries) > MAX_ENTRIES:
+        raise ApiError("glossary_too_large", f"{len(entries)} entries; a glossary holds at most {MAX_ENTRIES}")
+    out: dict[str, str] = {}
+    for n, (source, target) in enumerate(entries.items(), 1):
+        if not isinstance(source, str) or not isinstance(target, str):
+            raise ApiError("invalid_glossary", f"entry {n}: terms are strings")
+        source, target = source.strip(), target.strip()
+        _check_term(source, f"entry {n}")
+        _check_term(target, f"entry {n}")
+        if source in out:
+            raise ApiError("invalid_glossary", f"entry {n}: the source term {source[:40]!r} is listed twice")
+        out[source] = target
+    return out
+
+
+def parse_entries(text: str, entries_format: str) -> dict[str, str]:
+    """DeepL's entry formats: tsv (source<TAB>target per line) or csv (source,target[,source_lang,
+    target_lang] per row); blank lines are skipped. ApiError naming the line otherwise."""
+    if entries_format not in FORMATS:
+        raise ApiError("invalid_glossary", f"entries_format must be tsv or csv, not {entries_format!r}")
+    if len(text) > MAX_ENTRIES_CHARS:
+        too_many = f"the entries have {len(text)} characters; a glossary holds at most {MAX_ENTRIES_CHARS}"
+        raise ApiError("glossary_too_large", too_many)
+    rows: list[tuple[int, list[str]]]
+    if entries_format == "tsv":
+        rows = [(n, line.split("\t")) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    else:
+        try:
+            rows = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(text)), 1) if any(c.strip() for c in row)]
+        except csv.Error as exc:
+            raise ApiError("invalid_glossary", f"the CSV entries do not parse: {exc}") from None
+    entries: dict[str, str] = {}
+    for n, row in rows:
+        if len(row) not in ((2,) if entries_format == "tsv" else (2, 4)):
+            want = "a source and a target term separated by a tab" if entries_format == "tsv" else "2 or 4 fields"
+            raise ApiError("invalid_glossary", f"line {n}: {want}, not {len(row)} fields")
+        source, target = row[0].strip(), row[1].strip()
+        _check_term(source, f"line {n}")
+        _check_term(target, f"line {n}")
+        if source in entries:
+            raise ApiError("invalid_glossary", f"line {n}: the source term {source[:40]!r} is listed twice")
+        entries[source] = target
+    return checked(entries)
+
+
+def digest(entries: dict[str, str]) -> str:
+    """The entries' content, as a key: the same terms give the same digest whatever their order."""
+    return hashlib.sha256(json.dumps(sorted(entries.items()), ensure_ascii=False).encode()).hexdigest()[:32]
+
+
+Match = tuple[int, int, str]  # a source term's span in a text, and the target term written there
+
+
+def _inside_word(text: str, at: int) -> bool:
+    """Whether position `at` falls between two characters of one word."""
+    return 0 < at < len(text) and text[at - 1].isalnum() and text[at].isalnum()
+
+
+class Terms:
+    """A glossary's entries, ready to find in texts."""
+
+    def __init__(self, entries: dict[str, str]) -> None:
+        self.exact = {s: t for s, t in entries.items() if s != s.lower()}  # has a capital: as written
+        self.folded = {s.casefold(): (s, t) for s, t in entries.items() if s == s.lower()}
+        self.lengths = sorted({len(s) for s in entries}, reverse=True)  # longest first
+
+    def find(self, text: str) -> list[Match]:
+        """The matches in text, leftmost first, the longest at each position, none overlapping."""
+        out: list[Match] = []
+        at = 0
+        while at < len(text):
+            found = None if text[at].isspace() or _inside_word(text, at) else self._at(text, at)
+            if found is None:
+                at += 1
+                continue
+            out.append(found)
+            at = found[1]
+        return out
+
+    def _at(self, text: str, at: int) -> Match | None:
+        for n in self.lengths:
+            end = at + n
+            if end > len(text) or _inside_word(text, end):
+                continue
+            piece = text[at:end]
+            if piece in self.exact:
+                return at, end, self.exact[piece]
+            if (hit := self.folded.get(piece.casefold())) is not None:
+                source, target = hit
+                if piece[0].isupper() and not source[0].isupper():  # capitalised in the text
+                    target = target[0].upper() + target[1:]
+                return at, end, target
+        return None
+
+
+def _applies(run: Run, start: int, end: int) -> bool:
+    """A match stays clear of markup: inside one element or none, enclosing none, and not on a span
+    not to translate."""
+    for e in run.elements:
+        if e.verbatim is not None and e.start < end and start < e.end:
+            return False  # a do-not-translate span wins
+        if start < e.start < end or start < e.end < end:  # an edge, or an empty element, inside the term
+            return False
+        if e.start < e.end and start <= e.start and e.end <= end and (e.start, e.end) != (start, end):
+            return False  # it encloses markup (an element of exactly its words holds it instead)
+    return True
+
+
+def apply(docs: list[HtmlDocument], terms: Terms) -> int:
+    """Mark every match in the documents' runs as an element written as its target term; returns
+    how many were marked."""
+    marked = 0
+    for doc in docs:
+        for run in doc.runs:
+            for start, end, target in terms.find(run.text):
+                if not _applies(run, start, end):
+                    continue
+                # After every element that starts at or before it: its parents, and what precedes it.
+                at = sum(1 for e in run.elements if e.start <= start)
+                run.elements.insert(at, Element("", start, end, "", verbatim=[html.escape(target, quote=False)]))
+                marked += 1
+            for order, element in enumerate(run.elements):
+                element.order = order
+    return marked

@@ -1,0 +1,59 @@
+"""Glossaries as the routes use them (service/records.py keeps them): a key reaches only its own
+glossaries (another key's id is not found, as an unknown one), and each glossary's terms are
+compiled once per content."""
+
+from __future__ import annotations
+
+import re
+
+from service.api.errors import ApiError
+from service.records import Records
+from service.text.glossary import MAX_GLOSSARIES, Glossary, Terms, checked, digest
+
+KIND = "glossary"
+ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # a glossary id: a UUID
+TERMS_KEPT = 256  # glossaries whose compiled terms a gateway replica keeps
+
+
+class Glossaries:
+    def __init__(self, records: Records) -> None:
+        self.records = records
+        self._terms: dict[str, Terms] = {}
+
+    async def create(self, glossary: Glossary) -> Glossary:
+        if len(await self.records.owned(KIND, glossary.owner)) >= MAX_GLOSSARIES:
+            raise ApiError("too_many_glossaries", f"this key has {MAX_GLOSSARIES} glossaries; delete one first")
+        await self.records.put(KIND, glossary.glossary_id, glossary.owner, glossary.dumps().encode())
+        return glossary
+
+    async def get(self, glossary_id: str, owner: str) -> Glossary:
+        found = await self.records.get(KIND, glossary_id) if ID.fullmatch(glossary_id) else None
+        if found is None or found.owner != owner:
+            raise ApiError("glossary_not_found", f"no glossary {glossary_id[:64]!r}")
+        return Glossary.loads(found.body)
+
+    async def owned(self, owner: str) -> list[Glossary]:
+        return sorted((Glossary.loads(b) for b in await self.records.owned(KIND, owner)), key=lambda g: g.created)
+
+    async def delete(self, glossary_id: str, owner: str) -> None:
+        await self.records.delete(KIND, (await self.get(glossary_id, owner)).glossary_id)
+
+    async def terms(self, given: str | dict[str, str] | None, source: str, target: str, owner: str) -> Terms | None:
+        """A request's glossary (an id, or its own entries) as Terms; ApiError when the id is unknown
+        or the glossary is for another language pair."""
+        if given is None:
+            return None
+        if isinstance(given, dict):
+            entries = checked(given)
+        else:
+            glossary = await self.get(given, owner)
+            if (glossary.source, glossary.target) != (source, target):
+                own, asked = f"{glossary.source} -> {glossary.target}", f"{source} -> {target}"
+                raise ApiError("glossary_mismatch", f"glossary {given} is for {own}; the request is {asked}")
+            entries = glossary.entries
+        key = digest(entries)
+        if (found := self._terms.get(key)) is None:
+            if len(self._terms) >= TERMS_KEPT:
+                self._terms.pop(next(iter(self._terms)))
+            found = self._terms[key] = Terms(entries)
+        return found
