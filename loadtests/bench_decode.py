@@ -234,12 +234,13 @@ def timed_round_robin(workers: dict[str, SystemWorker], n: int, B: int, K: int, 
     for worker in workers.values():
         worker.run(B, B, K)  # warm-up
     best: dict[str, Cell] = {}
-    for _ in range(repeats):
+    for r in range(repeats):
         for name, worker in workers.items():
             time.sleep(0.2)  # the previous system's OpenMP threads spin a moment before they sleep
             cell = worker.run(n, B, K)
             if name not in best or cell.seconds < best[name].seconds:
                 best[name] = cell
+            print(f"  pass {r + 1}/{repeats} {name}: {cell.sent_s:.1f} sent/s", file=sys.stderr, flush=True)
     return best
 
 
