@@ -208,6 +208,30 @@ X86_BUILDS = {
 
 
 @steps
+def test_the_kernels_refuse_what_their_buffers_cannot_hold_themselves_and_under_python_o() -> None:
+    lib = native.declared(ctypes.CDLL(native._LIB._name))  # type: ignore[union-attr]
+    lp, run = torch.randn(2, 4, 100), torch.zeros(2, 4)
+    out = torch.empty(2, 80), torch.empty(2, 80, dtype=torch.int64), torch.empty(2, 80, dtype=torch.int64)
+    # The C functions check before they touch memory: 65 candidates, or a head wider than 256 floats.
+    assert (
+        lib.beamserve_top_candidates(lp.data_ptr(), run.data_ptr(), 2, 4, 100, 65, *(t.data_ptr() for t in out)) == -2
+    )
+    q, k = torch.randn(1, 1, 300), torch.randn(1, 1, 2, 300)
+    args = (1, 1, 300, *k.stride()[:3], 1, 2, None, 2, None, 0, 0, 0, 0, 1.0, torch.empty(300).data_ptr())
+    assert lib.beamserve_attend(q.data_ptr(), k.data_ptr(), k.data_ptr(), *args) == -2
+    # The wrappers' checks are not asserts: python -O keeps them.
+    code = (
+        "import torch; from model.kernels import native\n"
+        "try: native.top_candidates(torch.randn(1, 4, 100), torch.zeros(1, 4), 65)\n"
+        "except ValueError as e: print('refused:', e)\n"
+        "try: native.int8_gemm(torch.zeros(2, 8, dtype=torch.int8), torch.zeros(3, 9, dtype=torch.int8))\n"
+        "except ValueError as e: print('refused:', e)"
+    )
+    out_o = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out_o.count("refused:") == 2, out_o
+
+
+@steps
 @pytest.mark.parametrize(("M", "K", "N"), [(1, 512, 512), (2, 16, 4), (3, 37, 7), (9, 512, 2048), (64, 2048, 13)])
 def test_the_int8_gemm_in_c_gives_the_exact_product(M: int, K: int, N: int) -> None:
     g = torch.Generator().manual_seed(M * K + N)

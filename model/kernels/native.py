@@ -89,7 +89,7 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_scale_back_log_softmax.argtypes = [p, i64, i64, p, p, p, p]
     lib.beamserve_scale_back_log_softmax.restype = None
     lib.beamserve_top_candidates.argtypes = [p, p, i64, i64, i64, i64, p, p, p]
-    lib.beamserve_top_candidates.restype = None
+    lib.beamserve_top_candidates.restype = ctypes.c_int
     return lib
 
 
@@ -153,6 +153,19 @@ def scales_back() -> bool:
     return _LIB is not None and bool(_VECTORISED & 2)
 
 
+def _lib() -> ctypes.CDLL:
+    if _LIB is None:
+        raise RuntimeError("the C kernels are not loaded")
+    return _LIB
+
+
+def _check(holds: bool, kernel: str, what: str) -> None:
+    """What a kernel will read or write is what the call hands it: checked here, not by `assert` (which
+    `python -O` strips), as a wrong size would touch another tensor's memory."""
+    if not holds:
+        raise ValueError(f"{kernel}: {what}")
+
+
 def multiplies_int8(x: torch.Tensor) -> bool:
     """Whether int8_gemm takes x: the library is loaded, x on CPU, not inside torch.compile's tracing."""
     return _LIB is not None and x.device.type == "cpu" and not torch.compiler.is_compiling()
@@ -161,26 +174,32 @@ def multiplies_int8(x: torch.Tensor) -> bool:
 def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x (M, K) int8 with unit column stride, w (N, K) int8 contiguous -> x @ w^T, (M, N) int32, exact (as
     torch._int_mm). Only where multiplies_int8(x)."""
-    if _LIB is None:
-        raise RuntimeError("the C kernels are not loaded")
-    if x.dtype != torch.int8 or w.dtype != torch.int8 or x.dim() != 2 or w.dim() != 2:
-        raise TypeError(f"int8_gemm takes two 2-d int8 tensors, not {x.dtype} {tuple(x.shape)} and {w.dtype}")
+    lib = _lib()
+    _check(x.dtype == w.dtype == torch.int8 and x.dim() == w.dim() == 2, "int8_gemm", "two 2-d int8 tensors")
     (M, K), N = x.shape, w.shape[0]
-    if w.shape[1] != K or x.stride(1) != 1 or x.stride(0) < K or not w.is_contiguous():
-        raise ValueError(f"int8_gemm: ({M}, {K}) rows with strides {x.stride()} against a {tuple(w.shape)} weight")
+    _check(
+        w.shape[1] == K and x.stride(1) == 1 and (M == 1 or x.stride(0) >= K) and w.is_contiguous(),
+        "int8_gemm",
+        f"({M}, {K}) rows with strides {x.stride()} against a {tuple(w.shape)} weight",
+    )
     y = torch.empty(M, N, dtype=torch.int32)
-    _LIB.beamserve_int8_gemm(x.data_ptr(), M, K, x.stride(0), w.data_ptr(), N, y.data_ptr())
+    lib.beamserve_int8_gemm(x.data_ptr(), M, K, x.stride(0), w.data_ptr(), N, y.data_ptr())
     return y
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) float32 on CPU, unit column stride -> (M, K) int8 and (M, 1) float32 scales, as
     model.kernels.quant.quantize_rows computes them. Only where quantizes()."""
-    assert _LIB is not None and x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(1) == 1
+    lib = _lib()
+    _check(
+        x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.stride(1) == 1,
+        "quantize_rows",
+        "x must be (M, K) float32 on CPU with unit column stride",
+    )
     M, K = x.shape
     q = torch.empty(M, K, dtype=torch.int8)
     scale = torch.empty(M, 1)
-    _LIB.beamserve_quantize_rows(x.data_ptr(), M, K, x.stride(0), q.data_ptr(), scale.data_ptr())
+    lib.beamserve_quantize_rows(x.data_ptr(), M, K, x.stride(0), q.data_ptr(), scale.data_ptr())
     return q, scale
 
 
@@ -189,11 +208,15 @@ def _check_scales(
 ) -> None:
     """What the scale-back kernels read: acc's M x N int32s, N column scales, M row scales, N biases."""
     M, N = acc.shape
-    assert acc.dtype == torch.int32 and acc.is_contiguous()
-    assert col_scale.dtype == row_scale.dtype == torch.float32
-    assert col_scale.is_contiguous() and row_scale.is_contiguous()
-    assert col_scale.numel() == N and row_scale.numel() == M
-    assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N)
+    _check(acc.dtype == torch.int32 and acc.is_contiguous(), "scale_back", "acc must be contiguous int32")
+    _check(col_scale.dtype == row_scale.dtype == torch.float32, "scale_back", "the scales must be float32")
+    _check(col_scale.is_contiguous() and row_scale.is_contiguous(), "scale_back", "the scales must be contiguous")
+    _check(col_scale.numel() == N and row_scale.numel() == M, "scale_back", f"scales for ({M}, {N})")
+    _check(
+        bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N),
+        "scale_back",
+        f"the bias must be {N} contiguous float32s",
+    )
 
 
 def scale_back_(
@@ -201,12 +224,12 @@ def scale_back_(
 ) -> torch.Tensor:
     """acc (M, N) contiguous int32 -> acc * col_scale (N,) * row_scale (M, 1) + bias (N,), float32, written
     over acc's own memory (returned as a float32 view of it). Only where scales_back()."""
-    assert _LIB is not None
+    lib = _lib()
     M, N = acc.shape
     _check_scales(acc, col_scale, row_scale, bias)
     y = acc.view(torch.float32)
     b = None if bias is None else bias.data_ptr()
-    _LIB.beamserve_scale_back(acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr())
+    lib.beamserve_scale_back(acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr())
     return y
 
 
@@ -215,12 +238,12 @@ def scale_back_log_softmax_(
 ) -> torch.Tensor:
     """scale_back_, then log_softmax_ of each row, a row at a time (the row still in cache): the same bits as
     the two calls. Only where scales_back() and steps()."""
-    assert _LIB is not None
+    lib = _lib()
     M, N = acc.shape
     _check_scales(acc, col_scale, row_scale, bias)
     y = acc.view(torch.float32)
     b = None if bias is None else bias.data_ptr()
-    _LIB.beamserve_scale_back_log_softmax(
+    lib.beamserve_scale_back_log_softmax(
         acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr()
     )
     return y
@@ -244,26 +267,29 @@ def attend(
     row, as a sentence's cross-attention keys); None: row n. Returns (N, H, D). IndexError, with nothing
     read, where a length or a cache row would lie outside k and v (the kernel checks each before it reads).
     """
-    assert _LIB is not None
+    lib = _lib()
     N, H, D = q.shape
-    assert D <= MOST_HEAD_DIM and q.is_contiguous() and k.dtype == v.dtype == torch.float32
-    assert k.shape == v.shape and k.shape[1] == H and k.shape[3] == D
-    assert k.stride() == v.stride() and k.stride(3) == 1
+    _check(0 < D <= MOST_HEAD_DIM, "attend", f"heads of 1 to {MOST_HEAD_DIM} dimensions, not {D}")
+    _check(q.dtype == k.dtype == v.dtype == torch.float32 and q.is_contiguous(), "attend", "float32, q contiguous")
+    _check(k.dim() == 4 and k.shape == v.shape and k.shape[1] == H and k.shape[3] == D, "attend", "k, v (R, H, T, D)")
+    _check(k.stride() == v.stride() and k.stride(3) == 1, "attend", "k and v with equal strides, unit over D")
     held = None if isinstance(length, int) else length if length.is_contiguous() else length.contiguous()
-    assert held is None or (held.dtype == torch.int64 and held.numel() >= N)
+    _check(held is None or (held.dtype == torch.int64 and held.numel() >= N), "attend", f"{N} int64 lengths")
     lengths, each = (None, length) if held is None else (held.data_ptr(), 0)  # per row: the kernel finds the longest
     out = torch.empty(N, H, D)
-    assert rows is None or (rows.dtype == torch.int64 and rows.dim() == 2)
+    _check(rows is None or (rows.dtype == torch.int64 and rows.dim() == 2), "attend", "rows (N, T) int64")
     r, rs, ts, rN, rT = (
         (None, 0, 0, 0, 0) if rows is None else (rows.data_ptr(), rows.stride(0), rows.stride(1), *rows.shape)
     )
     R, T = k.shape[0], k.shape[2]
-    failed = _LIB.beamserve_attend(
+    failed = lib.beamserve_attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), N, H, D, k.stride(0), k.stride(1), k.stride(2), R, T,
         lengths, each, r, rs, ts, rN, rT, D**-0.5, out.data_ptr(),
     )  # fmt: skip
     if failed == -2:
-        raise IndexError(f"attention: a length or a cache row outside the cache's {R} rows of {T} positions")
+        raise IndexError(
+            f"attention: a head of {D}, a length or a cache row outside the cache's {R} rows of {T} positions"
+        )
     if failed:
         raise MemoryError("no memory for the attention's scores")
     return out
@@ -272,9 +298,11 @@ def attend(
 def log_softmax_(x: torch.Tensor) -> torch.Tensor:
     """Each row of x (M, V) float32 on CPU, unit column stride, replaced by its log-softmax; returns x.
     Only where steps()."""
-    assert _LIB is not None and x.dtype == torch.float32 and x.stride(-1) == 1
-    rows = x.view(-1, x.shape[-1]) if x.dim() != 2 else x
-    _LIB.beamserve_log_softmax(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0))
+    lib = _lib()
+    _check(x.dtype == torch.float32 and x.device.type == "cpu", "log_softmax_", "x must be float32 on CPU")
+    rows = x.view(-1, x.shape[-1]) if x.dim() != 2 else x  # a view: x's own memory, or a RuntimeError
+    _check(rows.stride(-1) == 1, "log_softmax_", "x must have unit column stride")
+    lib.beamserve_log_softmax(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0))
     return x
 
 
@@ -286,13 +314,17 @@ def top_candidates(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """search.top_candidates in one pass: log_probs (b, K, V) and run_scores (b, K) float32 on CPU, n at
     most MOST_CANDIDATES -> scores, beam, token, each (b, n). Only where steps()."""
-    assert _LIB is not None and n <= MOST_CANDIDATES
+    lib = _lib()
     b, K, V = log_probs.shape
-    assert n <= K * V and run_scores.shape == (b, K) and log_probs.dtype == run_scores.dtype == torch.float32
+    _check(0 < n <= min(MOST_CANDIDATES, K * V), "top_candidates", f"1 to {MOST_CANDIDATES} candidates of K * V")
+    _check(run_scores.shape == (b, K), "top_candidates", f"run_scores ({b}, {K})")
+    _check(log_probs.dtype == run_scores.dtype == torch.float32, "top_candidates", "float32 scores")
     lp, run = log_probs.contiguous(), run_scores.contiguous()
     scores = torch.empty(b, n)
     beam, token = torch.empty(b, n, dtype=torch.int64), torch.empty(b, n, dtype=torch.int64)
-    _LIB.beamserve_top_candidates(
+    failed = lib.beamserve_top_candidates(
         lp.data_ptr(), run.data_ptr(), b, K, V, n, scores.data_ptr(), beam.data_ptr(), token.data_ptr()
     )
+    if failed:  # the kernel's own check of n against its buffers
+        raise IndexError(f"top_candidates: {n} candidates of {K} x {V}: the kernel holds 1 to {MOST_CANDIDATES}")
     return scores, beam, token

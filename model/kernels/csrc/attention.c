@@ -83,7 +83,9 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
 int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, int64_t H, int64_t D, int64_t sN,
                      int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *lengths, int64_t length,
                      const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale, float *out) {
-    /* Every read below checked first: an index past the cache would read another tensor's memory. */
+    /* Every read below checked first: an index past the cache would read another tensor's memory, a head
+     * wider than 16 x LANES past the query's registers. */
+    if (D < 1 || D > 16 * LANES) return -2;
     if (rows && N > rN) return -2;
     for (int64_t n = 0; n < N; n++) {
         int64_t len = lengths ? lengths[n] : length;

@@ -71,14 +71,18 @@ void beamserve_scale_back_log_softmax(const int32_t *acc, int64_t rows, int64_t 
     }
 }
 
+#define MOST_CANDIDATES 64 /* native.MOST_CANDIDATES */
+
 /* The n best of run[b, k] + lp[b, k, v] over every beam k and token v of each of `batch` sentences, best
  * first, equal scores by beam, then token, lower first (search.top_indices): scores (batch, n), beam and
- * token (batch, n) int64. lp (batch, K, V) contiguous, run (batch, K) contiguous; n <= K * V, n <= 64. */
-void beamserve_top_candidates(const float *lp, const float *run, int64_t batch, int64_t K, int64_t V, int64_t n,
-                              float *scores, int64_t *beam, int64_t *token) {
+ * token (batch, n) int64. lp (batch, K, V) contiguous, run (batch, K) contiguous. Returns 0, or -2 (nothing
+ * written) unless 1 <= n <= K * V and n <= MOST_CANDIDATES. */
+int beamserve_top_candidates(const float *lp, const float *run, int64_t batch, int64_t K, int64_t V, int64_t n,
+                             float *scores, int64_t *beam, int64_t *token) {
+    if (n < 1 || n > MOST_CANDIDATES || n > K * V) return -2; /* the lists below hold MOST_CANDIDATES */
     for (int64_t b = 0; b < batch; b++) {
-        float best[64];
-        int64_t at[64];
+        float best[MOST_CANDIDATES];
+        int64_t at[MOST_CANDIDATES];
         int64_t held = 0;
         for (int64_t k = 0; k < K; k++) {
             const float *row = lp + (b * K + k) * V;
@@ -113,4 +117,5 @@ void beamserve_top_candidates(const float *lp, const float *run, int64_t batch, 
             token[b * n + i] = at[i] % V;
         }
     }
+    return 0;
 }
