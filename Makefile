@@ -27,19 +27,19 @@ $(VENV)/bin/promtool: | $(VENV)/.installed
 	cp $(VENV)/promdeb/root/usr/bin/promtool $@
 	rm -rf $(VENV)/promdeb
 
+# Debian's packages, from the package lists as they are, or after an update where they are missing.
+apt_install = { apt-get install -y -q --no-install-recommends $(1) || \
+  { apt-get update -q && apt-get install -y -q --no-install-recommends $(1); }; }
+
 # Chromium and its driver for the translation page's browser tests (tests/test_page.py): Debian's
 # packages, installed once system-wide (Selenium drives them; nothing is downloaded at test time).
 chromium:
-	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { apt-get install -y -q --no-install-recommends chromium chromium-driver || \
-	    { apt-get update -q && apt-get install -y -q --no-install-recommends chromium chromium-driver; }; }
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || $(call apt_install,chromium chromium-driver)
 
 # clang for the test that the C kernels build with it and give GCC's build's bits (tests/test_native.py):
 # Debian's package, installed once system-wide.
 clang:
-	command -v clang >/dev/null || \
-	  { apt-get install -y -q --no-install-recommends clang || \
-	    { apt-get update -q && apt-get install -y -q --no-install-recommends clang; }; }
+	command -v clang >/dev/null || $(call apt_install,clang)
 
 serve: install
 	$(VENV)/bin/beamserve serve

@@ -340,9 +340,8 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
         return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
     if system in ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch", "beamserve-int8-es"):
-        if system.endswith(
-            "-pytorch"
-        ):  # PyTorch's ops only: no C row kernels, no C attention (model/kernels/native.py)
+        # PyTorch's ops only: no C row kernels, no C attention (model/kernels/native.py)
+        if system.endswith("-pytorch"):
             native.turn_off()
         early = system.endswith("-es")  # CTranslate2's stopping rule, as beamserve-es
         tr8 = Translator.load(own, args.device, compute_type=system.split("-")[1], num_threads=args.threads)

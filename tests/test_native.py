@@ -209,7 +209,9 @@ X86_BUILDS = {
 
 @steps
 def test_the_kernels_refuse_what_their_buffers_cannot_hold_themselves_and_under_python_o() -> None:
-    lib = native.declared(ctypes.CDLL(native._LIB._name))  # type: ignore[union-attr]
+    spec = importlib.util.find_spec(str(native.BUILD))
+    assert spec is not None and spec.origin is not None
+    lib = native.declared(ctypes.CDLL(spec.origin))
     lp, run = torch.randn(2, 4, 100), torch.zeros(2, 4)
     out = torch.empty(2, 80), torch.empty(2, 80, dtype=torch.int64), torch.empty(2, 80, dtype=torch.int64)
     # The C functions check before they touch memory: 65 candidates, or a head wider than 256 floats.
@@ -258,7 +260,7 @@ def _step_cases() -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
     return cases, [torch.randn(7, V, generator=g) * 5 for V in (8000, 33, 1)]
 
 
-def _assert_same_step_bits(library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+def _assert_same_bits(library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
     """library's attention, log-softmax and int8 GEMM give the loaded build's bits on fixed random inputs."""
     cases, logits = _step_cases()
     loaded = [native.attend(*case) for case in cases]
@@ -284,7 +286,7 @@ def test_the_step_kernels_give_the_same_bits_in_every_build(module: str, monkeyp
     library = native.declared(ctypes.CDLL(spec.origin))
     if library.beamserve_cpu_level() < X86_BUILDS[module]:
         pytest.skip(f"this CPU does not run {module}")
-    _assert_same_step_bits(library, monkeypatch)
+    _assert_same_bits(library, monkeypatch)
 
 
 @steps
@@ -312,7 +314,7 @@ def test_clang_builds_every_library_and_its_build_gives_the_same_bits(
         assert spec is not None and spec.origin is not None
         with monkeypatch.context() as patch:
             patch.setattr(native, "_LIB", native.declared(ctypes.CDLL(spec.origin)))
-            _assert_same_step_bits(library, patch)
+            _assert_same_bits(library, patch)
 
 
 @pytest.mark.parametrize(

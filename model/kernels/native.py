@@ -107,9 +107,7 @@ def in_use() -> str:
         if os.environ.get(ENV) == "0":
             return f"none ({ENV}=0)"
         return "none (turned off)" if _LOADED is not None else "none (not built: the install had no C compiler)"
-    level = {"model.kernels._native_v4": "x86-64-v4", "model.kernels._native_v3": "x86-64-v3"}.get(
-        str(BUILD), "baseline"
-    )
+    level = {module: f"x86-64-v{least}" for least, module in LEVEL_BUILDS}.get(str(BUILD), "baseline")
     return f"{BUILD} ({level})"
 
 
@@ -135,12 +133,15 @@ def steps() -> bool:
     return _LIB is not None
 
 
+def multiplies_int8(x: torch.Tensor) -> bool:
+    """Whether int8_gemm takes x: the library is loaded, x on CPU, not inside torch.compile's tracing (a
+    ctypes call would break its graph)."""
+    return _LIB is not None and x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def runs_on(x: torch.Tensor) -> bool:
-    """Whether the decode-step kernels take x: steps() here, x float32 on CPU, not inside torch.compile's
-    tracing (a ctypes call would break its graph)."""
-    return (
-        _LIB is not None and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling()
-    )
+    """Whether the decode-step kernels take x: where multiplies_int8(x), and x float32."""
+    return x.dtype == torch.float32 and multiplies_int8(x)
 
 
 def quantizes() -> bool:
@@ -164,11 +165,6 @@ def _check(holds: bool, kernel: str, what: str) -> None:
     `python -O` strips), as a wrong size would touch another tensor's memory."""
     if not holds:
         raise ValueError(f"{kernel}: {what}")
-
-
-def multiplies_int8(x: torch.Tensor) -> bool:
-    """Whether int8_gemm takes x: the library is loaded, x on CPU, not inside torch.compile's tracing."""
-    return _LIB is not None and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
