@@ -72,6 +72,8 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
     relayed = settings.metrics_host != "127.0.0.1"
     export_port = free_loopback_port() if relayed else settings.metrics_port
     ray.init(
+        # An instance of its own: without it ray.init joins the cluster RAY_ADDRESS or a `ray start` names.
+        address="local",
         num_cpus=cpus,
         num_gpus=settings.num_gpus,
         include_dashboard=False,
