@@ -46,13 +46,8 @@ serve: install
 
 CODE := model service tests loadtests
 
-# Two pytest-xdist workers, a module's tests in one (its fixtures start once), OpenMP's threads waiting
-# passively (two workers' thread teams spinning on two cores starve each other); then, with nothing
-# beside them, the tests that load a server and check how fast it answers.
-TEST_WORKERS ?= 2
 test: lint $(VENV)/bin/promtool chromium clang
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not alone"
-	$(PY) -m pytest -q -ra -m alone
+	$(PY) -m pytest -q -ra
 
 # The inner loop: everything but the tests that start Ray, a server, worker processes or training.
 test-fast: lint $(VENV)/bin/promtool

@@ -28,10 +28,9 @@ DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`cuda` tests skip without a GPU; tests of the running server are `slow` (make test-fast leaves them
-    out). In one process the modules that use the shared server run last, together: it starts at its
-    first user and stays up until the last test, and an idle Ray Serve instance costs the tests beside
-    it an eighth of a core. In a pytest-xdist worker (`--dist loadfile`: a module runs in one worker, so
-    its module fixtures start once) they run first: they are the longest units of work."""
+    out). The modules that use the shared server run last, together: it starts at its first user and
+    stays up until the last test, and an idle Ray Serve instance costs the tests beside it an eighth of
+    a core."""
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     serving: set[str] = set()
     for item in items:
@@ -40,8 +39,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
             serving.add(item.nodeid.split("::")[0])
-    last = "PYTEST_XDIST_WORKER" not in os.environ
-    items.sort(key=lambda item: (item.nodeid.split("::")[0] in serving) == last)  # stable within each part
+    items.sort(key=lambda item: item.nodeid.split("::")[0] in serving)  # stable: the order within each part
 
 
 @functools.cache
