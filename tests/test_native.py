@@ -209,9 +209,7 @@ X86_BUILDS = {
 
 @steps
 def test_the_kernels_refuse_what_their_buffers_cannot_hold_themselves_and_under_python_o() -> None:
-    spec = importlib.util.find_spec(str(native.BUILD))
-    assert spec is not None and spec.origin is not None
-    lib = native.declared(ctypes.CDLL(spec.origin))
+    lib = _built(str(native.BUILD))
     lp, run = torch.randn(2, 4, 100), torch.zeros(2, 4)
     out = torch.empty(2, 80), torch.empty(2, 80, dtype=torch.int64), torch.empty(2, 80, dtype=torch.int64)
     # The C functions check before they touch memory: 65 candidates, or a head wider than 256 floats.
@@ -260,6 +258,13 @@ def _step_cases() -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
     return cases, [torch.randn(7, V, generator=g) * 5 for V in (8000, 33, 1)]
 
 
+def _built(module: str) -> ctypes.CDLL:
+    """setup.py's build of module (installed beside the package), its functions declared."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, f"setup.py did not build {module}"
+    return native.declared(ctypes.CDLL(spec.origin))
+
+
 def _assert_same_bits(library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
     """library's attention, log-softmax and int8 GEMM give the loaded build's bits on fixed random inputs."""
     cases, logits = _step_cases()
@@ -281,9 +286,7 @@ def _assert_same_bits(library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_step_kernels_give_the_same_bits_in_every_build(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if platform.machine() != "x86_64" or not shutil.which("cc"):
         pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
-    spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.origin is not None, f"setup.py did not build {module}"
-    library = native.declared(ctypes.CDLL(spec.origin))
+    library = _built(module)
     if library.beamserve_cpu_level() < X86_BUILDS[module]:
         pytest.skip(f"this CPU does not run {module}")
     _assert_same_bits(library, monkeypatch)
@@ -310,10 +313,8 @@ def test_clang_builds_every_library_and_its_build_gives_the_same_bits(
         library = native.declared(ctypes.CDLL(str(path)))
         if library.beamserve_cpu_level() < X86_BUILDS.get(f"model.kernels.{module}", 1):
             continue
-        spec = importlib.util.find_spec(f"model.kernels.{module}")
-        assert spec is not None and spec.origin is not None
         with monkeypatch.context() as patch:
-            patch.setattr(native, "_LIB", native.declared(ctypes.CDLL(spec.origin)))
+            patch.setattr(native, "_LIB", _built(f"model.kernels.{module}"))
             _assert_same_bits(library, patch)
 
 
