@@ -46,8 +46,13 @@ serve: install
 
 CODE := model service tests loadtests
 
+# Two pytest-xdist workers, a module's tests in one (its fixtures start once) and the shared server's
+# modules in one (tests/conftest.py), OpenMP's threads waiting passively (two workers' thread teams
+# spinning on two cores starve each other); then, with nothing beside them, the tests marked `alone`.
+TEST_WORKERS ?= 2
 test: lint $(VENV)/bin/promtool chromium clang
-	$(PY) -m pytest -q -ra
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -ra -n $(TEST_WORKERS) -m "not alone"
+	$(PY) -m pytest -q -ra -m alone
 
 # The inner loop: everything but the tests that start Ray, a server, worker processes or training.
 test-fast: lint $(VENV)/bin/promtool

@@ -26,11 +26,25 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
 
 
+# The modules that use the session's shared server (the `server` fixture below). Under pytest-xdist they
+# are one unit of work, so that one worker starts the server; pytest_collection_modifyitems checks the list.
+SHARED_SERVER = {
+    "tests/test_clients.py",
+    "tests/test_documents.py",
+    "tests/test_glossary.py",
+    "tests/test_metrics.py",
+    "tests/test_openapi.py",
+    "tests/test_page.py",
+    "tests/test_request_log.py",
+    "tests/test_service.py",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`cuda` tests skip without a GPU; tests of the running server are `slow` (make test-fast leaves them
-    out). The modules that use the shared server run last, together: it starts at its first user and
-    stays up until the last test, and an idle Ray Serve instance costs the tests beside it an eighth of
-    a core."""
+    out). The modules that use the shared server run together, last in one process (it starts at its
+    first user and stays up until the last test, and an idle Ray Serve instance costs the tests beside it
+    an eighth of a core), first in a pytest-xdist worker (they are the longest unit of work)."""
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     serving: set[str] = set()
     for item in items:
@@ -38,8 +52,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_gpu)
         if "server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-            serving.add(item.nodeid.split("::")[0])
-    items.sort(key=lambda item: item.nodeid.split("::")[0] in serving)  # stable: the order within each part
+            serving.add(module(item.nodeid))
+    if serving - SHARED_SERVER:
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(serving - SHARED_SERVER)} to SHARED_SERVER")
+    last = "PYTEST_XDIST_WORKER" not in os.environ
+    items.sort(key=lambda item: (module(item.nodeid) in SHARED_SERVER) == last)  # stable within each part
+
+
+def module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist a module's tests run in one worker (its module fixtures start once), and the
+    modules of SHARED_SERVER in one worker together."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "the shared server" if module(nodeid) in SHARED_SERVER else module(nodeid)
+
+    return ByModule(config, log)
 
 
 @functools.cache
@@ -242,7 +276,8 @@ SETTINGS = dict(
     batch_wait_ms=20.0,
     max_batch_size=64,
     request_timeout_s=20.0,
-    max_queue_wait_s=30.0,  # bursts on one thread per replica; overload tests set their own
+    max_queue_wait_s=3600.0,  # no refusal for the work queued ahead, however slowly a busy host decodes;
+    # the overload tests set their own
     max_text_chars=2000,
     max_body_bytes=900_000,  # not the default: the ingress must take it from its Settings, not the environment
     records_storage=f"sqlite:///{tempfile.mkdtemp(prefix='beamserve-records-')}/records.sqlite3",

@@ -58,7 +58,7 @@ def healthcheck(port: int) -> subprocess.CompletedProcess[str]:
 def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
     port, metrics_port = free_port(), free_port()
     # The 12 paragraphs below are all to be accepted however slow this host decodes: no time-based refusal.
-    env = {**os.environ, "BEAMSERVE_MODELS": "en-de", "BEAMSERVE_MAX_QUEUE_WAIT_S": "60", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "BEAMSERVE_MODELS": "en-de", "BEAMSERVE_MAX_QUEUE_WAIT_S": "3600", "PYTHONUNBUFFERED": "1"}
     # Another cluster's address, as a Ray node's environment holds it (where ray.init would join it and
     # refuse --num-cpus): serve starts an instance of its own all the same.
     env["RAY_ADDRESS"] = f"127.0.0.1:{free_port()}"

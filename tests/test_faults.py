@@ -11,7 +11,7 @@ import pytest
 
 from .conftest import run_suite
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 def test_fault_cases_pass() -> None:

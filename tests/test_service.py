@@ -475,20 +475,31 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
 
         async def scenario() -> None:
             async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
-                # Ten long sentences at beam 8, one a batch: decoding them outlasts the other request's 0.05 s.
+                # Ten long sentences at beam 8, one a batch: one decoding, the rest queued for seconds.
                 texts = [f"{LONGER[:-1]} {day}." for day in BUSY_DAYS]
                 busy = asyncio.create_task(
                     ac.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8})
                 )
-                deadline = time.monotonic() + 30
-                while (await ac.get("/v1/stats")).json()["en-de"]["queued"] < 1 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.005)  # busy's sentences in the engine: one decoding, the rest queued
-                with pytest.raises(httpx.TimeoutException):
-                    await ac.post(
-                        "/v1/translate",
-                        json={"texts": ["A dog.", "A cat."], "source": "en", "target": "de"},
-                        timeout=0.05,
-                    )
+
+                async def reached(sentences: int, what: str, request: asyncio.Task[httpx.Response]) -> None:
+                    """Until the engine holds this many sentences since `before`, decoding or queued."""
+                    deadline = time.monotonic() + 30
+                    while True:
+                        now = (await ac.get("/v1/stats")).json()["en-de"]
+                        if now["batched_sentences"] - before["batched_sentences"] + now["queued"] >= sentences:
+                            return
+                        assert not request.done(), f"{what}: answered {request.result().text[:300]}"
+                        assert time.monotonic() < deadline, f"not within 30 s: {what}"
+                        await asyncio.sleep(0.005)
+
+                await reached(len(BUSY_DAYS), "the busy request's sentences in the engine", busy)
+                short = asyncio.create_task(
+                    ac.post("/v1/translate", json={"texts": ["A dog.", "A cat."], "source": "en", "target": "de"})
+                )
+                await reached(len(BUSY_DAYS) + 2, "the short request's sentences queued behind them", short)
+                short.cancel()  # the client hangs up while its sentences wait
+                with pytest.raises(asyncio.CancelledError):
+                    await short
                 assert (await busy).status_code == 200
 
         asyncio.run(scenario())
