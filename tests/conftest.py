@@ -42,9 +42,9 @@ SHARED_SERVER = {
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`cuda` tests skip without a GPU; tests of the running server are `slow` (make test-fast leaves them
-    out). The modules that use the shared server run together, last in one process (it starts at its
-    first user and stays up until the last test, and an idle Ray Serve instance costs the tests beside it
-    an eighth of a core), first in a pytest-xdist worker (they are the longest unit of work)."""
+    out). The modules that use the shared server run together (it starts at its first user and stops
+    after its last: pytest_runtest_teardown), first in a pytest-xdist worker (they are the longest unit
+    of work)."""
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     serving: set[str] = set()
     for item in items:
@@ -55,8 +55,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             serving.add(module(item.nodeid))
     if serving - SHARED_SERVER:
         raise pytest.UsageError(f"tests/conftest.py: add {sorted(serving - SHARED_SERVER)} to SHARED_SERVER")
-    last = "PYTEST_XDIST_WORKER" not in os.environ
-    items.sort(key=lambda item: (module(item.nodeid) in SHARED_SERVER) == last)  # stable within each part
+    items.sort(key=lambda item: module(item.nodeid) not in SHARED_SERVER)  # stable within each part
 
 
 def module(nodeid: str) -> str:
@@ -293,15 +292,54 @@ def server() -> Iterator[str]:
     from service import runtime
     from service.settings import Settings
 
-    # Export custom metrics every 500 ms instead of Ray's 10 s, so tests see them soon.
-    os.environ["RAY_metrics_report_interval_ms"] = "500"  # noqa: SIM112 (Ray reads this exact name)
-    port, metrics_port = free_port(), free_port()
-    METRICS["url"] = f"http://127.0.0.1:{metrics_port}/metrics"
-    runtime.start(Settings(**SETTINGS, port=port, metrics_port=metrics_port))  # type: ignore[arg-type]
-    url = f"http://127.0.0.1:{port}"
+    # The server's own ports in SETTINGS, so that a test's runtime.deploy({**SETTINGS, knob: value}) keeps them.
+    SETTINGS.update(port=free_port(), metrics_port=free_port())
+    METRICS["url"] = f"http://127.0.0.1:{SETTINGS['metrics_port']}/metrics"
+    # Export custom metrics every 500 ms instead of Ray's 10 s, so tests see them soon; Ray's processes
+    # read it as they start, and the servers other tests start keep Ray's default.
+    with environ(RAY_metrics_report_interval_ms="500"):
+        runtime.start(Settings(**SETTINGS))  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{SETTINGS['port']}"
     wait_ready(url)
+    SERVER_UP.append(url)
     yield url
-    runtime.stop()
+    stop_shared_server()
+
+
+SERVER_UP: list[str] = []  # the shared server's URL while it runs
+
+
+def stop_shared_server() -> None:
+    from service import runtime
+
+    if SERVER_UP:
+        SERVER_UP.clear()
+        runtime.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """The shared server stops once its last user has run (the SHARED_SERVER modules run together), not
+    at the end of the session: in a pytest-xdist worker other modules follow them, and an idle Ray Serve
+    instance costs them a sixth of a core."""
+    yield
+    if module(item.nodeid) in SHARED_SERVER and (nextitem is None or module(nextitem.nodeid) not in SHARED_SERVER):
+        stop_shared_server()
+
+
+@contextlib.contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """These environment variables set for the block, then as they were."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

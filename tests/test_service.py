@@ -405,8 +405,7 @@ LONG = (
 )
 # One sentence, long enough that three of them at beam 8 keep a replica busy for a while on any CPU.
 LONGER = LONG[:-1] + ", as a referee in a black shirt runs along the side of the field and watches the ball."
-BUSY_DAYS = ("today", "yesterday", "on Monday", "on Tuesday", "on Wednesday", "on Thursday", "on Friday",
-             "on Saturday", "on Sunday", "again")  # fmt: skip
+BUSY_DAYS = ("today", "yesterday", "on Monday", "on Tuesday", "on Wednesday")
 
 
 def test_knobs_deployed_live_overload_is_503_with_retry_after_and_deadline_is_504(
@@ -475,7 +474,7 @@ def test_client_that_disconnects_stops_costing_compute(server: str, client: http
 
         async def scenario() -> None:
             async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
-                # Ten long sentences at beam 8, one a batch: one decoding, the rest queued for seconds.
+                # Five long sentences at beam 8, one a batch: one decoding, the rest queued for seconds.
                 texts = [f"{LONGER[:-1]} {day}." for day in BUSY_DAYS]
                 busy = asyncio.create_task(
                     ac.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8})
