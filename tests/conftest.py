@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,25 +134,43 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny en-de model trained for a few seconds: real enough to emit varied lengths and </s>."""
     from model.train.train import TrainConfig, train
 
-    out = tmp_path_factory.mktemp("tiny_run")
-    train(
-        TrainConfig(
-            data_dir=DATA,
-            out_dir=out,
-            preset="tiny",
-            vocab_size=400,
-            train_limit=3000,
-            max_tokens=2048,
-            max_epochs=3,
-            warmup_steps=50,
-            lr=3e-3,
-            dropout=0.1,
-            average_last=2,
-            save_dtype="float32",
-            seed=7,
-            device="cpu",
+    def build(out: Path) -> None:
+        train(
+            TrainConfig(
+                data_dir=DATA,
+                out_dir=out,
+                preset="tiny",
+                vocab_size=400,
+                train_limit=3000,
+                max_tokens=2048,
+                max_epochs=3,
+                warmup_steps=50,
+                lr=3e-3,
+                dropout=0.1,
+                average_last=2,
+                save_dtype="float32",
+                seed=7,
+                device="cpu",
+            )
         )
-    )
+
+    return once_per_run(tmp_path_factory, "tiny_run", build)
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory that `build` fills once per test run: pytest-xdist's workers share it (the first to ask
+    builds it under a lock, the others wait and read it) instead of each training a copy of its own."""
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # the run's directory, above each worker's own
+    out, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            done.touch()
     return out
 
 
@@ -165,36 +185,37 @@ def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import transformers
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
-    out = tmp_path_factory.mktemp("nllb")
-    from model.io.fairseq_vocab import train_spm
+    def build(out: Path) -> None:
+        from model.io.fairseq_vocab import train_spm
 
-    train_spm(read_lines("train.en.gz", 1500) + read_lines("train.de.gz", 1500), out, 400)
-    tok = transformers.NllbTokenizer.from_pretrained(str(out), additional_special_tokens=FAIRSEQ_LANGUAGE_CODES)
-    tok.save_pretrained(str(out))
-    config = transformers.M2M100Config(
-        vocab_size=len(tok),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        dropout=0.0,
-        init_std=0.2,
-        pad_token_id=PAD,
-        bos_token_id=0,
-        eos_token_id=EOS,
-        decoder_start_token_id=EOS,
-        scale_embedding=True,
-    )
-    torch.manual_seed(0)
-    model = transformers.M2M100ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        model.model.shared.weight[EOS] *= 4
-    model.save_pretrained(str(out))
-    return out
+        train_spm(read_lines("train.en.gz", 1500) + read_lines("train.de.gz", 1500), out, 400)
+        tok = transformers.NllbTokenizer.from_pretrained(str(out), additional_special_tokens=FAIRSEQ_LANGUAGE_CODES)
+        tok.save_pretrained(str(out))
+        config = transformers.M2M100Config(
+            vocab_size=len(tok),
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=128,
+            dropout=0.0,
+            init_std=0.2,
+            pad_token_id=PAD,
+            bos_token_id=0,
+            eos_token_id=EOS,
+            decoder_start_token_id=EOS,
+            scale_embedding=True,
+        )
+        torch.manual_seed(0)
+        model = transformers.M2M100ForConditionalGeneration(config).eval()
+        with torch.no_grad():
+            model.model.shared.weight[EOS] *= 4
+        model.save_pretrained(str(out))
+
+    return once_per_run(tmp_path_factory, "nllb", build)
 
 
 @pytest.fixture(scope="session")
