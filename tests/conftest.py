@@ -244,7 +244,7 @@ def serving(
     process, and stops it after. Its stderr goes to `stderr` when given."""
     port, metrics = free_port(), metrics_port or free_port()
     cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(metrics)]
-    with open(stderr or os.devnull, "w") as err:
+    with open(stderr or os.devnull, "w") as err, one_ray_start_at_a_time():
         proc = subprocess.Popen(
             [*cmd, "--num-cpus", "2"],
             cwd=REPO,
@@ -253,11 +253,11 @@ def serving(
             stderr=err,
             text=True,
         )
-    try:
         assert proc.stdout is not None
         line = "-"
         while line and "listening on" not in line:  # Ray may print a warning first
             line = proc.stdout.readline()
+    try:
         assert "listening on" in line, stderr.read_text()[-3000:] if stderr else "the server did not start"
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout_s
@@ -318,7 +318,7 @@ def server() -> Iterator[str]:
     METRICS["url"] = f"http://127.0.0.1:{SETTINGS['metrics_port']}/metrics"
     # Export custom metrics every 500 ms instead of Ray's 10 s, so tests see them soon; Ray's processes
     # read it as they start, and the servers other tests start keep Ray's default.
-    with environ(RAY_metrics_report_interval_ms="500"):
+    with environ(RAY_metrics_report_interval_ms="500"), one_ray_start_at_a_time():
         runtime.start(Settings(**SETTINGS))  # type: ignore[arg-type]
     url = f"http://127.0.0.1:{SETTINGS['port']}"
     wait_ready(url)
@@ -346,6 +346,17 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield
     if module(item.nodeid) in SHARED_SERVER and (nextitem is None or module(nextitem.nodeid) not in SHARED_SERVER):
         stop_shared_server()
+
+
+@contextlib.contextmanager
+def one_ray_start_at_a_time() -> Iterator[None]:
+    """Held while a test starts a Ray instance, until it serves. Ray picks some of its agents' ports by
+    checking that they are free and binds them later, so two instances starting at once (in two
+    pytest-xdist workers) can pick the same port, and the one that loses the race dies
+    (ray-project/ray#18053). A lock file every test run on this host shares."""
+    with open(Path(tempfile.gettempdir()) / "beamserve-tests-ray-start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        yield
 
 
 @contextlib.contextmanager

@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from .conftest import REPO, free_port, readyz
+from .conftest import REPO, free_port, one_ray_start_at_a_time, readyz
 
 PARAGRAPH = [
     "A group of young men in colorful uniforms are playing a game of soccer on a large green field.",
@@ -55,36 +56,38 @@ def healthcheck(port: int) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_serve_command_listens_translates_and_stops_on_sigterm() -> None:
+def test_serve_command_listens_translates_and_stops_on_sigterm(tmp_path: Path) -> None:
     port, metrics_port = free_port(), free_port()
     # The 12 paragraphs below are all to be accepted however slow this host decodes: no time-based refusal.
     env = {**os.environ, "BEAMSERVE_MODELS": "en-de", "BEAMSERVE_MAX_QUEUE_WAIT_S": "3600", "PYTHONUNBUFFERED": "1"}
     # Another cluster's address, as a Ray node's environment holds it (where ray.init would join it and
     # refuse --num-cpus): serve starts an instance of its own all the same.
     env["RAY_ADDRESS"] = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--metrics-port",
-            str(metrics_port),
-            "--num-cpus",
-            "2",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
+    with one_ray_start_at_a_time():
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--metrics-port",
+                str(metrics_port),
+                "--num-cpus",
+                "2",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=(stderr := open(tmp_path / "stderr.txt", "w")),  # noqa: SIM115 (the server's, closed below)
+            text=True,
+        )
+        stderr.close()  # the server holds its own copy
         assert proc.stdout is not None
         line = proc.stdout.readline()  # printed once the app is deployed
-        assert f"listening on http://127.0.0.1:{port}" in line, line
+    try:
+        assert f"listening on http://127.0.0.1:{port}" in line, line + (tmp_path / "stderr.txt").read_text()[-3000:]
         deadline = time.monotonic() + 60
         while (r := readyz(f"http://127.0.0.1:{port}")) is None or r.status_code != 200:
             assert time.monotonic() < deadline, "not ready within 60s"
