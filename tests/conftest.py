@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import functools
 import gzip
+import inspect
 import os
 import shutil
 import subprocess
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
 
 
-# The modules that use the session's shared server (the `server` fixture below). Under pytest-xdist they
+# The modules that use the shared server (the `server` fixture below). Under pytest-xdist they
 # are one unit of work, so that one worker starts the server; pytest_collection_modifyitems checks the list.
 SHARED_SERVER = {
     "tests/test_clients.py",
@@ -103,9 +104,10 @@ def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30.0
 
 
 async def until(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
-    """wait_for on an event loop: the loop's other tasks run while it polls."""
+    """wait_for on an event loop: the loop's other tasks run while it polls. The condition may be a
+    coroutine function (one that asks a server, say)."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
+    while not ((await held) if inspect.isawaitable(held := condition()) else held):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s:g} s: {what}")
         await asyncio.sleep(0.002)
@@ -164,8 +166,7 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, build: Cal
     if "PYTEST_XDIST_WORKER" in os.environ:
         root = root.parent  # the run's directory, above each worker's own
     out, done = root / name, root / f"{name}.done"
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+    with locked(root / f"{name}.lock"):
         if not done.exists():
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
@@ -341,8 +342,8 @@ def stop_shared_server() -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """The shared server stops once its last user has run (the SHARED_SERVER modules run together), not
-    at the end of the session: in a pytest-xdist worker other modules follow them, and an idle Ray Serve
-    instance costs them a sixth of a core."""
+    when pytest exits: in a pytest-xdist worker other modules follow them, and an idle Ray Serve instance
+    costs them a sixth of a core."""
     yield
     if module(item.nodeid) in SHARED_SERVER and (nextitem is None or module(nextitem.nodeid) not in SHARED_SERVER):
         stop_shared_server()
@@ -354,7 +355,14 @@ def one_ray_start_at_a_time() -> Iterator[None]:
     checking that they are free and binds them later, so two instances starting at once (in two
     pytest-xdist workers) can pick the same port, and the one that loses the race dies
     (ray-project/ray#18053). A lock file every test run on this host shares."""
-    with open(Path(tempfile.gettempdir()) / "beamserve-tests-ray-start.lock", "w") as lock:
+    with locked(Path(tempfile.gettempdir()) / "beamserve-tests-ray-start.lock"):
+        yield
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file at path (made if missing) for the block, across processes."""
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
         yield
 
