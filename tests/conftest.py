@@ -301,7 +301,6 @@ SETTINGS = dict(
     # the overload tests set their own
     max_text_chars=2000,
     max_body_bytes=900_000,  # not the default: the ingress must take it from its Settings, not the environment
-    records_storage=f"sqlite:///{tempfile.mkdtemp(prefix='beamserve-records-')}/records.sqlite3",
 )
 
 
@@ -309,13 +308,15 @@ METRICS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[str]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Real Ray Serve on 127.0.0.1 with the shipped models, shared by every service test."""
     from service import runtime
     from service.settings import Settings
 
-    # The server's own ports in SETTINGS, so that a test's runtime.deploy({**SETTINGS, knob: value}) keeps them.
-    SETTINGS.update(port=free_port(), metrics_port=free_port())
+    # The server's own ports and records in SETTINGS, so that a test's runtime.deploy({**SETTINGS, knob:
+    # value}) keeps them.
+    records = tmp_path_factory.mktemp("records") / "records.sqlite3"
+    SETTINGS.update(port=free_port(), metrics_port=free_port(), records_storage=f"sqlite:///{records}")
     METRICS["url"] = f"http://127.0.0.1:{SETTINGS['metrics_port']}/metrics"
     # Export custom metrics every 500 ms instead of Ray's 10 s, so tests see them soon; Ray's processes
     # read it as they start, and the servers other tests start keep Ray's default.

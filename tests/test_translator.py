@@ -1,5 +1,7 @@
 """Translator behaviour: batching equivalences, options, bad input."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,8 @@ import torch
 from model import DecodeOptions, InputTooLongError, InvalidTextError, Translator
 from model.decode.decoding import CachedStepper, generate, pad_batch
 from model.decode.search import beam_search
+
+from .conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +117,14 @@ def test_loads_and_translates_where_the_os_has_no_cpu_affinity(monkeypatch: pyte
     assert usable_cpus() == os.cpu_count()
     tr = Translator.load("en-de", "cpu")
     assert tr.translate(["A dog runs."])[0].hypotheses[0]
+
+
+def test_loading_a_model_leaves_torch_s_compiler_unimported() -> None:
+    """A model built to hold loaded weights runs no initialisation on the meta device: meta ops go through
+    torch's Python reference ops, which import torch._dynamo (about 2 s of CPU on every load)."""
+    code = (
+        "import sys; from model import Translator; "
+        "Translator.load('en-de', 'cpu'); print('torch._dynamo' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]

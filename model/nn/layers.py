@@ -282,10 +282,13 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, max_positions: int, d_model: int, style: str = "marian", pad_token_id: int = 0) -> None:
         super().__init__()
-        if style == "fairseq":
-            table = fairseq_sinusoidal_table(max_positions, d_model, pad_token_id + 1)
-        else:
-            table = sinusoidal_table(max_positions, d_model)
+        # On the CPU whatever device the model is built on: a model built on the meta device to load
+        # weights into still needs the real table (and meta ops import torch._dynamo, seconds of CPU).
+        with torch.device("cpu"):
+            if style == "fairseq":
+                table = fairseq_sinusoidal_table(max_positions, d_model, pad_token_id + 1)
+            else:
+                table = sinusoidal_table(max_positions, d_model)
         # Not persistent: it is a function of the config, so checkpoints need not carry it.
         self.register_buffer("table", table, persistent=False)
         self.max_positions = max_positions

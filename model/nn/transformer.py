@@ -160,16 +160,25 @@ def _sublayer(
     return norm(x + dropped(dropout, fn(x)))
 
 
+def embedding(rows: int, width: int, pad: int, initialise: bool) -> nn.Embedding:
+    """nn.Embedding, or one left uninitialised (its own normal_ init, on the meta device, would import
+    torch._dynamo: seconds of CPU on every load)."""
+    if initialise:
+        return nn.Embedding(rows, width, padding_idx=pad)
+    return nn.Embedding(rows, width, padding_idx=pad, _weight=torch.empty(rows, width))
+
+
 class Seq2Seq(nn.Module):
     """The encoder-decoder Transformer of "Attention Is All You Need" with shared embeddings (or, as some
     Marian models have them, separate source and target vocabularies and embeddings)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, *, initialise: bool = True) -> None:
+        """initialise=False leaves the weights uninitialised, for a model whose weights are loaded next."""
         super().__init__()
         self.cfg = cfg
         C, V = cfg.d_model, cfg.decoder_vocab_size  # V: the target vocabulary, the logits' width
-        self.embed = nn.Embedding(cfg.vocab_size, C, padding_idx=cfg.pad_token_id)  # source (and target if shared)
-        self.target_embed = None if cfg.share_embeddings else nn.Embedding(V, C, padding_idx=cfg.pad_token_id)
+        self.embed = embedding(cfg.vocab_size, C, cfg.pad_token_id, initialise)  # source (and target if shared)
+        self.target_embed = None if cfg.share_embeddings else embedding(V, C, cfg.pad_token_id, initialise)
         self.positions = PositionalEncoding(cfg.max_position_embeddings, C, cfg.positions, cfg.pad_token_id)
         self.scale = embedding_scale(C, cfg.scale_embedding)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -180,17 +189,16 @@ class Seq2Seq(nn.Module):
         self.decoder_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps) if cfg.normalize_before else None
         self.lm_head = None if cfg.tie_embeddings else Linear(C, V, bias=False)
         self.final_logits_bias = nn.Parameter(torch.zeros(V)) if cfg.final_logits_bias else None
-        self.reset_parameters()
+        if initialise:
+            self.reset_parameters()
 
     @classmethod
     def from_state(cls, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Seq2Seq:
-        """A model holding `state`'s tensors themselves: built on the meta device, so that loading takes one
-        copy of the weights, not two (a random initialisation overwritten), and no time initialising them;
-        the fixed sinusoids computed after."""
+        """A model holding `state`'s tensors themselves: built on the meta device and left uninitialised, so
+        that loading takes one copy of the weights, not two, and no time initialising them."""
         with torch.device("meta"):
-            model = cls(cfg)
+            model = cls(cfg, initialise=False)
         model.load_state_dict(state, assign=True)
-        model.positions = PositionalEncoding(cfg.max_position_embeddings, cfg.d_model, cfg.positions, cfg.pad_token_id)
         return model
 
     @property
