@@ -44,6 +44,7 @@ BUFFERED_BODY_BYTES = 8192  # bodies up to this size reach the gateway whole (HA
 RETRIES = 20  # connection attempts past the first; see environment()
 SERVER_GRACE_S = 10  # HAProxy answers 504 when a gateway replica is silent this long past request_timeout_s
 DEREGISTER_S = 2  # a stopping gateway replica answers this long after HAProxy is told to stop using it
+PROXY_READY_S = 30  # how long a starting proxy may take to answer Serve's readiness check
 RETRY_AFTER_S = 2  # Serve replaces a dead gateway replica in about this long on one node
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ def environment(front: Front, limits: Limits) -> dict[str, str]:
         # second, not each 0.1 s: Ray exports them every few seconds, and at 0.1 s the replica's loop was
         # 11% of a decoded request's path in the gateway (py-spy, 18 requests a second on 2 cores).
         "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+        # Serve's controller kills a proxy (HAProxy's manager included) not ready within this: its worker's
+        # start and HAProxy's count, and on a busy node they passed Serve's default of 5 s.
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": str(PROXY_READY_S),
     }
     if front == "haproxy":
         env |= {
