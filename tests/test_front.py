@@ -290,9 +290,9 @@ async def _concurrent(url: str, n: int) -> list[tuple[int, dict[str, str]]]:
 
 def test_the_gateway_and_the_serve_driver_import_no_torch() -> None:
     """The gateway replica's process holds the HTTP path only, and `beamserve serve`'s driver only names
-    models: torch's import alone is seconds and hundreds of MB."""
+    models and builds the app: torch's import alone is seconds and hundreds of MB."""
     code = (
-        "import sys, service.api.gateway, service.runtime; from service.settings import Settings; "
+        "import sys, service.api.gateway, service.runtime, service.app; from service.settings import Settings; "
         "Settings(models='en-de,en-fr').entries(); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

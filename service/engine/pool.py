@@ -12,7 +12,7 @@ using it have finished.
 
 import asyncio
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
@@ -21,9 +21,11 @@ from service import local_ray
 from service.api.errors import ApiError, returned
 from service.engine import allocator
 from service.engine.answers import Decoded
-from service.engine.served_model import ServedModel
 from service.registry import ModelEntry, ModelUnavailableError
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.engine.served_model import ServedModel
 
 POOL = "model-pool"  # the deployment's name
 
@@ -33,6 +35,9 @@ class ModelPool:
     """Pooled models, loaded on demand, the least recently used evicted past the bound."""
 
     def __init__(self, entries: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+        # Imported here: the process that builds the app (`beamserve serve`'s) has no use for torch.
+        from service.engine.served_model import ServedModel
+
         local_ray.pin_replica_grpc()
         self.settings = Settings(**settings)
         self.entries = {e.name: e for e in (ModelEntry.model_validate(x) for x in entries)}
@@ -53,7 +58,7 @@ class ModelPool:
         # Decorated here, not on the class: the bound comes from the settings.
         self._load = serve.multiplexed(max_num_models_per_replica=self.settings.pool_models_per_replica)(load)
 
-    async def _model(self) -> ServedModel:
+    async def _model(self) -> "ServedModel":
         name = serve.get_multiplexed_model_id()
         if name not in self.entries:
             raise ModelUnavailableError(f"the model pool has no model {name!r}")
@@ -119,7 +124,7 @@ class Evictable:
     an evicted object's `__del__` when it is a coroutine function; set on the instance, so that the
     garbage collector (which looks on the class) never calls it."""
 
-    def __init__(self, pool: ModelPool, name: str, model: ServedModel) -> None:
+    def __init__(self, pool: ModelPool, name: str, model: "ServedModel") -> None:
         self.pool, self.name, self.model = pool, name, model
         self.__del__ = self.evict
 

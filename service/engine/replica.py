@@ -9,7 +9,6 @@ from model.options import DecodeOptions
 from service import local_ray
 from service.api.errors import ApiError, returned
 from service.engine.answers import Decoded
-from service.engine.served_model import ServedModel
 from service.registry import ModelEntry
 from service.settings import Settings
 
@@ -21,6 +20,9 @@ class PairModel:
     """One model of the registry on one replica; it answers the entry's pairs."""
 
     def __init__(self, entry: dict[str, Any], settings: dict[str, Any]) -> None:
+        # Imported here: the process that builds the app (`beamserve serve`'s) has no use for torch.
+        from service.engine.served_model import ServedModel
+
         local_ray.pin_replica_grpc()
         self.model = ServedModel(ModelEntry.model_validate(entry), Settings(**settings))
 
