@@ -37,6 +37,7 @@ SHARED_SERVER = {
     "tests/test_glossary.py",
     "tests/test_metrics.py",
     "tests/test_openapi.py",
+    "tests/test_overload.py",
     "tests/test_page.py",
     "tests/test_request_log.py",
     "tests/test_service.py",

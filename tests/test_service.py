@@ -20,7 +20,7 @@ import httpx
 import pytest
 from ray.serve._private.constants import SERVE_SESSION_ID
 
-from .conftest import DATA, REPO, SETTINGS, read_lines, until
+from .conftest import DATA, REPO, read_lines
 
 
 @pytest.fixture()
@@ -397,113 +397,6 @@ def test_concurrent_requests_share_batches_and_match_sequential(server: str, cli
     assert batches < 64 / 2, f"64 concurrent requests ran in {batches} batches: no dynamic batching"
     assert after["max_batch_sentences"] > 1
     assert after["engine_cpu_s"] > before["engine_cpu_s"]  # the engine thread's CPU, as benchmarks read it
-
-
-LONG = (
-    "A group of young men in colorful uniforms are playing a game of soccer on a large green field "
-    "while a crowd of people watches from the stands behind them."
-)
-# One sentence, long enough that three of them at beam 8 keep a replica busy for a while on any CPU.
-LONGER = LONG[:-1] + ", as a referee in a black shirt runs along the side of the field and watches the ball."
-BUSY_DAYS = ("today", "yesterday", "on Monday", "on Tuesday", "on Wednesday")
-
-
-def test_knobs_deployed_live_overload_is_503_with_retry_after_and_deadline_is_504(
-    server: str, client: httpx.Client
-) -> None:
-    from service import runtime
-
-    runtime.deploy({**SETTINGS, "max_queue": 3, "max_batch_size": 1, "batch_wait_ms": 0.0})
-    try:
-        config = client.get("/v1/stats").json()["en-de"]["config"]
-        assert (config["max_queue"], config["max_batch_size"], config["batch_wait_ms"]) == (3, 1, 0.0)
-        # Four distinct sentences (the gateway decodes a repeated one once).
-        too_big = client.post("/v1/translate", json={"texts": list("abcd"), "source": "en", "target": "de"})
-        assert too_big.status_code == 422 and "queues at most 3" in too_big.text
-
-        async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
-            async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
-                busy = asyncio.create_task(
-                    ac.post(
-                        "/v1/translate",
-                        json={
-                            "texts": [f"{LONGER[:-1]} {day}." for day in BUSY_DAYS[:3]],
-                            "source": "en",
-                            "target": "de",
-                            "beam_size": 8,
-                        },
-                    )
-                )
-                # One of busy's sentences decodes, two wait: the queue holds 2 of 3 (polled, not slept on,
-                # so a slow proxy hop or a fast decoder cannot move the moment the queue is full).
-                deadline = time.monotonic() + 10
-                while (await ac.get("/v1/stats")).json()["en-de"]["queued"] < 2 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.005)
-                two = {"texts": ["A dog.", "A cat."], "source": "en", "target": "de"}
-                full = await ac.post("/v1/translate", json=two)
-                # LibreTranslate's route says "slow down" as its clients expect: 429, its error shape.
-                libre = await ac.post("/translate", json={"q": two["texts"], "source": "en", "target": "de"})
-                assert libre.status_code == 429 and int(libre.headers["retry-after"]) >= 1, libre.text
-                assert isinstance(libre.json()["error"], str) and libre.json()["code"] == "overloaded"
-                late = await ac.post(
-                    "/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "de", "timeout_s": 0.05}
-                )
-                return await busy, full, late
-
-        busy, full, late = asyncio.run(scenario())
-        assert busy.status_code == 200 and len(busy.json()["translations"]) == 3
-        assert full.status_code == 503 and int(full.headers["retry-after"]) >= 1 and "(limit 3)" in full.text
-        assert late.status_code == 504, late.text
-    finally:
-        runtime.deploy(SETTINGS)
-    config = client.get("/v1/stats").json()["en-de"]["config"]
-    assert (config["batch_wait_ms"], config["max_batch_size"]) == (
-        SETTINGS["batch_wait_ms"],
-        SETTINGS["max_batch_size"],
-    )
-    # decode_slots is left unset: the CPU replica's size; max_queue is set: as given.
-    assert (config["decode_slots"], config["max_queue"]) == (256, SETTINGS["max_queue"])
-
-
-def test_client_that_disconnects_stops_costing_compute(server: str, client: httpx.Client) -> None:
-    from service import runtime
-
-    runtime.deploy({**SETTINGS, "max_batch_size": 1, "batch_wait_ms": 0.0})
-    try:
-        before = client.get("/v1/stats").json()["en-de"]
-
-        async def scenario() -> None:
-            async with httpx.AsyncClient(base_url=server, timeout=60) as ac:
-                # Five long sentences at beam 8, one a batch: one decoding, the rest queued for seconds.
-                texts = [f"{LONGER[:-1]} {day}." for day in BUSY_DAYS]
-                busy = asyncio.create_task(
-                    ac.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", "beam_size": 8})
-                )
-
-                async def holds(sentences: int, request: asyncio.Task[httpx.Response]) -> bool:
-                    """Whether the engine holds this many sentences since `before`, decoding or queued."""
-                    now = (await ac.get("/v1/stats")).json()["en-de"]
-                    if now["batched_sentences"] - before["batched_sentences"] + now["queued"] >= sentences:
-                        return True
-                    assert not request.done(), f"answered before its sentences were seen: {request.result().text[:300]}"
-                    return False
-
-                await until(lambda: holds(len(BUSY_DAYS), busy), "the busy request's sentences in the engine")
-                short = asyncio.create_task(
-                    ac.post("/v1/translate", json={"texts": ["A dog.", "A cat."], "source": "en", "target": "de"})
-                )
-                await until(lambda: holds(len(BUSY_DAYS) + 2, short), "the short request's sentences queued behind")
-                short.cancel()  # the client hangs up while its sentences wait
-                with pytest.raises(asyncio.CancelledError):
-                    await short
-                assert (await busy).status_code == 200
-
-        asyncio.run(scenario())
-        after = client.get("/v1/stats").json()["en-de"]
-        assert after["cancelled"] - before["cancelled"] == 2  # both queued sentences dropped, never decoded
-        assert after["batched_sentences"] - before["batched_sentences"] == len(BUSY_DAYS)  # only the busy request's
-    finally:
-        runtime.deploy(SETTINGS)
 
 
 def test_client_that_disconnects_mid_decode_frees_its_slots(server: str, client: httpx.Client) -> None:
