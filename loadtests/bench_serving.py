@@ -229,9 +229,8 @@ def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
     lines = [
         "# Serving path: CPU per request",
         "",
-        f"Command: `python loadtests/bench_serving.py {' '.join(sys.argv[1:])}`",
         f"{provenance()} The load generator on the same cores.",
-        f"{args.requests} requests per workload, {args.concurrency} in flight, after a warm-up; the cached workloads"
+        f"{args.requests} requests per workload, {args.concurrency} in flight, after a warm-up; every workload"
         f" in {args.rounds} rounds, the servers taking turns, the median round shown.",
         "",
         "| server | front | workload | requests/s | CPU ms / request | engine ms | path CPU ms |"

@@ -1,10 +1,11 @@
 """The codebase's own rules, read from its source: model/ never imports the service or Ray, no module
-imports another module's private name (a private helper is one module's business), and every declared
-runtime dependency is used."""
+imports another module's private name (a private helper is one module's business), every declared
+runtime dependency is used, and every benchmark report names the commit it measured."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,3 +109,21 @@ def test_the_declared_runtime_dependencies_are_the_ones_used() -> None:
     assert not unused, f"declared, never used: {unused}"
     assert not used - set(declared), f"imported, not declared: {sorted(used - set(declared))}"
     assert not set(USED_UNIMPORTED) - set(declared)
+
+
+# GPU runs whose reports name no commit: running them again needs a GPU (make gpu-wheels, loadtests/gpu_run.sh).
+UNSTAMPED_GPU_REPORTS = {"batching_gpu.md", "batching_gpu_cpu_sizes.md"}
+
+
+def test_every_report_names_the_commit_it_measured() -> None:
+    """A figure in the docs comes from a report that says which code it measured: a commit, never
+    'uncommitted changes'."""
+    reports = sorted((ROOT / "loadtests" / "results").glob("*.md"))
+    dirty = [r.name for r in reports if "uncommitted changes" in r.read_text()]
+    unnamed = [
+        r.name
+        for r in reports
+        if r.name not in UNSTAMPED_GPU_REPORTS and not re.search(r"\b[Cc]ommit:? [0-9a-f]{7}", r.read_text())
+    ]
+    assert not dirty, f"reports of uncommitted code: {dirty}"
+    assert not unnamed, f"reports that name no commit: {unnamed}"
