@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard model/kernels/csrc/*.c mo
 	@# The rest by uv (one of the dev dependencies): the versions pip resolves, installed in a fifth of the time,
 	@# compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set nothing else writes it, and every
 	@# process, each of Ray's workers among them, would compile Ray's, FastAPI's and pydantic's sources as it
-	@# imports them (a `beamserve serve` start: 28 CPU-s against 58).
+	@# imports them (a `beamserve serve` start: 22 CPU-s against 61, loadtests/results/start.md).
 	$(PIP) install -q $$(grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
 	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[dev]'
 	@# The C kernels build only where there is a C compiler (setup.py); a quiet install would not say it failed.
