@@ -81,8 +81,7 @@ class Server:
             cmd = [sys.executable, str(REPO / "loadtests" / "serving_echo.py"), "--port", str(self.port)]
         else:
             env |= {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_THREADS": "1"}
-            cmd = [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)]
-            cmd += ["--metrics-port", str(free_loopback_port()), "--num-cpus", "2"]
+            cmd = process_cpu.serve_command(self.port)
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )

@@ -36,19 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 def start(models: str, env: dict[str, str], timeout_s: float = 300.0) -> tuple[float, dict[str, float]]:
     """(seconds to ready, CPU-s to ready by role) of one server, stopped after."""
     port = free_loopback_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "service.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--metrics-port",
-        str(free_loopback_port()),
-    ]
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [*cmd, "--num-cpus", "2"],
+        process_cpu.serve_command(port),
         cwd=REPO,
         env={**os.environ, **env, "BEAMSERVE_MODELS": models},
         stdout=subprocess.DEVNULL,

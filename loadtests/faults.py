@@ -81,18 +81,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         settings = {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_REQUEST_TIMEOUT_S": "10", **env}
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "service.cli",
-                "serve",
-                "--port",
-                str(self.port),
-                "--metrics-port",
-                str(free_port()),
-                "--num-cpus",
-                "2",
-            ],
+            process_cpu.serve_command(self.port),
             cwd=REPO,
             env={**os.environ, **settings, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,

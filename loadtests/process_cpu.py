@@ -1,5 +1,5 @@
-"""A server's process tree: the CPU seconds each role spends (psutil), for per-request costs, and
-stopping it.
+"""A server's process tree: the command that starts one, the CPU seconds each role spends (psutil), for
+per-request costs, and stopping it.
 
 A role is read off a process's command line: Serve's replicas by deployment, Serve's proxy, HAProxy,
 Serve's controller, and the rest of Ray (GCS, raylet, the driver, agents) together.
@@ -9,10 +9,30 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 
 import psutil
 
+from service.runtime import free_loopback_port
+
 Snapshot = dict[int, tuple[str, float]]  # pid -> (role, user + system CPU seconds)
+
+
+def serve_command(port: int) -> list[str]:
+    """`beamserve serve` on 127.0.0.1:port with 2 CPUs, its metrics on another free loopback port."""
+    metrics = str(free_loopback_port())
+    return [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--metrics-port",
+        metrics,
+        "--num-cpus",
+        "2",
+    ]
 
 
 def role(cmdline: str) -> str:

@@ -118,12 +118,12 @@ UNSTAMPED_GPU_REPORTS = {"batching_gpu.md", "batching_gpu_cpu_sizes.md"}
 def test_every_report_names_the_commit_it_measured() -> None:
     """A figure in the docs comes from a report that says which code it measured: a commit, never
     'uncommitted changes'."""
-    reports = sorted((ROOT / "loadtests" / "results").glob("*.md"))
-    dirty = [r.name for r in reports if "uncommitted changes" in r.read_text()]
+    reports = {r.name: r.read_text() for r in sorted((ROOT / "loadtests" / "results").glob("*.md"))}
+    dirty = [name for name, text in reports.items() if "uncommitted changes" in text]
     unnamed = [
-        r.name
-        for r in reports
-        if r.name not in UNSTAMPED_GPU_REPORTS and not re.search(r"\b[Cc]ommit:? [0-9a-f]{7}", r.read_text())
+        name
+        for name, text in reports.items()
+        if name not in UNSTAMPED_GPU_REPORTS and not re.search(r"\b[Cc]ommit:? [0-9a-f]{7}", text)
     ]
     assert not dirty, f"reports of uncommitted code: {dirty}"
     assert not unnamed, f"reports that name no commit: {unnamed}"
