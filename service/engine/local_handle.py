@@ -15,21 +15,25 @@ from ray.serve.handle import DeploymentHandle
 
 
 class LocalResponse:
-    """One call's answer: awaitable once, cancellable (DeploymentResponse's two uses here). A method's
-    error, raised at once or by its coroutine, is raised where the answer is awaited."""
+    """One call's answer: awaitable once, cancellable (DeploymentResponse's two uses here). The call runs
+    in the task that awaits it, so a cancelled await cancels the call and no task is made per call;
+    cancel() before the await drops the call unrun. A method's error, raised at once or by its
+    coroutine, is raised where the answer is awaited."""
 
     def __init__(self, call: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        async def answer() -> Any:
-            result = call(*args)
-            return await result if inspect.isawaitable(result) else result
+        self._call, self._args, self._cancelled = call, args, False
 
-        self._future = asyncio.ensure_future(answer())
+    async def _answer(self) -> Any:
+        if self._cancelled:
+            raise asyncio.CancelledError
+        result = self._call(*self._args)
+        return await result if inspect.isawaitable(result) else result
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._future.__await__()
+        return self._answer().__await__()
 
     def cancel(self) -> None:
-        self._future.cancel()
+        self._cancelled = True
 
 
 class LocalMethod:

@@ -67,12 +67,9 @@ class PairHealth:
     @staticmethod
     async def _ask(handle: PairHandle) -> dict[str, Any] | None:
         response = handle.info.remote()
-
-        async def answer() -> Any:
-            return await response
-
         try:
-            return dict(await asyncio.wait_for(answer(), ASK_S))
+            async with asyncio.timeout(ASK_S):
+                return dict(await response)
         except TimeoutError:  # no replica yet (Serve holds the call until one starts), or a wedged one
             response.cancel()
             return None

@@ -510,12 +510,9 @@ class PairRouter:
         for attempt in (1, 2):
             left = deadline - time.monotonic()
             response = getattr(self.pairs[pair], method).remote(*args, *([left] if pass_time else []))
-
-            async def answer(r: Any = response) -> Any:
-                return await r
-
             try:
-                result = await asyncio.wait_for(answer(), left + 2.0)
+                async with asyncio.timeout(left + 2.0):  # in this task: wait_for would start one a call
+                    result = await response
             except TimeoutError:
                 response.cancel()
                 raise ApiError("timeout", f"no answer within {timeout:.0f}s") from None
