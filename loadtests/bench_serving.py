@@ -20,7 +20,11 @@ each in `--rounds` rounds, the servers taking turns, the median round reported):
 - uncached-1 / uncached-10: the same shapes with `"cache": false` over `--sentences` distinct test
   sentences, so every sentence is decoded (UNCACHED_IN_FLIGHT in flight, fewer requests), in rounds
   too. The echo server gets the cached bodies; its CPU per request is the floor each path is
-  compared with.
+  compared with. Behind HAProxy the echo also runs each uncached row's shape at that row's pace (its
+  requests/s, UNCACHED_IN_FLIGHT connections, http_load.paced_loop): what a request costs Serve
+  depends on the rate (each request wakes every process on its way, and finds their caches cold: the
+  report's paced echo rows against its flat-out ones), so an uncached row's floor is the echo at the
+  same rate.
 CPU is psutil's user + system time of every process of the server's tree (Ray's GCS and raylet
 included) over the workload, less what each process spends idle (measured for IDLE_S before it),
 divided by the requests answered. The engine's share is its thread's CPU (`engine_cpu_s` of
@@ -126,6 +130,7 @@ class Row:
     cpu_s: dict[str, float]
     engine_s: float = 0.0  # the engine thread's CPU seconds over the workload
     round: int = 0
+    pace_of: str = ""  # an echo row held to this server's pace on the workload (its requests/s)
 
     @property
     def cpu_ms(self) -> float:
@@ -177,6 +182,22 @@ def measure(server: Server, workload: str, sentences: list[str], requests: int, 
     return Row(server.kind, server.front, workload, len(answers), ok, seconds, spent, engine)
 
 
+def measure_paced(echo: Server, row: Row, sentences: list[str]) -> Row:
+    """The echo on row's shape, held to row's requests/s over as many connections and requests."""
+    rate, cached = row.ok / row.seconds, row.workload.replace("uncached", "cached")
+    wire = [http_load.request_bytes("/echo", b, port=echo.port) for b in bodies(cached, sentences)]
+    asyncio.run(http_load.closed_loop(echo.port, wire, total=UNCACHED_IN_FLIGHT * 4, concurrency=UNCACHED_IN_FLIGHT))
+    idle = idle_rate(echo)
+    before = process_cpu.snapshot(echo.proc.pid)
+    answers, seconds = asyncio.run(
+        http_load.paced_loop(echo.port, wire, total=row.requests, concurrency=UNCACHED_IN_FLIGHT, rate=rate)
+    )
+    spent = process_cpu.spent(before, process_cpu.snapshot(echo.proc.pid))
+    spent = {name: max(0.0, cpu - idle.get(name, 0.0) * seconds) for name, cpu in spent.items()}
+    ok = sum(a.status == 200 for a in answers)
+    return Row("echo", echo.front, row.workload, len(answers), ok, seconds, spent, round=row.round, pace_of=row.server)
+
+
 def engine_cpu_s(server: Server) -> float:
     """CPU seconds the server's engine threads have spent (0 for the echo)."""
     if server.kind == "echo":
@@ -205,23 +226,37 @@ def flood(server: Server, sentences: list[str], connections: int) -> str:
     )
 
 
-def ratio_to_echo(row: Row, rows: list[Row]) -> float | None:
-    """The row's path CPU over the HAProxy echo's CPU on the same body (the cached workload of its
-    shape): round by round where both ran in the round, the median of the ratios."""
-    floor = {
-        r.round: r.cpu_ms
-        for r in rows
-        if r.server == "echo" and r.front == "haproxy" and r.workload == row.workload.replace("uncached", "cached")
-    }
+def ratio_to_echo(row: Row, rows: list[Row], *, paced: bool) -> float | None:
+    """The row's path CPU over the HAProxy echo's CPU on the same body: round by round where both ran
+    in the round, the median of the ratios. Flat out (paced False): the echo's closed loop on the
+    cached workload of the row's shape; an uncached row, or one behind the other front, against the
+    echo's median round. Paced: an uncached row behind HAProxy against the echo held to its pace in
+    its round (None behind the other front); a cached row's pace is flat out already."""
+    uncached = row.workload.startswith("uncached")
+    if paced and uncached:
+        if row.front != "haproxy":
+            return None
+        floor = {
+            r.round: r.cpu_ms
+            for r in rows
+            if r.server == "echo" and r.front == "haproxy" and r.workload == row.workload and r.pace_of == row.server
+        }
+    else:
+        cached = row.workload.replace("uncached", "cached")
+        floor = {
+            r.round: r.cpu_ms
+            for r in rows
+            if r.server == "echo" and r.front == "haproxy" and r.workload == cached and not r.pace_of
+        }
     if not floor:
         return None
-    mine = [r for r in rows if (r.server, r.front, r.workload) == (row.server, row.front, row.workload)]
-    if row.workload.startswith("cached") and row.front == "haproxy":
+    mine = [r for r in rows if (r.server, r.front, r.workload, r.pace_of) == (row.server, row.front, row.workload, "")]
+    if row.front == "haproxy" and (paced or not uncached):
         ratios = sorted(r.path_ms / floor[r.round] for r in mine if r.round in floor)
     else:  # measured once, or behind the other front: against the echo's median round
         echo = sorted(floor.values())[len(floor) // 2]
         ratios = sorted(r.path_ms / echo for r in mine)
-    return ratios[len(ratios) // 2]
+    return ratios[len(ratios) // 2] if ratios else None
 
 
 def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
@@ -233,21 +268,25 @@ def report(rows: list[Row], floods: list[str], args: argparse.Namespace) -> str:
         f" in {args.rounds} rounds, the servers taking turns, the median round shown.",
         "",
         "| server | front | workload | requests/s | CPU ms / request | engine ms | path CPU ms |"
-        " path / echo (HAProxy) | by process (ms / request) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
+        " path / echo at its pace | path / echo flat out | by process (ms / request) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in median_rows(rows):
-        found = ratio_to_echo(r, rows)
-        ratio = f"{found:.2f}x" if found is not None else ""
+        ratios = [ratio_to_echo(r, rows, paced=paced) if not r.pace_of else None for paced in (True, False)]
+        shown = " | ".join(f"{x:.2f}x" if x is not None else "" for x in ratios)
+        workload = f"{r.workload}, {r.pace_of}'s pace" if r.pace_of else r.workload
         lines.append(
-            f"| {r.server} | {FRONTS[r.front]} | {r.workload} | {r.ok / r.seconds:.0f} | {r.cpu_ms:.2f} | "
-            f"{r.engine_ms:.2f} | {r.path_ms:.2f} | {ratio} | {r.by_role()} |"
+            f"| {r.server} | {FRONTS[r.front]} | {workload} | {r.ok / r.seconds:.0f} | {r.cpu_ms:.2f} | "
+            f"{r.engine_ms:.2f} | {r.path_ms:.2f} | {shown} | {r.by_role()} |"
         )
     lines += [
         "",
         "CPU: every process of the server, less its idle CPU over the same time. Engine: the engine thread's CPU",
         "(its decoding), in whichever process it runs. Path CPU: the rest. Path / echo: over the HAProxy echo's",
-        "CPU on the same body, round by round (the median ratio); uncached rows against the echo's median round.",
+        "CPU on the same body, round by round (the median ratio). At its pace: an uncached row against the echo",
+        "held to that row's requests/s in the same round (the echo rows marked with a server's pace), since a",
+        "request costs Serve more CPU the fewer come a second; a cached row's pace is flat out. Flat out: against",
+        "the echo's closed loop at full speed (uncached rows against its median round).",
         f"Uncached workloads run {UNCACHED_IN_FLIGHT} requests in flight and a fifth (one sentence) or a twentieth",
         "(ten sentences) of the requests.",
     ]
@@ -288,15 +327,19 @@ def main() -> None:
         # a drift of the machine's speed touches both sides of each ratio alike.
         print(f"[{n}] {args.servers} behind {FRONTS[front]}: starting", file=sys.stderr, flush=True)
         servers = [Server(kind, front) for kind in args.servers.split(",")]
+        echo = next((s for s in servers if s.kind == "echo"), None)
         try:
             for r in range(args.rounds):
                 for workload in workloads:
                     for server in servers:
                         if server.kind == "echo" and workload.startswith("uncached"):
-                            continue  # the echo's floor is its cached row
+                            continue  # the echo's floors are its cached row and its paced runs
                         rows.append(measure(server, workload, sentences, args.requests, args.concurrency))
                         rows[-1].round = r
                         say(rows[-1], f"round {r + 1}/{args.rounds}")
+                        if echo is not None and front == "haproxy" and workload.startswith("uncached"):
+                            rows.append(measure_paced(echo, rows[-1], sentences))
+                            say(rows[-1], f"round {r + 1}/{args.rounds}, {server.kind}'s pace")
             for server in (s for s in servers if s.kind != "echo"):
                 if args.flood:
                     floods.append(flood(server, sentences, args.flood))
@@ -320,7 +363,7 @@ def median_rows(rows: list[Row]) -> list[Row]:
     """Per server, front and workload, the round with the median CPU a request."""
     groups: dict[tuple[str, str, str], list[Row]] = {}
     for row in rows:
-        groups.setdefault((row.server, row.front, row.workload), []).append(row)
+        groups.setdefault((row.server, row.front, row.workload + row.pace_of), []).append(row)
     return [sorted(g, key=lambda r: r.cpu_ms)[len(g) // 2] for g in groups.values()]
 
 

@@ -3,7 +3,8 @@
 It shares the machine's cores with the server it measures, so it does as little as possible per
 request (a prebuilt request, the status line and Content-Length read, the body skipped): a fraction
 of the CPU an httpx request costs. Only what a serving benchmark needs: closed loops over N
-connections, and a flood of N connections each sending one request at once.
+connections, the same held to a request rate, and a flood of N connections each sending one request
+at once.
 """
 
 from __future__ import annotations
@@ -99,6 +100,30 @@ async def closed_loop(
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return answers, time.perf_counter() - start
+
+
+async def paced_loop(
+    port: int, requests: list[bytes], *, total: int, concurrency: int, rate: float, timeout_s: float = 60.0
+) -> tuple[list[Answer], float]:
+    """closed_loop held to `rate` requests a second: connection k sends its j-th request at
+    (j * concurrency + k) / rate seconds from the start, or when its last is answered if that is later."""
+    answers: list[Answer] = []
+    start = time.perf_counter()
+
+    async def worker(k: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for i in range(k, total, concurrency):
+                await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+                sent = time.perf_counter()
+                writer.write(requests[i % len(requests)])
+                status, _, body, headers = await asyncio.wait_for(_read_answer(reader, False), timeout_s)
+                answers.append(Answer(status, time.perf_counter() - sent, body, headers))
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
     return answers, time.perf_counter() - start
 
 
