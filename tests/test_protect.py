@@ -54,3 +54,14 @@ def test_the_sentence_s_full_stop_stays_when_the_alignment_links_it_to_the_url()
     # Without the source's full stop after the URL, the linked one goes with the URL's words.
     [bare] = parse_documents([to_html(source[:-1])])
     assert from_html(bare.render([translation], [links])) == "Hunde spielen nahe https://dogs.example"
+
+
+def test_the_quick_check_agrees_with_the_search_on_random_text() -> None:
+    """has_protected skips the search for a text without any of the marks; a pattern that a text
+    without them could match would make it miss spans."""
+    rng = random.Random(2)
+    alphabet = ["a", "Z", "1", " ", ".", ",", "_", "-", "+", "(", ")", "{", "}", "%", "$", "@", ":", "/", "w"]
+    alphabet += ["www.", "://", "http", "ftp", "{{", "}}", "%(x)", "s", "d", "${", "\n"]
+    for _ in range(20000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert has_protected(text) == (PROTECTED.search(text) is not None), repr(text)

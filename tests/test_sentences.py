@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from service.text.sentences import join_sentences, join_translations, split_sentences
+from service.text.sentences import _BOUNDARY, _MAY_CUT, join_sentences, join_translations, split_sentences
 
 from .conftest import read_lines
 
@@ -145,3 +145,17 @@ def test_split_then_join_is_the_identity_on_random_text() -> None:
         got, separators = split_sentences(text, rng.choice(["en", "de", "fr", ""]))
         assert join_sentences(got, separators) == text, repr(text)
         assert all(g.strip() for g in got) or len(got) == 1, repr(text)  # no empty sentence between two cuts
+
+
+def test_a_text_without_a_possible_cut_has_no_boundary() -> None:
+    """split_sentences answers a body without any of _MAY_CUT's characters (before its last one) whole,
+    without the boundary search: on random text the search finds nothing there either."""
+    rng = random.Random(3)
+    alphabet = "aZé1 .!?…。！？\n\t\"'“”„«»()[]-,:;€$%{}@/" + "xyz" * 4
+    skipped = 0
+    for _ in range(20000):
+        body = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))).strip()
+        if _MAY_CUT.search(body, 0, len(body) - 1) is None:
+            skipped += 1
+            assert _BOUNDARY.search(body) is None, repr(body)
+    assert skipped > 1000  # the random texts reach the quick path

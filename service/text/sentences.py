@@ -67,6 +67,8 @@ _BOUNDARY = re.compile(
     rf"|(?P<cjk>[\u3002\uff01\uff1f]+[\u300d\u300f{_C}\uff09]*)(?P<cjk_ws>[^\S\n]*)(?=\S)"
     r"|(?P<line>[^\S\n]*\n\s*)"
 )
+# Every boundary starts with one of these before the body's last character: a body without one is a sentence.
+_MAY_CUT = re.compile(r"[.!?\u2026\u3002\uff01\uff1f\n]")
 _NUMBER = re.compile(r"[\d.,]*\d")
 _DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]?")  # U.S, e.g, p.m, E.S.E
 
@@ -78,8 +80,10 @@ def split_sentences(text: str, lang: str = "") -> tuple[list[str], list[str]]:
     boundary (or a blank one) comes back whole, as one sentence. The text's leading and trailing
     whitespace stay on its first and last sentences (a tokenizer ignores them).
     """
-    lang = lang if lang in STARTERS else ""
     body = text.strip()
+    if _MAY_CUT.search(body, 0, len(body) - 1) is None:
+        return [text], []
+    lang = lang if lang in STARTERS else ""
     sentences, separators, start = [], [], 0
     for m in _BOUNDARY.finditer(body):
         if m.group("line") is not None:
