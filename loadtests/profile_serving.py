@@ -3,6 +3,7 @@ closed loop sends cached one-sentence requests, grouped by the module of each sa
 
     python loadtests/profile_serving.py                 # `beamserve serve` behind HAProxy, 10 s of samples
     python loadtests/profile_serving.py --uncached      # every sentence decoded
+    python loadtests/profile_serving.py --texts 10      # ten texts a request
 
 py-spy (a dev dependency) reads the replica's memory: it needs ptrace rights over it (root, or
 kernel.yama.ptrace_scope 0). Samples where the gateway's threads wait (the event loop's poll, Ray's
@@ -79,10 +80,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=10, help="seconds of samples")
     ap.add_argument("--uncached", action="store_true", help='"cache": false: every sentence decoded')
+    ap.add_argument("--texts", type=int, choices=(1, 10), default=1, help="texts a request")
     ap.add_argument("--top", type=int, default=0, help="also the N functions with the most samples (innermost frames)")
     ap.add_argument("--raw", type=Path, help="also keep py-spy's samples (collapsed stacks) in this file")
     args = ap.parse_args()
-    workload = "uncached-1" if args.uncached else "cached-1"
+    workload = f"{'uncached' if args.uncached else 'cached'}-{args.texts}"
     server = Server("beamserve", "haproxy")
     try:
         gateway = next(
