@@ -22,7 +22,7 @@ each in `--rounds` rounds, the servers taking turns, the median round reported):
   too. The echo server gets the cached bodies; its CPU per request is the floor each path is
   compared with. Behind HAProxy the echo also runs each uncached row's shape at that row's pace (its
   requests/s, UNCACHED_IN_FLIGHT connections, http_load.paced_loop): what a request costs Serve
-  depends on the rate (each request wakes every process on its way, and finds their caches cold: the
+  depends on the rate (at a low one each request wakes every process on its way by itself: the
   report's paced echo rows against its flat-out ones), so an uncached row's floor is the echo at the
   same rate.
 CPU is psutil's user + system time of every process of the server's tree (Ray's GCS and raylet
