@@ -44,8 +44,10 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -167,10 +169,25 @@ def measure(server: Server, workload: str, sentences: list[str], requests: int, 
     wire = [http_load.request_bytes(path, b, port=server.port) for b in bodies(workload, sentences)]
     warm = max(concurrency * 4, requests // 10)
     asyncio.run(http_load.closed_loop(server.port, wire, total=warm, concurrency=concurrency))
+    return counted(server, workload, http_load.closed_loop(server.port, wire, total=requests, concurrency=concurrency))
+
+
+def measure_paced(echo: Server, row: Row, sentences: list[str]) -> Row:
+    """The echo on row's shape, held to row's requests/s over as many connections and requests."""
+    rate, cached = row.ok / row.seconds, row.workload.replace("uncached", "cached")
+    wire = [http_load.request_bytes("/echo", b, port=echo.port) for b in bodies(cached, sentences)]
+    asyncio.run(http_load.closed_loop(echo.port, wire, total=UNCACHED_IN_FLIGHT * 4, concurrency=UNCACHED_IN_FLIGHT))
+    load = http_load.paced_loop(echo.port, wire, total=row.requests, concurrency=UNCACHED_IN_FLIGHT, rate=rate)
+    return replace(counted(echo, row.workload, load), round=row.round, pace_of=row.server)
+
+
+def counted(server: Server, workload: str, load: Coroutine[Any, Any, tuple[list[http_load.Answer], float]]) -> Row:
+    """The row of `load` (a loop of http_load's) run on the server: each role's CPU less what it spends
+    idle (measured just before), and the engine thread's CPU."""
     idle = idle_rate(server)
     engine = engine_cpu_s(server)
     before = process_cpu.snapshot(server.proc.pid)
-    answers, seconds = asyncio.run(http_load.closed_loop(server.port, wire, total=requests, concurrency=concurrency))
+    answers, seconds = asyncio.run(load)
     spent = process_cpu.spent(before, process_cpu.snapshot(server.proc.pid))
     engine = engine_cpu_s(server) - engine
     # What the server spends with no request (Ray's and Serve's loops) is not a request's cost; a role
@@ -180,22 +197,6 @@ def measure(server: Server, workload: str, sentences: list[str], requests: int, 
     if ok < len(answers):
         print(f"  {server.kind} {workload}: {http_load.counts(answers)}", file=sys.stderr)
     return Row(server.kind, server.front, workload, len(answers), ok, seconds, spent, engine)
-
-
-def measure_paced(echo: Server, row: Row, sentences: list[str]) -> Row:
-    """The echo on row's shape, held to row's requests/s over as many connections and requests."""
-    rate, cached = row.ok / row.seconds, row.workload.replace("uncached", "cached")
-    wire = [http_load.request_bytes("/echo", b, port=echo.port) for b in bodies(cached, sentences)]
-    asyncio.run(http_load.closed_loop(echo.port, wire, total=UNCACHED_IN_FLIGHT * 4, concurrency=UNCACHED_IN_FLIGHT))
-    idle = idle_rate(echo)
-    before = process_cpu.snapshot(echo.proc.pid)
-    answers, seconds = asyncio.run(
-        http_load.paced_loop(echo.port, wire, total=row.requests, concurrency=UNCACHED_IN_FLIGHT, rate=rate)
-    )
-    spent = process_cpu.spent(before, process_cpu.snapshot(echo.proc.pid))
-    spent = {name: max(0.0, cpu - idle.get(name, 0.0) * seconds) for name, cpu in spent.items()}
-    ok = sum(a.status == 200 for a in answers)
-    return Row("echo", echo.front, row.workload, len(answers), ok, seconds, spent, round=row.round, pace_of=row.server)
 
 
 def engine_cpu_s(server: Server) -> float:
@@ -233,21 +234,17 @@ def ratio_to_echo(row: Row, rows: list[Row], *, paced: bool) -> float | None:
     echo's median round. Paced: an uncached row behind HAProxy against the echo held to its pace in
     its round (None behind the other front); a cached row's pace is flat out already."""
     uncached = row.workload.startswith("uncached")
-    if paced and uncached:
-        if row.front != "haproxy":
-            return None
-        floor = {
-            r.round: r.cpu_ms
-            for r in rows
-            if r.server == "echo" and r.front == "haproxy" and r.workload == row.workload and r.pace_of == row.server
-        }
-    else:
-        cached = row.workload.replace("uncached", "cached")
-        floor = {
-            r.round: r.cpu_ms
-            for r in rows
-            if r.server == "echo" and r.front == "haproxy" and r.workload == cached and not r.pace_of
-        }
+    if paced and uncached and row.front != "haproxy":
+        return None
+    # The echo's rows it is set against: held to this row's pace, or the cached workload flat out.
+    workload, pace_of = (
+        (row.workload, row.server) if paced and uncached else (row.workload.replace("uncached", "cached"), "")
+    )
+    floor = {
+        r.round: r.cpu_ms
+        for r in rows
+        if (r.server, r.front, r.workload, r.pace_of) == ("echo", "haproxy", workload, pace_of)
+    }
     if not floor:
         return None
     mine = [r for r in rows if (r.server, r.front, r.workload, r.pace_of) == (row.server, row.front, row.workload, "")]
