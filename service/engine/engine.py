@@ -243,8 +243,7 @@ class Engine:
         items = self.submit(sources, opts, time.monotonic() + timeout_s)  # one per live source, in order
         futures = {i: item.future for i, item in zip(live, items, strict=True)}
         try:
-            waits = [asyncio.wrap_future(f) for f in futures.values()]
-            done = [await waits[0]] if len(waits) == 1 else await asyncio.gather(*waits)  # one: no gather
+            done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures.values()))
         except BaseException:
             for f in futures.values():
                 f.cancel()
