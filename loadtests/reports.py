@@ -53,12 +53,18 @@ def cpu_name() -> str:
     from model.kernels.cpus import usable_cpus
 
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {usable_cpus()} cores"
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {usable_cpus()} cores"
+        lines = []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    found = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    flags = [f for f in ISA_FLAGS if f in found]
+    name = names[0] if names else platform.processor() or platform.machine()
+    return f"{name}, {usable_cpus()} cores" + (f" ({' '.join(flags)})" if flags else "")
+
+
+# The instruction sets the kernels choose by (model/kernels/int8_choice.py, native.py's builds), as Linux names them.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 
 
 def gpu_names() -> str:

@@ -17,7 +17,8 @@ from model import TranslationResult, Translator
 from model.io import checkpoint
 from model.kernels import compute_type as compute
 from model.kernels.gemm import Linear
-from model.kernels.quant import Int8Weight, int8_of, int8_weight, linear_int8, onednn_int8_computes, quantize_weight
+from model.kernels.int8_kernels import KERNELS, exact
+from model.kernels.quant import int8_of, int8_weight, linear_int8, quantize_weight
 from model.nn.layers import FeedForward
 from model.shipped import PRETRAINED_DIR
 from service.cli import main
@@ -130,23 +131,27 @@ def test_an_int8_product_row_is_exactly_the_same_in_any_batch(k: int, n: int) ->
         # Beside rows 100x larger: a per-tensor activation scale would crush the first row's resolution.
         beside = linear_int8(torch.cat([x[:1], 100 * x[1:8]]), q, b)[:1]
         assert torch.equal(alone, beside)
-        # Small products take torch._int_mm, large ones oneDNN's int8 GEMM (quant.ONEDNN_MIN_MACS): the same bits.
+        # Each row count may take another kernel (model/kernels/int8_choice.py): the same bits.
         for rows in (2, 4, 13, 64, 128, 300):
             assert torch.equal(linear_int8(x[:rows], q, b)[:1], alone), rows
 
 
-def test_the_onednn_and_int_mm_paths_give_the_same_bits() -> None:
-    if not onednn_int8_computes():
-        pytest.skip("oneDNN's int8 matmul is not in this torch build or not exact on this CPU (no VNNI or AMX)")
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_exact_int8_kernel_gives_the_same_bits(kernel: str) -> None:
+    if not exact(kernel):
+        pytest.skip(f"the {kernel} int8 kernel does not run here, or not exactly (model/kernels/int8_kernels.py)")
     torch.manual_seed(1)
-    # 16 rows: where oneDNN's int8 matmul is a reference loop (quant.onednn_int8() False) it still computes
-    x, w, b = torch.randn(16, 512), torch.randn(2048, 512) * 0.05, torch.randn(2048)
+    w, b = torch.randn(2051, 520) * 0.05, torch.randn(2051)  # neither a whole panel of columns nor a group of 4
     plain = quantize_weight(w)
-    packed = int8_weight(plain.qweight, plain.scale, onednn=True)
-    plain = Int8Weight(plain.qweight, plain.scale)  # no oneDNN copy: torch._int_mm
+    ours, reference = (int8_weight(plain.qweight, plain.scale, (k,)) for k in (kernel, "int_mm"))
     with torch.inference_mode():
-        assert torch.equal(linear_int8(x, packed, b), linear_int8(x, plain, b))
-        assert torch.equal(linear_int8(x, packed), linear_int8(x, plain))
+        for rows in (1, 3, 16, 64, 130):
+            x = torch.randn(rows, 520)
+            for bias in (b, None):
+                assert torch.equal(linear_int8(x, ours, bias), linear_int8(x, reference, bias)), (rows, bias is None)
+            assert torch.equal(
+                linear_int8(x, ours, b, log_softmax=True), linear_int8(x, reference, b, log_softmax=True)
+            ), rows
 
 
 @pytest.mark.parametrize("model", MODELS)

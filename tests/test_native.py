@@ -247,6 +247,37 @@ def test_the_int8_gemm_in_c_gives_the_exact_product(M: int, K: int, N: int) -> N
         native.int8_gemm(x, w[:, 1:].contiguous())
 
 
+vnni = pytest.mark.skipif(not native.vnni(), reason="this CPU has no AVX-512 VNNI, or the C kernels are not loaded")
+
+
+@vnni
+@pytest.mark.parametrize(
+    ("M", "K", "N"), [(1, 512, 512), (2, 16, 4), (3, 37, 7), (5, 256, 8000), (9, 1024, 33), (64, 2048, 13)]
+)
+def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(M: int, K: int, N: int) -> None:
+    g = torch.Generator().manual_seed(M * K + N)
+    wide = torch.randint(-127, 128, (M, K + 3), dtype=torch.int8, generator=g)
+    x, w = wide[:, :K], torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)  # x: rows of a wider tensor
+    packed, comp = native.vnni_pack(w)
+    assert torch.equal(native.vnni_gemm(x, packed, comp), (x.long() @ w.long().t()).int())
+    # 127 x 127 everywhere, and -127 beside 127: the sums a 16-bit pair product would saturate
+    full = torch.full((M, K), 127, dtype=torch.int8)
+    assert torch.equal(
+        native.vnni_gemm(full, *native.vnni_pack(-full[:1].expand(N, K).contiguous())),
+        torch.full((M, N), -127 * 127 * K),
+    )
+    # The fused layer: quantize_rows, the product and scale_back_ to the bit, with and without a bias
+    xf, scale, bias = torch.randn(M, K, generator=g), torch.rand(N, generator=g) / 100, torch.randn(N, generator=g)
+    xq, xs = native.quantize_rows(xf)
+    for b in (bias, None):
+        want = native.scale_back_((xq.long() @ w.long().t()).int(), scale, xs, b)
+        assert torch.equal(native.vnni_linear(xf, packed, comp, scale, b), want)
+    with pytest.raises(ValueError):  # rows longer than the packed weight's: it would be read past its end
+        native.vnni_gemm(torch.cat([x, x[:, :4]], 1), packed, comp)
+    with pytest.raises(ValueError):
+        native.vnni_linear(xf, packed, comp, scale[1:], None)
+
+
 def _step_cases() -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
     """Fixed random inputs for the decode-step attention (q, k, v, lengths, rows) and log-softmax (logits)."""
     g = torch.Generator().manual_seed(3)

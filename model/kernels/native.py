@@ -1,13 +1,12 @@
-"""beamserve's C kernels (model/kernels/csrc), where the package was built with them: the passes around an int8
-GEMM and the GEMM itself where oneDNN's does not serve, and a decode step's attention, log-softmax and
-candidate ranking.
+"""beamserve's C kernels (model/kernels/csrc), where the package was built with them: the int8 GEMMs and the passes
+around them, and a decode step's attention, log-softmax and candidate ranking.
 
-An int8 GEMM (model/kernels/quant.py) is wrapped in per-row passes: quantising the activation rows, and scaling
-the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
-passes over memory, each a call of its own; on the decoder's shapes they took as long as the GEMM.
-The C kernels do each in one pass and give the same bits (tests/test_native.py). Where oneDNN's int8
-matmul is not exact (x86 without VNNI or AMX, model/kernels/quant.py) the GEMM is C's too (csrc/int8_gemm.c:
-16-bit products summed in 32 bits, exact as torch._int_mm, which there runs 30x slower than float32).
+An int8 GEMM (model/kernels/int8_kernels.py) is wrapped in per-row passes: quantising the activation rows, and
+scaling the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
+passes over memory, each a call of its own; the C kernels do each in one pass and give the same bits
+(tests/test_native.py). With AVX-512 VNNI the whole layer is one call (csrc/int8_vnni.c: quantisation, product
+and scale-back over a weight packed once); elsewhere C multiplies with 16-bit products (csrc/int8_gemm.c), exact
+on every x86 CPU. model/kernels/int8_choice.py measures which kernel is fastest here.
 
 A decode step's attention (csrc/attention.c: every row's query against its cached keys and values in
 one pass) and log-softmax (csrc/search.c) compute their own bits, the same on every CPU, vector width
@@ -90,6 +89,13 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_scale_back_log_softmax.restype = None
     lib.beamserve_top_candidates.argtypes = [p, p, i64, i64, i64, i64, p, p, p]
     lib.beamserve_top_candidates.restype = ctypes.c_int
+    lib.beamserve_vnni.argtypes, lib.beamserve_vnni.restype = [], ctypes.c_int
+    lib.beamserve_vnni_packed_bytes.argtypes, lib.beamserve_vnni_packed_bytes.restype = [i64, i64], i64
+    lib.beamserve_vnni_pack.argtypes, lib.beamserve_vnni_pack.restype = [p, i64, i64, p, p], None
+    lib.beamserve_vnni_int8_gemm.argtypes = [p, i64, i64, i64, p, p, i64, p]
+    lib.beamserve_vnni_int8_gemm.restype = ctypes.c_int
+    lib.beamserve_vnni_linear.argtypes = [p, i64, i64, i64, p, p, i64, p, p, p, i64]
+    lib.beamserve_vnni_linear.restype = ctypes.c_int
     return lib
 
 
@@ -99,6 +105,7 @@ BUILD = None if _LOADED is None else _LOADED[1]  # the build loaded: model.kerne
 # Which kernels beat PyTorch's vectorised operators on this CPU: a kernel the compiler leaves scalar here
 # (the quantisation without AVX-512, the scale-back without a vector fused multiply-add) would be slower.
 _VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
+_VNNI = _LIB is not None and bool(_LIB.beamserve_vnni())
 
 
 def in_use() -> str:
@@ -181,6 +188,93 @@ def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     y = torch.empty(M, N, dtype=torch.int32)
     lib.beamserve_int8_gemm(x.data_ptr(), M, K, x.stride(0), w.data_ptr(), N, y.data_ptr())
     return y
+
+
+def vnni() -> bool:
+    """Whether the VNNI int8 kernels (csrc/int8_vnni.c) run here: the build has them, the CPU has AVX-512 VNNI."""
+    return _LIB is not None and _VNNI
+
+
+def vnni_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) int8 -> its packed bytes and (N,) int32 column sums times 128, as vnni_gemm and vnni_linear read
+    them. Only where built()."""
+    lib = _lib()
+    _check(w.dtype == torch.int8 and w.dim() == 2, "vnni_pack", "a 2-d int8 weight")
+    w = w.contiguous()
+    N, K = w.shape
+    packed = torch.empty(lib.beamserve_vnni_packed_bytes(N, K), dtype=torch.int8)
+    comp = torch.empty(N, dtype=torch.int32)
+    lib.beamserve_vnni_pack(w.data_ptr(), N, K, packed.data_ptr(), comp.data_ptr())
+    return packed, comp
+
+
+def _check_packed(kernel: str, K: int, packed: torch.Tensor, comp: torch.Tensor) -> int:
+    """N, where packed and comp are an (N, K) weight's vnni_pack."""
+    N = comp.numel()
+    _check(comp.dtype == torch.int32 and comp.is_contiguous(), kernel, "the column sums must be contiguous int32")
+    _check(
+        packed.dtype == torch.int8
+        and packed.is_contiguous()
+        and packed.numel() == _LIB.beamserve_vnni_packed_bytes(N, K),  # type: ignore[union-attr]
+        kernel,
+        f"the packed bytes of a ({N}, {K}) weight",
+    )
+    return N
+
+
+def vnni_gemm(x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
+    """x (M, K) int8 with unit column stride against a vnni_pack'ed (N, K) weight -> x @ w^T, (M, N) int32,
+    exact (as torch._int_mm). Only where vnni()."""
+    lib = _lib()
+    _check(
+        x.dtype == torch.int8 and x.dim() == 2 and x.stride(1) == 1, "vnni_gemm", "x (M, K) int8, unit column stride"
+    )
+    M, K = x.shape
+    N = _check_packed("vnni_gemm", K, packed, comp)
+    y = torch.empty(M, N, dtype=torch.int32)
+    failed = lib.beamserve_vnni_int8_gemm(
+        x.data_ptr(), M, K, x.stride(0), packed.data_ptr(), comp.data_ptr(), N, y.data_ptr()
+    )
+    _raise_for(failed, "vnni_gemm")
+    return y
+
+
+def vnni_linear(
+    x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, col_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x (M, K) float32 through an int8 linear layer in one call: each row quantised (quantize_rows), multiplied
+    by the vnni_pack'ed (N, K) weight, scaled back with col_scale (N,) and the bias (scale_back_) -> (M, N)
+    float32, the bits of those three steps. Only where vnni()."""
+    lib = _lib()
+    if x.dtype != torch.float32 or x.stride(-1) != 1:
+        x = x.float().contiguous()
+    _check(x.dim() == 2 and x.device.type == "cpu", "vnni_linear", "x (M, K) float32 on CPU")
+    M, K = x.shape
+    N = _check_packed("vnni_linear", K, packed, comp)
+    _check(
+        col_scale.dtype == torch.float32 and col_scale.is_contiguous() and col_scale.numel() == N,
+        "vnni_linear",
+        f"{N} column scales",
+    )
+    _check(
+        bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N),
+        "vnni_linear",
+        f"the bias must be {N} contiguous float32s",
+    )
+    y = torch.empty(M, N)
+    b = None if bias is None else bias.data_ptr()
+    failed = lib.beamserve_vnni_linear(
+        x.data_ptr(), M, K, x.stride(0), packed.data_ptr(), comp.data_ptr(), N, col_scale.data_ptr(), b, y.data_ptr(), N
+    )
+    _raise_for(failed, "vnni_linear")
+    return y
+
+
+def _raise_for(failed: int, kernel: str) -> None:
+    if failed == -1:
+        raise RuntimeError(f"{kernel}: this CPU has no AVX-512 VNNI, or the library was built without the kernel")
+    if failed:
+        raise MemoryError(f"{kernel}: no memory for the quantised rows")
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

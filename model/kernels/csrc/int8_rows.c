@@ -8,49 +8,8 @@
  */
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX512BW__)
-#include <immintrin.h>
-#endif
 
-#define QMAX 127.0f
-
-static float scale_of(float absmax) { return (absmax < 1e-12f ? 1e-12f : absmax) / QMAX; }
-
-#if !defined(__AVX512BW__)
-static inline void quantize_row_generic(const float *x, int64_t cols, int8_t *q, float *scale) {
-    float m = 0.0f;
-    for (int64_t c = 0; c < cols; c++) {
-        float a = fabsf(x[c]);
-        m = a > m ? a : m;
-    }
-    float s = scale_of(m);
-    *scale = s;
-    for (int64_t c = 0; c < cols; c++) q[c] = (int8_t)(int32_t)rintf(x[c] / s);
-}
-#endif
-
-#if defined(__AVX512BW__)
-/* Compilers do not vectorise the largest-magnitude reduction or the rounding conversion on their own. */
-static void quantize_row_avx512(const float *x, int64_t cols, int8_t *q, float *scale) {
-    __m512 m = _mm512_setzero_ps();
-    int64_t c = 0;
-    for (; c + 16 <= cols; c += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + c)));
-    float mx = _mm512_reduce_max_ps(m);
-    for (; c < cols; c++) {
-        float a = fabsf(x[c]);
-        mx = a > mx ? a : mx;
-    }
-    float s = scale_of(mx);
-    *scale = s;
-    const __m512 vs = _mm512_set1_ps(s);
-    for (c = 0; c + 16 <= cols; c += 16) {
-        /* the default rounding mode: to nearest, ties to even, as rintf and torch.round */
-        __m512i i = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(x + c), vs));
-        _mm_storeu_si128((__m128i *)(q + c), _mm512_cvtsepi32_epi8(i));
-    }
-    for (; c < cols; c++) q[c] = (int8_t)(int32_t)rintf(x[c] / s);
-}
-#endif
+#include "quantize.h"
 
 /* Which kernels this build runs vectorised: bit 0 beamserve_quantize_rows (AVX-512), bit 1 beamserve_scale_back
  * (a vector fused multiply-add; without one, fmaf is a library call a lane). model/kernels/native.py leaves the
@@ -90,11 +49,7 @@ int beamserve_cpu_level(void) {
 /* x (rows, cols) float32 with row stride ld -> q (rows, cols) int8 and scale (rows,): each row on its own
  * scale, its largest magnitude / 127, q = round(x / scale). */
 void beamserve_quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld, int8_t *q, float *scale) {
-#if defined(__AVX512BW__)
-    for (int64_t r = 0; r < rows; r++) quantize_row_avx512(x + r * ld, cols, q + r * cols, scale + r);
-#else
-    for (int64_t r = 0; r < rows; r++) quantize_row_generic(x + r * ld, cols, q + r * cols, scale + r);
-#endif
+    for (int64_t r = 0; r < rows; r++) quantize_row(x + r * ld, cols, q + r * cols, scale + r, 0);
 }
 
 /* y = acc * col_scale * row_scale (+ bias): acc (rows, cols) int32, y (rows, cols) float32, which may be acc's

@@ -1,0 +1,199 @@
+/* An int8 linear layer with AVX-512 VNNI (Intel since Cascade Lake, AMD since Zen 4): the activation rows
+ * quantised, multiplied by a weight packed once at load, and scaled back, in one call (model/kernels/quant.py).
+ *
+ * vpdpbusd multiplies unsigned by signed bytes and adds each four products into a 32-bit lane without
+ * saturating, so the activations are taken as x + 128 (1..255) and the weight's column sums times 128 are
+ * taken off at the end: sum((x + 128) w) - 128 sum(w) = sum(x w), the exact int32 product, as
+ * torch._int_mm gives it. The scale-back is int8_rows.c's formula in the same operations, so the result has
+ * the bits of the other int8 paths whichever kernel a batch's size picks.
+ *
+ * The packed weight: panels of 16 output columns; in a panel, groups of 4 along K, each group 64 bytes (the
+ * 4 values of column 0, then of column 1, ...), so one load feeds one vpdpbusd for 16 columns. Zeros pad N
+ * to a whole panel and K to a whole group. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+
+#include "quantize.h"
+#define HAS_VNNI 1
+#define VNNI_FN static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define VNNI_ENTRY __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#else
+#define HAS_VNNI 0
+#endif
+
+#define PANEL 16 /* output columns a panel: one vector of int32 sums */
+#define MR 4     /* activation rows a tile */
+#define NP 4     /* panels a tile: MR x NP sums in registers, NP weight loads feeding MR x NP products */
+
+static int64_t groups(int64_t K) { return (K + 3) / 4; }
+static int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }
+
+/* Whether this build has the kernel and this CPU (and its OS) runs it. */
+int beamserve_vnni(void) {
+#if HAS_VNNI && defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+
+/* Bytes of the packed form of an (N, K) weight. */
+int64_t beamserve_vnni_packed_bytes(int64_t N, int64_t K) { return panels(N) * groups(K) * 4 * PANEL; }
+
+/* w (N, K) int8 contiguous -> packed (beamserve_vnni_packed_bytes) and comp (N,): 128 times each row's sum. */
+void beamserve_vnni_pack(const int8_t *w, int64_t N, int64_t K, int8_t *packed, int32_t *comp) {
+    const int64_t G = groups(K);
+    memset(packed, 0, (size_t)beamserve_vnni_packed_bytes(N, K));
+    for (int64_t n = 0; n < N; n++) {
+        int32_t sum = 0;
+        int8_t *panel = packed + (n / PANEL) * G * 4 * PANEL + (n % PANEL) * 4;
+        for (int64_t k = 0; k < K; k++) {
+            panel[(k / 4) * 4 * PANEL + k % 4] = w[n * K + k];
+            sum += w[n * K + k];
+        }
+        comp[n] = 128 * sum;
+    }
+}
+
+#if HAS_VNNI
+/* rows x np panels of sums over every group: xu's rows (row stride 4 G bytes) against the panels at w. */
+VNNI_FN void tile(const uint8_t *xu, int64_t G, const int8_t *w, int rows, int np, __m512i acc[MR][NP]) {
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < np; p++) acc[r][p] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < G; g++) {
+        __m512i b[NP];
+        for (int p = 0; p < np; p++) b[p] = _mm512_loadu_si512(w + (p * G + g) * 4 * PANEL);
+        for (int r = 0; r < rows; r++) {
+            int32_t four;
+            memcpy(&four, xu + r * G * 4 + g * 4, 4);
+            const __m512i a = _mm512_set1_epi32(four);
+            for (int p = 0; p < np; p++) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], a, b[p]);
+        }
+    }
+}
+
+/* One tile's sums, less the compensation, as int32 (out_i32) or scaled back as int8_rows.c's
+ * beamserve_scale_back does it: (float)acc * col_scale, then * row_scale + bias in one rounding. */
+VNNI_FN void finish(__m512i acc[MR][NP], int rows, int np, int64_t n0, int64_t N, const int32_t *comp,
+                    const float *col_scale, const float *row_scale, const float *bias, int32_t *out_i32,
+                    float *out, int64_t ldy) {
+    for (int p = 0; p < np; p++) {
+        const int64_t n = n0 + p * PANEL;
+        const __mmask16 m = N - n >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n)) - 1);
+        const __m512i c = _mm512_maskz_loadu_epi32(m, comp + n);
+        __m512 cs = _mm512_setzero_ps(), bs = _mm512_setzero_ps();
+        if (out) cs = _mm512_maskz_loadu_ps(m, col_scale + n);
+        if (out && bias) bs = _mm512_maskz_loadu_ps(m, bias + n);
+        for (int r = 0; r < rows; r++) {
+            const __m512i exact = _mm512_sub_epi32(acc[r][p], c);
+            if (!out) {
+                _mm512_mask_storeu_epi32(out_i32 + r * ldy + n, m, exact);
+                continue;
+            }
+            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), cs);
+            const __m512 rs = _mm512_set1_ps(row_scale[r]);
+            const __m512 y = bias ? _mm512_fmadd_ps(t, rs, bs) : _mm512_mul_ps(t, rs);
+            _mm512_mask_storeu_ps(out + r * ldy + n, m, y);
+        }
+    }
+}
+
+/* xu (M, 4 G) unsigned bytes against the packed weight: y (M, N) with row stride ldy, as finish() writes. A
+ * block of NP panels (16 KB of weight at K = 256) stays in cache while every row tile passes it. */
+VNNI_FN void gemm(const uint8_t *xu, int64_t M, int64_t G, const int8_t *packed, const int32_t *comp, int64_t N,
+                  const float *col_scale, const float *row_scale, const float *bias, int32_t *out_i32,
+                  float *out, int64_t ldy) {
+    const int64_t P = panels(N);
+    for (int64_t p0 = 0; p0 < P; p0 += NP) {
+        const int np = P - p0 < NP ? (int)(P - p0) : NP;
+        const int8_t *w = packed + p0 * G * 4 * PANEL;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int rows = M - m0 < MR ? (int)(M - m0) : MR;
+            __m512i acc[MR][NP];
+            const uint8_t *x = xu + m0 * G * 4;
+            /* constant tile sizes wherever the panels are whole, so the compiler keeps the sums in registers */
+            if (np < NP)
+                tile(x, G, w, rows, np, acc);
+            else if (rows == 4)
+                tile(x, G, w, 4, NP, acc);
+            else if (rows == 3)
+                tile(x, G, w, 3, NP, acc);
+            else if (rows == 2)
+                tile(x, G, w, 2, NP, acc);
+            else
+                tile(x, G, w, 1, NP, acc);
+            finish(acc, rows, np, p0 * PANEL, N, comp, col_scale, row_scale ? row_scale + m0 : NULL, bias,
+                   out_i32 ? out_i32 + m0 * ldy : NULL, out ? out + m0 * ldy : NULL, ldy);
+        }
+    }
+}
+
+/* x's rows as unsigned bytes, x + 128, each row padded with zeros to 4 G. */
+VNNI_FN void shift_rows(const int8_t *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xu, int64_t G) {
+    for (int64_t r = 0; r < M; r++) {
+        uint8_t *row = xu + r * G * 4;
+        for (int64_t k = 0; k < K; k++) row[k] = (uint8_t)(x[r * ldx + k] + 128);
+        for (int64_t k = K; k < G * 4; k++) row[k] = 0;
+    }
+}
+#endif
+
+/* x (M, K) int8 with row stride ldx against the packed (N, K) weight -> y (M, N) int32 contiguous, the exact
+ * product x @ w^T (as torch._int_mm). Returns 0; -1 where this build or CPU has no kernel, -2 without memory. */
+#if HAS_VNNI
+VNNI_ENTRY
+#endif
+int beamserve_vnni_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
+                             const int32_t *comp, int64_t N, int32_t *y) {
+#if HAS_VNNI
+    if (!beamserve_vnni()) return -1;
+    const int64_t G = groups(K);
+    uint8_t *xu = malloc((size_t)(M * G * 4 + 1));
+    if (!xu) return -2;
+    shift_rows(x, M, K, ldx, xu, G);
+    gemm(xu, M, G, packed, comp, N, NULL, NULL, NULL, y, NULL, N);
+    free(xu);
+    return 0;
+#else
+    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)comp, (void)N, (void)y;
+    return -1;
+#endif
+}
+
+/* The int8 linear layer: x (M, K) float32 with row stride ldx, each row quantised on its own scale (as
+ * int8_rows.c's beamserve_quantize_rows), multiplied by the packed (N, K) weight, and scaled back by the row's
+ * scale and the columns' col_scale (N,), plus bias (N,) where given -> y (M, N) float32 with row stride ldy.
+ * The bits of beamserve_quantize_rows, an exact int8 GEMM and beamserve_scale_back in turn. Returns 0; -1
+ * where this build or CPU has no kernel, -2 without memory. */
+#if HAS_VNNI
+VNNI_ENTRY
+#endif
+int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
+                          const int32_t *comp, int64_t N, const float *col_scale, const float *bias, float *y,
+                          int64_t ldy) {
+#if HAS_VNNI
+    if (!beamserve_vnni()) return -1;
+    const int64_t G = groups(K);
+    uint8_t *xu = malloc((size_t)(M * G * 4 + (int64_t)sizeof(float) * M)); /* the rows, then their scales */
+    if (!xu) return -2;
+    float *row_scale = (float *)(xu + M * G * 4);
+    for (int64_t r = 0; r < M; r++) {
+        uint8_t *row = xu + r * G * 4;
+        quantize_row(x + r * ldx, K, (int8_t *)row, row_scale + r, 0x80); /* x + 128 as unsigned bytes */
+        for (int64_t k = K; k < G * 4; k++) row[k] = 0;
+    }
+    gemm(xu, M, G, packed, comp, N, col_scale, row_scale, bias, NULL, y, ldy);
+    free(xu);
+    return 0;
+#else
+    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)comp, (void)N, (void)col_scale, (void)bias, (void)y,
+        (void)ldy;
+    return -1;
+#endif
+}
