@@ -128,21 +128,23 @@ def test_cross_step_attention_gives_a_sentence_the_same_bits_beside_more_beams_a
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("bias", [True, False])
-def test_int8_q_k_v_as_one_gemm_give_the_three_projections_bits(bias: bool) -> None:
+def test_q_k_v_as_one_gemm_give_the_three_projections_bits(bias: bool, int8: bool) -> None:
     torch.manual_seed(0)
     attn = MultiHeadAttention(64, 4).eval()
-    x = torch.randn(37, 1, 64) * 3
+    x = torch.randn(37, 64) * 3
     if not bias:
         for p in (attn.q_proj, attn.k_proj, attn.v_proj):
             p.bias = None
-    assert attn.project_qkv_int8(x) is None  # float32 weights: the three projections as they are
-    for p in (attn.q_proj, attn.k_proj, attn.v_proj):
-        use_int8(p.weight)
-    fused = attn.project_qkv_int8(x)
-    assert fused is not None
-    q, k, v = fused
-    assert q.is_contiguous() and q.shape == (37, 4, 16) and k.shape == v.shape == (37, 4, 1, 16)
-    assert torch.equal(q, attn.project_q(x)[:, :, 0])
-    for ours, theirs in zip((k, v), attn.project_kv(x), strict=True):
-        assert torch.equal(ours, theirs)
+    if int8:
+        for p in (attn.q_proj, attn.k_proj, attn.v_proj):
+            use_int8(p.weight)
+    for rows in (37, 4, 1):  # the GEMM of 192 columns sums each row as the three of 64 do, at any row count
+        qkv = attn.project_qkv(x[:rows])
+        assert qkv.shape == (rows, 3 * 64)
+        for ours, p in zip(qkv.split(64, dim=1), (attn.q_proj, attn.k_proj, attn.v_proj), strict=True):
+            assert torch.equal(ours, p(x[:rows])), rows
+    attn.k_proj.weight.data.mul_(2)  # a changed weight: the fused one follows (its version counter moved)
+    if not int8:
+        assert torch.equal(attn.project_qkv(x)[:, 64:128], attn.k_proj(x))

@@ -258,24 +258,28 @@ def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(M: int,
     g = torch.Generator().manual_seed(M * K + N)
     wide = torch.randint(-127, 128, (M, K + 3), dtype=torch.int8, generator=g)
     x, w = wide[:, :K], torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)  # x: rows of a wider tensor
-    packed, comp = native.vnni_pack(w)
-    assert torch.equal(native.vnni_gemm(x, packed, comp), (x.long() @ w.long().t()).int())
+    g_scale = torch.rand(N, generator=g) / 100
+    packed = native.VnniWeight(w, g_scale)
+    assert torch.equal(native.vnni_gemm(x, packed), (x.long() @ w.long().t()).int())
     # 127 x 127 everywhere, and -127 beside 127: the sums a 16-bit pair product would saturate
     full = torch.full((M, K), 127, dtype=torch.int8)
     assert torch.equal(
-        native.vnni_gemm(full, *native.vnni_pack(-full[:1].expand(N, K).contiguous())),
+        native.vnni_gemm(full, native.VnniWeight(-full[:1].expand(N, K).contiguous(), g_scale)),
         torch.full((M, N), -127 * 127 * K),
     )
-    # The fused layer: quantize_rows, the product and scale_back_ to the bit, with and without a bias
-    xf, scale, bias = torch.randn(M, K, generator=g), torch.rand(N, generator=g) / 100, torch.randn(N, generator=g)
+    # The fused layer: quantize_rows, the product, scale_back_ and a residual's addition to the bit
+    xf, bias, res = torch.randn(M, K, generator=g), torch.randn(N, generator=g), torch.randn(M, N, generator=g)
     xq, xs = native.quantize_rows(xf)
     for b in (bias, None):
-        want = native.scale_back_((xq.long() @ w.long().t()).int(), scale, xs, b)
-        assert torch.equal(native.vnni_linear(xf, packed, comp, scale, b), want)
+        want = native.scale_back_((xq.long() @ w.long().t()).int(), g_scale, xs, b)
+        assert torch.equal(native.vnni_linear(xf, packed, b), want)
+        assert torch.equal(native.vnni_linear(xf, packed, b, res), res + want)
     with pytest.raises(ValueError):  # rows longer than the packed weight's: it would be read past its end
-        native.vnni_gemm(torch.cat([x, x[:, :4]], 1), packed, comp)
+        native.vnni_gemm(torch.cat([x, x[:, :4]], 1), packed)
     with pytest.raises(ValueError):
-        native.vnni_linear(xf, packed, comp, scale[1:], None)
+        native.vnni_linear(xf, packed, bias[1:])
+    with pytest.raises(ValueError):
+        native.vnni_linear(xf, packed, bias, res[:, 1:])
 
 
 def _step_cases() -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:

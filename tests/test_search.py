@@ -5,11 +5,14 @@ import math
 import pytest
 import torch
 
+from model.decode import search
 from model.decode.search import (
     NEG,
+    BeamState,
     Hypothesis,
     SearchOptions,
     beam_search,
+    beam_step,
     greedy_search,
     log_softmax_,
     top_candidates,
@@ -202,3 +205,37 @@ def test_ban_repeated_ngrams_bans_exactly_the_tokens_that_would_repeat_an_ngram(
     lp = torch.zeros(1, 10)
     ban_repeated_ngrams(lp, history[:1], 5, 1)  # unigrams: every token generated so far
     assert sorted((lp[0] == float("-inf")).nonzero()[:, 0].tolist()) == [5, 6, 7]
+
+
+def _beam_steps(seed: int, shape: tuple[int, int, int, int], opts: SearchOptions) -> list[list[torch.Tensor]]:
+    """Twelve beam steps over random log-probabilities (the end token likely): each step's answer and state."""
+    b, K, V, T = shape
+    g = torch.Generator().manual_seed(seed)
+    state = BeamState.start(b, K, T, torch.device("cpu"))
+    max_lengths = torch.randint(2, T + 1, (b,), generator=g)
+    steps = []
+    for n in range(12):
+        log_probs = torch.log_softmax(torch.randn(b, K, V, generator=g) * 3, -1)
+        log_probs[:, :, opts.eos_token_id] += 1.5
+        answer = beam_step(log_probs, state, torch.full((b,), n), max_lengths, opts)
+        steps.append([*answer, *(getattr(state, f).clone() for f in BeamState.FIELDS)])
+    return steps
+
+
+@pytest.mark.skipif(not native.steps(), reason="the C kernels are not built, or turned off")
+@pytest.mark.parametrize("shape", [(1, 4, 50, 8), (3, 4, 20, 6), (5, 2, 30, 5), (2, 1, 10, 4), (4, 5, 40, 10)])
+@pytest.mark.parametrize(("early_stopping", "length_penalty"), [(False, 1.0), (True, 0.6), (False, 0.0)])
+def test_the_beam_step_in_c_gives_the_same_answer_and_state_as_pytorchs_ops(
+    shape: tuple[int, int, int, int], early_stopping: bool, length_penalty: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = SearchOptions(
+        beam_size=shape[1], eos_token_id=3, early_stopping=early_stopping, length_penalty=length_penalty
+    )
+    for seed in range(8):  # sentences finishing, finished hypotheses replaced, sentences done and stepped on
+        in_c = _beam_steps(seed, shape, opts)
+        with monkeypatch.context() as m:
+            m.setattr(search, "_in_c", lambda *args: False)
+            in_torch = _beam_steps(seed, shape, opts)
+        for n, (ours, theirs) in enumerate(zip(in_c, in_torch, strict=True)):
+            for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+                assert torch.equal(a, b), (seed, n, i)

@@ -314,6 +314,11 @@ def beam_step(
     length = pos + 1  # (b,)
     penalty = opts.length_penalty if length_penalty is None else length_penalty[:, None]
     norm = length.to(log_probs.dtype)[:, None] ** penalty  # (b, 1)
+    if active is None and length_penalty is None and early_stopping is None and _in_c(log_probs, state, K):
+        fields = tuple(getattr(state, name) for name in BeamState.FIELDS)
+        return native.beam_step(
+            log_probs, fields, pos, max_lengths, norm.view(b), opts.eos_token_id, opts.early_stopping
+        )
     early = opts.early_stopping if early_stopping is None else early_stopping  # bool or (b,)
     chunk = CHUNK if log_probs.device.type == "cpu" else None  # a GPU's topk kernel is fast as it is
     top_scores, top_beam, top_token = top_candidates(log_probs, state.run_scores, 2 * K, chunk=chunk)  # (b, 2K)
@@ -355,6 +360,17 @@ def beam_step(
         improvable=improvable,
     )
     return src_beam, token, done
+
+
+def _in_c(log_probs: torch.Tensor, state: BeamState, K: int) -> bool:
+    """Whether beam_step runs in C (native.beam_step, the same answer): CPU float32, a state of contiguous tensors
+    (the static decode state's, written in place per slot, keeps this module's ops)."""
+    return (
+        native.runs_on(log_probs)
+        and 2 * K <= native.MOST_CANDIDATES
+        and log_probs.is_contiguous()
+        and all(getattr(state, name).is_contiguous() for name in BeamState.FIELDS)
+    )
 
 
 def top_candidates(

@@ -179,26 +179,34 @@ def _self_attention(
     self_mask: torch.Tensor,
     t_len: int,
     h: torch.Tensor,
+    residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Layer i's self-attention with each row's keys/values written at its own position. h: (N, 1, C)."""
+    """Layer i's self-attention with each row's keys/values written at its own position, plus the residual.
+    h: (N, 1, C)."""
     k_new, v_new = layer.self_attn.project_kv(h)  # (N, H, 1, D)
     rows = torch.arange(h.shape[0], device=h.device)
     state.self_k[i, rows, :, rows_pos] = k_new[:, :, 0]
     state.self_v[i, rows, :, rows_pos] = v_new[:, :, 0]
     q = layer.self_attn.project_q(h)  # (N, H, 1, D)
     k, v = state.self_k[i, :, :, :t_len], state.self_v[i, :, :, :t_len]  # (N, H, t, D)
-    return layer.self_attn.merge_heads(attention(q, k, v, self_mask))
+    return layer.self_attn.merge_heads(attention(q, k, v, self_mask), residual)
 
 
 def _cross_attention(
-    layer: DecoderLayer, i: int, state: SlotState, cross_mask: torch.Tensor, p_len: int, h: torch.Tensor
+    layer: DecoderLayer,
+    i: int,
+    state: SlotState,
+    cross_mask: torch.Tensor,
+    p_len: int,
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Layer i's encoder-decoder attention: a slot's K beams are the query positions of one attention
-    over its source. h: (N, 1, C)."""
+    """Layer i's encoder-decoder attention, plus the residual: a slot's K beams are the query positions of one
+    attention over its source. h: (N, 1, C)."""
     q = layer.cross_attn.project_q(h)  # (N, H, 1, D)
     N, H, _, D = q.shape
     S = state.src_mask.shape[0]
     q = q.view(S, N // S, H, D).transpose(1, 2)  # (S, H, K, D)
     k, v = state.cross_k[i, :, :, :p_len], state.cross_v[i, :, :, :p_len]  # (S, H, p, D)
     out = attention(q, k, v, cross_mask)  # (S, H, K, D)
-    return layer.cross_attn.merge_heads(out.transpose(1, 2).reshape(N, H, 1, D))
+    return layer.cross_attn.merge_heads(out.transpose(1, 2).reshape(N, H, 1, D), residual)

@@ -59,18 +59,21 @@ def linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     activation: str | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (..., C_in) @ weight (C_out, C_in)^T + bias, then `activation` when given ("relu" or "swish").
+    """x (..., C_in) @ weight (C_out, C_in)^T + bias, then `activation` when given ("relu" or "swish"), or plus
+    `residual` (..., C_out) when given (as `residual + y`: a sublayer's residual connection, added in the
+    GEMM's own pass where its kernel can).
 
     Returns (..., C_out).
     """
-    if activation is not None and activation not in FUSED_ACTIVATIONS:
-        raise ValueError(f"no fused activation {activation!r}; one of {sorted(FUSED_ACTIVATIONS)}")
+    if activation is not None and (activation not in FUSED_ACTIVATIONS or residual is not None):
+        raise ValueError(f"no fused activation {activation!r} (one of {sorted(FUSED_ACTIVATIONS)}, with no residual)")
     # The checks in the order that costs least on the decoder's path: a decode step makes ~50 such calls.
     if x.is_cpu and not torch.is_grad_enabled():
         q = int8_of(weight)
         if q is not None:  # compute_type int8 (model/kernels/quant.py)
-            y = linear_int8(x, q, bias)
+            y = linear_int8(x, q, bias, residual=residual)
             return INPLACE_ACTIVATIONS[activation](y) if activation is not None else y
         if x.dtype == torch.float32 and _LINEAR is not None and not torch.compiler.is_compiling():
             rows = x.reshape(-1, x.shape[-1])
@@ -79,9 +82,12 @@ def linear(
                 y = _LINEAR(torch.cat([rows, rows.new_zeros(rows.shape)]), packed(weight), bias, post_op, [], "")[:1]  # type: ignore[operator]
             else:
                 y = _LINEAR(rows, packed(weight), bias, post_op, [], "")  # type: ignore[operator]
-            return y.view(*x.shape[:-1], weight.shape[0])
+            y = y.view(*x.shape[:-1], weight.shape[0])
+            return y if residual is None else y.add_(residual)  # y + residual: residual + y to the bit
     y = F.linear(x, weight, bias)
-    return ACTIVATIONS[activation](y) if activation is not None else y
+    if activation is not None:
+        return ACTIVATIONS[activation](y)
+    return y if residual is None else residual + y
 
 
 def packed(weight: torch.Tensor) -> torch.Tensor:
@@ -100,5 +106,5 @@ def packed(weight: torch.Tensor) -> torch.Tensor:
 class Linear(torch.nn.Linear):
     """nn.Linear (same parameters, same checkpoints) whose inference forward goes through `linear`."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, residual=residual)

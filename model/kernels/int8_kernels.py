@@ -39,7 +39,7 @@ class Int8Weight:
     scale: torch.Tensor  # (N,) float32
     plan: tuple[str, ...] = ("int_mm",)  # the kernel for each row bucket (int8_choice.bucket); the last for more
     onednn: tuple[torch.Tensor, torch.Tensor] | None = None  # qweight in oneDNN's blocked layout, (N,) int64 zeros
-    vnni: tuple[torch.Tensor, torch.Tensor] | None = None  # csrc/int8_vnni.c's packed bytes, (N,) column sums x 128
+    vnni: native.VnniWeight | None = None  # packed for csrc/int8_vnni.c
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scale[:, None]  # (N, K)
@@ -53,7 +53,7 @@ def with_forms(qweight: torch.Tensor, scale: torch.Tensor, plan: tuple[str, ...]
         with torch.inference_mode():
             onednn = (torch.ops.onednn.qlinear_prepack(qweight, None), torch.zeros(qweight.shape[0], dtype=torch.int64))
     if "vnni" in plan and native.vnni():
-        vnni = native.vnni_pack(qweight)
+        vnni = native.VnniWeight(qweight, scale.float())
     return Int8Weight(qweight, scale.float(), plan, onednn, vnni)
 
 
@@ -75,12 +75,25 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return native.quantize_rows(x)
 
 
-def multiply(kernel: str, x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None, log_softmax: bool) -> torch.Tensor:
-    """x (M, K) @ weight^T + bias by `kernel`, (M, N) float32; with `log_softmax`, each row's log-softmax in C
-    (native.log_softmax_), where the caller has checked native.runs_on(x)."""
+def multiply(
+    kernel: str,
+    x: torch.Tensor,
+    q: Int8Weight,
+    bias: torch.Tensor | None,
+    log_softmax: bool,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x (M, K) @ weight^T + bias by `kernel`, plus residual (M, N) float32 where given, (M, N) float32; with
+    `log_softmax` (no residual), each row's log-softmax in C (native.log_softmax_), where the caller has checked
+    native.runs_on(x)."""
     if kernel == "vnni" and q.vnni is not None and native.vnni():
-        y = native.vnni_linear(x, *q.vnni, q.scale, bias)
+        y = native.vnni_linear(x, q.vnni, bias, residual)
         return native.log_softmax_(y) if log_softmax else y
+    y = _product(kernel, x, q, bias, log_softmax)
+    return y if residual is None else y.add_(residual)  # y + residual: the same rounding either way round
+
+
+def _product(kernel: str, x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None, log_softmax: bool) -> torch.Tensor:
     xq, xs = quantize_activations(x)  # (M, K) int8, (M, 1)
     M, K = xq.shape
     if kernel == "onednn" and q.onednn is not None:
@@ -124,7 +137,7 @@ def exact(kernel: str) -> bool:
     want = (x.long() @ w.long().t()).int()
     try:
         if kernel == "vnni":
-            got = native.vnni_gemm(x, *native.vnni_pack(w))
+            got = native.vnni_gemm(x, native.VnniWeight(w, torch.ones(w.shape[0])))
         elif kernel == "c":
             got = native.int8_gemm(x, w)
         else:

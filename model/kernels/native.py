@@ -84,17 +84,25 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
         p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p
     ]  # fmt: skip
     lib.beamserve_attend.restype = ctypes.c_int
+    lib.beamserve_self_attend_step.argtypes = [
+        p, i64, i64, i64, i64, p, p, i64, i64, i64, i64, i64, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p
+    ]  # fmt: skip
+    lib.beamserve_self_attend_step.restype = ctypes.c_int
     lib.beamserve_log_softmax.argtypes, lib.beamserve_log_softmax.restype = [p, i64, i64, i64], None
     lib.beamserve_scale_back_log_softmax.argtypes = [p, i64, i64, p, p, p, p]
     lib.beamserve_scale_back_log_softmax.restype = None
     lib.beamserve_top_candidates.argtypes = [p, p, i64, i64, i64, i64, p, p, p]
     lib.beamserve_top_candidates.restype = ctypes.c_int
+    lib.beamserve_beam_step.argtypes = [
+        p, i64, i64, i64, p, p, p, p, p, p, i64, p, p, p, i64, ctypes.c_int, p, p, p
+    ]  # fmt: skip
+    lib.beamserve_beam_step.restype = ctypes.c_int
     lib.beamserve_vnni.argtypes, lib.beamserve_vnni.restype = [], ctypes.c_int
     lib.beamserve_vnni_packed_bytes.argtypes, lib.beamserve_vnni_packed_bytes.restype = [i64, i64], i64
     lib.beamserve_vnni_pack.argtypes, lib.beamserve_vnni_pack.restype = [p, i64, i64, p, p], None
     lib.beamserve_vnni_int8_gemm.argtypes = [p, i64, i64, i64, p, p, i64, p]
     lib.beamserve_vnni_int8_gemm.restype = ctypes.c_int
-    lib.beamserve_vnni_linear.argtypes = [p, i64, i64, i64, p, p, i64, p, p, p, i64]
+    lib.beamserve_vnni_linear.argtypes = [p, i64, i64, i64, p, p, i64, p, p, p, i64, p, i64]
     lib.beamserve_vnni_linear.restype = ctypes.c_int
     return lib
 
@@ -195,77 +203,64 @@ def vnni() -> bool:
     return _LIB is not None and _VNNI
 
 
-def vnni_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (N, K) int8 -> its packed bytes and (N,) int32 column sums times 128, as vnni_gemm and vnni_linear read
-    them. Only where built()."""
+class VnniWeight:
+    """An (N, K) int8 weight packed for the VNNI kernels, with its (N,) column scales: checked once, here, so
+    that a call checks only what it is handed."""
+
+    __slots__ = ("K", "N", "comp", "packed", "scale")
+
+    def __init__(self, w: torch.Tensor, scale: torch.Tensor) -> None:
+        lib = _lib()
+        _check(w.dtype == torch.int8 and w.dim() == 2, "vnni_pack", "a 2-d int8 weight")
+        self.N, self.K = w.shape
+        _check(scale.dtype == torch.float32 and scale.numel() == self.N, "vnni_pack", f"{self.N} float32 scales")
+        w = w.contiguous()
+        self.packed = torch.empty(lib.beamserve_vnni_packed_bytes(self.N, self.K), dtype=torch.int8)
+        self.comp = torch.empty(self.N, dtype=torch.int32)
+        self.scale = scale.contiguous()
+        lib.beamserve_vnni_pack(w.data_ptr(), self.N, self.K, self.packed.data_ptr(), self.comp.data_ptr())
+
+
+def vnni_gemm(x: torch.Tensor, w: VnniWeight) -> torch.Tensor:
+    """x (M, K) int8 with unit column stride against a packed (N, K) weight -> x @ w^T, (M, N) int32, exact (as
+    torch._int_mm). Only where vnni()."""
     lib = _lib()
-    _check(w.dtype == torch.int8 and w.dim() == 2, "vnni_pack", "a 2-d int8 weight")
-    w = w.contiguous()
-    N, K = w.shape
-    packed = torch.empty(lib.beamserve_vnni_packed_bytes(N, K), dtype=torch.int8)
-    comp = torch.empty(N, dtype=torch.int32)
-    lib.beamserve_vnni_pack(w.data_ptr(), N, K, packed.data_ptr(), comp.data_ptr())
-    return packed, comp
-
-
-def _check_packed(kernel: str, K: int, packed: torch.Tensor, comp: torch.Tensor) -> int:
-    """N, where packed and comp are an (N, K) weight's vnni_pack."""
-    N = comp.numel()
-    _check(comp.dtype == torch.int32 and comp.is_contiguous(), kernel, "the column sums must be contiguous int32")
-    _check(
-        packed.dtype == torch.int8
-        and packed.is_contiguous()
-        and packed.numel() == _LIB.beamserve_vnni_packed_bytes(N, K),  # type: ignore[union-attr]
-        kernel,
-        f"the packed bytes of a ({N}, {K}) weight",
-    )
-    return N
-
-
-def vnni_gemm(x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor) -> torch.Tensor:
-    """x (M, K) int8 with unit column stride against a vnni_pack'ed (N, K) weight -> x @ w^T, (M, N) int32,
-    exact (as torch._int_mm). Only where vnni()."""
-    lib = _lib()
-    _check(
-        x.dtype == torch.int8 and x.dim() == 2 and x.stride(1) == 1, "vnni_gemm", "x (M, K) int8, unit column stride"
-    )
+    _check(x.dtype == torch.int8 and x.dim() == 2 and x.stride(1) == 1, "vnni_gemm", "x (M, K) int8, unit stride")
     M, K = x.shape
-    N = _check_packed("vnni_gemm", K, packed, comp)
-    y = torch.empty(M, N, dtype=torch.int32)
+    if K != w.K:
+        raise ValueError(f"vnni_gemm: rows of {K} against a weight of {w.K} columns")
+    y = torch.empty(M, w.N, dtype=torch.int32)
     failed = lib.beamserve_vnni_int8_gemm(
-        x.data_ptr(), M, K, x.stride(0), packed.data_ptr(), comp.data_ptr(), N, y.data_ptr()
+        x.data_ptr(), M, K, x.stride(0), w.packed.data_ptr(), w.comp.data_ptr(), w.N, y.data_ptr()
     )
     _raise_for(failed, "vnni_gemm")
     return y
 
 
 def vnni_linear(
-    x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, col_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, w: VnniWeight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x (M, K) float32 through an int8 linear layer in one call: each row quantised (quantize_rows), multiplied
-    by the vnni_pack'ed (N, K) weight, scaled back with col_scale (N,) and the bias (scale_back_) -> (M, N)
-    float32, the bits of those three steps. Only where vnni()."""
+    """x (M, K) through an int8 linear layer in one call: each row quantised (quantize_rows), multiplied by the
+    packed (N, K) weight, scaled back with its column scales and the bias (scale_back_), plus `residual` (M, N)
+    float32 where given -> (M, N) float32, the bits of those steps in turn. Only where vnni()."""
     lib = _lib()
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
-    _check(x.dim() == 2 and x.device.type == "cpu", "vnni_linear", "x (M, K) float32 on CPU")
-    M, K = x.shape
-    N = _check_packed("vnni_linear", K, packed, comp)
-    _check(
-        col_scale.dtype == torch.float32 and col_scale.is_contiguous() and col_scale.numel() == N,
-        "vnni_linear",
-        f"{N} column scales",
-    )
-    _check(
-        bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N),
-        "vnni_linear",
-        f"the bias must be {N} contiguous float32s",
-    )
+    if x.dim() != 2 or x.shape[1] != w.K or not x.is_cpu:
+        raise ValueError(f"vnni_linear: x must be (M, {w.K}) on CPU, not {tuple(x.shape)} on {x.device}")
+    M, N = x.shape[0], w.N
+    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != N or not bias.is_contiguous()):
+        raise ValueError(f"vnni_linear: the bias must be {N} contiguous float32s")
+    r, ldr = None, 0
+    if residual is not None:
+        if residual.dtype != torch.float32 or residual.shape != (M, N) or residual.stride(1) != 1:
+            raise ValueError(f"vnni_linear: the residual must be ({M}, {N}) float32 with unit column stride")
+        r, ldr = residual.data_ptr(), residual.stride(0)
     y = torch.empty(M, N)
-    b = None if bias is None else bias.data_ptr()
     failed = lib.beamserve_vnni_linear(
-        x.data_ptr(), M, K, x.stride(0), packed.data_ptr(), comp.data_ptr(), N, col_scale.data_ptr(), b, y.data_ptr(), N
-    )
+        x.data_ptr(), M, w.K, x.stride(0), w.packed.data_ptr(), w.comp.data_ptr(), N, w.scale.data_ptr(),
+        None if bias is None else bias.data_ptr(), r, ldr, y.data_ptr(), N,
+    )  # fmt: skip
     _raise_for(failed, "vnni_linear")
     return y
 
@@ -385,6 +380,49 @@ def attend(
     return out
 
 
+def self_attend_step(
+    qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int | torch.Tensor, lineage: torch.Tensor | None
+) -> torch.Tensor:
+    """A decoder step's self-attention on the KVCache (model/nn/kv_cache.py), in one call: row n's key and value
+    from qkv (N, 3 * H * D) float32 (its query, key and value, unit stride within a row) written at its position
+    of cache row n of k, v (R, H, T, D), then row n's query against its positions up to that one. pos: one position
+    for every row, or (N,) int64 per row (rows at their own positions, no lineage). With a lineage (R', T') int64,
+    lineage[n, pos] is set to n and row n reads position t from buffer row lineage[n, t]. Returns (N, H, D);
+    IndexError, with nothing written, where a position or a lineage row would lie outside the cache. Only where
+    steps()."""
+    lib = _lib()
+    N, R, H, T, D = qkv.shape[0], k.shape[0], k.shape[1], k.shape[2], k.shape[3]
+    if not (
+        qkv.dtype == k.dtype == v.dtype == torch.float32 and qkv.dim() == 2 and qkv.shape[1] == 3 * H * D
+        and qkv.stride(1) == 1 and k.dim() == 4 and k.shape == v.shape and k.stride() == v.stride()
+        and k.stride(3) == 1 and 0 < D <= MOST_HEAD_DIM
+    ):  # fmt: skip
+        raise ValueError("self_attend_step: qkv (N, 3 H D), k and v (R, H, T, D) alike, float32")
+    positions, at = None, 0
+    if isinstance(pos, int):
+        at = pos
+    else:
+        held = pos if pos.is_contiguous() else pos.contiguous()
+        if held.dtype != torch.int64 or held.numel() != N:
+            raise ValueError(f"self_attend_step: {N} int64 positions")
+        positions = held.data_ptr()
+    lin, lN, lT, rN, rT = None, 0, 0, 0, 0
+    if lineage is not None:
+        if lineage.dtype != torch.int64 or lineage.dim() != 2:
+            raise ValueError("self_attend_step: the lineage must be (R', T') int64")
+        lin, (lN, lT), (rN, rT) = lineage.data_ptr(), lineage.stride(), lineage.shape
+    out = torch.empty(N, H, D)
+    failed = lib.beamserve_self_attend_step(
+        qkv.data_ptr(), qkv.stride(0), N, H, D, k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
+        R, T, positions, at, lin, lN, lT, rN, rT, D**-0.5, out.data_ptr(),
+    )  # fmt: skip
+    if failed == -2:
+        raise IndexError(f"self-attention step: a position or a lineage row outside the cache's {R} rows of {T}")
+    if failed:
+        raise MemoryError("no memory for the attention's scores")
+    return out
+
+
 def log_softmax_(x: torch.Tensor) -> torch.Tensor:
     """Each row of x (M, V) float32 on CPU, unit column stride, replaced by its log-softmax; returns x.
     Only where steps()."""
@@ -418,3 +456,45 @@ def top_candidates(
     if failed:  # the kernel's own check of n against its buffers
         raise IndexError(f"top_candidates: {n} candidates of {K} x {V}: the kernel holds 1 to {MOST_CANDIDATES}")
     return scores, beam, token
+
+
+def beam_step(
+    log_probs: torch.Tensor,
+    state: tuple[torch.Tensor, ...],
+    pos: torch.Tensor,
+    max_lengths: torch.Tensor,
+    norm: torch.Tensor,
+    eos: int,
+    early_stopping: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """search.beam_step in one call, over log_probs (b, K, V) float32 contiguous, for one length penalty and one
+    early_stopping: state is the BeamState's run_scores, run_tokens, fin_scores, fin_tokens, fin_flags and
+    improvable, updated in place; pos, max_lengths (b,) int64; norm (b,) float32, (pos + 1) ** length_penalty.
+    Returns src_beam, token (b, K) and done (b,), as search.beam_step. Only where steps() and 2 K <=
+    MOST_CANDIDATES."""
+    lib = _lib()
+    b, K, V = log_probs.shape
+    run_scores, run_tokens, fin_scores, fin_tokens, fin_flags, improvable = state
+    T = run_tokens.shape[2]
+    if not (
+        log_probs.dtype == run_scores.dtype == fin_scores.dtype == norm.dtype == torch.float32
+        and run_tokens.dtype == fin_tokens.dtype == pos.dtype == max_lengths.dtype == torch.int64
+        and fin_flags.dtype == improvable.dtype == torch.bool
+        and run_scores.shape == fin_scores.shape == fin_flags.shape == (b, K)
+        and run_tokens.shape == fin_tokens.shape == (b, K, T)
+        and improvable.shape == pos.shape == max_lengths.shape == norm.shape == (b,)
+        and all(t.is_contiguous() for t in (log_probs, *state, pos, max_lengths, norm))
+    ):  # fmt: skip
+        raise ValueError("beam_step: a BeamState's tensors, contiguous, beside (b, K, V) float32 log-probabilities")
+    src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
+    done = torch.empty(b, dtype=torch.bool)
+    failed = lib.beamserve_beam_step(
+        log_probs.data_ptr(), b, K, V, run_scores.data_ptr(), run_tokens.data_ptr(), fin_scores.data_ptr(),
+        fin_tokens.data_ptr(), fin_flags.data_ptr(), improvable.data_ptr(), T, pos.data_ptr(), max_lengths.data_ptr(),
+        norm.data_ptr(), eos, int(early_stopping), src_beam.data_ptr(), token.data_ptr(), done.data_ptr(),
+    )  # fmt: skip
+    if failed == -2:
+        raise IndexError(f"beam_step: {2 * K} candidates of {K} x {V}: the kernel ranks at most {MOST_CANDIDATES}")
+    if failed:
+        raise MemoryError("no memory for the beam step")
+    return src_beam, token, done

@@ -60,21 +60,33 @@ def int8_of(weight: torch.Tensor) -> Int8Weight | None:
 
 
 def linear_int8(
-    x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | None = None, *, log_softmax: bool = False
+    x: torch.Tensor,
+    q: Int8Weight,
+    bias: torch.Tensor | None = None,
+    *,
+    log_softmax: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (..., K) @ weight^T + bias with int8 operands: x quantised per row, the int32 product scaled
-    back per row and per column. Returns (..., N) in x's dtype; with `log_softmax`, each row's
-    log-softmax (float32, model.decode.search.log_softmax_), in C where the C kernels run."""
-    lead, K = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, K)  # (M, K)
+    back per row and per column; plus `residual` (..., N) where given (added in float32 where x is float32, in
+    x's dtype otherwise, as `residual + y` would). Returns (..., N) in x's dtype; with `log_softmax`, each
+    row's log-softmax (float32, model.decode.search.log_softmax_), in C where the C kernels run."""
+    flat = x.dim() == 2  # a decode step's rows: no views to make (each costs a microsecond)
+    rows = x if flat else x.reshape(-1, x.shape[-1])  # (M, K)
     if bias is not None and bias.dtype != torch.float32:  # a decode step makes ~20 calls: no needless ops
         bias = bias.float()
     kernel = q.plan[min(int8_choice.bucket(rows.shape[0]), len(q.plan) - 1)]
     in_c = log_softmax and native.scales_back() and native.runs_on(x)
-    y = multiply(kernel, rows, q, bias, in_c)
+    fused = residual is not None and x.dtype == torch.float32 and residual.dtype == torch.float32
+    if fused and not flat:
+        residual = residual.reshape(rows.shape[0], -1)  # type: ignore[union-attr]
+    y = multiply(kernel, rows, q, bias, in_c, residual if fused else None)
+    if not flat:
+        y = y.view(*x.shape[:-1], -1)
     if in_c:
-        return y.view(*lead, -1)
-    return _out(y.view(*lead, -1), x.dtype, log_softmax)
+        return y
+    y = _out(y, x.dtype, log_softmax)
+    return y if residual is None or fused else residual + y
 
 
 def _out(y: torch.Tensor, dtype: torch.dtype, log_softmax: bool) -> torch.Tensor:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from model.kernels import native
 from model.nn.layers import attended_keys
 
 
@@ -80,13 +81,7 @@ class KVCache:
         """
         n = self.rows
         if isinstance(pos, int):
-            self.length = max(self.length, pos + 1)
-            t = self.visible(self.length)
-            self._fit(t)
-            if t > self.zeroed_to:  # once per newly visible position, every layer (before any writes there)
-                self.k[:, :, :, self.zeroed_to : t] = 0
-                self.v[:, :, :, self.zeroed_to : t] = 0
-                self.zeroed_to = t
+            t = self.open(pos)
             self.k[layer, :n, :, pos] = k[:, :, 0]
             self.v[layer, :n, :, pos] = v[:, :, 0]
             if self.lineage is not None and layer == 0:
@@ -99,6 +94,24 @@ class KVCache:
             self.v[layer, index, :, pos] = v[:, :, 0]
             t = self.visible(self.length)
         return self.k[layer, :n, :, :t], self.v[layer, :n, :, :t]
+
+    def open(self, pos: int) -> int:
+        """Make position pos writable for every row (rows at one shared position): the length, the capacity, and
+        zeros in newly visible positions, once for every layer before any writes there. Returns visible(length)."""
+        self.length = max(self.length, pos + 1)
+        t = self.visible(self.length)
+        self._fit(t)
+        if t > self.zeroed_to:
+            self.k[:, :, :, self.zeroed_to : t] = 0
+            self.v[:, :, :, self.zeroed_to : t] = 0
+            self.zeroed_to = t
+        return t
+
+    def attend_step(self, layer: int, pos: int | torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s self-attention of a decode step in C (native.self_attend_step): each row's key and value
+        from qkv (N, 3 C) written at `pos` (open()ed, or reserve()d per row), then its query against its positions
+        (through the lineage, if any). -> (N, H, D)."""
+        return native.self_attend_step(qkv, self.k[layer], self.v[layer], pos, self.lineage)
 
     def visible(self, length: int) -> int:
         """Positions attention reads when `length` are written: on CPU up to layers.attended_keys, masked
@@ -228,6 +241,10 @@ class CrossCache:
     beams: int = 0  # query positions per sentence when row_index is set
     keys_transposed: bool = False
     padded: bool = False  # source positions kept at layers.attended_keys (CPU; Seq2Seq.cross_cache)
+    # row_map's last answer and what it was for: (rows, row_index); dropped as the sentences change
+    _row_map: tuple[int, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def keys(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s keys as (B, H, S, D), whatever their storage."""
@@ -241,19 +258,25 @@ class CrossCache:
     def row_map(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Where the C attention (model/kernels/native.py) reads each of `rows` hypothesis rows' keys: its source length
         (rows,) and its sentence's cache row at every source position (rows, S), one row expanded."""
+        held = self._row_map
+        if held is not None and held[0] == rows and held[1] is self.row_index:
+            return held[2]
         B, S = self.src_mask.shape[0], self.src_mask.shape[-1]
         if self.row_index is None:
             sentence = torch.arange(rows, device=self.src_mask.device) // (rows // B)  # (rows,)
         else:
             sentence = self.row_index // self.beams
         lengths = self.src_mask.view(B, S).sum(-1).index_select(0, sentence)  # (rows,)
-        return lengths, sentence[:, None].expand(rows, S)
+        found = lengths, sentence[:, None].expand(rows, S)
+        self._row_map = (rows, self.row_index, found)
+        return found
 
     def select(self, sentences: torch.Tensor) -> None:
         """Keep only `sentences` (B',), e.g. when others have finished."""
         self.k = [k.index_select(0, sentences) for k in self.k]
         self.v = [v.index_select(0, sentences) for v in self.v]
         self.src_mask = self.src_mask.index_select(0, sentences)
+        self._row_map = None
 
     def extend(self, other: CrossCache) -> None:
         """Append other's sentences (same key layout), padding the source dimension to the longer of the two."""
@@ -262,6 +285,7 @@ class CrossCache:
         self.k = [torch.cat([_pad(a, S, d), _pad(b, S, d)]) for a, b in zip(self.k, other.k, strict=True)]
         self.v = [torch.cat([_pad(a, S, 2), _pad(b, S, 2)]) for a, b in zip(self.v, other.v, strict=True)]
         self.src_mask = torch.cat([_pad(self.src_mask, S, 3), _pad(other.src_mask, S, 3)])
+        self._row_map = None
 
     def trim(self) -> None:
         """Drop source positions no remaining sentence uses (after long sentences left)."""
@@ -272,6 +296,7 @@ class CrossCache:
             self.k = [k.narrow(self._k_source_dim, 0, S) for k in self.k]
             self.v = [v[:, :, :S] for v in self.v]
             self.src_mask = self.src_mask[..., :S]
+            self._row_map = None
 
 
 def _pad(x: torch.Tensor, S: int, dim: int) -> torch.Tensor:

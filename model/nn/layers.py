@@ -10,7 +10,7 @@ from torch import nn
 
 from model.kernels import native
 from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, Linear, linear
-from model.kernels.quant import int8_of, int8_weight, linear_int8
+from model.kernels.quant import INT8_ATTR, int8_of, int8_weight
 
 
 def attention(
@@ -124,6 +124,16 @@ def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
     return native.runs_on(x) and head_dim <= native.MOST_HEAD_DIM and not torch.is_grad_enabled()
 
 
+def _same(a: tuple[tuple[object, ...], ...], b: tuple[tuple[object, ...], ...]) -> bool:
+    """Whether two keys of (weight, int8 form, version) name the same weights in the same states."""
+    return all(x[0] is y[0] and x[1] is y[1] and x[2] == y[2] for x, y in zip(a, b, strict=True))
+
+
+def _version(weight: torch.Tensor) -> int:
+    """weight's version counter; -1 for a tensor made under inference_mode (it keeps none: fixed weights)."""
+    return -1 if weight.is_inference() else weight._version
+
+
 def dropped(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
     """dropout(x), not called where it is the identity (inference): a decode step would dispatch a dozen."""
     return dropout(x) if dropout.training else x
@@ -151,9 +161,10 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
-    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def merge_heads(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, H, T, D) -> out_proj of the heads side by side (B, T, C), plus `residual` (B, T, C) where given."""
         B, H, T, D = x.shape
-        return self.out_proj(x.transpose(1, 2).reshape(B, T, H * D))  # (B, T, C)
+        return self.out_proj(x.transpose(1, 2).reshape(B, T, H * D), residual)  # (B, T, C)
 
     def project_q(self, x: torch.Tensor) -> torch.Tensor:
         return self.split_heads(self.q_proj(x))  # (B, H, T, D)
@@ -161,27 +172,26 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))  # 2 x (B, H, S, D)
 
-    def project_qkv_int8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """x (N, 1, C) through the q, k and v projections as one int8 GEMM, where all three compute in int8
-        (model/kernels/quant.py): one quantisation of x and one product instead of three, to the same bits (each
-        output element is the same exact int32 sum, scaled back alike). -> q (N, H, D) contiguous and k, v
-        (N, H, 1, D); None where the projections do not all compute in int8."""
-        parts = tuple(int8_of(p.weight) for p in (self.q_proj, self.k_proj, self.v_proj))
-        if any(p is None for p in parts) or not x.is_cpu or torch.is_grad_enabled():
-            return None
-        fused = self.__dict__.get("_qkv_int8")
-        if fused is None or any(a is not b for a, b in zip(fused[0], parts, strict=True)):  # once per quantisation
-            projections = (self.q_proj, self.k_proj, self.v_proj)
-            biases: list[torch.Tensor] = [
-                p.bias if p.bias is not None else torch.zeros(p.out_features) for p in projections
-            ]
-            bias = None if all(p.bias is None for p in projections) else torch.cat(biases).float()
-            weight = int8_weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]))  # type: ignore[union-attr]
-            fused = (parts, weight, bias)
-            self.__dict__["_qkv_int8"] = fused  # not a submodule or buffer: no state_dict entry
-        N, C = x.shape[0], x.shape[-1]
-        qkv = linear_int8(x.reshape(N, C), fused[1], fused[2]).view(N, 3, self.heads, self.head_dim)
-        return qkv[:, 0].contiguous(), qkv[:, 1, :, None], qkv[:, 2, :, None]
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """x (N, C) through the q, k and v projections as one GEMM -> (N, 3 C): each row's query, key and value.
+        One quantisation of x and one product instead of three (int8), or one oneDNN call (float32), to the same
+        bits: each output element is the same sum over the same K, whatever columns lie beside it."""
+        fused = self.__dict__.get("_qkv")
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        key = tuple((p.weight, int8_of(p.weight), _version(p.weight)) for p in parts)
+        if fused is None or not _same(fused[0], key):
+            biases: list[torch.Tensor] = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
+            bias = None if all(p.bias is None for p in parts) else torch.cat(biases).float()
+            q8 = [k[1] for k in key]
+            if all(q is not None for q in q8):  # one int8 weight of the three (model/kernels/quant.py)
+                weight = torch.empty(0)
+                int8 = int8_weight(torch.cat([q.qweight for q in q8]), torch.cat([q.scale for q in q8]))  # type: ignore[union-attr]
+                setattr(weight, INT8_ATTR, int8)
+            else:
+                weight = torch.cat([p.weight for p in parts]).detach()
+            fused = (key, weight, bias)
+            self.__dict__["_qkv"] = fused  # not a submodule or buffer: no state_dict entry
+        return linear(x, fused[1], fused[2])
 
     def forward(
         self,
@@ -190,18 +200,22 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None = None,
         *,
         causal: bool = False,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Full (non-incremental) attention of x (B, T, C) over source (B, S, C) -> (B, T, C)."""
+        """Full (non-incremental) attention of x (B, T, C) over source (B, S, C) -> (B, T, C), plus `residual`
+        (B, T, C) where given."""
         k, v = self.project_kv(source)
         if source is x and mask is not None and not causal and attends_natively(x, self.head_dim):
-            return self._each_in_c(x, k, v, mask)
+            return self._each_in_c(x, k, v, mask, residual)
         q = self.project_q(x)
         if source is x and mask is not None and not causal and not self.training and x.device.type == "cpu":
-            return self.merge_heads(self._each_unpadded(q, k, v, mask))
+            return self.merge_heads(self._each_unpadded(q, k, v, mask), residual)
         p = self.dropout if self.training else 0.0
-        return self.merge_heads(attention(q, k, v, mask, causal=causal, dropout=p))
+        return self.merge_heads(attention(q, k, v, mask, causal=causal, dropout=p), residual)
 
-    def _each_in_c(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _each_in_c(
+        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, residual: torch.Tensor | None
+    ) -> torch.Tensor:
         """Self-attention of each right-padded sequence over its own length, in C (model/kernels/native.py): every
         query row of x (B, S, C) against its sequence's keys and values k, v (B, H, S, D), mask broadcastable
         to (B, 1, 1, S), True on real tokens -> (B, S, C). Padded rows attend too; nothing reads them."""
@@ -210,7 +224,7 @@ class MultiHeadAttention(nn.Module):
         sequence = torch.arange(B, device=x.device).repeat_interleave(S)  # (B * S,) each query row's
         q = self.q_proj(x).view(B * S, self.heads, self.head_dim)
         out = native.attend(q, k, v, lengths.repeat_interleave(S), sequence[:, None].expand(B * S, S))
-        return self.out_proj(out.view(B, S, C))
+        return self.out_proj(out.view(B, S, C), residual)
 
     @staticmethod
     def _each_unpadded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -243,12 +257,13 @@ class FeedForward(nn.Module):
         self.act = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (..., C) -> (..., C), plus `residual` where given."""
         if self.activation in FUSED_ACTIVATIONS:  # the activation as the GEMM's epilogue where it can be
             h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
         else:
             h = self.act(self.fc1(x))
-        return self.fc2(dropped(self.dropout, h))
+        return self.fc2(dropped(self.dropout, h), residual)
 
 
 def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:

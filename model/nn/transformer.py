@@ -41,7 +41,7 @@ class EncoderLayer(nn.Module):
         self.pre = cfg.normalize_before
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = _sublayer(x, self.norm1, lambda h: self.self_attn(h, h, mask), self.dropout, self.pre)
+        x = _sublayer(x, self.norm1, lambda h, r: self.self_attn(h, h, mask, residual=r), self.dropout, self.pre)
         return _sublayer(x, self.norm2, self.ffn, self.dropout, self.pre)
 
 
@@ -63,15 +63,12 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Full recomputation over all target positions (training, reference)."""
         return self.sublayers(
-            x, lambda h: self.self_attn(h, h, causal=True), lambda h: self.cross_attn(h, memory, src_mask)
+            x,
+            lambda h, r: self.self_attn(h, h, causal=True, residual=r),
+            lambda h, r: self.cross_attn(h, memory, src_mask, residual=r),
         )
 
-    def sublayers(
-        self,
-        x: torch.Tensor,
-        self_attention: Callable[[torch.Tensor], torch.Tensor],
-        cross_attention: Callable[[torch.Tensor], torch.Tensor],
-    ) -> torch.Tensor:
+    def sublayers(self, x: torch.Tensor, self_attention: Sublayer, cross_attention: Sublayer) -> torch.Tensor:
         """The layer around its two attentions, whichever cache they read (full recomputation, the
         incremental step, the static decode state of model/decode/slots.py): residual + LayerNorm around the
         self-attention, the encoder-decoder attention and the feed-forward. x: (N, T, C) -> (N, T, C)."""
@@ -90,11 +87,12 @@ class DecoderLayer(nn.Module):
         row_map: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """One new position for every hypothesis row. x: (N, 1, C) -> (N, 1, C). row_map: cross.row_map(N) where
-        the cross-attention runs in C (computed once a step for every layer)."""
+        the attention runs in C (computed once a step for every layer); then x may also be (N, C)."""
+        in_c = row_map is not None or cache.lineage is not None  # a lineage cache is read by C alone
         return self.sublayers(
             x,
-            lambda h: self._self_step(h, layer, pos, cache, self_mask),
-            lambda h: self._cross_step(h, layer, cross, row_map),
+            lambda h, r: self._self_step(h, layer, pos, cache, self_mask, r, in_c),
+            lambda h, r: self._cross_step(h, layer, cross, row_map, r),
         )
 
     def _self_step(
@@ -104,34 +102,34 @@ class DecoderLayer(nn.Module):
         pos: int | torch.Tensor,
         cache: KVCache,
         mask: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        in_c: bool,
     ) -> torch.Tensor:
-        # In C each row attends over its own positions, wherever its cache lineage keeps them (a lineage
-        # cache, whose rows are not copied on reorders, is read by nothing else).
-        if cache.lineage is not None or attends_natively(h, self.self_attn.head_dim):
-            N, _, C = h.shape
-            qkv = self.self_attn.project_qkv_int8(h)
-            if qkv is None:
-                k_new, v_new = self.self_attn.project_kv(h)  # (N, H, 1, D)
-                q = self.self_attn.q_proj(h).view(N, self.self_attn.heads, -1)  # (N, H, D)
-            else:
-                q, k_new, v_new = qkv
-            cache.update(layer, pos, k_new, v_new)
-            out = native.attend(q, cache.k[layer], cache.v[layer], pos + 1, cache.lineage)
-            return self.self_attn.out_proj(out.view(N, 1, C))
-        k, v = cache.update(layer, pos, *self.self_attn.project_kv(h))  # (N, H, T, D)
+        attn = self.self_attn
+        if in_c:  # each row writes its key and value and attends over its own positions, in one C call
+            N, C = h.shape[0], h.shape[-1]
+            out = cache.attend_step(layer, pos, attn.project_qkv(h.view(N, C)))  # (N, H, D)
+            return attn.out_proj(out.view(h.shape), residual)
+        k, v = cache.update(layer, pos, *attn.project_kv(h))  # (N, H, T, D)
         # Rows at a shared position see every cached one; rows at their own positions are masked.
-        return self.self_attn.merge_heads(step_attention(self.self_attn.project_q(h), k, v, mask))
+        return attn.merge_heads(step_attention(attn.project_q(h), k, v, mask), residual)
 
     def _cross_step(
-        self, h: torch.Tensor, layer: int, cross: CrossCache, row_map: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        h: torch.Tensor,
+        layer: int,
+        cross: CrossCache,
+        row_map: tuple[torch.Tensor, torch.Tensor] | None,
+        residual: torch.Tensor | None,
     ) -> torch.Tensor:
-        B = cross.src_mask.shape[0]
+        attn = self.cross_attn
         if row_map is not None:  # in C each row attends over its sentence's source positions
-            N, _, C = h.shape
-            q = self.cross_attn.q_proj(h).view(N, self.cross_attn.heads, -1)  # (N, H, D)
+            N = h.shape[0]
+            q = attn.q_proj(h).view(N, attn.heads, -1)  # (N, H, D)
             out = native.attend(q, cross.k[layer], cross.v[layer], *row_map)
-            return self.cross_attn.out_proj(out.view(N, 1, C))
-        q = self.cross_attn.project_q(h)  # (N, H, 1, D)
+            return attn.out_proj(out.view(h.shape), residual)
+        B = cross.src_mask.shape[0]
+        q = attn.project_q(h)  # (N, H, 1, D)
         N, H, _, D = q.shape
         # The K beams of a sentence share its keys/values: treat beams as query positions.
         if cross.row_index is None:
@@ -144,20 +142,28 @@ class DecoderLayer(nn.Module):
         out = out.transpose(1, 2).reshape(-1, H, 1, D)  # (B * K, H, 1, D)
         if cross.row_index is not None:
             out = out.index_select(0, cross.row_index)  # (N, H, 1, D)
-        return self.cross_attn.merge_heads(out)
+        return attn.merge_heads(out, residual)
 
 
-def _sublayer(
-    x: torch.Tensor,
-    norm: nn.LayerNorm,
-    fn: Callable[[torch.Tensor], torch.Tensor],
-    dropout: nn.Dropout,
-    pre: bool,
-) -> torch.Tensor:
-    """Residual connection around fn: post-norm LayerNorm(x + fn(x)), or pre-norm x + fn(LayerNorm(x))."""
+# A sublayer's function: (its input h, the residual) -> residual + f(h), or f(h) where the residual is None.
+Sublayer = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def _sublayer(x: torch.Tensor, norm: nn.LayerNorm, fn: Sublayer, dropout: nn.Dropout, pre: bool) -> torch.Tensor:
+    """Residual connection around fn: post-norm LayerNorm(x + fn(x)), or pre-norm x + fn(LayerNorm(x)). Outside
+    training fn adds the residual itself, in its output projection's pass where the kernel can (the same bits:
+    one float addition either way)."""
+    if dropout.training:  # dropout between the sublayer and the residual
+        y = x + dropout(fn(_norm(norm, x) if pre else x, None))
+        return y if pre else _norm(norm, y)
     if pre:
-        return x + dropped(dropout, fn(norm(x)))
-    return norm(x + dropped(dropout, fn(x)))
+        return fn(_norm(norm, x), x)
+    return _norm(norm, fn(x, x))
+
+
+def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """norm(x), without the module call's hooks (a decode step makes nine)."""
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 def embedding(rows: int, width: int, pad: int, initialise: bool) -> nn.Embedding:
@@ -336,6 +342,10 @@ class Seq2Seq(nn.Module):
         Returns:
             logits (N, V) for position pos + 1, or their log-softmax.
         """
+        head_dim = self.cfg.d_model // self.cfg.decoder_attention_heads
+        weight = (self.target_embed or self.embed).weight
+        if attends_natively(weight, head_dim) and not cross.keys_transposed and tokens.is_cpu:
+            return self._step_in_c(tokens, pos, cache, cross, order, log_probs)
         self_mask = None
         if isinstance(pos, int):
             self._check_length(pos + 1)
@@ -351,12 +361,35 @@ class Seq2Seq(nn.Module):
             columns = torch.arange(cache.visible(T), device=pos.device)
             self_mask = (columns <= positions)[:, None, None, :]  # (N, 1, 1, T')
         x = self.embed_at(tokens[:, None], positions, target=True)  # (N, 1, C)
-        head_dim = self.cfg.d_model // self.cfg.decoder_attention_heads
-        in_c = attends_natively(x, head_dim) and not cross.keys_transposed
-        row_map = cross.row_map(x.shape[0]) if in_c else None
         for i, layer in enumerate(self.decoders):
-            x = layer.step(x, i, pos, cache, cross, self_mask, row_map)
+            x = layer.step(x, i, pos, cache, cross, self_mask)
         h = x[:, 0] if order is None else x[:, 0].index_select(0, order)  # (N, C)
+        return self.output(h, log_probs=log_probs)
+
+    def _step_in_c(
+        self,
+        tokens: torch.Tensor,
+        pos: int | torch.Tensor,
+        cache: KVCache,
+        cross: CrossCache,
+        order: torch.Tensor | None,
+        log_probs: bool,
+    ) -> torch.Tensor:
+        """decode_step with every attention in C (model/kernels/native.py) and each row as a (C,) vector: no
+        masks, each row reads its own positions. The same operations as the masked path, row by row."""
+        if isinstance(pos, int):
+            self._check_length(pos + 1)
+            cache.open(pos)
+            at = self.positions.table[pos : pos + 1]  # (1, C): every row's sinusoid
+        else:
+            self._check_length(cache.reserve(pos))
+            at = self.positions.table.index_select(0, pos)  # (N, C)
+        embed = self.target_embed if self.target_embed is not None else self.embed
+        x = dropped(self.dropout, F.embedding(tokens, embed.weight) * self.scale + at)  # (N, C)
+        row_map = cross.row_map(x.shape[0])
+        for i, layer in enumerate(self.decoders):
+            x = layer.step(x, i, pos, cache, cross, None, row_map)
+        h = x if order is None else x.index_select(0, order)  # (N, C)
         return self.output(h, log_probs=log_probs)
 
     def _check_length(self, length: int) -> None:

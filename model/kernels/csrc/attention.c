@@ -13,6 +13,7 @@
  * bits do not depend on the batch, on the vector width the compiler picks, or on the CPU.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "vec16.h"
 
@@ -74,6 +75,41 @@ ALWAYS_INLINE void attend_head(const float *q, const float *k, const float *v, i
     for (int64_t c = 0; c < chunks; c++) store(out + c * LANES, acc[c], D - c * LANES);
 }
 
+/* Rows n of q (row stride sq, heads D apart) against their positions, as beamserve_attend describes, once every
+ * index has been checked. */
+static int attend_rows(const float *q, int64_t sq, const float *k, const float *v, int64_t N, int64_t H, int64_t D,
+                       int64_t sN, int64_t sH, int64_t sT, const int64_t *lengths, int64_t length, const int64_t *rows,
+                       int64_t rs, int64_t ts, float scale, float *out) {
+    int64_t most = length;
+    if (lengths)
+        for (int64_t n = 0; n < N; n++) most = lengths[n] > most ? lengths[n] : most;
+    float on_stack[1024], *scratch = most <= 1024 ? on_stack : malloc((size_t)most * sizeof(float));
+    if (!scratch) return -1;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t len = lengths ? lengths[n] : length;
+        const int64_t *r = rows ? rows + n * rs : 0;
+        for (int64_t h = 0; h < H; h++) {
+            float *o = out + (n * H + h) * D;
+            if (len <= 0) {
+                for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+                continue;
+            }
+            ahead next = {0, 0, 0, 0, 0};
+            if (h + 1 < H)
+                next = (ahead){k + (h + 1) * sH, v + (h + 1) * sH, r, n, len};
+            else if (n + 1 < N)
+                next = (ahead){k, v, rows ? rows + (n + 1) * rs : 0, n + 1, lengths ? lengths[n + 1] : length};
+            const float *qh = q + n * sq + h * D, *kh = k + h * sH, *vh = v + h * sH;
+            if (D == 64) /* the common head size, its loops unrolled */
+                attend_head(qh, kh, vh, 64, 4, len, r, ts, n, sN, sT, scale, next, scratch, o);
+            else
+                attend_head(qh, kh, vh, D, (D + LANES - 1) / LANES, len, r, ts, n, sN, sT, scale, next, scratch, o);
+        }
+    }
+    if (scratch != on_stack) free(scratch);
+    return 0;
+}
+
 /* q (N, H, D) float32 contiguous; k and v float32 with element strides sN (row), sH (head), sT (position) and
  * unit stride over D; out (N, H, D) contiguous. Row n attends over positions [0, len) with len = lengths[n],
  * or `length` for every row when lengths is NULL (rows with no positions get zeros). Position t of row n
@@ -99,32 +135,49 @@ int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, 
             if (row < 0 || row >= R) return -2;
         }
     }
-    int64_t most = length;
-    if (lengths)
-        for (int64_t n = 0; n < N; n++) most = lengths[n] > most ? lengths[n] : most;
-    float on_stack[1024], *scratch = most <= 1024 ? on_stack : malloc((size_t)most * sizeof(float));
-    if (!scratch) return -1;
+    return attend_rows(q, H * D, k, v, N, H, D, sN, sH, sT, lengths, length, rows, rs, ts, scale, out);
+}
+
+/* A decoder step's self-attention on the KVCache (model/nn/kv_cache.py): row n of qkv (row stride sq: its query,
+ * key and value, H x D floats each, one after the other) writes its key and value at its position p(n) of cache
+ * row n (k and v with strides sN, sH, sT, unit over D; R rows of T positions), then attends over positions
+ * [0, p(n)] -> out (N, H, D) contiguous. p(n) is positions[n], or pos for every row where positions is NULL.
+ * With a lineage (rows at the shared position pos only; rN rows of rT positions, strides lN, lT) row n names
+ * itself at pos and reads position t from cache row lineage[n, t]; without one, from its own row. Returns as
+ * beamserve_attend does, -2 having written nothing. */
+int beamserve_self_attend_step(const float *qkv, int64_t sq, int64_t N, int64_t H, int64_t D, float *k, float *v,
+                               int64_t sN, int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *positions,
+                               int64_t pos, int64_t *lineage, int64_t lN, int64_t lT, int64_t rN, int64_t rT,
+                               float scale, float *out) {
+    if (D < 1 || D > 16 * LANES || N > R || sq < 3 * H * D || (lineage && positions)) return -2;
     for (int64_t n = 0; n < N; n++) {
-        int64_t len = lengths ? lengths[n] : length;
-        const int64_t *r = rows ? rows + n * rs : 0;
-        for (int64_t h = 0; h < H; h++) {
-            float *o = out + (n * H + h) * D;
-            if (len <= 0) {
-                for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-                continue;
-            }
-            ahead next = {0, 0, 0, 0, 0};
-            if (h + 1 < H)
-                next = (ahead){k + (h + 1) * sH, v + (h + 1) * sH, r, n, len};
-            else if (n + 1 < N)
-                next = (ahead){k, v, rows ? rows + (n + 1) * rs : 0, n + 1, lengths ? lengths[n + 1] : length};
-            const float *qh = q + (n * H + h) * D, *kh = k + h * sH, *vh = v + h * sH;
-            if (D == 64) /* the common head size, its loops unrolled */
-                attend_head(qh, kh, vh, 64, 4, len, r, ts, n, sN, sT, scale, next, scratch, o);
-            else
-                attend_head(qh, kh, vh, D, (D + LANES - 1) / LANES, len, r, ts, n, sN, sT, scale, next, scratch, o);
-        }
+        const int64_t p = positions ? positions[n] : pos;
+        if (p < 0 || p >= T) return -2;
     }
-    if (scratch != on_stack) free(scratch);
-    return 0;
+    if (lineage) {
+        if (pos >= rT || N > rN) return -2;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t t = 0; t < pos; t++) {
+                int64_t row = lineage[n * lN + t * lT];
+                if (row < 0 || row >= R) return -2;
+            }
+    }
+    int64_t on_stack[256], *lengths = NULL;
+    if (positions) {
+        lengths = N <= 256 ? on_stack : malloc((size_t)N * sizeof(int64_t));
+        if (!lengths) return -1;
+        for (int64_t n = 0; n < N; n++) lengths[n] = positions[n] + 1;
+    }
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t p = positions ? positions[n] : pos;
+        const float *kn = qkv + n * sq + H * D, *vn = kn + H * D;
+        for (int64_t h = 0; h < H; h++) {
+            memcpy(k + n * sN + h * sH + p * sT, kn + h * D, (size_t)D * sizeof(float));
+            memcpy(v + n * sN + h * sH + p * sT, vn + h * D, (size_t)D * sizeof(float));
+        }
+        if (lineage) lineage[n * lN + pos * lT] = n;
+    }
+    int failed = attend_rows(qkv, sq, k, v, N, H, D, sN, sH, sT, lengths, pos + 1, lineage, lN, lT, scale, out);
+    if (lengths && lengths != on_stack) free(lengths);
+    return failed;
 }

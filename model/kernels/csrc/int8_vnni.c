@@ -81,8 +81,8 @@ VNNI_FN void tile(const uint8_t *xu, int64_t G, const int8_t *w, int rows, int n
 /* One tile's sums, less the compensation, as int32 (out_i32) or scaled back as int8_rows.c's
  * beamserve_scale_back does it: (float)acc * col_scale, then * row_scale + bias in one rounding. */
 VNNI_FN void finish(__m512i acc[MR][NP], int rows, int np, int64_t n0, int64_t N, const int32_t *comp,
-                    const float *col_scale, const float *row_scale, const float *bias, int32_t *out_i32,
-                    float *out, int64_t ldy) {
+                    const float *col_scale, const float *row_scale, const float *bias, const float *res, int64_t ldr,
+                    int32_t *out_i32, float *out, int64_t ldy) {
     for (int p = 0; p < np; p++) {
         const int64_t n = n0 + p * PANEL;
         const __mmask16 m = N - n >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n)) - 1);
@@ -98,7 +98,8 @@ VNNI_FN void finish(__m512i acc[MR][NP], int rows, int np, int64_t n0, int64_t N
             }
             const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), cs);
             const __m512 rs = _mm512_set1_ps(row_scale[r]);
-            const __m512 y = bias ? _mm512_fmadd_ps(t, rs, bs) : _mm512_mul_ps(t, rs);
+            __m512 y = bias ? _mm512_fmadd_ps(t, rs, bs) : _mm512_mul_ps(t, rs);
+            if (res) y = _mm512_add_ps(_mm512_maskz_loadu_ps(m, res + r * ldr + n), y); /* the residual, its own rounding */
             _mm512_mask_storeu_ps(out + r * ldy + n, m, y);
         }
     }
@@ -107,8 +108,8 @@ VNNI_FN void finish(__m512i acc[MR][NP], int rows, int np, int64_t n0, int64_t N
 /* xu (M, 4 G) unsigned bytes against the packed weight: y (M, N) with row stride ldy, as finish() writes. A
  * block of NP panels (16 KB of weight at K = 256) stays in cache while every row tile passes it. */
 VNNI_FN void gemm(const uint8_t *xu, int64_t M, int64_t G, const int8_t *packed, const int32_t *comp, int64_t N,
-                  const float *col_scale, const float *row_scale, const float *bias, int32_t *out_i32,
-                  float *out, int64_t ldy) {
+                  const float *col_scale, const float *row_scale, const float *bias, const float *res, int64_t ldr,
+                  int32_t *out_i32, float *out, int64_t ldy) {
     const int64_t P = panels(N);
     for (int64_t p0 = 0; p0 < P; p0 += NP) {
         const int np = P - p0 < NP ? (int)(P - p0) : NP;
@@ -129,7 +130,8 @@ VNNI_FN void gemm(const uint8_t *xu, int64_t M, int64_t G, const int8_t *packed,
             else
                 tile(x, G, w, 1, NP, acc);
             finish(acc, rows, np, p0 * PANEL, N, comp, col_scale, row_scale ? row_scale + m0 : NULL, bias,
-                   out_i32 ? out_i32 + m0 * ldy : NULL, out ? out + m0 * ldy : NULL, ldy);
+                   res ? res + m0 * ldr : NULL, ldr, out_i32 ? out_i32 + m0 * ldy : NULL, out ? out + m0 * ldy : NULL,
+                   ldy);
         }
     }
 }
@@ -157,7 +159,7 @@ int beamserve_vnni_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx,
     uint8_t *xu = malloc((size_t)(M * G * 4 + 1));
     if (!xu) return -2;
     shift_rows(x, M, K, ldx, xu, G);
-    gemm(xu, M, G, packed, comp, N, NULL, NULL, NULL, y, NULL, N);
+    gemm(xu, M, G, packed, comp, N, NULL, NULL, NULL, NULL, 0, y, NULL, N);
     free(xu);
     return 0;
 #else
@@ -168,15 +170,16 @@ int beamserve_vnni_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx,
 
 /* The int8 linear layer: x (M, K) float32 with row stride ldx, each row quantised on its own scale (as
  * int8_rows.c's beamserve_quantize_rows), multiplied by the packed (N, K) weight, and scaled back by the row's
- * scale and the columns' col_scale (N,), plus bias (N,) where given -> y (M, N) float32 with row stride ldy.
- * The bits of beamserve_quantize_rows, an exact int8 GEMM and beamserve_scale_back in turn. Returns 0; -1
- * where this build or CPU has no kernel, -2 without memory. */
+ * scale and the columns' col_scale (N,), plus bias (N,) where given, then plus res (M, N; row stride ldr) where
+ * given -> y (M, N) float32 with row stride ldy. The bits of beamserve_quantize_rows, an exact int8 GEMM,
+ * beamserve_scale_back and a float addition in turn. Returns 0; -1 where this build or CPU has no kernel, -2
+ * without memory. */
 #if HAS_VNNI
 VNNI_ENTRY
 #endif
 int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
-                          const int32_t *comp, int64_t N, const float *col_scale, const float *bias, float *y,
-                          int64_t ldy) {
+                          const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
+                          int64_t ldr, float *y, int64_t ldy) {
 #if HAS_VNNI
     if (!beamserve_vnni()) return -1;
     const int64_t G = groups(K);
@@ -188,12 +191,12 @@ int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, con
         quantize_row(x + r * ldx, K, (int8_t *)row, row_scale + r, 0x80); /* x + 128 as unsigned bytes */
         for (int64_t k = K; k < G * 4; k++) row[k] = 0;
     }
-    gemm(xu, M, G, packed, comp, N, col_scale, row_scale, bias, NULL, y, ldy);
+    gemm(xu, M, G, packed, comp, N, col_scale, row_scale, bias, res, ldr, NULL, y, ldy);
     free(xu);
     return 0;
 #else
-    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)comp, (void)N, (void)col_scale, (void)bias, (void)y,
-        (void)ldy;
+    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)comp, (void)N, (void)col_scale, (void)bias, (void)res,
+        (void)ldr, (void)y, (void)ldy;
     return -1;
 #endif
 }

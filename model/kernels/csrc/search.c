@@ -7,6 +7,8 @@
  * search.top_candidates's answer: the same float additions, and equal scores ranked by beam, then token.
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "vec16.h"
 
@@ -117,5 +119,111 @@ int beamserve_top_candidates(const float *lp, const float *run, int64_t batch, i
             token[b * n + i] = at[i] % V;
         }
     }
+    return 0;
+}
+
+#define NEG (-1.0e9f) /* search.NEG: "impossible" without the NaNs of -inf arithmetic */
+
+/* The n best of s[0, m), best first, equal scores by place, lower first (search.top_indices), into at[0, n). */
+static void top_places(const float *s, int64_t m, int64_t n, int64_t *at) {
+    uint8_t taken[3 * MOST_CANDIDATES / 2] = {0}; /* m <= 3 K <= 3 MOST_CANDIDATES / 2 */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t best = -1;
+        for (int64_t j = 0; j < m; j++)
+            if (!taken[j] && (best < 0 || s[j] > s[best])) best = j;
+        taken[best] = 1;
+        at[i] = best;
+    }
+}
+
+/* Row `beam` of tokens (T positions) into out, with `token` written at pos (clamped to the last position). */
+static void extended(const int64_t *tokens, int64_t beam, int64_t T, int64_t pos, int64_t token, int64_t *out) {
+    memcpy(out, tokens + beam * T, (size_t)T * sizeof(int64_t));
+    out[pos < T - 1 ? pos : T - 1] = token;
+}
+
+/* search.beam_step for `batch` sentences of K beams, with one length penalty and one early_stopping for all,
+ * in place on the BeamState's tensors: run_scores (batch, K), run_tokens (batch, K, T), fin_scores (batch, K),
+ * fin_tokens (batch, K, T), fin_flags (batch, K), improvable (batch,), all contiguous (flags one byte each).
+ * lp (batch, K, V) the constrained log-probabilities, pos and max_lengths (batch,), norm (batch,) each
+ * sentence's (pos + 1) ** length_penalty as PyTorch computes it. Writes src_beam and token (batch, K) and done
+ * (batch,). The same float operations as search.beam_step, in its order, so the same bits. Returns 0; -2
+ * (nothing written) unless 2 K <= MOST_CANDIDATES and 2 K <= K V; -1 without memory. */
+int beamserve_beam_step(const float *lp, int64_t batch, int64_t K, int64_t V, float *run_scores, int64_t *run_tokens,
+                        float *fin_scores, int64_t *fin_tokens, uint8_t *fin_flags, uint8_t *improvable, int64_t T,
+                        const int64_t *pos, const int64_t *max_lengths, const float *norm, int64_t eos,
+                        int early_stopping, int64_t *src_beam, int64_t *token, uint8_t *done) {
+    const int64_t n = 2 * K;
+    if (n > MOST_CANDIDATES || n > K * V || K < 1 || T < 1) return -2;
+    float *top = malloc((size_t)(batch * (n + K)) * sizeof(float)); /* candidates' scores, then kept running ones */
+    int64_t *ids = malloc((size_t)(2 * batch * n) * sizeof(int64_t));
+    /* the new running rows, then the candidates' rows, then a sentence's old finished rows */
+    int64_t *rows = malloc((size_t)((batch * (K + n) + K) * T) * sizeof(int64_t));
+    uint8_t *qualifies = malloc((size_t)(batch * n));
+    if (!top || !ids || !rows || !qualifies) {
+        free(top), free(ids), free(rows), free(qualifies);
+        return -1;
+    }
+    float *kept = top + batch * n;
+    int64_t *beam = ids, *tok = ids + batch * n, *seqs = rows + batch * K * T, *old = seqs + batch * n * T;
+    beamserve_top_candidates(lp, run_scores, batch, K, V, n, top, beam, tok);
+    int any = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        const int at_limit = max_lengths[b] <= pos[b] + 1;
+        int all_fin = 1;
+        for (int64_t k = 0; k < K; k++) all_fin &= fin_flags[b * K + k] != 0;
+        float running[MOST_CANDIDATES];
+        for (int64_t j = 0; j < n; j++) {
+            const int hit = tok[b * n + j] == eos || at_limit;
+            running[j] = top[b * n + j] + (float)hit * NEG; /* the K best that did not end keep running */
+            int q = hit && j < K && improvable[b];
+            if (early_stopping) q = q && !all_fin;
+            qualifies[b * n + j] = (uint8_t)q;
+            any |= q;
+        }
+        int64_t keep[MOST_CANDIDATES / 2];
+        top_places(running, n, K, keep);
+        for (int64_t k = 0; k < K; k++) {
+            src_beam[b * K + k] = beam[b * n + keep[k]];
+            token[b * K + k] = tok[b * n + keep[k]];
+            kept[b * K + k] = running[keep[k]];
+            extended(run_tokens + b * K * T, src_beam[b * K + k], T, pos[b], token[b * K + k], rows + (b * K + k) * T);
+        }
+    }
+    for (int64_t b = 0; b < batch && any; b++) { /* candidates ranked in the top K that ended may finish */
+        float merged[3 * MOST_CANDIDATES / 2];
+        uint8_t flags[3 * MOST_CANDIDATES / 2];
+        int64_t best[MOST_CANDIDATES / 2];
+        for (int64_t k = 0; k < K; k++) merged[k] = fin_scores[b * K + k], flags[k] = fin_flags[b * K + k];
+        for (int64_t j = 0; j < n; j++) {
+            merged[K + j] = top[b * n + j] / norm[b] + (float)!qualifies[b * n + j] * NEG;
+            flags[K + j] = qualifies[b * n + j];
+            extended(run_tokens + b * K * T, beam[b * n + j], T, pos[b], tok[b * n + j], seqs + (b * n + j) * T);
+        }
+        top_places(merged, K + n, K, best);
+        int64_t *fin = fin_tokens + b * K * T;
+        memcpy(old, fin, (size_t)(K * T) * sizeof(int64_t)); /* a finished row may take another's place */
+        for (int64_t k = 0; k < K; k++) {
+            fin_scores[b * K + k] = merged[best[k]];
+            fin_flags[b * K + k] = flags[best[k]];
+            const int64_t *from = best[k] < K ? old + best[k] * T : seqs + (b * n + best[k] - K) * T;
+            memcpy(fin + k * T, from, (size_t)T * sizeof(int64_t));
+        }
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        const int at_limit = max_lengths[b] <= pos[b] + 1;
+        int all_fin = 1;
+        float least = fin_scores[b * K];
+        for (int64_t k = 0; k < K; k++) {
+            all_fin &= fin_flags[b * K + k] != 0;
+            least = fin_scores[b * K + k] < least ? fin_scores[b * K + k] : least;
+        }
+        for (int64_t k = 0; k < K; k++) run_scores[b * K + k] = kept[b * K + k];
+        const float best_possible = run_scores[b * K] / norm[b];
+        improvable[b] = improvable[b] && (!all_fin || best_possible > least);
+        done[b] = !improvable[b] || at_limit || (early_stopping && all_fin);
+    }
+    memcpy(run_tokens, rows, (size_t)(batch * K * T) * sizeof(int64_t));
+    free(top), free(ids), free(rows), free(qualifies);
     return 0;
 }
