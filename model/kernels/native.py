@@ -97,6 +97,11 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
         p, i64, i64, i64, p, p, p, p, p, p, i64, p, p, p, i64, ctypes.c_int, p, p, p
     ]  # fmt: skip
     lib.beamserve_beam_step.restype = ctypes.c_int
+    lib.beamserve_self_sublayer.argtypes = [p, p, i64, p, p, p, p, i64, p]
+    lib.beamserve_self_sublayer.restype = ctypes.c_int
+    lib.beamserve_cross_sublayer.argtypes = [p, p, i64, p, p, p, p, p, i64, i64, i64, i64, p]
+    lib.beamserve_cross_sublayer.restype = ctypes.c_int
+    lib.beamserve_linear8_forward.argtypes, lib.beamserve_linear8_forward.restype = [p, p, i64, p, p], ctypes.c_int
     lib.beamserve_vnni.argtypes, lib.beamserve_vnni.restype = [], ctypes.c_int
     lib.beamserve_vnni_packed_bytes.argtypes, lib.beamserve_vnni_packed_bytes.restype = [i64, i64], i64
     lib.beamserve_vnni_pack.argtypes, lib.beamserve_vnni_pack.restype = [p, i64, i64, p, p], None
@@ -498,3 +503,143 @@ def beam_step(
     if failed:
         raise MemoryError("no memory for the beam step")
     return src_beam, token, done
+
+
+class Linear8(ctypes.Structure):
+    """csrc/sublayers.c's beamserve_linear8: an int8 linear layer packed for the VNNI kernels, its scales and bias."""
+
+    _fields_ = [
+        ("packed", ctypes.c_void_p),
+        ("comp", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("N", ctypes.c_int64),
+        ("K", ctypes.c_int64),
+    ]
+
+
+def linear8(w: VnniWeight, bias: torch.Tensor | None) -> tuple[Linear8, tuple[torch.Tensor, ...]]:
+    """The struct a sublayer call reads for weight w and its bias, and the tensors it points into (to be held
+    as long as the struct is)."""
+    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != w.N or not bias.is_contiguous()):
+        raise ValueError(f"linear8: the bias must be {w.N} contiguous float32s")
+    b = None if bias is None else bias.data_ptr()
+    struct = Linear8(w.packed.data_ptr(), w.comp.data_ptr(), w.scale.data_ptr(), b, w.N, w.K)
+    return struct, (w.packed, w.comp, w.scale, *(() if bias is None else (bias,)))
+
+
+class KV(ctypes.Structure):
+    """csrc/sublayers.c's beamserve_kv: one layer's keys and values, and the lineage of the rows reading them."""
+
+    _fields_ = [
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        *((name, ctypes.c_int64) for name in ("H", "D", "sN", "sH", "sT", "R", "T")),
+        ("lineage", ctypes.c_void_p),
+        *((name, ctypes.c_int64) for name in ("lN", "lT", "rN", "rT")),
+        ("scale", ctypes.c_float),
+    ]
+
+
+def kv_view(k: torch.Tensor, v: torch.Tensor, lineage: torch.Tensor | None) -> KV:
+    """The struct for k, v (R, H, T, D) float32 alike with unit stride over D, and a lineage (R', T') int64 or None.
+    The caller holds the tensors as long as the struct."""
+    if not (
+        k.dtype == v.dtype == torch.float32 and k.dim() == 4 and k.shape == v.shape and k.stride() == v.stride()
+        and k.stride(3) == 1 and 0 < k.shape[3] <= MOST_HEAD_DIM
+    ):  # fmt: skip
+        raise ValueError("kv_view: k and v (R, H, T, D) float32 alike, unit stride over D")
+    R, H, T, D = k.shape
+    lin, lN, lT, rN, rT = None, 0, 0, 0, 0
+    if lineage is not None:
+        if lineage.dtype != torch.int64 or lineage.dim() != 2:
+            raise ValueError("kv_view: the lineage must be (R', T') int64")
+        lin, (lN, lT), (rN, rT) = lineage.data_ptr(), lineage.stride(), lineage.shape
+    sN, sH, sT, _ = k.stride()
+    return KV(k.data_ptr(), v.data_ptr(), H, D, sN, sH, sT, R, T, lin, lN, lT, rN, rT, D**-0.5)
+
+
+def _rows_in(name: str, x: torch.Tensor, residual: torch.Tensor, C: int) -> None:
+    if not (
+        x.dtype == residual.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == C and x.is_contiguous()
+        and residual.shape == x.shape and residual.is_contiguous()
+    ):  # fmt: skip
+        raise ValueError(f"{name}: x and the residual (N, {C}) float32, contiguous")
+
+
+def _raise_sublayer(failed: int, name: str) -> None:
+    if failed == -2:
+        raise IndexError(f"{name}: the weights' shapes disagree, or a position or a row lies outside the cache")
+    if failed:
+        raise MemoryError(f"{name}: no memory for the sublayer's rows")
+
+
+def self_sublayer(
+    x: torch.Tensor, residual: torch.Tensor, qkv: Linear8, out: Linear8, kv: KV, pos: int | torch.Tensor
+) -> torch.Tensor:
+    """residual + out(self-attention(qkv(x))) for a step's rows x (N, C), each row's key and value written at its
+    position first (pos: one for every row, or (N,) int64), in one call: the bits of project_qkv, self_attend_step
+    and out_proj with the residual in turn. Only where vnni()."""
+    lib = _lib()
+    _rows_in("self_sublayer", x, residual, kv.H * kv.D)
+    positions, at = None, 0
+    if isinstance(pos, int):
+        at = pos
+    elif pos.dtype == torch.int64 and pos.numel() == x.shape[0] and pos.is_contiguous():
+        positions = pos.data_ptr()
+    else:
+        raise ValueError(f"self_sublayer: {x.shape[0]} contiguous int64 positions")
+    y = torch.empty_like(x)
+    failed = lib.beamserve_self_sublayer(
+        x.data_ptr(), residual.data_ptr(), x.shape[0], ctypes.byref(qkv), ctypes.byref(out), ctypes.byref(kv),
+        positions, at, y.data_ptr(),
+    )  # fmt: skip
+    _raise_sublayer(failed, "self_sublayer")
+    return y
+
+
+def cross_sublayer(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    q: Linear8,
+    out: Linear8,
+    kv: KV,
+    row_map: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """residual + out(cross-attention(q(x))) for a step's rows x (N, C) in one call, each row over its sentence's
+    source as CrossCache.row_map gives it: the bits of q_proj, attend and out_proj with the residual. Only where
+    vnni()."""
+    lib = _lib()
+    _rows_in("cross_sublayer", x, residual, kv.H * kv.D)
+    lengths, rows = row_map
+    N = x.shape[0]
+    if not (
+        lengths.dtype == rows.dtype == torch.int64 and lengths.numel() >= N and lengths.is_contiguous()
+        and rows.dim() == 2
+    ):  # fmt: skip
+        raise ValueError(f"cross_sublayer: {N} contiguous int64 lengths and (N, S) int64 rows")
+    y = torch.empty_like(x)
+    failed = lib.beamserve_cross_sublayer(
+        x.data_ptr(), residual.data_ptr(), N, ctypes.byref(q), ctypes.byref(out), ctypes.byref(kv),
+        lengths.data_ptr(), rows.data_ptr(), rows.stride(0), rows.stride(1), *rows.shape, y.data_ptr(),
+    )  # fmt: skip
+    _raise_sublayer(failed, "cross_sublayer")
+    return y
+
+
+def linear8_forward(w: Linear8, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) float32 contiguous @ w^T + its bias, plus residual (M, N) where given, by the struct of linear8: the
+    bits of vnni_linear with one call's checks. Only where vnni()."""
+    lib = _lib()
+    if not (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == w.K and x.is_contiguous()):
+        raise ValueError(f"linear8_forward: x (M, {w.K}) float32, contiguous")
+    M = x.shape[0]
+    r = None
+    if residual is not None:
+        if not (residual.dtype == torch.float32 and residual.shape == (M, w.N) and residual.is_contiguous()):
+            raise ValueError(f"linear8_forward: the residual ({M}, {w.N}) float32, contiguous")
+        r = residual.data_ptr()
+    y = torch.empty(M, w.N)
+    failed = lib.beamserve_linear8_forward(ctypes.byref(w), x.data_ptr(), M, r, y.data_ptr())
+    _raise_for(failed, "linear8_forward")
+    return y

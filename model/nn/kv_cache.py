@@ -107,6 +107,14 @@ class KVCache:
             self.zeroed_to = t
         return t
 
+    def view(self, layer: int) -> native.KV:
+        """Layer `layer`'s keys, values and lineage as native.self_sublayer reads them (made once per buffer)."""
+        views = self.__dict__.get("_views")
+        if views is None or views[0] is not self.k:
+            views = (self.k, [native.kv_view(self.k[i], self.v[i], self.lineage) for i in range(self.k.shape[0])])
+            self.__dict__["_views"] = views
+        return views[1][layer]
+
     def attend_step(self, layer: int, pos: int | torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """Layer `layer`'s self-attention of a decode step in C (native.self_attend_step): each row's key and value
         from qkv (N, 3 C) written at `pos` (open()ed, or reserve()d per row), then its query against its positions
@@ -245,6 +253,18 @@ class CrossCache:
     _row_map: tuple[int, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # view()'s structs and the key list they were made for (select, extend and trim make new lists)
+    _views: tuple[list[torch.Tensor], list[native.KV]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def view(self, layer: int) -> native.KV:
+        """Layer `layer`'s keys and values as native.cross_sublayer reads them (made once per set of sentences)."""
+        views = self._views
+        if views is None or views[0] is not self.k:
+            views = (self.k, [native.kv_view(k, v, None) for k, v in zip(self.k, self.v, strict=True)])
+            self._views = views
+        return views[1][layer]
 
     def keys(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s keys as (B, H, S, D), whatever their storage."""

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.kernels import native
-from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, Linear, linear
+from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, INPLACE_ACTIVATIONS, Linear, linear
+from model.kernels.int8_choice import bucket
 from model.kernels.quant import INT8_ATTR, int8_of, int8_weight
 
 
@@ -124,14 +125,25 @@ def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
     return native.runs_on(x) and head_dim <= native.MOST_HEAD_DIM and not torch.is_grad_enabled()
 
 
-def _same(a: tuple[tuple[object, ...], ...], b: tuple[tuple[object, ...], ...]) -> bool:
-    """Whether two keys of (weight, int8 form, version) name the same weights in the same states."""
-    return all(x[0] is y[0] and x[1] is y[1] and x[2] == y[2] for x, y in zip(a, b, strict=True))
+def _state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], list[object]]:
+    """What forms made from submodules `names`' weights and biases depend on: each parameter and its int8 form (by
+    id) and its version, as a tuple of ints that compares in one step, and the objects themselves, which the
+    caller holds beside the forms (so no id it compares is reused). Read through the modules' dicts, not
+    attribute lookups: a decode step asks this for every sublayer."""
+    key: list[int] = []
+    held: list[object] = []
+    for name in names:
+        params = module._modules[name]._parameters  # type: ignore[union-attr]
+        for p in (params["weight"], params["bias"]):
+            q = getattr(p, INT8_ATTR, None)
+            key += (id(p), id(q), _version(p))
+            held += (p, q)
+    return tuple(key), held
 
 
-def _version(weight: torch.Tensor) -> int:
-    """weight's version counter; -1 for a tensor made under inference_mode (it keeps none: fixed weights)."""
-    return -1 if weight.is_inference() else weight._version
+def _version(t: torch.Tensor | None) -> int:
+    """t's version counter; -1 for a tensor made under inference_mode (it keeps none: fixed weights) or none."""
+    return -1 if t is None or t.is_inference() else t._version
 
 
 def dropped(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
@@ -176,22 +188,42 @@ class MultiHeadAttention(nn.Module):
         """x (N, C) through the q, k and v projections as one GEMM -> (N, 3 C): each row's query, key and value.
         One quantisation of x and one product instead of three (int8), or one oneDNN call (float32), to the same
         bits: each output element is the same sum over the same K, whatever columns lie beside it."""
+        weight, bias = self._fused_qkv()
+        return linear(x, weight, bias)
+
+    def _fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The q, k and v projections' weights (3 C, C) and biases (3 C,) side by side, made once for the weights
+        as they are (in int8, one int8 form of the three: model/kernels/quant.py)."""
+        key, held = _state(self, ("q_proj", "k_proj", "v_proj"))
         fused = self.__dict__.get("_qkv")
+        if fused is not None and fused[0] == key:
+            return fused[2], fused[3]
         parts = (self.q_proj, self.k_proj, self.v_proj)
-        key = tuple((p.weight, int8_of(p.weight), _version(p.weight)) for p in parts)
-        if fused is None or not _same(fused[0], key):
-            biases: list[torch.Tensor] = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
-            bias = None if all(p.bias is None for p in parts) else torch.cat(biases).float()
-            q8 = [k[1] for k in key]
-            if all(q is not None for q in q8):  # one int8 weight of the three (model/kernels/quant.py)
-                weight = torch.empty(0)
-                int8 = int8_weight(torch.cat([q.qweight for q in q8]), torch.cat([q.scale for q in q8]))  # type: ignore[union-attr]
-                setattr(weight, INT8_ATTR, int8)
-            else:
-                weight = torch.cat([p.weight for p in parts]).detach()
-            fused = (key, weight, bias)
-            self.__dict__["_qkv"] = fused  # not a submodule or buffer: no state_dict entry
-        return linear(x, fused[1], fused[2])
+        biases: list[torch.Tensor] = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
+        bias = None if all(p.bias is None for p in parts) else torch.cat(biases).float().detach()
+        q8 = [int8_of(p.weight) for p in parts]
+        if all(q is not None for q in q8):  # one int8 weight of the three
+            weight = torch.empty(0)
+            int8 = int8_weight(torch.cat([q.qweight for q in q8]), torch.cat([q.scale for q in q8]))  # type: ignore[union-attr]
+            setattr(weight, INT8_ATTR, int8)
+        else:
+            weight = torch.cat([p.weight for p in parts]).detach()
+        self.__dict__["_qkv"] = (key, held, weight, bias)  # not a submodule or buffer: no state_dict entry
+        return weight, bias
+
+    def int8_sublayer(self, rows: int, *, fused: bool) -> tuple[native.Linear8, native.Linear8] | None:
+        """The weights of native.self_sublayer (`fused`: q, k and v as one projection) or native.cross_sublayer (q
+        alone) and of the output projection, for a step of `rows` rows: where both compute in int8 by the VNNI
+        kernel at that row count (model/kernels/int8_choice.py); None otherwise. Made once for the weights as they
+        are, which a call checks by identity and version (module dicts, not attribute lookups: a decode step asks
+        for every sublayer)."""
+        key, objects = _state(self, ("q_proj", "k_proj", "v_proj", "out_proj") if fused else ("q_proj", "out_proj"))
+        held = self.__dict__.setdefault("_int8_sublayer", {}).get(fused)
+        if held is None or held[0] != key:
+            w_in, b_in = self._fused_qkv() if fused else (self.q_proj.weight, self.q_proj.bias)
+            held = (key, objects, _int8_structs(((w_in, b_in), (self.out_proj.weight, self.out_proj.bias))))
+            self.__dict__["_int8_sublayer"][fused] = held
+        return _at_vnni_rows(held[2], rows)
 
     def forward(
         self,
@@ -259,11 +291,59 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., C) -> (..., C), plus `residual` where given."""
+        int8 = self._int8_linears(x.shape[0]) if _rows_of_a_step(x, residual) else None
+        if int8 is not None:  # a decode step's rows: each GEMM one call of a few pointers
+            h = INPLACE_ACTIVATIONS[self.activation](native.linear8_forward(int8[0], x))
+            return native.linear8_forward(int8[1], h, residual)
         if self.activation in FUSED_ACTIVATIONS:  # the activation as the GEMM's epilogue where it can be
             h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
         else:
             h = self.act(self.fc1(x))
         return self.fc2(dropped(self.dropout, h), residual)
+
+    def _int8_linears(self, rows: int) -> tuple[native.Linear8, native.Linear8] | None:
+        """fc1's and fc2's structs for native.linear8_forward, where both compute in int8 by the VNNI kernel at
+        `rows` rows and fc1's activation runs in place (MultiHeadAttention.int8_sublayer says why so)."""
+        if self.activation not in INPLACE_ACTIVATIONS or self.training:
+            return None
+        key, objects = _state(self, ("fc1", "fc2"))
+        held = self.__dict__.get("_int8_pair")
+        if held is None or held[0] != key:
+            held = (key, objects, _int8_structs(((self.fc1.weight, self.fc1.bias), (self.fc2.weight, self.fc2.bias))))
+            self.__dict__["_int8_pair"] = held
+        return _at_vnni_rows(held[2], rows)
+
+
+def _rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+    """Whether x and its residual are a decode step's rows in C's terms: (N, C) float32 contiguous, outside autograd."""
+    return (
+        residual is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_cpu
+        and not torch.is_grad_enabled() and native.vnni()
+    )  # fmt: skip
+
+
+def _int8_structs(
+    layers: tuple[tuple[torch.Tensor, torch.Tensor | None], ...],
+) -> tuple[tuple[native.Linear8, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...], ...]] | None:
+    """native.linear8's structs for (weight, bias) pairs, the tensors they point into, and the weights' plans;
+    None where a weight does not compute in int8 with the VNNI kernel's packed form."""
+    pairs = [(int8_of(w), b) for w, b in layers]
+    if any(q is None or q.vnni is None for q, _ in pairs):
+        return None
+    made = [native.linear8(q.vnni, None if b is None else b.detach().float().contiguous()) for q, b in pairs]  # type: ignore[union-attr,arg-type]
+    return tuple(m[0] for m in made), tuple(t for m in made for t in m[1]), tuple(q.plan for q, _ in pairs)  # type: ignore[union-attr]
+
+
+def _at_vnni_rows(
+    structs: tuple[tuple[native.Linear8, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...], ...]] | None, rows: int
+) -> tuple[native.Linear8, native.Linear8] | None:
+    """The two structs, where every plan takes the VNNI kernel at `rows` rows (int8_choice.bucket)."""
+    if structs is None:
+        return None
+    at = bucket(rows)
+    if not all(plan[min(at, len(plan) - 1)] == "vnni" for plan in structs[2]):
+        return None  # another kernel is faster at this row count
+    return structs[0][0], structs[0][1]
 
 
 def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:

@@ -1,0 +1,92 @@
+/* A decoder step's attention sublayers in one call each, int8 with VNNI (model/nn/transformer.py): the projections
+ * (int8_vnni.c), the attention (attention.c) and the residual, with nothing in between for Python to do.
+ *
+ * Each call is the composition of the library's own kernels, in the order the step makes them one by one, so the
+ * bits are theirs. A weight and a cache are handed over as structs built once (model/kernels/native.py), so a call
+ * marshals a few pointers rather than thirty numbers. */
+#include <stdint.h>
+#include <stdlib.h>
+
+/* An int8 linear layer packed for int8_vnni.c, with its column scales and bias (NULL: none): N outputs of K. */
+typedef struct {
+    const int8_t *packed;
+    const int32_t *comp;
+    const float *scale;
+    const float *bias;
+    int64_t N, K;
+} beamserve_linear8;
+
+/* One layer's keys and values: R rows of H heads of T positions of D floats, element strides sN, sH, sT (unit
+ * over D); lineage (rN rows of rT positions, strides lN, lT) where a step's rows share positions, else NULL. */
+typedef struct {
+    float *k, *v;
+    int64_t H, D, sN, sH, sT, R, T;
+    int64_t *lineage;
+    int64_t lN, lT, rN, rT;
+    float scale; /* the attention's 1 / sqrt(D), as the caller computes it for every other path */
+} beamserve_kv;
+
+int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
+                          const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
+                          int64_t ldr, float *y, int64_t ldy); /* int8_vnni.c */
+int beamserve_self_attend_step(const float *qkv, int64_t sq, int64_t N, int64_t H, int64_t D, float *k, float *v,
+                               int64_t sN, int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *positions,
+                               int64_t pos, int64_t *lineage, int64_t lN, int64_t lT, int64_t rN, int64_t rT,
+                               float scale, float *out); /* attention.c */
+int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, int64_t H, int64_t D, int64_t sN,
+                     int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *lengths, int64_t length,
+                     const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale,
+                     float *out); /* attention.c */
+
+static int linear(const beamserve_linear8 *w, const float *x, int64_t M, const float *res, float *y) {
+    return beamserve_vnni_linear(x, M, w->K, w->K, w->packed, w->comp, w->N, w->scale, w->bias, res, w->N, y, w->N);
+}
+
+/* y (N, C) = res + out(self-attention(qkv(x))) for a step's rows x (N, C) contiguous, each row's key and value
+ * written into the cache at its position first (positions[n], or pos for every row where positions is NULL): as
+ * beamserve_vnni_linear, beamserve_self_attend_step and beamserve_vnni_linear with the residual give it.
+ * Returns 0; -2 where the shapes do not agree or an index lies outside the cache (nothing written to it); -1
+ * without memory. */
+int beamserve_self_sublayer(const float *x, const float *res, int64_t N, const beamserve_linear8 *qkv,
+                            const beamserve_linear8 *out, const beamserve_kv *kv, const int64_t *positions,
+                            int64_t pos, float *y) {
+    const int64_t C = kv->H * kv->D;
+    if (qkv->K != C || qkv->N != 3 * C || out->K != C || out->N != C) return -2;
+    float *scratch = malloc((size_t)(N * 4 * C) * sizeof(float)); /* q, k, v rows, then the attention's */
+    if (!scratch) return -1;
+    float *att = scratch + N * 3 * C;
+    int failed = linear(qkv, x, N, NULL, scratch);
+    if (!failed)
+        failed = beamserve_self_attend_step(scratch, 3 * C, N, kv->H, kv->D, kv->k, kv->v, kv->sN, kv->sH, kv->sT,
+                                            kv->R, kv->T, positions, pos, kv->lineage, kv->lN, kv->lT, kv->rN,
+                                            kv->rT, kv->scale, att);
+    if (!failed) failed = linear(out, att, N, res, y);
+    free(scratch);
+    return failed;
+}
+
+/* y (N, C) = res + out(cross-attention(q(x))): row n's query against positions [0, lengths[n]) of the encoder's
+ * keys and values, position t from row rows[n * rs + t * ts] (rN rows of rT positions), as beamserve_attend reads
+ * them. Returns as beamserve_self_sublayer does. */
+int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const beamserve_linear8 *q,
+                             const beamserve_linear8 *out, const beamserve_kv *kv, const int64_t *lengths,
+                             const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float *y) {
+    const int64_t C = kv->H * kv->D;
+    if (q->K != C || q->N != C || out->K != C || out->N != C) return -2;
+    float *scratch = malloc((size_t)(N * 2 * C) * sizeof(float)); /* the queries, then the attention's rows */
+    if (!scratch) return -1;
+    float *att = scratch + N * C;
+    int failed = linear(q, x, N, NULL, scratch);
+    if (!failed)
+        failed = beamserve_attend(scratch, kv->k, kv->v, N, kv->H, kv->D, kv->sN, kv->sH, kv->sT, kv->R, kv->T, lengths,
+                                  0, rows, rs, ts, rN, rT, kv->scale, att);
+    if (!failed) failed = linear(out, att, N, res, y);
+    free(scratch);
+    return failed;
+}
+
+/* y (M, w->N) = x (M, w->K) @ w^T + bias, plus res (M, w->N) where given: beamserve_vnni_linear over a struct, all
+ * contiguous. */
+int beamserve_linear8_forward(const beamserve_linear8 *w, const float *x, int64_t M, const float *res, float *y) {
+    return linear(w, x, M, res, y);
+}
