@@ -206,6 +206,24 @@ def test_every_answer_carries_a_request_id_and_every_error_body_repeats_it(clien
     assert r.status_code == 413 and r.json()["request_id"] == r.headers["x-request-id"]
 
 
+def test_every_answer_says_its_queue_wait_decoding_and_total_in_server_timing(client: httpx.Client) -> None:
+    def timing(r: httpx.Response) -> dict[str, float]:
+        parts = [p.strip().split(";dur=") for p in r.headers["server-timing"].split(",")]
+        return {name: float(ms) for name, ms in parts}
+
+    text = "A girl in a red coat reads a map beside a fountain."
+    fresh = client.post("/v1/translate", json={"texts": [text], "source": "en", "target": "de", "cache": False})
+    assert fresh.status_code == 200
+    t = timing(fresh)
+    assert set(t) == {"queue", "decode", "total"} and t["queue"] >= 0
+    assert 0 < t["decode"] <= t["total"]  # the model decoded it, inside the gateway's time
+    for _ in range(2):  # the first fills the cache
+        cached = client.post("/v1/translate", json={"texts": [text], "source": "en", "target": "de"})
+    assert timing(cached)["decode"] == 0 < timing(cached)["total"]  # from the cache: nothing decoded
+    refused = client.post("/v1/translate", json={"texts": [text], "source": "en", "target": "xx"})
+    assert refused.status_code == 400 and timing(refused)["decode"] == 0
+
+
 def test_a_paragraph_is_translated_sentence_by_sentence_unless_asked_not_to(client: httpx.Client) -> None:
     def post(texts: list[str], **options: object) -> list[dict[str, object]]:
         r = client.post("/v1/translate", json={"texts": texts, "source": "en", "target": "de", **options})

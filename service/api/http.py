@@ -117,7 +117,7 @@ class Ingress:
                 allow_origins=found.origins(),
                 allow_methods=["GET", "POST"],
                 allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-                expose_headers=["X-Request-ID", "Retry-After"],
+                expose_headers=["X-Request-ID", "Retry-After", "Server-Timing"],
                 max_age=600,
             )
         return found
@@ -149,6 +149,8 @@ class Ingress:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                timing = server_timing(summary, time.perf_counter() - start)
+                message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
             await send(message)
 
         size = int(declared) if declared.isdigit() else None
@@ -205,6 +207,14 @@ class Ingress:
             await (self.cors or self.inner)(scope, limited, guarded)
         except _BodyTooLargeError:
             await _reject(path, rid, send, "body_too_large", f"request body over {limit} bytes")
+
+
+def server_timing(summary: request_log.RequestSummary, seconds: float) -> bytes:
+    """The Server-Timing header (W3C; a browser's developer tools show it): the longest any of the request's
+    sentences waited to start decoding (`queue`), the longest a model call spent decoding (`decode`), and the
+    gateway's time from the request to its answer (`total`), in milliseconds."""
+    parts = (("queue", summary.queue_wait_s), ("decode", summary.decode_s), ("total", seconds))
+    return ", ".join(f"{name};dur={1000 * s:.2f}" for name, s in parts).encode()
 
 
 async def _call(route: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -1,0 +1,228 @@
+"""One sentence at a time, and at saturation: the server against the same model in one process.
+
+    python loadtests/bench_latency.py                          # en-de, int8 and float32, one thread
+    python loadtests/bench_latency.py --compute-types int8 --sentences 100 --saturation-s 20
+
+For each compute type, on the same test sentences (test_2016_flickr, uncached, beam 4):
+- in process: `Translator.translate` of each sentence alone, its wall time (p50, p95), and the
+  offline rate at batch 64 (sentences/s);
+- served: `beamserve serve --models en-de` (HAProxy in front, the model in the ingress) with the same
+  compute type and intra-op threads, each sentence a request on one keep-alive connection, the next
+  sent when the last is answered: the request's wall time at the client, and its Server-Timing (the
+  engine's queue wait and decoding, the gateway's total), so the difference from in-process decoding
+  is split between the engine's decoding, its queue and the path around it;
+- saturated: --concurrency connections sending one sentence a request for --saturation-s seconds:
+  sentences/s against the offline rate (the load generator shares the machine's cores: its CPU time
+  is reported beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import http_load  # noqa: E402
+import process_cpu  # noqa: E402
+from reports import emit  # noqa: E402
+
+from service.runtime import free_loopback_port  # noqa: E402
+
+DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
+
+
+def read_sentences(n: int) -> list[str]:
+    with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f][:n]
+
+
+def in_process(compute_type: str, threads: int, alone: list[str], batched: list[str], rounds: int) -> dict[str, float]:
+    """Each of `alone` through Translator.translate by itself (the best of `rounds` per sentence), and the rate
+    over `batched` at batch 64; in a fresh process, as a replica's model is."""
+    code = f"""
+import json, sys, time
+from model import Translator
+tr = Translator.load("en-de", "cpu", compute_type={compute_type!r}, num_threads={threads})
+texts, batched = json.loads(sys.stdin.read())
+for t in texts[:8]:
+    tr.translate([t], beam_size=4)
+each = []
+for t in texts:
+    best = float("inf")
+    for _ in range({rounds}):
+        start = time.perf_counter()
+        tr.translate([t], beam_size=4)
+        best = min(best, time.perf_counter() - start)
+    each.append(best)
+tr.translate(batched[:64], beam_size=4, max_batch_size=64)
+start = time.perf_counter()
+for i in range(0, len(batched), 64):
+    tr.translate(batched[i:i + 64], beam_size=4, max_batch_size=64)
+print(json.dumps({{"each": each, "rate": len(batched) / (time.perf_counter() - start)}}))
+"""
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps([alone, batched]),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    each = found["each"]
+    return {"p50": quantile(each, 0.5), "p95": quantile(each, 0.95), "rate": found["rate"]}
+
+
+def quantile(values: list[float], q: float) -> float:
+    return http_load.quantile(values, q)
+
+
+class Server:
+    """`beamserve serve --models en-de` on a free loopback port, with this compute type and thread count."""
+
+    def __init__(self, compute_type: str, threads: int) -> None:
+        self.port = free_loopback_port()
+        env = {
+            **os.environ,
+            "BEAMSERVE_MODELS": "en-de",
+            "BEAMSERVE_THREADS": str(threads),
+            "BEAMSERVE_COMPUTE_TYPE": compute_type,
+        }
+        self.proc = subprocess.Popen(
+            process_cpu.serve_command(self.port),
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = "-"
+        while line and "listening" not in line:
+            line = self.proc.stdout.readline()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise SystemExit(f"the server ({compute_type}) was not ready within 180 s")
+
+    def stop(self) -> None:
+        process_cpu.stop(self.proc)
+
+
+def body(text: str) -> dict[str, object]:
+    return {"texts": [text], "source": "en", "target": "de", "beam_size": 4, "cache": False}
+
+
+def timings(header: str) -> dict[str, float]:
+    """Server-Timing's durations, in seconds, by name."""
+    out = {}
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";dur=")
+        if rest:
+            out[name] = float(rest) / 1000
+    return out
+
+
+async def one_at_a_time(port: int, sentences: list[str], rounds: int) -> dict[str, float]:
+    """Each sentence a request on one keep-alive connection, the best of `rounds` per sentence; its Server-Timing."""
+    walls: list[float] = []
+    parts: dict[str, list[float]] = {"queue": [], "decode": [], "total": []}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        for t in sentences[:8]:
+            await client.post("/v1/translate", json=body(t))
+        for t in sentences:
+            best, best_timing = float("inf"), {}
+            for _ in range(rounds):
+                start = time.perf_counter()
+                r = await client.post("/v1/translate", json=body(t))
+                wall = time.perf_counter() - start
+                if r.status_code != 200:
+                    raise SystemExit(f"{r.status_code}: {r.text[:200]}")
+                if wall < best:
+                    best, best_timing = wall, timings(r.headers.get("server-timing", ""))
+            walls.append(best)
+            for name in parts:
+                parts[name].append(best_timing.get(name, float("nan")))
+    out = {"p50": quantile(walls, 0.5), "p95": quantile(walls, 0.95)}
+    out |= {f"{name} p50": statistics.median(v) for name, v in parts.items()}
+    return out
+
+
+async def saturated(port: int, sentences: list[str], concurrency: int, seconds: float) -> dict[str, float]:
+    """`concurrency` connections, one sentence a request, for `seconds`: sentences/s and the client's CPU."""
+    wire = [http_load.request_bytes("/v1/translate", body(t), port=port) for t in sentences]
+    await http_load.closed_loop(port, wire, total=2 * concurrency, concurrency=concurrency)  # warm
+    cpu = time.process_time()
+    total = max(concurrency, int(seconds * 100))
+    answers, wall = await http_load.closed_loop(port, wire, total=total, concurrency=concurrency)
+    ok = sum(a.status == 200 for a in answers)
+    return {"rate": ok / wall, "refused": len(answers) - ok, "client_cpu": (time.process_time() - cpu) / wall}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compute-types", default="int8,float32")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads, in process and in the server")
+    p.add_argument("--sentences", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=3, help="timings of each sentence; its best is kept")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--saturation-s", type=float, default=20.0)
+    p.add_argument("--out", type=Path, help="write the markdown report here")
+    args = p.parse_args()
+    sentences = read_sentences(max(args.sentences, 256))
+    alone = sentences[: args.sentences]
+    lines = [
+        "# One sentence at a time, and at saturation: served against in-process",
+        "",
+        f"en-de, beam 4, {args.threads} intra-op thread(s), uncached; {len(alone)} test sentences one at a time "
+        f"(each the best of {args.rounds}); saturation: {args.concurrency} connections, one sentence a request, "
+        f"about {args.saturation_s:.0f} s. Milliseconds unless marked.",
+        "",
+        "| compute type | in-process p50 / p95 | served p50 / p95 | served - in-process (p50) "
+        "| Server-Timing p50: decode / queue / total | offline sent/s (batch 64) | served sent/s at saturation "
+        "| served / offline | load generator CPU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for ct in args.compute_types.split(","):
+        print(f"{ct}: in process", flush=True)
+        local = in_process(ct, args.threads, alone, sentences, args.rounds)
+        print(f"{ct}: served", flush=True)
+        server = Server(ct, args.threads)
+        try:
+            served = asyncio.run(one_at_a_time(server.port, alone, args.rounds))
+            full = asyncio.run(saturated(server.port, sentences, args.concurrency, args.saturation_s))
+        finally:
+            server.stop()
+        ms = 1000
+        lines.append(
+            f"| {ct} | {local['p50'] * ms:.1f} / {local['p95'] * ms:.1f} "
+            f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f} | {(served['p50'] - local['p50']) * ms:+.1f} "
+            f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
+            f"| {local['rate']:.1f} | {full['rate']:.1f} | {full['rate'] / local['rate']:.2f} "
+            f"| {full['client_cpu']:.2f} cores |"
+        )
+        print(lines[-1], flush=True)
+    emit("\n".join(lines), args.out)
+
+
+if __name__ == "__main__":
+    main()
