@@ -79,7 +79,7 @@ class EngineObserver(Protocol):
 
     def on_generated(self, tokens: int) -> None: ...
 
-    def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int) -> None: ...
+    def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int, *, idle: bool = False) -> None: ...
 
 
 def _run_job(fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
@@ -341,7 +341,7 @@ class Engine:
         batch, wait = self.requests.next_batch(now)
         if batch is None:
             self._active = 0
-            self._sync()
+            self._sync(idle=True)
             return None, wait
         self._active = len(batch)
         self._observe_start(batch, now)
@@ -400,8 +400,8 @@ class Engine:
         if self.observer is not None:
             self.observer.on_generated(generated)
 
-    def _sync(self) -> None:
+    def _sync(self, *, idle: bool = False) -> None:
         if self.observer is not None:
             device = self.translator.device
             gpu = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-            self.observer.sync(self.stats, self.queued, self._active, gpu)
+            self.observer.sync(self.stats, self.queued, self._active, gpu, idle=idle)
