@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: lock install chromium clang serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving loadtest faults cluster-faults soak clean
+.PHONY: lock install chromium clang serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving bench-latency loadtest faults cluster-faults soak fuzz clean
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard model/kernels/csrc/*.c model/kernels/csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -111,6 +111,16 @@ faults: install
 # live reconfiguration, a model rollout and autoscaling under load.
 cluster-faults: install
 	$(PY) loadtests/cluster_faults.py
+
+# One sentence at a time served against in-process decoding, and the saturated served rate against offline.
+bench-latency: install
+	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_latency.py --out runs/bench/latency_latest.md
+
+# A longer, seeded mutation run of Office documents than make test's (FUZZ_SEED, FUZZ_CASES to change it).
+FUZZ_SEED ?= 1
+FUZZ_CASES ?= 5000
+fuzz: install
+	BEAMSERVE_FUZZ_SEED=$(FUZZ_SEED) BEAMSERVE_FUZZ_CASES=$(FUZZ_CASES) $(PY) -m pytest -q tests/test_hostile_documents.py -k mutated
 
 # An hour of mixed traffic and fuzzing; the replicas' resident memory at the end against after warm-up.
 soak: install

@@ -11,7 +11,9 @@ everything that is not prose kept as it came.
 - Word, PowerPoint and Excel (.docx, .pptx, .xlsx): each paragraph (each text cell) is a segment, its
   runs' formatting and hyperlinks carried over as inline markup (service/text/ooxml_text.py). A zip that
   would unpack past MAX_UNZIPPED_BYTES, or a part past MAX_ZIP_RATIO times its packed size, is
-  refused unopened.
+  refused unopened; text parts past ooxml_text.MAX_XML_BYTES of XML, or MAX_ELEMENTS elements as they are
+  parsed, as too large; a member that does not unpack (a method or flag the zip module refuses, a wrong
+  CRC-32, a corrupt stream, overlapping members) or XML that does not parse, as invalid, by name.
 
 Text files are read as UTF-8 (a byte-order mark kept); anything else is refused by name.
 """

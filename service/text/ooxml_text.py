@@ -23,6 +23,7 @@ import html
 import io
 import re
 import zipfile
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,10 @@ class _Paragraph:
                 self.runs += [r for r in c if r.tag == d.run]
             else:
                 self.runs.append(c)
+        # Each run's and link's place, by identity: a paragraph may hold 100,000s of runs (list.index would
+        # make its fragment quadratic in them).
+        self.run_at = {id(r): i for i, r in enumerate(self.runs)}
+        self.link_at = {id(link): j for j, link in enumerate(self.links)}
         shares: Counter[bytes] = Counter()
         for run in self.runs:
             if self._plain(run):
@@ -133,13 +138,13 @@ class _Paragraph:
         for c in self.content:
             if c.tag == self.d.link:
                 inner = "".join(self._run(r) for r in c if r.tag == self.d.run)
-                out.append(f'<a data-h="{self.links.index(c)}">{inner}</a>')
+                out.append(f'<a data-h="{self.link_at[id(c)]}">{inner}</a>')
             else:
                 out.append(self._run(c))
         return "".join(out)
 
     def _run(self, run: Any) -> str:
-        i = self.runs.index(run)
+        i = self.run_at[id(run)]
         if not self._plain(run):
             return f'<img data-r="{i}">'
         text = html.escape(self._text(run), quote=False)
@@ -170,11 +175,14 @@ class _Paragraph:
                     for child in [c for c in link if c.tag == self.d.run]:
                         link.remove(child)
                     built.append(link)
-        at = list(self.p).index(self.content[0])
-        for c in self.content:
-            self.p.remove(c)
-        for offset, element in enumerate(built):
-            self.p.insert(at + offset, element)
+        # The children anew in one assignment (removing and inserting each would be quadratic in the runs):
+        # the built ones where the first run was, everything that was not a run where it was.
+        content = {id(c) for c in self.content}
+        children = list(self.p)
+        at = next(i for i, c in enumerate(children) if id(c) in content)
+        kept = [c for c in children if id(c) not in content]
+        before = sum(1 for c in children[:at] if id(c) not in content)
+        self.p[:] = kept[:before] + built + kept[before:]
 
     def _with_text(self, template: Any, text: str) -> Any:
         """A copy of a run (a new plain run without one) holding `text`, its tabs and line breaks as
@@ -198,7 +206,6 @@ class _Paragraph:
 
 
 _TAGS = re.compile(r"<[^<>]*>")
-_PARSER = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
 
 
 def _paragraphs(parts: dict[str, Any], d: Dialect) -> list[_Paragraph]:
@@ -214,21 +221,46 @@ def _order(name: str, d: Dialect) -> tuple[int, list[Any]] | None:
     return None if group is None else (group, [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
 
 
+# What the text parts of one document may hold: their XML unpacked, and their elements parsed (an lxml element
+# costs about 150 bytes of memory; a 500,000-character document takes some 30,000). A file past either is
+# refused as too large as soon as it is known, before memory grows: from the zip's directory for the bytes,
+# while parsing for the elements.
+MAX_XML_BYTES = 32_000_000
+MAX_ELEMENTS = 500_000
+# Every error the zip module, zlib and the XML parser raise on a malformed file.
+_UNREADABLE = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, zlib.error, EOFError,
+               OSError, ValueError, UnicodeDecodeError)  # fmt: skip
+
+
 def office_document(kind: str, data: bytes) -> Parsed:
-    """A .docx, .pptx or .xlsx file (its zip already checked: documents.unzipped_safely) as segments."""
+    """A .docx, .pptx or .xlsx file (its zip already checked: documents.unzipped_safely) as segments. ApiError
+    invalid_document for a file that is not the format or does not read whole (a member the zip module cannot
+    unpack: an unknown compression method, encryption, a wrong CRC-32, a corrupt stream, overlapping members;
+    XML that does not parse), document_too_large past MAX_XML_BYTES or MAX_ELEMENTS."""
     d = DIALECTS[kind]
 
     def read() -> tuple[zipfile.ZipFile, dict[str, Any]]:
-        z = zipfile.ZipFile(io.BytesIO(data))
-        if d.main not in z.namelist():
-            raise ApiError("invalid_document", f"not {d.name}: it has no {d.main}")
-        names = [n for n in z.namelist() if _order(n, d) is not None]
         try:
-            return z, {n: etree.fromstring(z.read(n), _PARSER) for n in names}
-        except etree.XMLSyntaxError as exc:
-            raise ApiError("invalid_document", f"the {kind} file's XML does not parse ({exc})") from None
+            z = zipfile.ZipFile(io.BytesIO(data))
+            names = z.namelist()
+        except _UNREADABLE as exc:
+            raise ApiError("invalid_document", f"the {kind} file's zip does not read ({_why(exc)})") from None
+        if d.main not in names:
+            raise ApiError("invalid_document", f"not {d.name}: it has no {d.main}")
+        texts = [n for n in names if _order(n, d) is not None]
+        size = sum(z.getinfo(n).file_size for n in texts)
+        if size > MAX_XML_BYTES:
+            raise ApiError(
+                "document_too_large",
+                f"its text parts unpack to {size} bytes of XML; a document holds at most {MAX_XML_BYTES}",
+            )
+        budget = [MAX_ELEMENTS]
+        return z, {n: _parse(kind, n, _member(kind, z, n), budget) for n in texts}
 
-    _, parts = read()
+    z, parts = read()
+    for info in z.infolist():  # every other member unpacks too (CRC-32 checked), or the rebuild would fail later
+        if info.filename not in parts:
+            _member(kind, z, info.filename)
     segments = [p.fragment() for p in _paragraphs(parts, d)]
 
     def rebuild(translations: list[str]) -> bytes:
@@ -245,3 +277,36 @@ def office_document(kind: str, data: bytes) -> Parsed:
         return out.getvalue()
 
     return Parsed(segments, True, rebuild)
+
+
+def _member(kind: str, z: zipfile.ZipFile, name: str) -> bytes:
+    """A zip member's bytes, or ApiError invalid_document naming it."""
+    try:
+        return z.read(name)
+    except _UNREADABLE as exc:
+        raise ApiError(
+            "invalid_document", f"the {kind} file's part {name[:200]!r} does not unpack ({_why(exc)})"
+        ) from None
+
+
+def _parse(kind: str, name: str, xml: bytes, budget: list[int]) -> Any:
+    """A part's XML as a tree, its elements counted against budget[0] (shared by the document's parts) as they
+    are parsed: ApiError document_too_large once past it, invalid_document where it does not parse."""
+    parser = etree.XMLPullParser(events=("start",), resolve_entities=False, no_network=True, huge_tree=False)
+    try:
+        for offset in range(0, max(len(xml), 1), 1 << 16):  # a piece at a time: the count is checked as it grows
+            parser.feed(xml[offset : offset + (1 << 16)])
+            for _ in parser.read_events():
+                budget[0] -= 1
+            if budget[0] < 0:
+                raise ApiError(
+                    "document_too_large", f"the {kind} file holds more than {MAX_ELEMENTS} XML elements in its text"
+                )
+        root = parser.close()
+    except etree.XMLSyntaxError as exc:
+        raise ApiError("invalid_document", f"the {kind} file's XML does not parse ({name[:200]}: {exc})") from None
+    return root
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]

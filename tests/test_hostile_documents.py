@@ -1,0 +1,174 @@
+"""Hostile Office documents (service/text/ooxml_text.py, service/text/documents.py): every malformed file a named
+4xx, budgets that refuse an amplifying file before its XML is parsed whole, and no pass quadratic in a
+paragraph's runs; a seeded mutation run over valid files (longer: `make fuzz`)."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import struct
+import zipfile
+import zlib
+
+import pytest
+
+from service.api.errors import ApiError
+from service.text import documents, ooxml_text
+
+W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+NAMED = {"invalid_document", "document_too_large", "unsupported_document"}
+
+
+def docx(parts: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes:
+    """A zip with word/document.xml (one paragraph) and `parts` beside it."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", method) as z:
+        z.writestr("word/document.xml", body(b"<w:r><w:t>A dog runs.</w:t></w:r>"))
+        for name, data in parts.items():
+            z.writestr(name, data)
+    return out.getvalue()
+
+
+def body(runs: bytes) -> bytes:
+    return f"<w:document {W}><w:body><w:p>".encode() + runs + b"</w:p></w:body></w:document>"
+
+
+def refused(name: str, data: bytes) -> ApiError:
+    with pytest.raises(ApiError) as err:
+        documents.parse(name, data)
+    return err.value
+
+
+def test_a_paragraph_of_many_empty_runs_reads_and_rebuilds_in_one_pass_over_them() -> None:
+    runs = b"<w:r><w:t>A man rides a bike.</w:t></w:r>" + b"<w:r/>" * 165_000
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:  # stored: no ratio for the zip-bomb check to see
+        z.writestr("word/document.xml", body(runs))
+    parsed = documents.parse("runs.docx", out.getvalue())
+    assert parsed.segments == ["A man rides a bike."]  # the empty runs hold no text
+    again = documents.parse("runs.docx", parsed.rebuild(["Ein Mann fährt Fahrrad."]))
+    assert again.segments == ["Ein Mann fährt Fahrrad."]
+
+
+def test_text_parts_past_the_xml_budget_are_refused_from_the_zip_s_directory() -> None:
+    # Forty headers of a megabyte of empty runs, stored (a ratio the zip-bomb check passes): 40 MB of XML
+    # that no text needs, which lxml would hold in some 30 times that.
+    header = body(b"<w:r/>" * 170_000)
+    err = refused("headers.docx", docx({f"word/header{i}.xml": header for i in range(1, 41)}, zipfile.ZIP_STORED))
+    assert err.code == "document_too_large" and "bytes of XML" in err.detail
+
+
+def test_a_part_past_the_element_budget_is_refused_while_it_is_parsed() -> None:
+    header = body(b"<w:r/>" * (ooxml_text.MAX_ELEMENTS + 10))
+    err = refused("elements.docx", docx({"word/header1.xml": header}, zipfile.ZIP_STORED))
+    assert err.code == "document_too_large" and f"more than {ooxml_text.MAX_ELEMENTS} XML elements" in err.detail
+
+
+def with_local_header(data: bytes, name: bytes, change: dict[str, int]) -> bytes:
+    """data with the local and central headers of member `name` changed: flags, method or CRC-32."""
+    out = bytearray(data)
+    for signature, fields in (
+        (b"PK\x03\x04", {"flags": 6, "method": 8, "crc": 14}),
+        (b"PK\x01\x02", {"flags": 8, "method": 10, "crc": 16}),
+    ):
+        at = 0
+        while (at := out.find(signature, at)) >= 0:
+            name_at = at + (30 if signature == b"PK\x03\x04" else 46)
+            if out[name_at : name_at + len(name)] == name:
+                for field, value in change.items():
+                    size = 4 if field == "crc" else 2
+                    out[at + fields[field] : at + fields[field] + size] = value.to_bytes(size, "little")
+            at += 4
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("case", "change"),
+    [
+        ("deflate64 (a method the zip module does not unpack)", {"method": 9}),
+        ("an unknown method", {"method": 99}),
+        ("the encrypted flag", {"flags": 1}),
+        ("a wrong CRC-32", {"crc": 0x12345678}),
+    ],
+)
+def test_a_member_the_zip_module_cannot_unpack_is_a_named_400(case: str, change: dict[str, int]) -> None:
+    data = with_local_header(docx({"word/media/image1.png": b"\x89PNG" + bytes(300)}), b"word/document.xml", change)
+    err = refused("broken.docx", data)
+    assert err.code == "invalid_document" and "word/document.xml" in err.detail, (case, err.detail)
+    other = with_local_header(
+        docx({"word/media/image1.png": b"\x89PNG" + bytes(300)}), b"word/media/image1.png", change
+    )
+    err = refused("broken.docx", other)  # a part without text too: the rebuild would copy it
+    assert err.code == "invalid_document" and "image1.png" in err.detail, (case, err.detail)
+
+
+def test_a_corrupt_deflate_stream_and_overlapping_members_are_named_400s() -> None:
+    data = bytearray(docx({}))
+    start = data.find(b"PK\x03\x04") + 30 + len("word/document.xml")
+    data[start + 4 : start + 12] = b"\xff" * 8  # inside the compressed stream
+    assert refused("corrupt.docx", bytes(data)).code == "invalid_document"
+    # Two central directory entries pointing at one local header (a zip bomb's trick)
+    plain = docx({}, zipfile.ZIP_STORED)
+    central = plain.find(b"PK\x01\x02")
+    end = plain.find(b"PK\x05\x06")
+    entry = plain[central:end]
+    twin = entry.replace(b"word/document.xml", b"word/footer1.xml\x00"[: len("word/document.xml")])
+    count = struct.unpack("<H", plain[end + 10 : end + 12])[0]
+    eocd = bytearray(plain[end:])
+    eocd[8:10] = eocd[10:12] = struct.pack("<H", count + 1)
+    eocd[12:16] = struct.pack("<I", len(entry) + len(twin))
+    overlapping = plain[:central] + entry + twin + bytes(eocd)
+    err = refused("overlap.docx", overlapping)
+    assert err.code in NAMED, err.detail
+
+
+def mutations(seed: int, count: int) -> list[tuple[str, bytes]]:
+    """Valid .docx, .pptx and .xlsx files (tests/test_documents.py's) with bytes flipped, runs of bytes
+    zeroed, members duplicated or truncated, headers' methods and flags changed: `count` of them."""
+    from tests.test_documents import slides, word, workbook
+
+    rng = random.Random(seed)
+    files = [("a.docx", word()), ("a.pptx", slides()), ("a.xlsx", workbook())]
+    out = []
+    for _ in range(count):
+        name, data = rng.choice(files)
+        b = bytearray(data)
+        kind = rng.randrange(5)
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        elif kind == 1:
+            at = rng.randrange(len(b))
+            b[at : at + rng.randint(1, 64)] = bytes(rng.randint(1, 64))
+        elif kind == 2:
+            b = b[: rng.randrange(len(b))]
+        elif kind == 3:
+            at = b.find(b"PK\x03\x04", rng.randrange(len(b)))
+            if at >= 0:
+                b[at + 8 : at + 10] = rng.choice([9, 12, 14, 98, 99]).to_bytes(2, "little")
+                b[at + 6] |= rng.choice([1, 8, 64])
+        else:
+            at, size = rng.randrange(len(b)), rng.randint(16, 4096)
+            b = b[:at] + b[at : at + size] * rng.randint(2, 4) + b[at + size :]
+        out.append((name, bytes(b)))
+    return out
+
+
+FUZZ_SEED = int(os.environ.get("BEAMSERVE_FUZZ_SEED", "20261128"))
+FUZZ_CASES = int(os.environ.get("BEAMSERVE_FUZZ_CASES", "300"))
+
+
+def test_mutated_office_files_read_or_are_refused_by_name() -> None:
+    """Every mutation parses and rebuilds, or is refused with a named code: no other exception escapes."""
+    for name, data in mutations(FUZZ_SEED, FUZZ_CASES):
+        try:
+            parsed = documents.parse(name, data)
+        except ApiError as exc:
+            assert exc.code in NAMED, (name, exc.code, exc.detail)
+            continue
+        parsed.rebuild(parsed.segments)
+
+
+def test_zlib_errors_are_among_those_named() -> None:
+    assert zlib.error in ooxml_text._UNREADABLE
