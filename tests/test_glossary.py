@@ -241,3 +241,17 @@ def test_v1_takes_a_glossary_id_or_its_own_terms(client: httpx.Client, server: s
     assert client.delete(f"/v2/glossaries/{gid}").status_code == 204
     assert client.delete(f"/v2/glossaries/{gid}").status_code == 404
     assert glossary.MAX_ENTRIES == 10_000  # the bound the docs state
+
+
+def test_a_lone_surrogate_in_a_glossary_s_entries_name_or_inline_terms_is_a_named_400(client: httpx.Client) -> None:
+    # JSON's "\ud800" escape reads as a lone surrogate: not valid Unicode, so neither storable nor comparable
+    bodies = [
+        ("/v2/glossaries", b'{"name": "x", "source_lang": "en", "target_lang": "de", "entries": "bike\\tV\\ud800"}'),
+        ("/v2/glossaries", b'{"name": "x\\udfff", "source_lang": "en", "target_lang": "de", "entries": "bike\\tVelo"}'),
+        ("/v1/translate", b'{"texts": ["A bike."], "source": "en", "target": "de", "glossary": {"b\\ud800": "V"}}'),
+    ]
+    for path, body in bodies:
+        r = client.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "lone surrogate" in r.text, (path, r.status_code, r.text)
+    r = client.get("/v2/glossaries")  # and nothing was stored
+    assert r.status_code == 200 and all("\ufffd" not in g["name"] for g in r.json()["glossaries"])

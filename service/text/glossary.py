@@ -83,6 +83,7 @@ class Glossary:
 def new_glossary(name: str, source: str, target: str, entries: dict[str, str], owner: str) -> Glossary:
     if not name.strip():
         raise ApiError("invalid_glossary", "the glossary's name is empty")
+    _check_unicode(name, "the glossary's name")
     if len(name) > MAX_NAME_CHARS:
         raise ApiError("invalid_glossary", f"the glossary's name has {len(name)} characters; at most {MAX_NAME_CHARS}")
     return Glossary(str(uuid.uuid4()), name, source, target, checked(entries), owner)
@@ -93,9 +94,19 @@ def _check_term(term: str, where: str) -> None:
         raise ApiError("invalid_glossary", f"{where}: an empty term")
     if len(term) > MAX_TERM_CHARS:
         raise ApiError("invalid_glossary", f"{where}: a term of {len(term)} characters; at most {MAX_TERM_CHARS}")
+    _check_unicode(term, f"{where}: the term")
     bad = next((c for c in term if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if bad is not None:
         raise ApiError("invalid_glossary", f"{where}: the term {term[:40]!r} holds the control character {bad!r}")
+
+
+def _check_unicode(text: str, what: str) -> None:
+    """ApiError naming the first lone surrogate (JSON's "\\ud800" reads as one): not valid Unicode, so it could
+    be neither stored nor compared."""
+    bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        why = f"{what}: character {bad} is a lone surrogate U+{ord(text[bad]):04X}, not valid Unicode"
+        raise ApiError("invalid_glossary", why)
 
 
 def checked(entries: dict[str, str]) -> dict[str, str]:
