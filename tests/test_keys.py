@@ -27,6 +27,7 @@ KEYS = [
     {"key": "beta-key", "name": "beta", "requests_per_minute": 5},
     {"key": "gamma-key", "name": "gamma"},
     {"key": "delta-key", "name": "delta"},  # for what no other test counts
+    {"key": "epsilon-key", "name": "epsilon"},  # documents that time out
 ]
 TEXT = "A dog is running in the snow."
 
@@ -48,6 +49,7 @@ def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "BEAMSERVE_CACHE_ENTRIES": "0",
         "BEAMSERVE_COMPUTE_TYPE": "int8",
         "BEAMSERVE_PROXY": "serve",
+        "BEAMSERVE_REQUEST_TIMEOUT_S": "8",  # a long document's /translate_file times out (the refund's test)
     }
     with serving(env) as running:
         yield running
@@ -233,6 +235,28 @@ def test_cors_answers_the_allowed_origin_only(keyed: tuple[str, subprocess.Popen
     assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
     r = httpx.get(f"{url}/languages", headers={"Origin": "https://app.example"})
     assert r.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_a_file_whose_translation_times_out_is_stopped_and_not_billed(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    url, _ = keyed
+    lines = [f"Dog number {i} runs across a wide green field in the morning sun." for i in range(6000)]
+    document = ("\n".join(lines) + "\n").encode()
+    files = {"file": ("many.txt", document, "text/plain")}
+    r = httpx.post(
+        f"{url}/translate_file",
+        files=files,
+        data={"source": "en", "target": "de", "api_key": "epsilon-key"},
+        timeout=60,
+    )
+    assert r.status_code == 504 and "not translated within 8s" in r.json()["error"], r.text
+    usage = httpx.get(f"{url}/v1/usage", headers=bearer("epsilon-key")).json()
+    assert usage["characters_day"] == 0  # charged on upload, refunded when it was given up
+    small = {"file": ("one.txt", b"A dog runs.\n", "text/plain")}  # and the key still translates
+    r = httpx.post(
+        f"{url}/translate_file", files=small, data={"source": "en", "target": "de", "api_key": "epsilon-key"}
+    )
+    assert r.status_code == 200, r.text
+    assert httpx.get(f"{url}/v1/usage", headers=bearer("epsilon-key")).json()["characters_day"] == len("A dog runs.")
 
 
 def test_without_the_limits_store_requests_are_refused_not_let_through(

@@ -321,7 +321,9 @@ class Gateway:
             started = await self._start_document(client, request, upload, filename, req, wait_s=limit)
             doc, key = started["document_id"], started["document_key"]
             if (await self.documents.status(doc, key, client.id)).answer()["status"] not in ("done", "error"):
-                raise ApiError("timeout", f"the document was not translated within {limit:.0f}s")
+                await self.documents.cancel(doc)  # no address will be answered: stopped, and refunded
+                if (await self.documents.status(doc, key, client.id)).answer()["status"] != "done":
+                    raise ApiError("timeout", f"the document was not translated within {limit:.0f}s")
             await self.documents.result(doc, key, client.id)  # a failed document: its error, here
             base = str(request.base_url).rstrip("/")
             return {"translatedFileUrl": f"{base}/download_file/{doc}-{key}/{quote(filename)}"}

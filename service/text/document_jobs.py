@@ -80,7 +80,7 @@ class DocumentJobs:
     def __init__(self, records: Records, router: PairRouter) -> None:
         self.records = records
         self.router = router
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[str, asyncio.Task[None]] = {}  # document id -> its translation
 
     async def upload(
         self,
@@ -115,8 +115,8 @@ class DocumentJobs:
         )
         await self._save(status)
         task = asyncio.create_task(self._translate(status, parsed, req, terms, refund))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        self._running[status.document_id] = task
+        task.add_done_callback(lambda _: self._running.pop(status.document_id, None))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), wait_s)
         return {"document_id": status.document_id, "document_key": key}
@@ -147,6 +147,11 @@ class DocumentJobs:
             result = await asyncio.to_thread(parsed.rebuild, out)
             await self.records.put(RESULT, status.document_id, status.owner, result, ttl_s=KEEP_S)
             await self._save(replace(status, status="done", updated=time.time()))
+        except asyncio.CancelledError:  # given up (cancel): no result will come, and nothing is billed
+            with contextlib.suppress(ApiError):
+                await self._save(replace(status, status="error", error_message="cancelled", updated=time.time()))
+                await refund()
+            raise
         except Exception as exc:  # the document fails, said in its status; the server goes on
             message = exc.detail if isinstance(exc, ApiError) else f"the translation failed ({type(exc).__name__})"
             if not isinstance(exc, ApiError):
@@ -154,6 +159,15 @@ class DocumentJobs:
             with contextlib.suppress(ApiError):
                 await self._save(replace(status, status="error", error_message=message, updated=time.time()))
                 await refund()
+
+    async def cancel(self, document_id: str) -> None:
+        """Stop a document's translation if it is still running: its status says error, its characters are
+        refunded (a client that was answered 504 is not billed for a translation it will not get)."""
+        task = self._running.get(document_id)
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def status(self, document_id: str, key: str, owner: str | None) -> DocumentStatus:
         """The document's status for its owner (any owner when None: the key alone is the proof)."""
