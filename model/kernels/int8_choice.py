@@ -61,6 +61,8 @@ class Choice:
     seconds: tuple[dict[str, float], ...]  # per row count timed: kernel -> best seconds a call
 
     def __str__(self) -> str:
+        if not self.seconds:
+            return f"int8 GEMM ({self.N} x {self.K}): {self.plan[0]}, the one kernel exact here (or named in {ENV})"
         cells = []
         for rows, times in zip(ROWS, self.seconds, strict=False):
             best = min(times, key=times.__getitem__)
