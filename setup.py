@@ -15,6 +15,7 @@ SOURCES = [
     "model/kernels/csrc/int8_rows.c",
     "model/kernels/csrc/int8_gemm.c",
     "model/kernels/csrc/int8_vnni.c",
+    "model/kernels/csrc/f32_gemm.c",
     "model/kernels/csrc/attention.c",
     "model/kernels/csrc/search.c",
     "model/kernels/csrc/sublayers.c",

@@ -27,6 +27,7 @@ CONFIGS = ("float32", "bfloat16", "bfloat16-gemms")
 def gemms_in_bfloat16() -> None:
     """Route model.kernels.gemm.linear's float32 calls through bfloat16 copies of the weights, packed once."""
     import model.kernels.gemm as gemm
+    import model.kernels.onednn as onednn
     import model.nn.layers as layers
     import model.nn.transformer as transformer
 
@@ -34,18 +35,23 @@ def gemms_in_bfloat16() -> None:
     packed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
     def linear(
-        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        activation: str | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if x.dtype != torch.float32 or torch.is_grad_enabled() or gemm._LINEAR is None:
-            return plain(x, weight, bias, activation)
+        if x.dtype != torch.float32 or torch.is_grad_enabled() or onednn.LINEAR is None:
+            return plain(x, weight, bias, activation, residual)
         if id(weight) not in packed:  # (the weight itself kept alive, so its id stays its own)
-            w = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), gemm.PACK_ROWS)
+            w = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), onednn.PACK_ROWS)
             packed[id(weight)] = (weight, w, None if bias is None else bias.to(torch.bfloat16))
         _, w, b = packed[id(weight)]
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         post_op = "none" if activation is None else gemm.FUSED_ACTIVATIONS[activation]
-        y = gemm._LINEAR(rows, w, b, post_op, [], "")  # type: ignore[operator]
-        return y.float().view(*x.shape[:-1], weight.shape[0])
+        y = onednn.LINEAR(rows, w, b, post_op, [], "")  # type: ignore[operator]
+        y = y.float().view(*x.shape[:-1], weight.shape[0])
+        return y if residual is None else residual + y
 
     gemm.linear = layers.linear = transformer.linear = linear  # type: ignore[assignment]
 

@@ -81,3 +81,41 @@ def test_weights_made_under_inference_mode_are_packed_too() -> None:
         assert first.is_mkldnn and not w.is_mkldnn  # oneDNN's blocked copy, not the weight itself
         torch.testing.assert_close(linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-5)
         assert packed(w) is first
+
+
+@pytest.mark.parametrize(("c_in", "c_out"), [(256, 768), (1024, 256), (256, 8000), (700, 100), (1500, 33)])
+def test_the_c_float32_gemm_serves_few_rows_with_onednn_s_bits(c_in: int, c_out: int) -> None:
+    from model.kernels import f32_gemm, native, onednn
+
+    if not native.f32() or onednn.LINEAR is None:
+        pytest.skip("no float32 C kernel in this build (AVX-512 only), or no oneDNN")
+    torch.manual_seed(c_in + c_out)
+    w, b = torch.randn(c_out, c_in) * 0.05, torch.randn(c_out)
+    with torch.inference_mode():
+        for rows in (1, 2, 4, 7, 16, 64, 65, 130):  # the C kernel up to 64 rows, oneDNN beyond
+            x, res = torch.randn(rows, c_in), torch.randn(rows, c_out)
+            for bias in (b, None):
+                assert torch.equal(linear(x, w, bias), onednn.linear(x, w, bias)), rows
+                assert torch.equal(linear(x, w, bias, residual=res), res + onednn.linear(x, w, bias)), rows
+    if not f32_gemm.agrees(c_out, c_in):
+        pytest.skip(f"the C kernel sums otherwise than oneDNN at ({c_out}, {c_in}) here: oneDNN served every call")
+    assert f32_gemm.form(w) is not None  # and it was the C kernel that served the few rows
+
+
+def test_a_c_float32_gemm_that_sums_otherwise_than_onednn_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    from model.kernels import f32_gemm, native
+
+    if not native.f32():
+        pytest.skip("no float32 C kernel in this build (AVX-512 only)")
+    real = native.f32_linear
+
+    def off_by_one_ulp(x: torch.Tensor, w: native.F32Weight, bias: torch.Tensor | None, residual=None):  # type: ignore[no-untyped-def]
+        y = real(x, w, bias, residual)
+        return torch.nextafter(y, torch.full_like(y, float("inf")))
+
+    monkeypatch.setattr(native, "f32_linear", off_by_one_ulp)
+    monkeypatch.setattr(f32_gemm, "_AGREES", {})
+    assert not f32_gemm.agrees(48, 80)
+    w = torch.randn(48, 80)
+    with torch.inference_mode():
+        assert f32_gemm.linear(torch.randn(4, 80), w, None, None) is None  # oneDNN serves

@@ -407,14 +407,16 @@ def test_candidate_ranking_in_c_gives_pytorchs_exact_answer(
             assert torch.equal(ours, theirs), chunk
 
 
-@vnni
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_a_steps_sublayers_as_one_c_call_each_give_the_op_by_op_bits(
-    beam_size: int, monkeypatch: pytest.MonkeyPatch
+    beam_size: int, compute_type: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from model.nn.layers import FeedForward, MultiHeadAttention
 
-    tr = Translator.load("en-de", "cpu", compute_type="int8")
+    if not (native.vnni() if compute_type == "int8" else native.f32()):
+        pytest.skip(f"no {compute_type} GEMM in C here (int8: AVX-512 VNNI; float32: AVX-512)")
+    tr = Translator.load("en-de", "cpu", compute_type=compute_type)
     texts = read_lines("test_2016_flickr.en.gz", 24)
     sources, opts = [tr.encode(t) for t in texts], DecodeOptions(beam_size=beam_size, num_hypotheses=beam_size)
     calls: list[int] = []
@@ -422,7 +424,7 @@ def test_a_steps_sublayers_as_one_c_call_each_give_the_op_by_op_bits(
     monkeypatch.setattr(native, "self_sublayer", lambda *a: calls.append(1) or self_sublayer(*a))
     whole = [tr.translate_ids([s], opts)[0] for s in sources[:12]] + tr.translate_ids(sources[12:], opts)
     assert calls, "the sublayers' calls did not run"
-    monkeypatch.setattr(MultiHeadAttention, "int8_sublayer", lambda *a, **k: None)
-    monkeypatch.setattr(FeedForward, "_int8_linears", lambda *a, **k: None)
+    monkeypatch.setattr(MultiHeadAttention, "c_sublayer", lambda *a, **k: None)
+    monkeypatch.setattr(FeedForward, "_c_linears", lambda *a, **k: None)
     apart = [tr.translate_ids([s], opts)[0] for s in sources[:12]] + tr.translate_ids(sources[12:], opts)
     assert [[(h.tokens, h.score) for h in r] for r in whole] == [[(h.tokens, h.score) for h in r] for r in apart]

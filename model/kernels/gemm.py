@@ -1,15 +1,14 @@
-"""Inference GEMMs: oneDNN's matmul on CPU float32, F.linear everywhere else.
+"""Inference GEMMs: oneDNN's matmul on CPU float32 (model/kernels/onednn.py), a decode step's few rows in C where
+that gives oneDNN's bits (model/kernels/f32_gemm.py), int8 by model/kernels/quant.py, F.linear everywhere else.
 
 PyTorch's F.linear on CPU calls MKL's sgemm. On the decoder's shapes (a few hundred hypothesis rows
 against a weight) oneDNN's matmul is faster, most of all for the (rows, d_model) x (d_model, vocab)
 output projection (`python loadtests/bench_gemm.py`), and it fuses the feed-forward activation into
-the GEMM. Each weight is reordered once into oneDNN's blocked layout (`packed`) instead of on every
-call; the packed copy is redone when the weight changes (its version counter moves). Every CPU
-float32 inference GEMM takes it, small ones included: with the packed weight, oneDNN computes a row
-to the same bits whatever other rows it is multiplied beside (one row alone is given a zero row
-for company), where MKL's sgemm takes other kernels, summing in other orders, by the row count; so a
-sentence's translation never depends on its batch. The op has no autograd formula, so training
-(grad enabled) and other devices and dtypes keep F.linear; results agree with it to float32 rounding.
+the GEMM. Each weight is reordered once into oneDNN's blocked layout instead of on every call. Every CPU
+float32 inference GEMM sums as oneDNN's packed matmul does, whatever other rows it is multiplied beside,
+where MKL's sgemm takes other kernels, summing in other orders, by the row count; so a sentence's
+translation never depends on its batch. oneDNN's op has no autograd formula, so training (grad enabled)
+and other devices and dtypes keep F.linear; results agree with it to float32 rounding.
 """
 
 from __future__ import annotations
@@ -19,34 +18,21 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from model.kernels import f32_gemm, onednn
 from model.kernels.quant import int8_of, linear_int8
 
-
-def _onednn_op() -> object | None:
-    try:  # the overload itself: calling the packet resolves it on every call (a few us each)
-        return torch.ops.mkldnn._linear_pointwise.default if torch.backends.mkldnn.is_available() else None  # type: ignore[no-untyped-call]
-    except (AttributeError, RuntimeError):  # a build without oneDNN
-        return None
-
-
-_LINEAR = _onednn_op()
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 FUSED_ACTIVATIONS = {"relu": "relu", "swish": "swish"}  # our name -> oneDNN post-op name
 INPLACE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu_,
     "swish": lambda y: F.silu(y, inplace=True),
 }
-PACK_ROWS = 64  # row count oneDNN picks the packed layout for (any count may use it; a 1-row
-# layout was slower from 16 rows up, 64 and 256 alike, in an ad hoc timing of the decoder's shapes)
-
-# Where a weight keeps its packed copy (`packed`) and the weight's version when packed: on the weight.
-PACKED_ATTR = "_beamserve_packed"
 
 
 def uses_onednn(x: torch.Tensor) -> bool:
     # Inside torch.compile the compiler picks its own GEMMs (and the packed-weight cache is not traceable).
     return (
-        _LINEAR is not None
+        onednn.LINEAR is not None
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and not torch.is_grad_enabled()
@@ -75,14 +61,15 @@ def linear(
         if q is not None:  # compute_type int8 (model/kernels/quant.py)
             y = linear_int8(x, q, bias, residual=residual)
             return INPLACE_ACTIVATIONS[activation](y) if activation is not None else y
-        if x.dtype == torch.float32 and _LINEAR is not None and not torch.compiler.is_compiling():
+        if x.dtype == torch.float32 and onednn.LINEAR is not None and not torch.compiler.is_compiling():
             rows = x.reshape(-1, x.shape[-1])
+            if activation is None:  # a decode step's few rows: in C where it gives oneDNN's bits (f32_gemm.py)
+                res = None if residual is None else residual.reshape(rows.shape[0], -1)
+                in_c = f32_gemm.linear(rows, weight, bias, res)
+                if in_c is not None:
+                    return in_c.view(*x.shape[:-1], weight.shape[0])
             post_op = "none" if activation is None else FUSED_ACTIVATIONS[activation]
-            if rows.shape[0] == 1:  # oneDNN's one-row kernel sums in another order than its matrix kernel
-                y = _LINEAR(torch.cat([rows, rows.new_zeros(rows.shape)]), packed(weight), bias, post_op, [], "")[:1]  # type: ignore[operator]
-            else:
-                y = _LINEAR(rows, packed(weight), bias, post_op, [], "")  # type: ignore[operator]
-            y = y.view(*x.shape[:-1], weight.shape[0])
+            y = onednn.linear(rows, weight, bias, post_op).view(*x.shape[:-1], weight.shape[0])
             return y if residual is None else y.add_(residual)  # y + residual: residual + y to the bit
     y = F.linear(x, weight, bias)
     if activation is not None:
@@ -91,16 +78,8 @@ def linear(
 
 
 def packed(weight: torch.Tensor) -> torch.Tensor:
-    """weight (C_out, C_in) in oneDNN's blocked layout, reordered once and reused until the weight changes."""
-    entry: tuple[int, torch.Tensor] | None = getattr(weight, PACKED_ATTR, None)
-    # Tensors made under inference_mode keep no version counter: taken as fixed (weights loaded for serving).
-    version = -1 if weight.is_inference() else weight._version
-    if entry is not None and entry[0] == version:
-        return entry[1]
-    with torch.inference_mode():
-        blocked = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
-    setattr(weight, PACKED_ATTR, (version, blocked))
-    return blocked
+    """weight in oneDNN's blocked layout, reordered once (model/kernels/onednn.py)."""
+    return onednn.packed(weight)
 
 
 class Linear(torch.nn.Linear):

@@ -101,8 +101,13 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_self_sublayer.restype = ctypes.c_int
     lib.beamserve_cross_sublayer.argtypes = [p, p, i64, p, p, p, p, p, i64, i64, i64, i64, p]
     lib.beamserve_cross_sublayer.restype = ctypes.c_int
-    lib.beamserve_linear8_forward.argtypes, lib.beamserve_linear8_forward.restype = [p, p, i64, p, p], ctypes.c_int
+    lib.beamserve_linear_forward.argtypes, lib.beamserve_linear_forward.restype = [p, p, i64, p, p], ctypes.c_int
     lib.beamserve_vnni.argtypes, lib.beamserve_vnni.restype = [], ctypes.c_int
+    lib.beamserve_f32_gemm.argtypes, lib.beamserve_f32_gemm.restype = [], ctypes.c_int
+    lib.beamserve_f32_packed_floats.argtypes, lib.beamserve_f32_packed_floats.restype = [i64, i64], i64
+    lib.beamserve_f32_pack.argtypes, lib.beamserve_f32_pack.restype = [p, i64, i64, p], None
+    lib.beamserve_f32_linear.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, p, i64]
+    lib.beamserve_f32_linear.restype = ctypes.c_int
     lib.beamserve_vnni_packed_bytes.argtypes, lib.beamserve_vnni_packed_bytes.restype = [i64, i64], i64
     lib.beamserve_vnni_pack.argtypes, lib.beamserve_vnni_pack.restype = [p, i64, i64, p, p], None
     lib.beamserve_vnni_int8_gemm.argtypes = [p, i64, i64, i64, p, p, i64, p]
@@ -119,6 +124,7 @@ BUILD = None if _LOADED is None else _LOADED[1]  # the build loaded: model.kerne
 # (the quantisation without AVX-512, the scale-back without a vector fused multiply-add) would be slower.
 _VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
 _VNNI = _LIB is not None and bool(_LIB.beamserve_vnni())
+_F32 = _LIB is not None and bool(_LIB.beamserve_f32_gemm())
 
 
 def in_use() -> str:
@@ -208,6 +214,51 @@ def vnni() -> bool:
     return _LIB is not None and _VNNI
 
 
+def f32() -> bool:
+    """Whether the float32 GEMM (csrc/f32_gemm.c) runs here: the build has it (AVX-512)."""
+    return _LIB is not None and _F32
+
+
+class F32Weight:
+    """An (N, K) float32 weight packed for csrc/f32_gemm.c (panels of 16 columns), checked once, here."""
+
+    __slots__ = ("K", "N", "packed")
+
+    def __init__(self, w: torch.Tensor) -> None:
+        lib = _lib()
+        _check(w.dtype == torch.float32 and w.dim() == 2 and w.device.type == "cpu", "f32_pack", "a 2-d float32 weight")
+        w = w.contiguous()
+        self.N, self.K = w.shape
+        self.packed = torch.empty(lib.beamserve_f32_packed_floats(self.N, self.K))
+        lib.beamserve_f32_pack(w.data_ptr(), self.N, self.K, self.packed.data_ptr())
+
+
+def f32_linear(
+    x: torch.Tensor, w: F32Weight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x (M, K) float32 @ w^T + bias (N,), plus residual (M, N) where given -> (M, N), summed as
+    csrc/f32_gemm.c says. Only where f32()."""
+    lib = _lib()
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.K or x.stride(1) != 1 or not x.is_cpu:
+        raise ValueError(f"f32_linear: x must be (M, {w.K}) float32 on CPU with unit column stride")
+    M, N = x.shape[0], w.N
+    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != N or not bias.is_contiguous()):
+        raise ValueError(f"f32_linear: the bias must be {N} contiguous float32s")
+    r, ldr = None, 0
+    if residual is not None:
+        if residual.dtype != torch.float32 or residual.shape != (M, N) or residual.stride(1) != 1:
+            raise ValueError(f"f32_linear: the residual must be ({M}, {N}) float32 with unit column stride")
+        r, ldr = residual.data_ptr(), residual.stride(0)
+    y = torch.empty(M, N)
+    failed = lib.beamserve_f32_linear(
+        x.data_ptr(), M, w.K, x.stride(0), w.packed.data_ptr(), N, None if bias is None else bias.data_ptr(),
+        r, ldr, y.data_ptr(), N,
+    )  # fmt: skip
+    if failed:
+        raise RuntimeError("f32_linear: this build has no float32 kernel")
+    return y
+
+
 class VnniWeight:
     """An (N, K) int8 weight packed for the VNNI kernels, with its (N,) column scales: checked once, here, so
     that a call checks only what it is handed."""
@@ -272,7 +323,9 @@ def vnni_linear(
 
 def _raise_for(failed: int, kernel: str) -> None:
     if failed == -1:
-        raise RuntimeError(f"{kernel}: this CPU has no AVX-512 VNNI, or the library was built without the kernel")
+        raise RuntimeError(
+            f"{kernel}: this build or CPU has no such kernel (AVX-512 VNNI for int8, AVX-512 for float32)"
+        )
     if failed:
         raise MemoryError(f"{kernel}: no memory for the quantised rows")
 
@@ -505,8 +558,9 @@ def beam_step(
     return src_beam, token, done
 
 
-class Linear8(ctypes.Structure):
-    """csrc/sublayers.c's beamserve_linear8: an int8 linear layer packed for the VNNI kernels, its scales and bias."""
+class LinearC(ctypes.Structure):
+    """csrc/sublayers.c's beamserve_linear_c: a linear layer packed for one of the library's GEMMs (kind 0: int8
+    with VNNI; 1: float32), its bias."""
 
     _fields_ = [
         ("packed", ctypes.c_void_p),
@@ -515,17 +569,21 @@ class Linear8(ctypes.Structure):
         ("bias", ctypes.c_void_p),
         ("N", ctypes.c_int64),
         ("K", ctypes.c_int64),
+        ("kind", ctypes.c_int64),
     ]
 
 
-def linear8(w: VnniWeight, bias: torch.Tensor | None) -> tuple[Linear8, tuple[torch.Tensor, ...]]:
+def c_linear(w: VnniWeight | F32Weight, bias: torch.Tensor | None) -> tuple[LinearC, tuple[torch.Tensor, ...]]:
     """The struct a sublayer call reads for weight w and its bias, and the tensors it points into (to be held
     as long as the struct is)."""
     if bias is not None and (bias.dtype != torch.float32 or bias.numel() != w.N or not bias.is_contiguous()):
-        raise ValueError(f"linear8: the bias must be {w.N} contiguous float32s")
+        raise ValueError(f"c_linear: the bias must be {w.N} contiguous float32s")
     b = None if bias is None else bias.data_ptr()
-    struct = Linear8(w.packed.data_ptr(), w.comp.data_ptr(), w.scale.data_ptr(), b, w.N, w.K)
-    return struct, (w.packed, w.comp, w.scale, *(() if bias is None else (bias,)))
+    held = () if bias is None else (bias,)
+    if isinstance(w, F32Weight):
+        return LinearC(w.packed.data_ptr(), None, None, b, w.N, w.K, 1), (w.packed, *held)
+    struct = LinearC(w.packed.data_ptr(), w.comp.data_ptr(), w.scale.data_ptr(), b, w.N, w.K, 0)
+    return struct, (w.packed, w.comp, w.scale, *held)
 
 
 class KV(ctypes.Structure):
@@ -571,15 +629,15 @@ def _raise_sublayer(failed: int, name: str) -> None:
     if failed == -2:
         raise IndexError(f"{name}: the weights' shapes disagree, or a position or a row lies outside the cache")
     if failed:
-        raise MemoryError(f"{name}: no memory for the sublayer's rows")
+        raise RuntimeError(f"{name}: no memory for the sublayer's rows, or no kernel for its weights in this build")
 
 
 def self_sublayer(
-    x: torch.Tensor, residual: torch.Tensor, qkv: Linear8, out: Linear8, kv: KV, pos: int | torch.Tensor
+    x: torch.Tensor, residual: torch.Tensor, qkv: LinearC, out: LinearC, kv: KV, pos: int | torch.Tensor
 ) -> torch.Tensor:
     """residual + out(self-attention(qkv(x))) for a step's rows x (N, C), each row's key and value written at its
     position first (pos: one for every row, or (N,) int64), in one call: the bits of project_qkv, self_attend_step
-    and out_proj with the residual in turn. Only where vnni()."""
+    and out_proj with the residual in turn. Only where the structs' kernels run."""
     lib = _lib()
     _rows_in("self_sublayer", x, residual, kv.H * kv.D)
     positions, at = None, 0
@@ -601,14 +659,14 @@ def self_sublayer(
 def cross_sublayer(
     x: torch.Tensor,
     residual: torch.Tensor,
-    q: Linear8,
-    out: Linear8,
+    q: LinearC,
+    out: LinearC,
     kv: KV,
     row_map: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
     """residual + out(cross-attention(q(x))) for a step's rows x (N, C) in one call, each row over its sentence's
     source as CrossCache.row_map gives it: the bits of q_proj, attend and out_proj with the residual. Only where
-    vnni()."""
+    the structs' kernels run."""
     lib = _lib()
     _rows_in("cross_sublayer", x, residual, kv.H * kv.D)
     lengths, rows = row_map
@@ -627,19 +685,19 @@ def cross_sublayer(
     return y
 
 
-def linear8_forward(w: Linear8, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) float32 contiguous @ w^T + its bias, plus residual (M, N) where given, by the struct of linear8: the
-    bits of vnni_linear with one call's checks. Only where vnni()."""
+def linear_forward(w: LinearC, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) float32 contiguous @ w^T + its bias, plus residual (M, N) where given, by the struct of c_linear:
+    the bits of vnni_linear or f32_linear with one call's checks. Only where the struct's kernel runs."""
     lib = _lib()
     if not (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == w.K and x.is_contiguous()):
-        raise ValueError(f"linear8_forward: x (M, {w.K}) float32, contiguous")
+        raise ValueError(f"linear_forward: x (M, {w.K}) float32, contiguous")
     M = x.shape[0]
     r = None
     if residual is not None:
         if not (residual.dtype == torch.float32 and residual.shape == (M, w.N) and residual.is_contiguous()):
-            raise ValueError(f"linear8_forward: the residual ({M}, {w.N}) float32, contiguous")
+            raise ValueError(f"linear_forward: the residual ({M}, {w.N}) float32, contiguous")
         r = residual.data_ptr()
     y = torch.empty(M, w.N)
-    failed = lib.beamserve_linear8_forward(ctypes.byref(w), x.data_ptr(), M, r, y.data_ptr())
-    _raise_for(failed, "linear8_forward")
+    failed = lib.beamserve_linear_forward(ctypes.byref(w), x.data_ptr(), M, r, y.data_ptr())
+    _raise_for(failed, "linear_forward")
     return y

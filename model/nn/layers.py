@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kernels import native
+from model.kernels import f32_gemm, native
 from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, INPLACE_ACTIVATIONS, Linear, linear
 from model.kernels.int8_choice import bucket
 from model.kernels.quant import INT8_ATTR, int8_of, int8_weight
@@ -141,16 +141,17 @@ def _state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], 
     return tuple(key), held
 
 
-def _int8_state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], list[object]]:
-    """_state for forms made from int8 weights alone: each weight's int8 form (a new form is a new object) and
-    each bias with its version; a third of _state's work, which a decode step asks for every sublayer."""
+def _c_state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], list[object]]:
+    """_state for the C structs: each weight's int8 form where it has one (a new form is a new object), else the
+    weight and its version, and each bias with its version; a decode step asks for every sublayer."""
     key: list[int] = []
     held: list[object] = []
     for name in names:
         params = module._modules[name]._parameters  # type: ignore[union-attr]
-        q, bias = getattr(params["weight"], INT8_ATTR, None), params["bias"]
-        key += (id(q), id(bias), _version(bias))
-        held += (q, bias)
+        w, bias = params["weight"], params["bias"]
+        q = getattr(w, INT8_ATTR, None)
+        key += (id(q), id(w), -1 if q is not None else _version(w), id(bias), _version(bias))
+        held += (q, w, bias)
     return tuple(key), held
 
 
@@ -224,21 +225,21 @@ class MultiHeadAttention(nn.Module):
         self.__dict__["_qkv"] = (key, held, weight, bias)  # not a submodule or buffer: no state_dict entry
         return weight, bias
 
-    def int8_sublayer(self, rows: int, *, fused: bool) -> tuple[native.Linear8, native.Linear8] | None:
+    def c_sublayer(self, rows: int, *, fused: bool) -> tuple[native.LinearC, native.LinearC] | None:
         """The weights of native.self_sublayer (`fused`: q, k and v as one projection) or native.cross_sublayer (q
-        alone) and of the output projection, for a step of `rows` rows: where both compute in int8 by the VNNI
-        kernel at that row count (model/kernels/int8_choice.py); None otherwise. Made once for the weights as they
-        are, which a call checks by identity and version (module dicts, not attribute lookups: a decode step asks
-        for every sublayer)."""
-        key, objects = _int8_state(
-            self, ("q_proj", "k_proj", "v_proj", "out_proj") if fused else ("q_proj", "out_proj")
-        )
-        held = self.__dict__.setdefault("_int8_sublayer", {}).get(fused)
+        alone) and of the output projection, for a step of `rows` rows: where both compute in C at that row
+        count (int8 by the VNNI kernel where int8_choice takes it; float32 by f32_gemm's kernel where it gives
+        oneDNN's bits); None otherwise. Made once for the weights as they are, which a call checks by identity
+        and version (module dicts, not attribute lookups: a decode step asks for every sublayer)."""
+        names = ("q_proj", "k_proj", "v_proj", "out_proj") if fused else ("q_proj", "out_proj")
+        key, objects = _c_state(self, names)
+        held = self.__dict__.setdefault("_c_sublayer", {}).get(fused)
         if held is None or held[0] != key:
             w_in, b_in = self._fused_qkv() if fused else (self.q_proj.weight, self.q_proj.bias)
-            held = (key, objects, _int8_structs(((w_in, b_in), (self.out_proj.weight, self.out_proj.bias))))
-            self.__dict__["_int8_sublayer"][fused] = held
-        return _at_vnni_rows(held[2], rows)
+            held = (key, objects, _c_structs(((w_in, b_in), (self.out_proj.weight, self.out_proj.bias))))
+            self.__dict__["_c_sublayer"][fused] = held
+        found = _serving(held[2], rows)
+        return None if found is None else (found[0], found[1])
 
     def forward(
         self,
@@ -306,59 +307,86 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., C) -> (..., C), plus `residual` where given."""
-        int8 = self._int8_linears(x.shape[0]) if _rows_of_a_step(x, residual) else None
-        if int8 is not None:  # a decode step's rows: each GEMM one call of a few pointers
-            h = INPLACE_ACTIVATIONS[self.activation](native.linear8_forward(int8[0], x))
-            return native.linear8_forward(int8[1], h, residual)
+        structs = self._c_linears(x.shape[0]) if _rows_of_a_step(x, residual) else None
+        if structs is not None:  # a decode step's rows: each GEMM in C, one call of a few pointers
+            fc1, fc2 = structs
+            if fc1 is None:  # float32: fc1 with its activation fused in oneDNN's epilogue (f32_gemm.py says why)
+                h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
+            else:
+                h = INPLACE_ACTIVATIONS[self.activation](native.linear_forward(fc1, x))
+            return native.linear_forward(fc2, h, residual)
         if self.activation in FUSED_ACTIVATIONS:  # the activation as the GEMM's epilogue where it can be
             h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
         else:
             h = self.act(self.fc1(x))
         return self.fc2(dropped(self.dropout, h), residual)
 
-    def _int8_linears(self, rows: int) -> tuple[native.Linear8, native.Linear8] | None:
-        """fc1's and fc2's structs for native.linear8_forward, where both compute in int8 by the VNNI kernel at
-        `rows` rows and fc1's activation runs in place (MultiHeadAttention.int8_sublayer says why so)."""
+    def _c_linears(self, rows: int) -> tuple[native.LinearC | None, native.LinearC] | None:
+        """fc1's and fc2's structs for native.linear_forward where both compute in C at `rows` rows (fc1 None:
+        float32, whose activation oneDNN fuses), and fc1's activation runs in place; None otherwise
+        (MultiHeadAttention.c_sublayer says how they are made and checked)."""
         if self.activation not in INPLACE_ACTIVATIONS or self.training:
             return None
-        key, objects = _int8_state(self, ("fc1", "fc2"))
-        held = self.__dict__.get("_int8_pair")
+        key, objects = _c_state(self, ("fc1", "fc2"))
+        held = self.__dict__.get("_c_pair")
         if held is None or held[0] != key:
-            held = (key, objects, _int8_structs(((self.fc1.weight, self.fc1.bias), (self.fc2.weight, self.fc2.bias))))
-            self.__dict__["_int8_pair"] = held
-        return _at_vnni_rows(held[2], rows)
+            pairs = ((self.fc1.weight, self.fc1.bias), (self.fc2.weight, self.fc2.bias))
+            fc2_alone = int8_of(self.fc1.weight) is None  # float32: fc1 stays oneDNN's, fc2 in C
+            held = (key, objects, _c_structs(pairs[1:] if fc2_alone else pairs), fc2_alone)
+            self.__dict__["_c_pair"] = held
+        found = _serving(held[2], rows)
+        if found is None:
+            return None
+        return (None, found[0]) if held[3] else (found[0], found[1])
 
 
 def _rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
     """Whether x and its residual are a decode step's rows in C's terms: (N, C) float32 contiguous, outside autograd."""
     return (
         residual is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_cpu
-        and not torch.is_grad_enabled() and native.vnni()
+        and not torch.is_grad_enabled() and native.built()
     )  # fmt: skip
 
 
-def _int8_structs(
-    layers: tuple[tuple[torch.Tensor, torch.Tensor | None], ...],
-) -> tuple[tuple[native.Linear8, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...], ...]] | None:
-    """native.linear8's structs for (weight, bias) pairs, the tensors they point into, and the weights' plans;
-    None where a weight does not compute in int8 with the VNNI kernel's packed form."""
-    pairs = [(int8_of(w), b) for w, b in layers]
-    if any(q is None or q.vnni is None for q, _ in pairs):
-        return None
-    made = [native.linear8(q.vnni, None if b is None else b.detach().float().contiguous()) for q, b in pairs]  # type: ignore[union-attr,arg-type]
-    return tuple(m[0] for m in made), tuple(t for m in made for t in m[1]), tuple(q.plan for q, _ in pairs)  # type: ignore[union-attr]
+# What serves a layer in C: its struct, and the row counts at which: an int8 weight's plan (int8_choice), or a
+# float32 one's (f32_gemm.MOST_ROWS).
+CStructs = tuple[tuple[native.LinearC, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...] | None, ...]]
 
 
-def _at_vnni_rows(
-    structs: tuple[tuple[native.Linear8, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...], ...]] | None, rows: int
-) -> tuple[native.Linear8, native.Linear8] | None:
-    """The two structs, where every plan takes the VNNI kernel at `rows` rows (int8_choice.bucket)."""
+def _c_structs(layers: tuple[tuple[torch.Tensor, torch.Tensor | None], ...]) -> CStructs | None:
+    """native.c_linear's structs for (weight, bias) pairs, the tensors they point into, and each weight's plan
+    (None for float32); None where a weight computes in neither C kernel (int8 without the VNNI kernel's packed
+    form, float32 where f32_gemm's kernel does not give oneDNN's bits)."""
+    forms: list[tuple[native.VnniWeight | native.F32Weight, tuple[str, ...] | None]] = []
+    for w, _ in layers:
+        q = int8_of(w)
+        if q is not None:
+            if q.vnni is None:
+                return None
+            forms.append((q.vnni, q.plan))
+            continue
+        f32 = f32_gemm.form(w) if w.dtype == torch.float32 and w.is_cpu else None
+        if f32 is None:
+            return None
+        forms.append((f32, None))
+    made = [
+        native.c_linear(f, None if b is None else b.detach().float().contiguous())
+        for (f, _), (_, b) in zip(forms, layers, strict=True)
+    ]
+    return tuple(m[0] for m in made), tuple(t for m in made for t in m[1]), tuple(plan for _, plan in forms)
+
+
+def _serving(structs: CStructs | None, rows: int) -> tuple[native.LinearC, ...] | None:
+    """The structs, where every one's kernel serves `rows` rows."""
     if structs is None:
         return None
     at = bucket(rows)
-    if not all(plan[min(at, len(plan) - 1)] == "vnni" for plan in structs[2]):
-        return None  # another kernel is faster at this row count
-    return structs[0][0], structs[0][1]
+    for plan in structs[2]:
+        if plan is None and rows > f32_gemm.MOST_ROWS:
+            return None
+        if plan is not None and plan[min(at, len(plan) - 1)] != "vnni":
+            return None  # another int8 kernel is faster at this row count
+    return structs[0]
 
 
 def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:

@@ -108,9 +108,9 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn
         if in_c:  # each row writes its key and value and attends over its own positions, in one C call
             N, C = h.shape[0], h.shape[-1]
-            int8 = attn.int8_sublayer(N, fused=True) if _whole(h, residual) else None
-            if int8 is not None:  # and the projections and the residual in the same call
-                return native.self_sublayer(h, residual, *int8, cache.view(layer), pos)  # type: ignore[arg-type]
+            structs = attn.c_sublayer(N, fused=True) if _whole(h, residual) else None
+            if structs is not None:  # and the projections and the residual in the same call
+                return native.self_sublayer(h, residual, *structs, cache.view(layer), pos)  # type: ignore[arg-type]
             out = cache.attend_step(layer, pos, attn.project_qkv(h.view(N, C)))  # (N, H, D)
             return attn.out_proj(out.view(h.shape), residual)
         k, v = cache.update(layer, pos, *attn.project_kv(h))  # (N, H, T, D)
@@ -128,9 +128,9 @@ class DecoderLayer(nn.Module):
         attn = self.cross_attn
         if row_map is not None:  # in C each row attends over its sentence's source positions
             N = h.shape[0]
-            int8 = attn.int8_sublayer(N, fused=False) if _whole(h, residual) else None
-            if int8 is not None:  # and the projections and the residual in the same call
-                return native.cross_sublayer(h, residual, *int8, cross.view(layer), row_map)  # type: ignore[arg-type]
+            structs = attn.c_sublayer(N, fused=False) if _whole(h, residual) else None
+            if structs is not None:  # and the projections and the residual in the same call
+                return native.cross_sublayer(h, residual, *structs, cross.view(layer), row_map)  # type: ignore[arg-type]
             q = attn.q_proj(h).view(N, attn.heads, -1)  # (N, H, D)
             out = native.attend(q, cross.k[layer], cross.v[layer], *row_map)
             return attn.out_proj(out.view(h.shape), residual)

@@ -1,5 +1,6 @@
-/* A decoder step's attention sublayers in one call each, int8 with VNNI (model/nn/transformer.py): the projections
- * (int8_vnni.c), the attention (attention.c) and the residual, with nothing in between for Python to do.
+/* A decoder step's attention sublayers in one call each (model/nn/transformer.py): the projections (int8 with VNNI,
+ * int8_vnni.c, or float32, f32_gemm.c), the attention (attention.c) and the residual, with nothing in between for
+ * Python to do.
  *
  * Each call is the composition of the library's own kernels, in the order the step makes them one by one, so the
  * bits are theirs. A weight and a cache are handed over as structs built once (model/kernels/native.py), so a call
@@ -7,14 +8,16 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-/* An int8 linear layer packed for int8_vnni.c, with its column scales and bias (NULL: none): N outputs of K. */
+/* A linear layer packed for one of the library's GEMMs, with its bias (NULL: none): N outputs of K. kind 0: int8
+ * (int8_vnni.c: packed bytes, 128 x the column sums, the column scales); kind 1: float32 (f32_gemm.c: packed
+ * floats; comp and scale unused). */
 typedef struct {
-    const int8_t *packed;
+    const void *packed;
     const int32_t *comp;
     const float *scale;
     const float *bias;
-    int64_t N, K;
-} beamserve_linear8;
+    int64_t N, K, kind;
+} beamserve_linear_c;
 
 /* One layer's keys and values: R rows of H heads of T positions of D floats, element strides sN, sH, sT (unit
  * over D); lineage (rN rows of rT positions, strides lN, lT) where a step's rows share positions, else NULL. */
@@ -38,7 +41,11 @@ int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, 
                      const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale,
                      float *out); /* attention.c */
 
-static int linear(const beamserve_linear8 *w, const float *x, int64_t M, const float *res, float *y) {
+int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t N,
+                         const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy); /* f32_gemm.c */
+
+static int linear(const beamserve_linear_c *w, const float *x, int64_t M, const float *res, float *y) {
+    if (w->kind == 1) return beamserve_f32_linear(x, M, w->K, w->K, w->packed, w->N, w->bias, res, w->N, y, w->N);
     return beamserve_vnni_linear(x, M, w->K, w->K, w->packed, w->comp, w->N, w->scale, w->bias, res, w->N, y, w->N);
 }
 
@@ -47,8 +54,8 @@ static int linear(const beamserve_linear8 *w, const float *x, int64_t M, const f
  * beamserve_vnni_linear, beamserve_self_attend_step and beamserve_vnni_linear with the residual give it.
  * Returns 0; -2 where the shapes do not agree or an index lies outside the cache (nothing written to it); -1
  * without memory. */
-int beamserve_self_sublayer(const float *x, const float *res, int64_t N, const beamserve_linear8 *qkv,
-                            const beamserve_linear8 *out, const beamserve_kv *kv, const int64_t *positions,
+int beamserve_self_sublayer(const float *x, const float *res, int64_t N, const beamserve_linear_c *qkv,
+                            const beamserve_linear_c *out, const beamserve_kv *kv, const int64_t *positions,
                             int64_t pos, float *y) {
     const int64_t C = kv->H * kv->D;
     if (qkv->K != C || qkv->N != 3 * C || out->K != C || out->N != C) return -2;
@@ -68,8 +75,8 @@ int beamserve_self_sublayer(const float *x, const float *res, int64_t N, const b
 /* y (N, C) = res + out(cross-attention(q(x))): row n's query against positions [0, lengths[n]) of the encoder's
  * keys and values, position t from row rows[n * rs + t * ts] (rN rows of rT positions), as beamserve_attend reads
  * them. Returns as beamserve_self_sublayer does. */
-int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const beamserve_linear8 *q,
-                             const beamserve_linear8 *out, const beamserve_kv *kv, const int64_t *lengths,
+int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const beamserve_linear_c *q,
+                             const beamserve_linear_c *out, const beamserve_kv *kv, const int64_t *lengths,
                              const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float *y) {
     const int64_t C = kv->H * kv->D;
     if (q->K != C || q->N != C || out->K != C || out->N != C) return -2;
@@ -87,6 +94,6 @@ int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const 
 
 /* y (M, w->N) = x (M, w->K) @ w^T + bias, plus res (M, w->N) where given: beamserve_vnni_linear over a struct, all
  * contiguous. */
-int beamserve_linear8_forward(const beamserve_linear8 *w, const float *x, int64_t M, const float *res, float *y) {
+int beamserve_linear_forward(const beamserve_linear_c *w, const float *x, int64_t M, const float *res, float *y) {
     return linear(w, x, M, res, y);
 }

@@ -1,0 +1,102 @@
+/* A float32 linear layer for a decode step's few rows, summing as oneDNN's packed matmul does (model/kernels/gemm.py):
+ * each output is its products added in order of k with one rounding each (fused multiply-adds), from zero,
+ * within blocks of K (all of K up to 512, then blocks of 512 up to 1,024, then of 1,024), the blocks' sums
+ * added in order, then the bias, then the residual. That is what oneDNN computes on this machine at every
+ * row count; model/kernels/f32_gemm.py checks it against oneDNN for each weight shape and thread count before
+ * the kernel is used, and keeps oneDNN where they differ. oneDNN's call costs 40-50 us before any
+ * arithmetic, most of a step's GEMM at batch 1; this one a few.
+ *
+ * The weight is packed once: panels of 16 columns, each K rows of 16 floats, so one load feeds one FMA for
+ * 16 outputs. AVX-512 only: other builds report no kernel (-1) and oneDNN serves. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define PANEL 16
+#define MR 4
+#define NP 4
+
+static int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }
+
+/* K's blocks: each output's products summed in order within a block from zero, the blocks' sums added in order. */
+int64_t beamserve_f32_block(int64_t K) { return K <= 512 ? K : K <= 1024 ? 512 : 1024; }
+
+int64_t beamserve_f32_packed_floats(int64_t N, int64_t K) { return panels(N) * K * PANEL; }
+
+/* w (N, K) contiguous -> packed: panel p holds K rows of its 16 columns (zeros past N). */
+void beamserve_f32_pack(const float *w, int64_t N, int64_t K, float *packed) {
+    memset(packed, 0, (size_t)beamserve_f32_packed_floats(N, K) * sizeof(float));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) packed[((n / PANEL) * K + k) * PANEL + n % PANEL] = w[n * K + k];
+}
+
+/* Whether this build has the kernel. */
+int beamserve_f32_gemm(void) {
+#if defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, int64_t k0, int64_t k1, const float *w,
+                                                      int64_t K, int rows, int np, __m512 acc[MR][NP]) {
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < np; p++) acc[r][p] = _mm512_setzero_ps();
+    for (int64_t k = k0; k < k1; k++) {
+        __m512 b[NP];
+        for (int p = 0; p < np; p++) b[p] = _mm512_loadu_ps(w + (p * K + k) * PANEL);
+        for (int r = 0; r < rows; r++) {
+            const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
+            for (int p = 0; p < np; p++) acc[r][p] = _mm512_fmadd_ps(a, b[p], acc[r][p]);
+        }
+    }
+}
+
+/* y (M, N) with row stride ldy = x (M, K; row stride ldx) @ w^T, plus bias (N,) where given, plus res (M, N; row
+ * stride ldr) where given: w as beamserve_f32_pack packed it. Returns 0; -1 where this build has no kernel. */
+int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t N,
+                         const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy) {
+    const int64_t P = panels(N), kb = beamserve_f32_block(K);
+    for (int64_t p0 = 0; p0 < P; p0 += NP) {
+        const int np = P - p0 < NP ? (int)(P - p0) : NP;
+        const float *w = packed + p0 * K * PANEL;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int rows = M - m0 < MR ? (int)(M - m0) : MR;
+            __m512 sum[MR][NP], acc[MR][NP];
+            for (int64_t k0 = 0; k0 < K; k0 += kb) {
+                const int64_t k1 = k0 + kb < K ? k0 + kb : K;
+                const float *xr = x + m0 * ldx;
+                if (np < NP) tile(xr, ldx, k0, k1, w, K, rows, np, acc);
+                else if (rows == 4) tile(xr, ldx, k0, k1, w, K, 4, NP, acc);
+                else if (rows == 3) tile(xr, ldx, k0, k1, w, K, 3, NP, acc);
+                else if (rows == 2) tile(xr, ldx, k0, k1, w, K, 2, NP, acc);
+                else tile(xr, ldx, k0, k1, w, K, 1, NP, acc);
+                for (int r = 0; r < rows; r++)
+                    for (int p = 0; p < np; p++) sum[r][p] = k0 ? _mm512_add_ps(sum[r][p], acc[r][p]) : acc[r][p];
+            }
+            for (int p = 0; p < np; p++) {
+                const int64_t n = (p0 + p) * PANEL;
+                const __mmask16 m = N - n >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n)) - 1);
+                const __m512 bs = bias ? _mm512_maskz_loadu_ps(m, bias + n) : _mm512_setzero_ps();
+                for (int r = 0; r < rows; r++) {
+                    __m512 v = bias ? _mm512_add_ps(sum[r][p], bs) : sum[r][p];
+                    if (res) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, res + (m0 + r) * ldr + n));
+                    _mm512_mask_storeu_ps(y + (m0 + r) * ldy + n, m, v);
+                }
+            }
+        }
+    }
+    return 0;
+}
+#else
+int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t N,
+                         const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy) {
+    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)N, (void)bias, (void)res, (void)ldr, (void)y, (void)ldy;
+    return -1;
+}
+#endif

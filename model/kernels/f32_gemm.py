@@ -1,0 +1,81 @@
+"""Float32 GEMMs of a decode step's few rows in C (csrc/f32_gemm.c), wherever they give oneDNN's bits.
+
+oneDNN's matmul (model/kernels/onednn.py) costs 40-50 us a call before any arithmetic: at batch 1 a step's
+twenty-odd GEMMs spend most of their time there. The C kernel sums each output as oneDNN does on this
+machine (fused multiply-adds in order of k within blocks of K, the blocks added in order, then the bias),
+and is used only for a weight shape and intra-op thread count at which it was checked to give oneDNN's
+bits, on random rows at every row count it serves (CHECK_ROWS): a sentence's translation stays the same
+whichever computes it, alone or in a batch (oneDNN above MOST_ROWS). Where they differ (another oneDNN
+build, a CPU whose blocking differs) oneDNN keeps every shape. Activations fused in oneDNN's epilogue
+(swish, relu) keep oneDNN: its swish rounds as no C function here does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from model.kernels import native, onednn
+
+log = logging.getLogger(__name__)
+
+MOST_ROWS = 64  # above this, oneDNN's call costs little beside its arithmetic
+CHECK_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 33, 64)
+FORM_ATTR = "_beamserve_f32"  # on a weight: (its version, its packed form for the C kernel)
+_AGREES: dict[tuple[int, int, int], bool] = {}
+
+
+def agrees(N: int, K: int) -> bool:
+    """Whether the C kernel gives oneDNN's bits for (N, K) weights at this intra-op thread count: checked on
+    random weights, biases and rows at every row count of CHECK_ROWS, once per shape and thread count."""
+    key = (N, K, torch.get_num_threads())
+    found = _AGREES.get(key)
+    if found is None:
+        found = _AGREES[key] = _check(N, K)
+        if not found:
+            log.warning("float32 GEMM (%d x %d): the C kernel's sums differ from oneDNN's here; oneDNN keeps it", N, K)
+    return found
+
+
+def _check(N: int, K: int) -> bool:
+    if not native.f32() or onednn.LINEAR is None:
+        return False
+    gen = torch.Generator().manual_seed(N * 31 + K)
+    with torch.inference_mode():
+        w, b = torch.randn(N, K, generator=gen) * 0.05, torch.randn(N, generator=gen)
+        form = native.F32Weight(w)
+        for rows in CHECK_ROWS:
+            x = torch.randn(rows, K, generator=gen)
+            for bias in (b, None):
+                if not torch.equal(native.f32_linear(x, form, bias), onednn.linear(x, w, bias)):
+                    return False
+    return True
+
+
+def form(weight: torch.Tensor) -> native.F32Weight | None:
+    """weight's packed form for the C kernel (made once, redone when the weight changes), where the kernel
+    agrees with oneDNN at its shape; None else."""
+    held: tuple[int, native.F32Weight] | None = getattr(weight, FORM_ATTR, None)
+    v = onednn.version(weight)
+    if held is not None and held[0] == v:
+        return held[1]
+    if weight.dim() != 2 or not agrees(*weight.shape):
+        return None
+    with torch.inference_mode():
+        made = native.F32Weight(weight.detach())
+    setattr(weight, FORM_ATTR, (v, made))
+    return made
+
+
+def linear(
+    rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None
+) -> torch.Tensor | None:
+    """rows (M, K) float32 @ weight^T + bias (+ residual, (M, N)) in C, oneDNN's bits; None where the C kernel
+    does not serve (more than MOST_ROWS rows, no kernel here, a shape where it differs from oneDNN)."""
+    if rows.shape[0] > MOST_ROWS or not native.f32():
+        return None
+    made = form(weight)
+    if made is None:
+        return None
+    return native.f32_linear(rows, made, bias, residual)
