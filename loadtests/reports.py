@@ -43,7 +43,13 @@ def command() -> str:
 def commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True)
+        # Reports under loadtests/results are the benchmarks' own output (a script of several writes one while the
+        # next measures): changes there are not changes to the code measured.
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!loadtests/results"],
+            cwd=REPO,
+            capture_output=True,
+        )
         return out.stdout.strip() + (" (uncommitted changes)" if dirty.stdout.strip() else "")
     except OSError:
         return "unknown"
