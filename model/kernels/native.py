@@ -233,6 +233,20 @@ class F32Weight:
         lib.beamserve_f32_pack(w.data_ptr(), self.N, self.K, self.packed.data_ptr())
 
 
+def _bias_and_residual(
+    kernel: str, M: int, N: int, bias: torch.Tensor | None, residual: torch.Tensor | None
+) -> tuple[int | None, int]:
+    """What a linear kernel reads besides x and its weight, checked: N contiguous float32 biases, and an (M, N)
+    float32 residual with unit column stride, as its address and row stride (None, 0 without one)."""
+    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != N or not bias.is_contiguous()):
+        raise ValueError(f"{kernel}: the bias must be {N} contiguous float32s")
+    if residual is None:
+        return None, 0
+    if residual.dtype != torch.float32 or residual.shape != (M, N) or residual.stride(1) != 1:
+        raise ValueError(f"{kernel}: the residual must be ({M}, {N}) float32 with unit column stride")
+    return residual.data_ptr(), residual.stride(0)
+
+
 def f32_linear(
     x: torch.Tensor, w: F32Weight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -242,13 +256,7 @@ def f32_linear(
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.K or x.stride(1) != 1 or not x.is_cpu:
         raise ValueError(f"f32_linear: x must be (M, {w.K}) float32 on CPU with unit column stride")
     M, N = x.shape[0], w.N
-    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != N or not bias.is_contiguous()):
-        raise ValueError(f"f32_linear: the bias must be {N} contiguous float32s")
-    r, ldr = None, 0
-    if residual is not None:
-        if residual.dtype != torch.float32 or residual.shape != (M, N) or residual.stride(1) != 1:
-            raise ValueError(f"f32_linear: the residual must be ({M}, {N}) float32 with unit column stride")
-        r, ldr = residual.data_ptr(), residual.stride(0)
+    r, ldr = _bias_and_residual("f32_linear", M, N, bias, residual)
     y = torch.empty(M, N)
     failed = lib.beamserve_f32_linear(
         x.data_ptr(), M, w.K, x.stride(0), w.packed.data_ptr(), N, None if bias is None else bias.data_ptr(),
@@ -305,13 +313,7 @@ def vnni_linear(
     if x.dim() != 2 or x.shape[1] != w.K or not x.is_cpu:
         raise ValueError(f"vnni_linear: x must be (M, {w.K}) on CPU, not {tuple(x.shape)} on {x.device}")
     M, N = x.shape[0], w.N
-    if bias is not None and (bias.dtype != torch.float32 or bias.numel() != N or not bias.is_contiguous()):
-        raise ValueError(f"vnni_linear: the bias must be {N} contiguous float32s")
-    r, ldr = None, 0
-    if residual is not None:
-        if residual.dtype != torch.float32 or residual.shape != (M, N) or residual.stride(1) != 1:
-            raise ValueError(f"vnni_linear: the residual must be ({M}, {N}) float32 with unit column stride")
-        r, ldr = residual.data_ptr(), residual.stride(0)
+    r, ldr = _bias_and_residual("vnni_linear", M, N, bias, residual)
     y = torch.empty(M, N)
     failed = lib.beamserve_vnni_linear(
         x.data_ptr(), M, w.K, x.stride(0), w.packed.data_ptr(), w.comp.data_ptr(), N, w.scale.data_ptr(),
