@@ -14,13 +14,21 @@ CODES: dict[str, tuple[int, str]] = {
     "unsupported_option": (400, "an option of a compatible API that beamserve does not have"),
     "detection_unavailable": (400, "no served language can be detected: the source must be named"),
     "ambiguous_source": (400, "a detected source that may be the target language: the source must be named"),
-    "invalid_glossary": (400, "glossary entries that do not parse; an empty, overlong or repeated term; an empty name"),
+    "invalid_glossary": (
+        400,
+        "glossary entries that do not parse; an empty, overlong or repeated term; an empty name; "
+        "a lone surrogate in a term or the name",
+    ),
     "glossary_mismatch": (400, "a glossary for another language pair than the request's"),
     "unsupported_document": (
         400,
         "a document format beamserve does not read (it reads .txt, .html, .htm, .srt, .docx, .pptx, .xlsx)",
     ),
-    "invalid_document": (400, "a document that is not what its name says: not UTF-8, HTML ending inside markup, ..."),
+    "invalid_document": (
+        400,
+        "a document that is not what its name says: not UTF-8, HTML ending inside markup, a zip member that "
+        "does not unpack, XML that does not parse, ...",
+    ),
     "too_many_glossaries": (400, "the key holds as many glossaries as it may (1,000)"),
     "missing_api_key": (401, "the server needs an API key and none was sent"),
     "invalid_api_key": (403, "the API key is not known"),
@@ -32,7 +40,11 @@ CODES: dict[str, tuple[int, str]] = {
     "method_not_allowed": (405, "the route does not take this method"),
     "body_timeout": (408, "the body did not arrive in time"),
     "body_too_large": (413, "the body is over max_body_bytes"),
-    "document_too_large": (413, "over 500,000 characters of text, a paragraph over max_text_chars, or a zip bomb"),
+    "document_too_large": (
+        413,
+        "over 500,000 characters of text, a paragraph over max_text_chars, a zip bomb, or Office text parts over "
+        "32,000,000 bytes of XML or 500,000 elements",
+    ),
     "glossary_too_large": (413, "a glossary over 10,000 entries or 1,000,000 characters of entries"),
     "unsupported_media_type": (415, "a content type the route does not read"),
     "invalid_request": (422, "a field missing, of the wrong type or out of range"),
