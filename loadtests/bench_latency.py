@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
-import os
 import statistics
 import subprocess
 import sys
@@ -34,17 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import http_load  # noqa: E402
-import process_cpu  # noqa: E402
+from bench_serving import Server, test_sentences  # noqa: E402
 from reports import emit  # noqa: E402
-
-from service.runtime import free_loopback_port  # noqa: E402
-
-DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
-
-
-def read_sentences(n: int) -> list[str]:
-    with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f][:n]
 
 
 def in_process(compute_type: str, threads: int, alone: list[str], batched: list[str], rounds: int) -> dict[str, float]:
@@ -88,44 +77,6 @@ print(json.dumps({{"each": each, "rate": len(batched) / (time.perf_counter() - s
 
 def quantile(values: list[float], q: float) -> float:
     return http_load.quantile(values, q)
-
-
-class Server:
-    """`beamserve serve --models en-de` on a free loopback port, with this compute type and thread count."""
-
-    def __init__(self, compute_type: str, threads: int) -> None:
-        self.port = free_loopback_port()
-        env = {
-            **os.environ,
-            "BEAMSERVE_MODELS": "en-de",
-            "BEAMSERVE_THREADS": str(threads),
-            "BEAMSERVE_COMPUTE_TYPE": compute_type,
-        }
-        self.proc = subprocess.Popen(
-            process_cpu.serve_command(self.port),
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = "-"
-        while line and "listening" not in line:
-            line = self.proc.stdout.readline()
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise SystemExit(f"the server ({compute_type}) was not ready within 180 s")
-
-    def stop(self) -> None:
-        process_cpu.stop(self.proc)
 
 
 def body(text: str) -> dict[str, object]:
@@ -188,7 +139,7 @@ def main() -> None:
     p.add_argument("--saturation-s", type=float, default=20.0)
     p.add_argument("--out", type=Path, help="write the markdown report here")
     args = p.parse_args()
-    sentences = read_sentences(max(args.sentences, 256))
+    sentences = test_sentences(max(args.sentences, 256))
     alone = sentences[: args.sentences]
     lines = [
         "# One sentence at a time, and at saturation: served against in-process",
@@ -206,7 +157,7 @@ def main() -> None:
         print(f"{ct}: in process", flush=True)
         local = in_process(ct, args.threads, alone, sentences, args.rounds)
         print(f"{ct}: served", flush=True)
-        server = Server(ct, args.threads)
+        server = Server("beamserve", "haproxy", {"BEAMSERVE_THREADS": str(args.threads), "BEAMSERVE_COMPUTE_TYPE": ct})
         try:
             served = asyncio.run(one_at_a_time(server.port, alone, args.rounds))
             full = asyncio.run(saturated(server.port, sentences, args.concurrency, args.saturation_s))

@@ -74,7 +74,8 @@ def test_sentences(n: int) -> list[str]:
 class Server:
     """A server process on a free loopback port, ready when this returns; stop() ends it."""
 
-    def __init__(self, kind: str, front: str) -> None:
+    def __init__(self, kind: str, front: str, settings: dict[str, str] | None = None) -> None:
+        """settings: BEAMSERVE_* variables for beamserve beside the defaults (en-de, one thread)."""
         self.kind, self.front, self.port = kind, front, free_loopback_port()
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "BEAMSERVE_PROXY": front}
         env.pop("RAY_SERVE_ENABLE_HA_PROXY", None)
@@ -86,7 +87,7 @@ class Server:
                 env |= {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
             cmd = [sys.executable, str(REPO / "loadtests" / "serving_echo.py"), "--port", str(self.port)]
         else:
-            env |= {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_THREADS": "1"}
+            env |= {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_THREADS": "1", **(settings or {})}
             cmd = process_cpu.serve_command(self.port)
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True

@@ -57,6 +57,8 @@ class KVCache:
         self.zeroed_to = self.limit if zeroed or lineage else 0
         # (N, T_max): the buffer row holding each row's position t; None: row n holds its own
         self.lineage = torch.arange(rows, device=device)[:, None].repeat(1, max_length) if lineage else None
+        # view()'s structs and the buffer they were made for (_fit makes new buffers)
+        self._views: tuple[torch.Tensor, list[native.KV]] | None = None
 
     @property
     def max_length(self) -> int:
@@ -109,10 +111,10 @@ class KVCache:
 
     def view(self, layer: int) -> native.KV:
         """Layer `layer`'s keys, values and lineage as native.self_sublayer reads them (made once per buffer)."""
-        views = self.__dict__.get("_views")
+        views = self._views
         if views is None or views[0] is not self.k:
             views = (self.k, [native.kv_view(self.k[i], self.v[i], self.lineage) for i in range(self.k.shape[0])])
-            self.__dict__["_views"] = views
+            self._views = views
         return views[1][layer]
 
     def attend_step(self, layer: int, pos: int | torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:

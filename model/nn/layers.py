@@ -11,6 +11,7 @@ from torch import nn
 from model.kernels import f32_gemm, native
 from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, INPLACE_ACTIVATIONS, Linear, linear
 from model.kernels.int8_choice import bucket
+from model.kernels.onednn import version
 from model.kernels.quant import INT8_ATTR, int8_of, int8_weight
 
 
@@ -126,38 +127,21 @@ def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
 
 
 def _state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], list[object]]:
-    """What forms made from submodules `names`' weights and biases depend on: each parameter and its int8 form (by
-    id) and its version, as a tuple of ints that compares in one step, and the objects themselves, which the
+    """What forms made from submodules `names`' weights and biases depend on (a fused weight, C structs): each
+    weight's int8 form where it has one (a new form is a new object), else the weight and its version, and each
+    bias with its version; as a tuple of ints that compares in one step, and the objects themselves, which the
     caller holds beside the forms (so no id it compares is reused). Read through the modules' dicts, not
     attribute lookups: a decode step asks this for every sublayer."""
     key: list[int] = []
     held: list[object] = []
     for name in names:
         params = module._modules[name]._parameters  # type: ignore[union-attr]
-        for p in (params["weight"], params["bias"]):
-            q = getattr(p, INT8_ATTR, None)
-            key += (id(p), id(q), _version(p))
-            held += (p, q)
-    return tuple(key), held
-
-
-def _c_state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], list[object]]:
-    """_state for the C structs: each weight's int8 form where it has one (a new form is a new object), else the
-    weight and its version, and each bias with its version; a decode step asks for every sublayer."""
-    key: list[int] = []
-    held: list[object] = []
-    for name in names:
-        params = module._modules[name]._parameters  # type: ignore[union-attr]
-        w, bias = params["weight"], params["bias"]
+        w: torch.Tensor = params["weight"]  # type: ignore[assignment]
+        bias = params["bias"]
         q = getattr(w, INT8_ATTR, None)
-        key += (id(q), id(w), -1 if q is not None else _version(w), id(bias), _version(bias))
+        key += (id(q), id(w), -1 if q is not None else version(w), id(bias), -1 if bias is None else version(bias))
         held += (q, w, bias)
     return tuple(key), held
-
-
-def _version(t: torch.Tensor | None) -> int:
-    """t's version counter; -1 for a tensor made under inference_mode (it keeps none: fixed weights) or none."""
-    return -1 if t is None or t.is_inference() else t._version
 
 
 def dropped(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
@@ -232,7 +216,7 @@ class MultiHeadAttention(nn.Module):
         oneDNN's bits); None otherwise. Made once for the weights as they are, which a call checks by identity
         and version (module dicts, not attribute lookups: a decode step asks for every sublayer)."""
         names = ("q_proj", "k_proj", "v_proj", "out_proj") if fused else ("q_proj", "out_proj")
-        key, objects = _c_state(self, names)
+        key, objects = _state(self, names)
         held = self.__dict__.setdefault("_c_sublayer", {}).get(fused)
         if held is None or held[0] != key:
             w_in, b_in = self._fused_qkv() if fused else (self.q_proj.weight, self.q_proj.bias)
@@ -307,7 +291,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., C) -> (..., C), plus `residual` where given."""
-        structs = self._c_linears(x.shape[0]) if _rows_of_a_step(x, residual) else None
+        structs = self._c_linears(x.shape[0]) if rows_of_a_step(x, residual) else None
         if structs is not None:  # a decode step's rows: each GEMM in C, one call of a few pointers
             fc1, fc2 = structs
             if fc1 is None:  # float32: fc1 with its activation fused in oneDNN's epilogue (f32_gemm.py says why)
@@ -327,7 +311,7 @@ class FeedForward(nn.Module):
         (MultiHeadAttention.c_sublayer says how they are made and checked)."""
         if self.activation not in INPLACE_ACTIVATIONS or self.training:
             return None
-        key, objects = _c_state(self, ("fc1", "fc2"))
+        key, objects = _state(self, ("fc1", "fc2"))
         held = self.__dict__.get("_c_pair")
         if held is None or held[0] != key:
             pairs = ((self.fc1.weight, self.fc1.bias), (self.fc2.weight, self.fc2.bias))
@@ -340,8 +324,9 @@ class FeedForward(nn.Module):
         return (None, found[0]) if held[3] else (found[0], found[1])
 
 
-def _rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
-    """Whether x and its residual are a decode step's rows in C's terms: (N, C) float32 contiguous, outside autograd."""
+def rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+    """Whether x and its residual are a decode step's rows in C's terms: (N, C) float32 on CPU, outside autograd,
+    with the C kernels loaded (each call checks the rest)."""
     return (
         residual is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_cpu
         and not torch.is_grad_enabled() and native.built()

@@ -23,6 +23,7 @@ from model.nn.layers import (
     attends_natively,
     dropped,
     embedding_scale,
+    rows_of_a_step,
     step_attention,
 )
 
@@ -108,7 +109,7 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn
         if in_c:  # each row writes its key and value and attends over its own positions, in one C call
             N, C = h.shape[0], h.shape[-1]
-            structs = attn.c_sublayer(N, fused=True) if _whole(h, residual) else None
+            structs = attn.c_sublayer(N, fused=True) if rows_of_a_step(h, residual) else None
             if structs is not None:  # and the projections and the residual in the same call
                 return native.self_sublayer(h, residual, *structs, cache.view(layer), pos)  # type: ignore[arg-type]
             out = cache.attend_step(layer, pos, attn.project_qkv(h.view(N, C)))  # (N, H, D)
@@ -128,7 +129,7 @@ class DecoderLayer(nn.Module):
         attn = self.cross_attn
         if row_map is not None:  # in C each row attends over its sentence's source positions
             N = h.shape[0]
-            structs = attn.c_sublayer(N, fused=False) if _whole(h, residual) else None
+            structs = attn.c_sublayer(N, fused=False) if rows_of_a_step(h, residual) else None
             if structs is not None:  # and the projections and the residual in the same call
                 return native.cross_sublayer(h, residual, *structs, cross.view(layer), row_map)  # type: ignore[arg-type]
             q = attn.q_proj(h).view(N, attn.heads, -1)  # (N, H, D)
@@ -149,11 +150,6 @@ class DecoderLayer(nn.Module):
         if cross.row_index is not None:
             out = out.index_select(0, cross.row_index)  # (N, H, 1, D)
         return attn.merge_heads(out, residual)
-
-
-def _whole(h: torch.Tensor, residual: torch.Tensor | None) -> bool:
-    """Whether a sublayer may run as one C call: float32 rows (N, C) and their residual."""
-    return residual is not None and h.dim() == 2 and h.dtype == torch.float32
 
 
 # A sublayer's function: (its input h, the residual) -> residual + f(h), or f(h) where the residual is None.
