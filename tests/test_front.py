@@ -55,6 +55,7 @@ def render(tmp: Path, port: int, replicas: list[int], fallback: int | None, *, r
         retry_on=env["RAY_SERVE_HAPROXY_RETRY_ON"],
         retries=int(env["RAY_SERVE_HAPROXY_RETRIES"]),
         timeout_server_s=int(env["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"]),
+        bufsize=int(env["RAY_SERVE_HAPROXY_TUNE_BUFSIZE"]),
         socket_path=str(tmp / "admin.sock"),
         server_state_base=str(tmp),
         server_state_file=str(tmp / "server-state"),
@@ -237,6 +238,51 @@ def test_a_body_that_stops_arriving_gets_a_json_408_and_never_reaches_a_replica(
         "request_id": "slow-1",
     }
     assert replica.seen == 0
+
+
+def exchange(url: str, head: bytes) -> tuple[str, dict[str, str], bytes]:
+    """One request sent as these bytes (httpx refuses a URL over 64 KB); the status line, headers, body."""
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as s:
+        s.sendall(head)
+        s.settimeout(5)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    top, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = top.decode("latin-1").split("\r\n")
+    return status, {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}, body
+
+
+def get(path: bytes, headers: bytes = b"") -> bytes:
+    return b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + headers + b"\r\n"
+
+
+@linux_only
+def test_a_long_url_or_header_block_is_a_json_414_or_431_in_the_route_s_shape(tmp_path: Path) -> None:
+    replica = Replica(0.0)
+    many = b"".join(b"X-Field-%d: v\r\n" % i for i in range(500))
+    with haproxy(tmp_path, [replica]) as url:
+        for head, status, code in [
+            (get(b"/v1/models?q=" + b"a" * 70_000), "414", "uri_too_long"),  # past Serve's 16 KB buffer too
+            (get(b"/v1/models?" + b"&".join(b"p%d=1" % i for i in range(5000))), "414", "uri_too_long"),
+            (get(b"/v1/models", b"Cookie: c=" + b"b" * 65_000 + b"\r\n"), "431", "headers_too_large"),
+            (get(b"/v1/models", many), "431", "headers_too_large"),
+        ]:
+            line, headers, body = exchange(url, head)
+            assert line.split()[1] == status and headers["content-type"] == "application/json", line
+            answer = json.loads(body)
+            assert answer["error"] == code and answer["request_id"] == headers["x-request-id"], answer
+        # Each API's shape: LibreTranslate's clients read error, DeepL's message.
+        _, _, body = exchange(url, get(b"/translate?q=" + b"a" * 20_000))
+        assert json.loads(body)["error"] == f"the URL is over {front.MAX_URL_BYTES} bytes"
+        _, _, body = exchange(url, get(b"/v2/languages", many))
+        assert json.loads(body)["code"] == "headers_too_large" and "header fields" in json.loads(body)["message"]
+        assert replica.seen == 0
+        # At the limits, the request goes through.
+        path = b"/v1/models?q=" + b"a" * (front.MAX_URL_BYTES - len(b"/v1/models?q="))
+        cookie = b"Cookie: c=" + b"b" * (front.MAX_HEADER_BYTES - 1000) + b"\r\n"
+        line, _, body = exchange(url, get(path, cookie))
+        assert line.split()[1] == "200" and json.loads(body)["ok"] and replica.seen == 1
 
 
 @linux_only

@@ -191,6 +191,21 @@ def test_invalid_json_invalid_utf8_and_oversized_bodies(client: httpx.Client) ->
     assert r.status_code == 413 and "over 900000 bytes" in r.text, r.text
 
 
+def test_a_request_at_the_front_s_url_and_header_limits_reaches_the_gateway_and_one_past_them_does_not(
+    client: httpx.Client,
+) -> None:
+    from service.api import front
+
+    path = "/v1/models?q=" + "a" * (front.MAX_URL_BYTES - len("/v1/models?q="))
+    cookie = {"cookie": "c=" + "b" * (front.MAX_HEADER_BYTES - 1000)}
+    r = client.get(path, headers=cookie)  # the gateway's own HTTP server takes what the front lets through
+    assert r.status_code == 200 and r.json()["models"], r.text
+    r = client.get(path + "a", headers=cookie)
+    assert r.status_code == 414 and r.json()["error"] == "uri_too_long"
+    r = client.get("/v1/models", headers={"cookie": "c=" + "b" * front.MAX_HEADER_BYTES})
+    assert r.status_code == 431 and r.json()["error"] == "headers_too_large"
+
+
 def test_every_answer_carries_a_request_id_and_every_error_body_repeats_it(client: httpx.Client) -> None:
     mine = {"X-Request-ID": "client-42"}
     r = client.post("/v1/translate", json={"texts": ["A dog."], "source": "en", "target": "xx"}, headers=mine)

@@ -13,7 +13,8 @@ among them) adds beamserve's part to the template:
   gateway replica (502, 503) is a 503 `replica_unavailable` with Retry-After, never a plain 500;
 - each request gets an X-Request-ID (the client's, else a new one) that the gateway and every error
   body repeat;
-- refusals that cost no Python: a body over max_body_bytes by its Content-Length (413), headers and
+- refusals that cost no Python: a body over max_body_bytes by its Content-Length (413), a URL over
+  MAX_URL_BYTES (414), a header block over MAX_HEADER_BYTES or MAX_HEADERS fields (431), headers and
   small bodies that stop arriving (408, body_timeout_s), and at most max_in_flight requests on a
   gateway replica at once; past that, up to max_queued per replica wait in HAProxy's queue (at most
   QUEUE_S) and the rest get 503 `overloaded` (429 on LibreTranslate's and DeepL's routes, as their
@@ -41,6 +42,16 @@ if TYPE_CHECKING:
 Front = Literal["haproxy", "serve"]
 QUEUE_S = 1  # a request waits at most this long in HAProxy's queue for a gateway slot
 BUFFERED_BODY_BYTES = 8192  # bodies up to this size reach the gateway whole (HAProxy buffers them)
+# A request's head (request line and headers) up to MAX_URL_BYTES + MAX_HEADER_BYTES is refused in the
+# route's JSON shape; HAProxy 2.8 answers a head it cannot parse (larger than its buffer, or over
+# tune.http.maxhdr fields) with its own HTML 400 before any rule or error file applies, so its buffer
+# and field limit are set well past what is refused. A buffer is held per request in flight, not per
+# connection: this is 80 KB against Serve's 16 KB while a request's head or body is being read.
+MAX_URL_BYTES = 16_384  # path and query; past it 414 uri_too_long
+MAX_HEADER_BYTES = 32_768  # every header line together; past it 431 headers_too_large
+MAX_HEADERS = 100  # header fields; past it 431 headers_too_large
+HEAD_BUFFER_BYTES = 81_920  # HAProxy's tune.bufsize: a 70 KB URL or a 64 KB cookie still parses
+PARSED_HEADERS = 1_000  # HAProxy's tune.http.maxhdr: a head of this many fields still parses
 RETRIES = 20  # connection attempts past the first; see environment()
 SERVER_GRACE_S = 10  # HAProxy answers 504 when a gateway replica is silent this long past request_timeout_s
 DEREGISTER_S = 2  # a stopping gateway replica answers this long after HAProxy is told to stop using it
@@ -82,6 +93,7 @@ def environment(front: Front, limits: Limits) -> dict[str, str]:
         env |= {
             "RAY_SERVE_ENABLE_HA_PROXY": "1",
             "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+            "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(HEAD_BUFFER_BYTES),
             # A request its gateway replica died holding (an empty response) goes again; enough tries
             # that the last ones find the replica marked down and go to another, or to Serve's proxy.
             "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
@@ -176,7 +188,8 @@ def _frontend(limits: Limits) -> str:
         "    http-request set-var(txn.detail_key) str(error) if { var(txn.api) -m str libretranslate }\n"
         f'    http-request return status 400 content-type application/json lf-string "{bad_header}"'
         " hdr x-request-id %[var(txn.request_id)] if { var(txn.bad_header) -m found }\n"
-        f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
+        + _head_limits()
+        + f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
         # A dead replica is not the client's 502: Serve starts another, so retry.
         "    http-after-response set-status 503 if { status 502 }\n"
         # The body before the request goes on (408 past body_timeout_s): a replica's slot is never held
@@ -188,6 +201,29 @@ def _frontend(limits: Limits) -> str:
 
 
 BAD_HEADER = "the %[var(txn.bad_header)] header is not UTF-8"
+
+
+def _head_limits() -> str:
+    """414 and 431 for a request line or header block past beamserve's limits, in the route's shape."""
+
+    def answer(status: int, code: str, detail: str, condition: str) -> str:
+        assert status_of(code) == status, (code, status)
+        return (
+            f'    http-request return status {status} content-type application/json lf-string "{_error_body(code, detail)}"'
+            f" hdr x-request-id %[var(txn.request_id)] if {condition}\n"
+        )
+
+    fields = f"over {MAX_HEADERS} header fields or {MAX_HEADER_BYTES} bytes of headers"
+    return answer(
+        414, "uri_too_long", f"the URL is over {MAX_URL_BYTES} bytes", f"{{ url,length gt {MAX_URL_BYTES} }}"
+    ) + (
+        answer(
+            431,
+            "headers_too_large",
+            fields,
+            f"{{ req.hdr_cnt gt {MAX_HEADERS} }} or {{ req.hdrs,length gt {MAX_HEADER_BYTES} }}",
+        )
+    )
 
 
 def serve_decoded_headers() -> list[str]:
@@ -269,6 +305,10 @@ def _edits(limits: Limits) -> list[tuple[str, str]]:
             _no_route(),
         ),
         ("    bind :{{ config.metrics_port }}\n", "    bind 127.0.0.1:{{ config.metrics_port }}\n"),
+        (
+            "    nbthread {{ config.nbthread }}\n",
+            f"    nbthread {{{{ config.nbthread }}}}\n    tune.http.maxhdr {PARSED_HEADERS}\n",
+        ),
         ("  bind *:{{ config.stats_port }}\n", "  bind 127.0.0.1:{{ config.stats_port }}\n"),
         (
             "    # Normalize 502/503/504 to 500 per Serve's default behavior. 503\n"
