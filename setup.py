@@ -28,7 +28,11 @@ LEVELS = ["x86-64-v3", "x86-64-v4"] if platform.machine() in ("x86_64", "AMD64")
 
 def library(name: str, flags: list[str]) -> Extension:
     return Extension(
-        name, sources=SOURCES, depends=["model/kernels/csrc/vec16.h", "model/kernels/csrc/quantize.h"], extra_compile_args=FLAGS + flags, optional=True
+        name,
+        sources=SOURCES,
+        depends=["model/kernels/csrc/vec16.h", "model/kernels/csrc/quantize.h"],
+        extra_compile_args=FLAGS + flags,
+        optional=True,
     )
 
 

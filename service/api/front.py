@@ -170,7 +170,6 @@ def _frontend(limits: Limits) -> str:
     from service.api import deepl, libretranslate
 
     libre = " ".join(sorted(libretranslate.ROUTES))
-    bad_header = _error_body("invalid_header", BAD_HEADER)
     return (
         "    # beamserve: request ids, the route's error shape and the front's limits (service/api/front.py)\n"
         f"    timeout http-request {max(1, round(limits.body_timeout_s))}s\n"
@@ -186,8 +185,7 @@ def _frontend(limits: Limits) -> str:
         "    http-request set-var(txn.code_key) str(code) if !{ var(txn.api) -m str beamserve }\n"
         "    http-request set-var(txn.detail_key) str(message) if { var(txn.api) -m str deepl }\n"
         "    http-request set-var(txn.detail_key) str(error) if { var(txn.api) -m str libretranslate }\n"
-        f'    http-request return status 400 content-type application/json lf-string "{bad_header}"'
-        " hdr x-request-id %[var(txn.request_id)] if { var(txn.bad_header) -m found }\n"
+        + _answer(400, "invalid_header", BAD_HEADER, " if { var(txn.bad_header) -m found }")
         + _head_limits()
         + f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
         # A dead replica is not the client's 502: Serve starts another, so retry.
@@ -205,24 +203,19 @@ BAD_HEADER = "the %[var(txn.bad_header)] header is not UTF-8"
 
 def _head_limits() -> str:
     """414 and 431 for a request line or header block past beamserve's limits, in the route's shape."""
-
-    def answer(status: int, code: str, detail: str, condition: str) -> str:
-        assert status_of(code) == status, (code, status)
-        return (
-            f'    http-request return status {status} content-type application/json lf-string "{_error_body(code, detail)}"'
-            f" hdr x-request-id %[var(txn.request_id)] if {condition}\n"
-        )
-
     fields = f"over {MAX_HEADERS} header fields or {MAX_HEADER_BYTES} bytes of headers"
-    return answer(
-        414, "uri_too_long", f"the URL is over {MAX_URL_BYTES} bytes", f"{{ url,length gt {MAX_URL_BYTES} }}"
-    ) + (
-        answer(
-            431,
-            "headers_too_large",
-            fields,
-            f"{{ req.hdr_cnt gt {MAX_HEADERS} }} or {{ req.hdrs,length gt {MAX_HEADER_BYTES} }}",
-        )
+    headers = f"{{ req.hdr_cnt gt {MAX_HEADERS} }} or {{ req.hdrs,length gt {MAX_HEADER_BYTES} }}"
+    return _answer(
+        414, "uri_too_long", f"the URL is over {MAX_URL_BYTES} bytes", f" if {{ url,length gt {MAX_URL_BYTES} }}"
+    ) + _answer(431, "headers_too_large", fields, f" if {headers}")
+
+
+def _answer(status: int, code: str, detail: str, tail: str = "") -> str:
+    """An `http-request return` of the error `code` in the route's shape; `tail` adds headers or a condition."""
+    assert status_of(code) == status, (code, status)
+    return (
+        f'    http-request return status {status} content-type application/json lf-string "{_error_body(code, detail)}"'
+        f" hdr x-request-id %[var(txn.request_id)]{tail}\n"
     )
 
 
@@ -279,19 +272,11 @@ def _no_route() -> str:
     front has no application's routes at all (a proxy just started, its head restarting, the app not
     yet deployed), a JSON 503 with Retry-After, since the path will be served in a moment."""
 
-    def answer(status: int, code: str, detail: str, retry: str) -> str:
-        assert status_of(code) == status, (code, status)
-        body = _error_body(code, detail)
-        return (
-            f'    http-request return status {status} content-type application/json lf-string "{body}"'
-            f"{retry} hdr x-request-id %[var(txn.request_id)]\n"
-        )
-
     return (
         "{%- if backends %}\n"
-        + answer(404, "not_found", "no route for this path", "")
+        + _answer(404, "not_found", "no route for this path")
         + "{%- else %}\n"
-        + answer(503, "starting", "the server is starting; retry shortly", f" hdr retry-after {RETRY_AFTER_S}")
+        + _answer(503, "starting", "the server is starting; retry shortly", f" hdr retry-after {RETRY_AFTER_S}")
         + "{%- endif %}\n"
     )
 
