@@ -59,7 +59,7 @@ def codes_in_the_service() -> set[str]:
 
     from .test_codebase import modules
 
-    makers = {"ApiError", "_error_body", "_refused", "_http_error", "_answer", "_reject"}
+    makers = {"ApiError", "_error_body", "_refused", "_http_error", "_http_return", "_reject"}
     found: set[str] = set()
     for path in modules("service"):
         if path.name == "error_codes.py":

@@ -185,7 +185,7 @@ def _frontend(limits: Limits) -> str:
         "    http-request set-var(txn.code_key) str(code) if !{ var(txn.api) -m str beamserve }\n"
         "    http-request set-var(txn.detail_key) str(message) if { var(txn.api) -m str deepl }\n"
         "    http-request set-var(txn.detail_key) str(error) if { var(txn.api) -m str libretranslate }\n"
-        + _answer(400, "invalid_header", BAD_HEADER, " if { var(txn.bad_header) -m found }")
+        + _http_return(400, "invalid_header", BAD_HEADER, " if { var(txn.bad_header) -m found }")
         + _head_limits()
         + f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
         # A dead replica is not the client's 502: Serve starts another, so retry.
@@ -205,12 +205,12 @@ def _head_limits() -> str:
     """414 and 431 for a request line or header block past beamserve's limits, in the route's shape."""
     fields = f"over {MAX_HEADERS} header fields or {MAX_HEADER_BYTES} bytes of headers"
     headers = f"{{ req.hdr_cnt gt {MAX_HEADERS} }} or {{ req.hdrs,length gt {MAX_HEADER_BYTES} }}"
-    return _answer(
+    return _http_return(
         414, "uri_too_long", f"the URL is over {MAX_URL_BYTES} bytes", f" if {{ url,length gt {MAX_URL_BYTES} }}"
-    ) + _answer(431, "headers_too_large", fields, f" if {headers}")
+    ) + _http_return(431, "headers_too_large", fields, f" if {headers}")
 
 
-def _answer(status: int, code: str, detail: str, tail: str = "") -> str:
+def _http_return(status: int, code: str, detail: str, tail: str = "") -> str:
     """An `http-request return` of the error `code` in the route's shape; `tail` adds headers or a condition."""
     assert status_of(code) == status, (code, status)
     return (
@@ -274,9 +274,9 @@ def _no_route() -> str:
 
     return (
         "{%- if backends %}\n"
-        + _answer(404, "not_found", "no route for this path")
+        + _http_return(404, "not_found", "no route for this path")
         + "{%- else %}\n"
-        + _answer(503, "starting", "the server is starting; retry shortly", f" hdr retry-after {RETRY_AFTER_S}")
+        + _http_return(503, "starting", "the server is starting; retry shortly", f" hdr retry-after {RETRY_AFTER_S}")
         + "{%- endif %}\n"
     )
 
