@@ -4,8 +4,10 @@ the real server, a document's translation equal to its paragraphs translated on 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -152,6 +154,52 @@ def test_documents_are_refused_by_name_and_read_only_with_their_key(client: http
     assert "filename*=UTF-8''a.txt" in r.headers["content-disposition"]
     r = client.post("/v2/document", data={"target_lang": "DE"})
     assert r.status_code == 415
+
+
+def gateways_resident_bytes() -> int:
+    """The resident memory of the shared server's gateway replicas (Ray's processes are this one's)."""
+    import psutil
+
+    found = 0
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "ServeReplica:beamserve:Gateway" in " ".join(p.cmdline()):
+                found += p.memory_info().rss
+    assert found, "no gateway replica among this process's children"
+    return found
+
+
+def test_hostile_uploads_are_refused_by_name_and_leave_the_gateway_as_it_was(client: httpx.Client) -> None:
+    from .test_hostile_documents import body, docx, with_local_header
+
+    hostile = [
+        # 170 KB of zip, 99 MB of XML in parts under a megabyte each (no zip-bomb ratio to see)
+        ("amplifying.docx", docx({f"word/header{i}.xml": body(b"<w:r/>" * 166_000) for i in range(1, 100)}), 413),
+        # 800,000 elements in five headers: refused once 500,000 are parsed
+        ("elements.docx", docx({f"word/header{i}.xml": body(b"<w:r/>" * 160_000) for i in range(1, 6)}), 413),
+        ("broken.docx", with_local_header(docx({}), b"word/document.xml", {"method": 9}), 400),
+    ]
+
+    def upload(i: int) -> None:
+        name, data, status = hostile[i % len(hostile)]
+        files = {"file": (name, data)}
+        start = time.monotonic()
+        if i % 2:
+            r = client.post("/translate_file", files=files, data={"source": "en", "target": "de"})
+        else:
+            r = client.post("/v2/document", files=files, data={"source_lang": "EN", "target_lang": "DE"})
+        assert r.status_code == status and r.json()["code"] in ("document_too_large", "invalid_document"), r.text
+        assert time.monotonic() - start < 5, name  # refused as soon as its budget is past, not at a timeout
+
+    r = client.post("/v2/document", files={"file": ("a.docx", word())}, data={"target_lang": "DE"})
+    assert r.status_code == 200, r.text  # a document's modules imported, its first allocations made
+    before = gateways_resident_bytes()
+    for i in range(20):
+        upload(i)
+    grown = gateways_resident_bytes() - before
+    # Within 40 MB (a few MB measured; 64 MB when the freed heap stays in glibc's arenas).
+    assert grown < 40 * 2**20, f"the gateway grew {grown >> 20} MB over 20 hostile uploads"
+    assert client.get("/readyz").status_code == 200
 
 
 def test_libretranslate_s_file_route_answers_the_address_of_the_translation(client: httpx.Client) -> None:

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import serving
+from .conftest import serving, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +28,7 @@ KEYS = [
     {"key": "gamma-key", "name": "gamma"},
     {"key": "delta-key", "name": "delta"},  # for what no other test counts
     {"key": "epsilon-key", "name": "epsilon"},  # documents that time out
+    {"key": "zeta-key", "name": "zeta"},  # documents that fail
 ]
 TEXT = "A dog is running in the snow."
 
@@ -257,6 +258,44 @@ def test_a_file_whose_translation_times_out_is_stopped_and_not_billed(keyed: tup
     )
     assert r.status_code == 200, r.text
     assert httpx.get(f"{url}/v1/usage", headers=bearer("epsilon-key")).json()["characters_day"] == len("A dog runs.")
+
+
+def test_a_document_that_fails_is_not_billed_on_either_route(keyed: tuple[str, subprocess.Popen[str]]) -> None:
+    from .test_hostile_documents import docx, with_local_header
+
+    url, _ = keyed
+    auth = {"Authorization": "DeepL-Auth-Key zeta-key"}
+
+    def billed() -> int:
+        return int(httpx.get(f"{url}/v1/usage", headers=bearer("zeta-key")).json()["characters_day"])
+
+    untranslatable = b"x " * 600  # under max_text_chars, over the model's 512 tokens: fails while translating
+    too_long = b"A dog runs. " * 200  # a paragraph over max_text_chars: refused once parsed and charged
+    broken = with_local_header(docx({}), b"word/document.xml", {"method": 9})  # refused while parsed
+    form = {"target_lang": "DE", "source_lang": "EN"}
+    r = httpx.post(f"{url}/v2/document", files={"file": ("a.txt", untranslatable)}, data=form, headers=auth)
+    assert r.status_code == 200, r.text
+    status = f"{url}/v2/document/{r.json()['document_id']}"
+
+    def failed() -> bool:
+        answer = httpx.post(status, data={"document_key": r.json()["document_key"]}, headers=auth).json()
+        return answer["status"] == "error" and "512" in answer["error_message"]
+
+    wait_for(failed, "the document failed")
+    for name, data, extra, code in [
+        ("b.txt", too_long, {}, 413),
+        ("c.txt", b"A dog runs.", {"glossary_id": "no-such-glossary"}, 404),
+        ("d.docx", broken, {}, 400),
+    ]:
+        r = httpx.post(f"{url}/v2/document", files={"file": (name, data)}, data=form | extra, headers=auth)
+        assert r.status_code == code, (name, r.text)
+    libre = {"source": "en", "target": "de", "api_key": "zeta-key"}
+    for name, data, code in [("e.txt", untranslatable, 400), ("f.txt", too_long, 413), ("g.docx", broken, 400)]:
+        r = httpx.post(f"{url}/translate_file", files={"file": (name, data)}, data=libre, timeout=60)
+        assert r.status_code == code, (name, r.text)
+    assert billed() == 0  # every one charged on upload, refunded when it failed
+    r = httpx.post(f"{url}/translate_file", files={"file": ("h.txt", b"A dog runs.\n")}, data=libre)
+    assert r.status_code == 200 and billed() == len("A dog runs.")
 
 
 def test_without_the_limits_store_requests_are_refused_not_let_through(

@@ -36,6 +36,7 @@ from service.api.schemas import (
     TranslateResponse,
     errors,
 )
+from service.engine import allocator
 from service.engine.local_handle import LocalHandle, PairHandle
 from service.engine.pair_router import DETECT_CHARS, PairRouter
 from service.metrics import gateway_metrics
@@ -282,7 +283,7 @@ class Gateway:
     ) -> dict[str, str]:
         """Parse a document, bill its characters and start its translation (service/text/document_jobs.py),
         answering once it is done or after wait_s."""
-        parsed = await asyncio.to_thread(documents.parse, filename, await upload.read())
+        parsed = await asyncio.to_thread(allocator.released, documents.parse, filename, await upload.read())
         if req.source is None:  # the whole document in the language of its beginning
             heads = [" ".join(parsed.segments)[:DETECT_CHARS] or "-"]
             found = self.router.detector.detect(heads, markup=parsed.html)[0]

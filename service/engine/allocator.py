@@ -1,4 +1,5 @@
-"""The memory allocator of the model replicas: jemalloc where the host has it.
+"""The memory allocator of the model replicas: jemalloc where the host has it; and the C library's
+freed heap given back after a gateway's large transient work (`released`).
 
 A replica allocates tensors of ever-changing sizes (rows x positions of each decoder step, encoder
 outputs of each admission). Under glibc's malloc its resident memory keeps creeping from that
@@ -9,10 +10,15 @@ starts), so nothing else of the host changes.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 Allocator = Literal["auto", "jemalloc", "system"]
 # Where Debian, Ubuntu, Fedora and Alpine put it (the libjemalloc2 package and its equivalents).
@@ -61,3 +67,26 @@ def resident_bytes() -> int:
     except (OSError, IndexError, ValueError):
         return 0
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def released(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """work(*args, **kwargs), then the C library's freed heap given back to the system (glibc's
+    malloc_trim). A document's XML trees take tens of megabytes for a moment in whichever executor
+    thread parsed it, and glibc keeps those pages in that thread's arena: without this a gateway's
+    resident memory climbs by each large document it reads (docs/benchmarks.md "Memory")."""
+    try:
+        return work(*args, **kwargs)
+    finally:
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim; None where the C library has none (musl, macOS)."""
+    try:
+        found: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return found

@@ -26,6 +26,7 @@ from typing import Any
 
 from service.api.errors import ApiError
 from service.api.schemas import TranslateRequest
+from service.engine import allocator
 from service.engine.pair_router import PairRouter
 from service.records import Records
 from service.text.documents import FORMATS, Parsed, extension
@@ -144,21 +145,24 @@ class DocumentJobs:
                 out += [t.text for t in answer.translations]
                 status = replace(status, done_segments=len(out), updated=time.time())
                 await self._save(status)
-            result = await asyncio.to_thread(parsed.rebuild, out)
+            result = await asyncio.to_thread(allocator.released, parsed.rebuild, out)
             await self.records.put(RESULT, status.document_id, status.owner, result, ttl_s=KEEP_S)
             await self._save(replace(status, status="done", updated=time.time()))
         except asyncio.CancelledError:  # given up (cancel): no result will come, and nothing is billed
-            with contextlib.suppress(ApiError):
-                await self._save(replace(status, status="error", error_message="cancelled", updated=time.time()))
-                await refund()
+            await self._failed(status, "cancelled", refund)
             raise
         except Exception as exc:  # the document fails, said in its status; the server goes on
             message = exc.detail if isinstance(exc, ApiError) else f"the translation failed ({type(exc).__name__})"
             if not isinstance(exc, ApiError):
                 logger.exception("document %s failed", status.document_id)
-            with contextlib.suppress(ApiError):
-                await self._save(replace(status, status="error", error_message=message, updated=time.time()))
-                await refund()
+            await self._failed(status, message, refund)
+
+    async def _failed(self, status: DocumentStatus, message: str, refund: Callable[[], Awaitable[None]]) -> None:
+        """The characters given back and the status saying why, each tried though the other's store is down."""
+        with contextlib.suppress(ApiError):
+            await refund()
+        with contextlib.suppress(ApiError):
+            await self._save(replace(status, status="error", error_message=message, updated=time.time()))
 
     async def cancel(self, document_id: str) -> None:
         """Stop a document's translation if it is still running: its status says error, its characters are
