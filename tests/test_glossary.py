@@ -57,6 +57,60 @@ def test_a_term_gives_way_to_spans_not_to_translate_and_to_markup_it_would_cross
     assert [e.order for e in marked.elements] == list(range(len(marked.elements)))
 
 
+def reference_find(entries: dict[str, str], text: str) -> list[tuple[int, int, str]]:
+    """What Terms.find means, said plainly: at each word's start, every term's length longest first."""
+    exact = {s: t for s, t in entries.items() if s != s.lower()}
+    folded = {s.casefold(): (s, t) for s, t in entries.items() if s == s.lower()}
+    lengths = sorted({len(s) for s in entries}, reverse=True)
+    out, at = [], 0
+    while at < len(text):
+        hit = None
+        if not text[at].isspace() and not glossary._inside_word(text, at):
+            for n in lengths:
+                piece = text[at : at + n]
+                if at + n > len(text) or glossary._inside_word(text, at + n):
+                    continue
+                if piece in exact:
+                    hit = (at, at + n, exact[piece])
+                elif (f := folded.get(piece.casefold())) is not None:
+                    hit = (
+                        at,
+                        at + n,
+                        f[1][0].upper() + f[1][1:] if piece[0].isupper() and not f[0][0].isupper() else f[1],
+                    )
+                if hit:
+                    break
+        if hit is None:
+            at += 1
+        else:
+            out.append(hit)
+            at = hit[1]
+    return out
+
+
+def test_terms_are_found_and_marked_as_the_plain_reading_says_in_random_texts() -> None:
+    import random
+
+    rng = random.Random(7)
+    words = ["a", "A", "bike", "Bike", "red", "New", "York", "new", "york", "e-bike", "Äpfel", "äpfel", "x"]
+    entries = {"a": "ein", "bike": "Velo", "New York": "NY", "red bike": "Rotvelo", "Äpfel": "Apples", "e": "E"}
+    for _ in range(300):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
+        assert Terms(entries).find(text) == reference_find(entries, text), text
+        # With markup: placed as placing each match against every element so far would place it.
+        tagged = "".join(f"<b>{w}</b> " if rng.random() < 0.3 else f"{w} " for w in text.split())
+        [doc], [plain] = parse_documents([f"<p>{tagged}</p>"]), parse_documents([f"<p>{tagged}</p>"])
+        apply([doc], Terms(entries))
+        for run in plain.runs:
+            for a, b, target in Terms(entries).find(run.text):
+                if glossary._applies(run.elements, a, b):
+                    at = sum(1 for e in run.elements if e.start <= a)
+                    run.elements.insert(at, glossary.Element("", a, b, "", verbatim=[target]))
+        assert [[(e.tag, e.start, e.end, e.verbatim) for e in r.elements] for r in doc.runs] == [
+            [(e.tag, e.start, e.end, e.verbatim) for e in r.elements] for r in plain.runs
+        ], tagged
+
+
 @pytest.mark.parametrize(
     ("text", "fmt", "code", "needle"),
     [

@@ -19,6 +19,7 @@ which a glossary does not change, so one cache serves every glossary.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import hashlib
 import html
@@ -30,7 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from service.api.errors import ApiError
-from service.text.html_text import Element, HtmlDocument, Run
+from service.text.html_text import Element, HtmlDocument
 
 MAX_ENTRIES = 10_000  # entries of one glossary
 MAX_ENTRIES_CHARS = 1_000_000  # characters of one glossary's entries, as sent
@@ -178,14 +179,20 @@ class Terms:
     def __init__(self, entries: dict[str, str]) -> None:
         self.exact = {s: t for s, t in entries.items() if s != s.lower()}  # has a capital: as written
         self.folded = {s.casefold(): (s, t) for s, t in entries.items() if s == s.lower()}
-        self.lengths = sorted({len(s) for s in entries}, reverse=True)  # longest first
+        # The lengths of the terms, longest first, by the first character of their folded form (a match's
+        # first character folds to it): a position is tried at those lengths only.
+        lengths: dict[str, set[int]] = {}
+        for s in entries:
+            lengths.setdefault(s.casefold()[:1], set()).add(len(s))
+        self.lengths = {first: sorted(found, reverse=True) for first, found in lengths.items()}
 
     def find(self, text: str) -> list[Match]:
         """The matches in text, leftmost first, the longest at each position, none overlapping."""
         out: list[Match] = []
         at = 0
         while at < len(text):
-            found = None if text[at].isspace() or _inside_word(text, at) else self._at(text, at)
+            lengths = self.lengths.get(text[at].casefold()[:1])
+            found = None if lengths is None or _inside_word(text, at) else self._at(text, at, lengths)
             if found is None:
                 at += 1
                 continue
@@ -193,8 +200,8 @@ class Terms:
             at = found[1]
         return out
 
-    def _at(self, text: str, at: int) -> Match | None:
-        for n in self.lengths:
+    def _at(self, text: str, at: int, lengths: list[int]) -> Match | None:
+        for n in lengths:
             end = at + n
             if end > len(text) or _inside_word(text, end):
                 continue
@@ -209,10 +216,10 @@ class Terms:
         return None
 
 
-def _applies(run: Run, start: int, end: int) -> bool:
+def _applies(elements: list[Element], start: int, end: int) -> bool:
     """A match stays clear of markup: inside one element or none, enclosing none, and not on a span
     not to translate."""
-    for e in run.elements:
+    for e in elements:
         if e.verbatim is not None and e.start < end and start < e.end:
             return False  # a do-not-translate span wins
         if start < e.start < end or start < e.end < end:  # an edge, or an empty element, inside the term
@@ -228,12 +235,17 @@ def apply(docs: list[HtmlDocument], terms: Terms) -> int:
     marked = 0
     for doc in docs:
         for run in doc.runs:
+            # Matches do not overlap: each is checked against the run's own markup, not the terms
+            # marked before it (linear in the matches of a run of plain text).
+            markup = list(run.elements)
+            starts = [e.start for e in markup]  # in document order: never decreasing
             for start, end, target in terms.find(run.text):
-                if not _applies(run, start, end):
+                if not _applies(markup, start, end):
                     continue
                 # After every element that starts at or before it: its parents, and what precedes it.
-                at = sum(1 for e in run.elements if e.start <= start)
+                at = bisect.bisect_right(starts, start)
                 run.elements.insert(at, Element("", start, end, "", verbatim=[html.escape(target, quote=False)]))
+                starts.insert(at, start)
                 marked += 1
             for order, element in enumerate(run.elements):
                 element.order = order
