@@ -305,6 +305,12 @@ def test_a_lone_surrogate_is_a_4xx_naming_the_text(client: httpx.Client) -> None
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 400 and "surrogate" in r.text, r.text  # LibreTranslate's route: no 422
+    # In any other field: a 422 naming it, the value written back as it was sent.
+    for field in ("source", "target", "tag_handling"):
+        body = {"texts": ["A dog."], "source": "en", "target": "de", field: "x\ud800"}
+        r = client.post("/v1/translate", content=json.dumps(body), headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
+        assert r.json()["detail"][0]["loc"] == ["body", field] and r.json()["detail"][0]["input"] == "x\ud800"
 
 
 def test_libretranslate_json_form_lists_and_alternatives(client: httpx.Client) -> None:

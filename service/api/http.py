@@ -263,13 +263,22 @@ def shape_error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict
     return libretranslate.error(path, status, body)
 
 
+class ErrorJSON(JSONResponse):
+    """JSON whose strings may hold what the client sent that is not valid Unicode (a lone surrogate, which
+    JSON's "\\ud800" reads as): written back as the same escape, where Starlette's UTF-8 encoding fails."""
+
+    def render(self, content: Any) -> bytes:
+        text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return text.encode("utf-8", "backslashreplace")
+
+
 def error_response(request: Request, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
     """The error {"error": code, "detail": ...} with its code's status, in the shape of the route's API."""
     status = status_of(body["error"])
     if status in (503, 504) and not any(k.lower() == "retry-after" for k in headers or {}):
         headers = {**(headers or {}), **retry_after(RETRY_AFTER_S.get(str(body.get("error")), 1.0))}
     status, body = shape_error(request.url.path, status, body)
-    return JSONResponse({**body, "request_id": request_id(request.headers)}, status_code=status, headers=headers)
+    return ErrorJSON({**body, "request_id": request_id(request.headers)}, status_code=status, headers=headers)
 
 
 @app.exception_handler(ApiError)
