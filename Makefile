@@ -116,11 +116,11 @@ cluster-faults: install
 bench-latency: install
 	BEAMSERVE_DATA=$(DATA) $(PY) loadtests/bench_latency.py --out runs/bench/latency_latest.md
 
-# A longer, seeded mutation run of Office documents than make test's (FUZZ_SEED, FUZZ_CASES to change it).
+# A longer, seeded mutation run of Office documents and glossaries than make test's (FUZZ_SEED, FUZZ_CASES to change it).
 FUZZ_SEED ?= 1
 FUZZ_CASES ?= 5000
 fuzz: install
-	BEAMSERVE_FUZZ_SEED=$(FUZZ_SEED) BEAMSERVE_FUZZ_CASES=$(FUZZ_CASES) $(PY) -m pytest -q tests/test_hostile_documents.py -k mutated
+	BEAMSERVE_FUZZ_SEED=$(FUZZ_SEED) BEAMSERVE_FUZZ_CASES=$(FUZZ_CASES) $(PY) -m pytest -q tests/test_hostile_documents.py tests/test_hostile_glossaries.py -k mutated
 
 # An hour of mixed traffic and fuzzing; the replicas' resident memory at the end against after warm-up.
 soak: install
