@@ -14,7 +14,10 @@ from service.text.protect import to_html
 from .test_hostile_documents import FUZZ_CASES, FUZZ_SEED
 
 NAMED = {"invalid_glossary", "glossary_too_large"}
-VALID = {"tsv": "dog\tHund\nNew York\tNeu York\nbike\tVelo\n", "csv": 'dog,Hund\n"New, York",Neu York,en,de\nbike,Velo\n'}
+VALID = {
+    "tsv": "dog\tHund\nNew York\tNeu York\nbike\tVelo\n",
+    "csv": 'dog,Hund\n"New, York",Neu York,en,de\nbike,Velo\n',
+}
 # What a mutation puts in: separators, quotes, control and format characters, a lone surrogate,
 # combining marks, a character that folds to two, line breaks of other kinds, a long run.
 PIECES = ["\t", ",", '"', "\n", "\r", "\x00", "\x07", "\u2028", "\ufeff", "\ud800", "\u0301", "ß", "İ", " ", "x" * 1100]
