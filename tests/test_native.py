@@ -409,9 +409,10 @@ def test_candidate_ranking_in_c_gives_pytorchs_exact_answer(
 
 @pytest.mark.parametrize("compute_type", ["int8", "float32"])
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_a_steps_sublayers_as_one_c_call_each_give_the_op_by_op_bits(
+def test_a_step_as_one_plan_its_sublayers_as_one_c_call_each_and_op_by_op_give_the_same_bits(
     beam_size: int, compute_type: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from model.nn import c_step
     from model.nn.layers import FeedForward, MultiHeadAttention
 
     if not (native.vnni() if compute_type == "int8" else native.f32()):
@@ -419,12 +420,23 @@ def test_a_steps_sublayers_as_one_c_call_each_give_the_op_by_op_bits(
     tr = Translator.load("en-de", "cpu", compute_type=compute_type)
     texts = read_lines("test_2016_flickr.en.gz", 24)
     sources, opts = [tr.encode(t) for t in texts], DecodeOptions(beam_size=beam_size, num_hypotheses=beam_size)
-    calls: list[int] = []
+
+    def translations() -> list[list[tuple[list[int], float]]]:
+        found = [tr.translate_ids([s], opts)[0] for s in sources[:12]] + tr.translate_ids(sources[12:], opts)
+        return [[(h.tokens, h.score) for h in r] for r in found]
+
+    planned: list[bool] = []  # c_step.run: every layer of a step in one loop of library calls
+    run = c_step.run
+    monkeypatch.setattr(c_step, "run", lambda *a: (found := run(*a), planned.append(found is not None))[0])
+    whole = translations()
+    assert any(planned), "the step plans did not run"
+    monkeypatch.setattr(c_step, "run", lambda *a: None)
+    calls: list[int] = []  # layer by layer, each sublayer one checked call
     self_sublayer = native.self_sublayer
     monkeypatch.setattr(native, "self_sublayer", lambda *a: calls.append(1) or self_sublayer(*a))
-    whole = [tr.translate_ids([s], opts)[0] for s in sources[:12]] + tr.translate_ids(sources[12:], opts)
+    layered = translations()
     assert calls, "the sublayers' calls did not run"
     monkeypatch.setattr(MultiHeadAttention, "c_sublayer", lambda *a, **k: None)
     monkeypatch.setattr(FeedForward, "_c_linears", lambda *a, **k: None)
-    apart = [tr.translate_ids([s], opts)[0] for s in sources[:12]] + tr.translate_ids(sources[12:], opts)
-    assert [[(h.tokens, h.score) for h in r] for r in whole] == [[(h.tokens, h.score) for h in r] for r in apart]
+    apart = translations()  # op by op
+    assert whole == layered == apart

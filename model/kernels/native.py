@@ -186,6 +186,13 @@ def _lib() -> ctypes.CDLL:
     return _LIB
 
 
+def library() -> ctypes.CDLL:
+    """The loaded library itself, for a caller that checks what it hands the sublayer and linear functions once
+    for many calls (model/nn/c_step.py), raising with raise_sublayer and raise_linear; the checked wrappers
+    here are for everything else."""
+    return _lib()
+
+
 def _check(holds: bool, kernel: str, what: str) -> None:
     """What a kernel will read or write is what the call hands it: checked here, not by `assert` (which
     `python -O` strips), as a wrong size would touch another tensor's memory."""
@@ -297,7 +304,7 @@ def vnni_gemm(x: torch.Tensor, w: VnniWeight) -> torch.Tensor:
     failed = lib.beamserve_vnni_int8_gemm(
         x.data_ptr(), M, K, x.stride(0), w.packed.data_ptr(), w.comp.data_ptr(), w.N, y.data_ptr()
     )
-    _raise_for(failed, "vnni_gemm")
+    raise_linear(failed, "vnni_gemm")
     return y
 
 
@@ -319,11 +326,11 @@ def vnni_linear(
         x.data_ptr(), M, w.K, x.stride(0), w.packed.data_ptr(), w.comp.data_ptr(), N, w.scale.data_ptr(),
         None if bias is None else bias.data_ptr(), r, ldr, y.data_ptr(), N,
     )  # fmt: skip
-    _raise_for(failed, "vnni_linear")
+    raise_linear(failed, "vnni_linear")
     return y
 
 
-def _raise_for(failed: int, kernel: str) -> None:
+def raise_linear(failed: int, kernel: str) -> None:
     if failed == -1:
         raise RuntimeError(
             f"{kernel}: this build or CPU has no such kernel (AVX-512 VNNI for int8, AVX-512 for float32)"
@@ -627,7 +634,7 @@ def _rows_in(name: str, x: torch.Tensor, residual: torch.Tensor, C: int) -> None
         raise ValueError(f"{name}: x and the residual (N, {C}) float32, contiguous")
 
 
-def _raise_sublayer(failed: int, name: str) -> None:
+def raise_sublayer(failed: int, name: str) -> None:
     if failed == -2:
         raise IndexError(f"{name}: the weights' shapes disagree, or a position or a row lies outside the cache")
     if failed:
@@ -654,7 +661,7 @@ def self_sublayer(
         x.data_ptr(), residual.data_ptr(), x.shape[0], ctypes.byref(qkv), ctypes.byref(out), ctypes.byref(kv),
         positions, at, y.data_ptr(),
     )  # fmt: skip
-    _raise_sublayer(failed, "self_sublayer")
+    raise_sublayer(failed, "self_sublayer")
     return y
 
 
@@ -683,7 +690,7 @@ def cross_sublayer(
         x.data_ptr(), residual.data_ptr(), N, ctypes.byref(q), ctypes.byref(out), ctypes.byref(kv),
         lengths.data_ptr(), rows.data_ptr(), rows.stride(0), rows.stride(1), *rows.shape, y.data_ptr(),
     )  # fmt: skip
-    _raise_sublayer(failed, "cross_sublayer")
+    raise_sublayer(failed, "cross_sublayer")
     return y
 
 
@@ -701,5 +708,5 @@ def linear_forward(w: LinearC, x: torch.Tensor, residual: torch.Tensor | None = 
         r = residual.data_ptr()
     y = torch.empty(M, w.N)
     failed = lib.beamserve_linear_forward(ctypes.byref(w), x.data_ptr(), M, r, y.data_ptr())
-    _raise_for(failed, "linear_forward")
+    raise_linear(failed, "linear_forward")
     return y

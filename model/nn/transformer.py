@@ -13,6 +13,7 @@ from model.decode.search import log_softmax_
 from model.kernels import native
 from model.kernels.gemm import Linear, linear
 from model.kernels.quant import int8_of, linear_int8
+from model.nn import c_step
 from model.nn.config import ModelConfig
 from model.nn.kv_cache import CrossCache, KVCache
 from model.nn.layers import (
@@ -23,6 +24,7 @@ from model.nn.layers import (
     attends_natively,
     dropped,
     embedding_scale,
+    layer_norm,
     rows_of_a_step,
     step_attention,
 )
@@ -161,18 +163,11 @@ def _sublayer(x: torch.Tensor, norm: nn.LayerNorm, fn: Sublayer, dropout: nn.Dro
     training fn adds the residual itself, in its output projection's pass where the kernel can (the same bits:
     one float addition either way)."""
     if dropout.training:  # dropout between the sublayer and the residual
-        y = x + dropout(fn(_norm(norm, x) if pre else x, None))
-        return y if pre else _norm(norm, y)
+        y = x + dropout(fn(layer_norm(norm, x) if pre else x, None))
+        return y if pre else layer_norm(norm, y)
     if pre:
-        return fn(_norm(norm, x), x)
-    return _norm(norm, fn(x, x))
-
-
-def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """norm(x): ATen's layer norm itself, without the module call, F.layer_norm's dispatch or attribute lookups
-    (a decode step makes nine; 3 us each against 8)."""
-    p = norm._parameters
-    return torch.native_layer_norm(x, norm.normalized_shape, p["weight"], p["bias"], norm.eps)[0]
+        return fn(layer_norm(norm, x), x)
+    return layer_norm(norm, fn(x, x))
 
 
 def embedding(rows: int, width: int, pad: int, initialise: bool) -> nn.Embedding:
@@ -396,8 +391,12 @@ class Seq2Seq(nn.Module):
         embed = self.target_embed if self.target_embed is not None else self.embed
         x = dropped(self.dropout, F.embedding(tokens, embed.weight) * self.scale + at)  # (N, C)
         row_map = cross.row_map(x.shape[0])
-        for i, layer in enumerate(self.decoders):
-            x = layer.step(x, i, pos, cache, cross, None, row_map)
+        stepped = None if self.training else c_step.run(self.decoders, x, pos, cache, cross, row_map)
+        if stepped is None:  # a sublayer not in C at this row count: layer by layer
+            for i, layer in enumerate(self.decoders):
+                x = layer.step(x, i, pos, cache, cross, None, row_map)
+        else:
+            x = stepped
         h = x if order is None else x.index_select(0, order)  # (N, C)
         return self.output(h, log_probs=log_probs)
 
