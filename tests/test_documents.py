@@ -189,7 +189,8 @@ def test_hostile_uploads_are_refused_by_name_and_leave_the_gateway_as_it_was(cli
         else:
             r = client.post("/v2/document", files=files, data={"source_lang": "EN", "target_lang": "DE"})
         assert r.status_code == status and r.json()["code"] in ("document_too_large", "invalid_document"), r.text
-        assert time.monotonic() - start < 5, name  # refused as soon as its budget is past, not at a timeout
+        # Refused as soon as its budget is past, not at a timeout: the amplifying one from the zip's directory.
+        assert time.monotonic() - start < (2 if name == "amplifying.docx" else 5), name
 
     r = client.post("/v2/document", files={"file": ("a.docx", word())}, data={"target_lang": "DE"})
     assert r.status_code == 200, r.text  # a document's modules imported, its first allocations made
