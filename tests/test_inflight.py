@@ -184,3 +184,19 @@ def test_a_sentence_that_ends_at_its_first_step_comes_back_from_the_next_step(tr
     assert list(first) == [2] and [h.tokens for h in first[2]] == [h.tokens for h in tr.decode_batch(ids[2:], one)[0]]
     results, _ = run(tr, batch, [])
     assert_same_as_alone(tr, [(0, k, ids[k], opts) for k in (0, 1)], results)
+
+
+def test_a_small_reorder_places_beams_as_the_tensor_rule_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kv_cache.continue_in_place over lists (a few sentences' beams) and over tensors: the same rows."""
+    from model.nn import kv_cache
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        b, K = rng.randint(1, 4), rng.randint(1, 6)
+        rows = torch.stack([torch.randperm(40)[:K] for _ in range(b)])  # (b, K) each sentence's own rows
+        # each beam continues one of its sentence's rows, now and then a row it does not own
+        parents = torch.tensor([[rng.choice([*r.tolist(), rng.randrange(40)]) for _ in range(K)] for r in rows])
+        listed = kv_cache.continue_in_place(parents, rows)
+        monkeypatch.setattr(kv_cache, "SMALL_REORDER", 0)
+        assert torch.equal(listed, kv_cache.continue_in_place(parents, rows)), (parents, rows)
+        monkeypatch.setattr(kv_cache, "SMALL_REORDER", 64)

@@ -222,12 +222,29 @@ def continue_in_place(parents: torch.Tensor, rows: torch.Tensor) -> torch.Tensor
     (nothing to copy); the other beams take the owned rows no such beam took, in order.
     Returns (b, K), a permutation of each sentence's rows.
     """
+    if parents.numel() <= SMALL_REORDER and parents.is_cpu:
+        return _continue_in_place_listed(parents, rows)
     sibling = (parents[:, :, None] == parents[:, None, :]).tril(-1).any(-1)  # (b, K) parent already taken
     first = ~sibling & (parents[:, :, None] == rows[:, None, :]).any(-1)  # (b, K) keeps its parent's row
     claimed = (rows[:, :, None] == torch.where(first, parents, -1)[:, None, :]).any(-1)  # (b, K) per owned row
     free = rows.gather(1, torch.argsort(claimed.long(), dim=1, stable=True))  # unclaimed rows first
     rank = ((~first).long().cumsum(1) - 1).clamp(min=0)
     return torch.where(first, parents, free.gather(1, rank))
+
+
+SMALL_REORDER = 64  # beams a reorder places in Python lists: a dozen tensor ops cost more at a few sentences
+
+
+def _continue_in_place_listed(parents: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """continue_in_place over Python lists, the same rule sentence by sentence."""
+    out = []
+    for p, r in zip(parents.tolist(), rows.tolist(), strict=True):
+        first = [p[k] not in p[:k] and p[k] in r for k in range(len(p))]  # keeps its parent's row
+        kept = {p[k] for k in range(len(p)) if first[k]}
+        free = [row for row in r if row not in kept] + [row for row in r if row in kept]  # unclaimed first
+        others = iter(free)
+        out.append([p[k] if first[k] else next(others) for k in range(len(p))])
+    return torch.tensor(out, dtype=parents.dtype, device=parents.device).view(parents.shape)
 
 
 @dataclass
