@@ -38,6 +38,7 @@ class Records(Protocol):
     async def get(self, kind: str, rid: str) -> Record | None: ...
     async def owned(self, kind: str, owner: str) -> list[bytes]: ...
     async def delete(self, kind: str, rid: str) -> None: ...
+    async def claim(self, kind: str, rid: str, ttl_s: float) -> bool: ...
 
 
 def storage_of(records_storage: str, limits_storage: str) -> str:
@@ -124,6 +125,16 @@ class SqliteRecords:
     async def delete(self, kind: str, rid: str) -> None:
         await self._run(("DELETE FROM records WHERE kind = ? AND id = ?", (kind, rid)))
 
+    async def claim(self, kind: str, rid: str, ttl_s: float) -> bool:
+        """True for the first caller to claim (kind, rid) within ttl_s, whichever replica: one transaction."""
+        now = time.time()
+        rows = await self._run(
+            ("DELETE FROM records WHERE kind = ? AND expires < ?", (kind, now)),
+            ("INSERT OR IGNORE INTO records VALUES (?, ?, '', x'', ?)", (kind, rid, now + ttl_s)),
+            ("SELECT changes()", ()),
+        )
+        return bool(rows[0][0])
+
 
 class RedisRecords:
     """A record a hash {owner, body} under PREFIX + kind + id (expiring with Redis' own TTL); each
@@ -140,9 +151,9 @@ class RedisRecords:
             self._client = coredis.Redis.from_url(self.url, decode_responses=False)
         return self._client
 
-    async def _do(self, name: str, *args: Any) -> Any:
+    async def _do(self, name: str, *args: Any, **options: Any) -> Any:
         try:
-            return await getattr(self._redis(), name)(*args)
+            return await getattr(self._redis(), name)(*args, **options)
         except Exception as exc:  # coredis' connection and protocol errors alike: the store is down
             raise _down(exc) from None
 
@@ -176,6 +187,13 @@ class RedisRecords:
             else:
                 out.append(bytes(body))
         return out
+
+    async def claim(self, kind: str, rid: str, ttl_s: float) -> bool:
+        """True for the first caller to claim (kind, rid) within ttl_s, whichever replica: one SET NX."""
+        from coredis.tokens import PureToken
+
+        key = f"{PREFIX}claim:{kind}:{rid}"
+        return bool(await self._do("set", key, b"1", condition=PureToken.NX, px=max(1, int(ttl_s * 1000))))
 
     async def delete(self, kind: str, rid: str) -> None:
         found = await self.get(kind, rid)

@@ -9,6 +9,7 @@ import io
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -419,3 +420,40 @@ def test_a_presentation_and_a_workbook_give_back_what_they_took_and_keep_what_is
         assert before.namelist() == after.namelist()
         changed = [n for n in before.namelist() if before.read(n) != after.read(n)]
     assert all(n.startswith(("xl/sharedStrings", "xl/worksheets/")) for n in changed)
+
+
+def test_a_document_whose_replica_stopped_is_refunded_once_to_its_key(tmp_path: Path) -> None:
+    """A translating document whose status went unrenewed for STALE_S (its replica died): the first read of it
+    on any replica refunds the key that uploaded it, once; one settled first (finished) is not refunded."""
+    import asyncio
+    from dataclasses import replace
+
+    from service.records import open_records
+    from service.text import document_jobs
+    from service.text.document_jobs import DocumentJobs, DocumentStatus
+
+    refunds: list[tuple[str, int]] = []
+
+    async def refund_owner(owner: str, characters: int) -> None:
+        refunds.append((owner, characters))
+
+    async def check() -> None:
+        records = open_records(f"sqlite:///{tmp_path}/records.sqlite3")
+        # Two replicas' views of one store; the router is not asked (no document is translated here).
+        first, second = (DocumentJobs(records, None, refund_owner) for _ in range(2))  # type: ignore[arg-type]
+        key = "k" * 48
+        gone = time.time() - document_jobs.STALE_S - 5
+        status = DocumentStatus("D1", document_jobs._digest(key), "key-alice", "a.txt", "text/plain", 120)
+        await first._save(replace(status, status="translating", updated=gone))
+        assert (await second.status("D1", key, "key-alice")).answer()["status"] == "error"
+        assert (await first.status("D1", key, "key-alice")).answer()["status"] == "error"
+        assert refunds == [("key-alice", 120)]
+        finished = replace(status, document_id="D2", status="translating", updated=gone)
+        await first._save(finished)
+        assert await first._settle(finished)  # its replica finishes it (billed) as another reads it stale
+        await second.status("D2", key, "key-alice")
+        assert refunds == [("key-alice", 120)]  # not refunded
+        await first._save(replace(finished, status="done", updated=time.time()))
+        assert (await second.status("D2", key, "key-alice")).answer()["status"] == "done"
+
+    asyncio.run(check())

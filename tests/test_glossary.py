@@ -157,6 +157,13 @@ def test_both_stores_keep_records_by_kind_and_owner_until_they_expire(tmp_path: 
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         assert await store.owned("document", "alice") == [b"a document of the same id"]
+        # A claim is the first caller's alone until it expires, whatever else the store holds.
+        assert await store.claim("settled", "d1", 60) and not await store.claim("settled", "d1", 60)
+        assert await store.claim("settled", "d3", 0.05) and await store.claim("other", "d1", 60)
+        deadline = time.monotonic() + 5
+        while not await store.claim("settled", "d3", 60):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
 
     for store in [open_records(f"sqlite:///{tmp_path}/a/records.sqlite3"), open_records(f"valkey://{redis_url[8:]}")]:
         asyncio.run(check(store))

@@ -29,6 +29,7 @@ KEYS = [
     {"key": "delta-key", "name": "delta"},  # for what no other test counts
     {"key": "epsilon-key", "name": "epsilon"},  # documents that time out
     {"key": "zeta-key", "name": "zeta"},  # documents that fail
+    {"key": "eta-key", "name": "eta"},  # a document whose replica stopped
 ]
 TEXT = "A dog is running in the snow."
 
@@ -296,6 +297,41 @@ def test_a_document_that_fails_is_not_billed_on_either_route(keyed: tuple[str, s
     assert billed() == 0  # every one charged on upload, refunded when it failed
     r = httpx.post(f"{url}/translate_file", files={"file": ("h.txt", b"A dog runs.\n")}, data=libre)
     assert r.status_code == 200 and billed() == len("A dog runs.")
+
+
+def test_a_document_whose_gateway_stopped_mid_way_is_refunded_when_it_is_next_read(
+    keyed: tuple[str, subprocess.Popen[str]], redis_url: str
+) -> None:
+    import asyncio
+    import dataclasses
+
+    from service.records import open_records
+    from service.text import document_jobs
+
+    url, _ = keyed
+    r = httpx.post(
+        f"{url}/v1/translate", json={"texts": [TEXT], "source": "en", "target": "de"}, headers=bearer("eta-key")
+    )
+    assert r.status_code == 200 and httpx.get(f"{url}/v1/usage", headers=bearer("eta-key")).json()[
+        "characters_day"
+    ] == len(TEXT)
+    # What a gateway replica that died mid-document leaves in the shared store: a translating status of the
+    # client ("eta", its name in the keys file), its characters charged (as if that charge had been the upload's),
+    # renewed last more than STALE_S ago.
+    key = "e" * 48
+    status = document_jobs.DocumentStatus(
+        "STALE1", document_jobs._digest(key), "eta", "a.txt", "text/plain", len(TEXT), status="translating"
+    )
+    stale = dataclasses.replace(status, updated=time.time() - document_jobs.STALE_S - 5)
+    body = json.dumps(dataclasses.asdict(stale)).encode()
+    asyncio.run(open_records(redis_url).put(document_jobs.KIND, "STALE1", stale.owner, body, ttl_s=600))
+    auth = {"Authorization": "DeepL-Auth-Key eta-key"}
+    for _ in range(2):  # refunded once, whichever gateway replica reads it
+        r = httpx.post(f"{url}/v2/document/STALE1", data={"document_key": key}, headers=auth)
+        answer = r.json()
+        assert r.status_code == 200, r.text
+        assert answer["status"] == "error" and "stopped" in answer["error_message"]
+    assert httpx.get(f"{url}/v1/usage", headers=bearer("eta-key")).json()["characters_day"] == 0
 
 
 def test_without_the_limits_store_requests_are_refused_not_let_through(

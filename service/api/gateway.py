@@ -103,7 +103,7 @@ class Gateway:
         )
         self.records = open_records(storage_of(self.settings.records_storage, self.settings.limits_storage))
         self.glossaries = Glossaries(self.records)
-        self.documents = DocumentJobs(self.records, self.router)
+        self.documents = DocumentJobs(self.records, self.router, self._refund_owner)
         gateway_metrics()
         app.openapi = openapi.served(app, self.settings, self.router.served_languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish
@@ -164,6 +164,10 @@ class Gateway:
             raise
         if echoed := getattr(request.state, "echoed_characters", 0):
             await self.keys.refund(client, echoed)
+
+    async def _refund_owner(self, owner: str, characters: int) -> None:
+        """Give back characters charged to the client named `owner` (a document settled as failed)."""
+        await self.keys.refund(self.keys.client_of(owner), characters)
 
     async def _terms(self, req: TranslateRequest, client: Client) -> glossary.Terms | None:
         """The request's glossary, ready to apply: checked against its pair and its owner."""

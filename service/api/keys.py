@@ -156,6 +156,13 @@ class Keys:
             ("month", RateLimitItemPerDay(lim.characters_per_month or UNLIMITED, 30, namespace="chars")),
         ]
 
+    def client_of(self, client_id: str) -> Client:
+        """The client with this id (a document's owner): its limits, for a refund; the defaults for one whose key
+        has gone from the keys file since."""
+        if not self.enabled:
+            return ANONYMOUS
+        return next((c for c in self.clients.values() if c.id == client_id), Client(client_id))
+
     async def charge(self, client: Client, characters: int) -> None:
         """Count one request and its characters against the client's limits; ApiError 429
         (rate_limited, quota_exceeded) with Retry-After past them, 503 when the store cannot be reached."""

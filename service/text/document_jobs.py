@@ -7,6 +7,11 @@ texts. The upload is answered once the document is done or after UPLOAD_WAIT_S, 
 first: a small document is ready when its client first asks. The status and the translated file
 are readable with the document's key, by the API key that uploaded it, for KEEP_S; a document
 whose replica stopped mid-way (its status not renewed for STALE_S) reads as failed.
+
+A document is settled once, by whichever comes first (a claim in the shared store): its replica
+finishing it (billed), its translation failing or being given up (refunded), or, for a replica that
+stopped mid-way, the first replica to read its status after STALE_S (refunded to the key that uploaded
+it): never billed for a result it did not get, never refunded twice.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ from service.text.documents import FORMATS, Parsed, extension
 from service.text.glossary import Terms
 
 logger = logging.getLogger(__name__)
-KIND, RESULT = "document", "document-result"
+KIND, RESULT, SETTLED = "document", "document-result", "document-settled"
 KEEP_S = 3600.0  # a document and its translation are kept this long after the upload
 STALE_S = 60.0  # a translating document whose status is not renewed for this long has failed
 UPLOAD_WAIT_S = 1.0
+ABANDONED = "the server translating it stopped; upload it again"
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,13 @@ class DocumentStatus:
     updated: float = field(default_factory=time.time)
     error_message: str = ""
 
+    def stale(self) -> bool:
+        """Still queued or translating, its status not renewed for STALE_S: its replica stopped."""
+        return self.status in ("queued", "translating") and time.time() - self.updated > STALE_S
+
     def answer(self) -> dict[str, Any]:
         """DeepL's status body: seconds_remaining while translating, billed_characters once done."""
-        status = self.status
-        if status in ("queued", "translating") and time.time() - self.updated > STALE_S:
-            status = "error"
+        status = "error" if self.stale() else self.status
         out: dict[str, Any] = {"document_id": self.document_id, "status": status}
         if status == "translating":
             spent = max(time.time() - self.started, 0.001)
@@ -69,7 +77,7 @@ class DocumentStatus:
         if status == "done":
             out["billed_characters"] = self.characters
         if status == "error":
-            out["error_message"] = self.error_message or "the server translating it stopped; upload it again"
+            out["error_message"] = self.error_message or ABANDONED
         return out
 
 
@@ -78,9 +86,13 @@ def _digest(key: str) -> str:
 
 
 class DocumentJobs:
-    def __init__(self, records: Records, router: PairRouter) -> None:
+    def __init__(
+        self, records: Records, router: PairRouter, refund_owner: Callable[[str, int], Awaitable[None]]
+    ) -> None:
+        """refund_owner(owner, characters): give back what the key that uploaded a document was charged."""
         self.records = records
         self.router = router
+        self.refund_owner = refund_owner
         self._running: dict[str, asyncio.Task[None]] = {}  # document id -> its translation
 
     async def upload(
@@ -146,6 +158,8 @@ class DocumentJobs:
                 status = replace(status, done_segments=len(out), updated=time.time())
                 await self._save(status)
             result = await asyncio.to_thread(allocator.released, parsed.rebuild, out)
+            if not await self._settle(status):  # given up as stopped by another replica, and refunded
+                return
             await self.records.put(RESULT, status.document_id, status.owner, result, ttl_s=KEEP_S)
             await self._save(replace(status, status="done", updated=time.time()))
         except asyncio.CancelledError:  # given up (cancel): no result will come, and nothing is billed
@@ -158,11 +172,33 @@ class DocumentJobs:
             await self._failed(status, message, refund)
 
     async def _failed(self, status: DocumentStatus, message: str, refund: Callable[[], Awaitable[None]]) -> None:
-        """The characters given back and the status saying why, each tried though the other's store is down."""
-        with contextlib.suppress(ApiError):
-            await refund()
+        """The characters given back (unless the document was settled already) and the status saying why, each
+        tried though the other's store is down (a store that cannot say who settled it: refunded)."""
+        try:
+            mine = await self._settle(status)
+        except ApiError:
+            mine = True
+        if mine:
+            with contextlib.suppress(ApiError):
+                await refund()
         with contextlib.suppress(ApiError):
             await self._save(replace(status, status="error", error_message=message, updated=time.time()))
+
+    async def _settle(self, status: DocumentStatus) -> bool:
+        """Whether this caller settles the document: the first to ask, on any replica."""
+        return await self.records.claim(SETTLED, status.document_id, KEEP_S)
+
+    async def _abandoned(self, status: DocumentStatus) -> DocumentStatus:
+        """A document whose replica stopped mid-way (its status not renewed for STALE_S): refunded to the key
+        that uploaded it by the first replica to read it so, and failed for good."""
+        if not await self._settle(status):  # settled meanwhile (its replica finished it, or another reader)
+            found = await self.records.get(KIND, status.document_id)
+            return DocumentStatus(**json.loads(found.body)) if found is not None else status
+        stopped = replace(status, status="error", error_message=ABANDONED, updated=time.time())
+        await self.refund_owner(status.owner, status.characters)
+        with contextlib.suppress(ApiError):
+            await self._save(stopped)
+        return stopped
 
     async def cancel(self, document_id: str) -> None:
         """Stop a document's translation if it is still running: its status says error, its characters are
@@ -181,6 +217,8 @@ class DocumentJobs:
             raise ApiError("document_not_found", f"no document {document_id[:64]!r}")
         if not secrets.compare_digest(status.key_digest, _digest(key)):
             raise ApiError("invalid_document_key", "the document_key is not this document's")
+        if status.stale() and document_id not in self._running:
+            return await self._abandoned(status)
         return status
 
     async def result_by_key(self, document_id: str, key: str) -> tuple[bytes, DocumentStatus]:
