@@ -186,13 +186,6 @@ def _lib() -> ctypes.CDLL:
     return _LIB
 
 
-def library() -> ctypes.CDLL:
-    """The loaded library itself, for a caller that checks what it hands the sublayer and linear functions once
-    for many calls (model/nn/c_step.py), raising with raise_sublayer and raise_linear; the checked wrappers
-    here are for everything else."""
-    return _lib()
-
-
 def _check(holds: bool, kernel: str, what: str) -> None:
     """What a kernel will read or write is what the call hands it: checked here, not by `assert` (which
     `python -O` strips), as a wrong size would touch another tensor's memory."""
@@ -304,7 +297,7 @@ def vnni_gemm(x: torch.Tensor, w: VnniWeight) -> torch.Tensor:
     failed = lib.beamserve_vnni_int8_gemm(
         x.data_ptr(), M, K, x.stride(0), w.packed.data_ptr(), w.comp.data_ptr(), w.N, y.data_ptr()
     )
-    raise_linear(failed, "vnni_gemm")
+    _raise_for(failed, "vnni_gemm")
     return y
 
 
@@ -326,11 +319,11 @@ def vnni_linear(
         x.data_ptr(), M, w.K, x.stride(0), w.packed.data_ptr(), w.comp.data_ptr(), N, w.scale.data_ptr(),
         None if bias is None else bias.data_ptr(), r, ldr, y.data_ptr(), N,
     )  # fmt: skip
-    raise_linear(failed, "vnni_linear")
+    _raise_for(failed, "vnni_linear")
     return y
 
 
-def raise_linear(failed: int, kernel: str) -> None:
+def _raise_for(failed: int, kernel: str) -> None:
     if failed == -1:
         raise RuntimeError(
             f"{kernel}: this build or CPU has no such kernel (AVX-512 VNNI for int8, AVX-512 for float32)"
@@ -634,7 +627,7 @@ def _rows_in(name: str, x: torch.Tensor, residual: torch.Tensor, C: int) -> None
         raise ValueError(f"{name}: x and the residual (N, {C}) float32, contiguous")
 
 
-def raise_sublayer(failed: int, name: str) -> None:
+def _raise_sublayer(failed: int, name: str) -> None:
     if failed == -2:
         raise IndexError(f"{name}: the weights' shapes disagree, or a position or a row lies outside the cache")
     if failed:
@@ -647,22 +640,11 @@ def self_sublayer(
     """residual + out(self-attention(qkv(x))) for a step's rows x (N, C), each row's key and value written at its
     position first (pos: one for every row, or (N,) int64), in one call: the bits of project_qkv, self_attend_step
     and out_proj with the residual in turn. Only where the structs' kernels run."""
-    lib = _lib()
     _rows_in("self_sublayer", x, residual, kv.H * kv.D)
-    positions, at = None, 0
-    if isinstance(pos, int):
-        at = pos
-    elif pos.dtype == torch.int64 and pos.numel() == x.shape[0] and pos.is_contiguous():
-        positions = pos.data_ptr()
-    else:
+    positions = positions_of(pos, x.shape[0])
+    if positions is None:
         raise ValueError(f"self_sublayer: {x.shape[0]} contiguous int64 positions")
-    y = torch.empty_like(x)
-    failed = lib.beamserve_self_sublayer(
-        x.data_ptr(), residual.data_ptr(), x.shape[0], ctypes.byref(qkv), ctypes.byref(out), ctypes.byref(kv),
-        positions, at, y.data_ptr(),
-    )  # fmt: skip
-    raise_sublayer(failed, "self_sublayer")
-    return y
+    return self_sublayer_checked(x, residual, qkv, out, kv, positions)
 
 
 def cross_sublayer(
@@ -676,37 +658,82 @@ def cross_sublayer(
     """residual + out(cross-attention(q(x))) for a step's rows x (N, C) in one call, each row over its sentence's
     source as CrossCache.row_map gives it: the bits of q_proj, attend and out_proj with the residual. Only where
     the structs' kernels run."""
-    lib = _lib()
     _rows_in("cross_sublayer", x, residual, kv.H * kv.D)
-    lengths, rows = row_map
-    N = x.shape[0]
-    if not (
-        lengths.dtype == rows.dtype == torch.int64 and lengths.numel() >= N and lengths.is_contiguous()
-        and rows.dim() == 2
-    ):  # fmt: skip
-        raise ValueError(f"cross_sublayer: {N} contiguous int64 lengths and (N, S) int64 rows")
-    y = torch.empty_like(x)
-    failed = lib.beamserve_cross_sublayer(
-        x.data_ptr(), residual.data_ptr(), N, ctypes.byref(q), ctypes.byref(out), ctypes.byref(kv),
-        lengths.data_ptr(), rows.data_ptr(), rows.stride(0), rows.stride(1), *rows.shape, y.data_ptr(),
-    )  # fmt: skip
-    raise_sublayer(failed, "cross_sublayer")
-    return y
+    source = source_of(row_map, x.shape[0])
+    if source is None:
+        raise ValueError(f"cross_sublayer: {x.shape[0]} contiguous int64 lengths and (N, S) int64 rows")
+    return cross_sublayer_checked(x, residual, q, out, kv, source)
 
 
 def linear_forward(w: LinearC, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) float32 contiguous @ w^T + its bias, plus residual (M, N) where given, by the struct of c_linear:
     the bits of vnni_linear or f32_linear with one call's checks. Only where the struct's kernel runs."""
-    lib = _lib()
     if not (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == w.K and x.is_contiguous()):
         raise ValueError(f"linear_forward: x (M, {w.K}) float32, contiguous")
     M = x.shape[0]
-    r = None
-    if residual is not None:
-        if not (residual.dtype == torch.float32 and residual.shape == (M, w.N) and residual.is_contiguous()):
-            raise ValueError(f"linear_forward: the residual ({M}, {w.N}) float32, contiguous")
-        r = residual.data_ptr()
-    y = torch.empty(M, w.N)
-    failed = lib.beamserve_linear_forward(ctypes.byref(w), x.data_ptr(), M, r, y.data_ptr())
-    raise_linear(failed, "linear_forward")
+    if residual is not None and not (
+        residual.dtype == torch.float32 and residual.shape == (M, w.N) and residual.is_contiguous()
+    ):
+        raise ValueError(f"linear_forward: the residual ({M}, {w.N}) float32, contiguous")
+    return linear_forward_checked(w, x, residual)
+
+
+# The calls themselves, for the wrappers above and for a caller that checks what it hands them once for many
+# calls (model/nn/c_step.py: a step's decoder layers); x and the residual are (N, C) float32, contiguous.
+
+
+def positions_of(pos: int | torch.Tensor, rows: int) -> tuple[int | None, int] | None:
+    """pos as self_sublayer_checked takes it: (a pointer to `rows` int64 positions or None, the one position of
+    every row); None where pos is neither an int nor `rows` contiguous int64."""
+    if isinstance(pos, int):
+        return None, pos
+    if pos.dtype == torch.int64 and pos.numel() == rows and pos.is_contiguous():
+        return pos.data_ptr(), 0
+    return None
+
+
+def source_of(row_map: tuple[torch.Tensor, torch.Tensor], rows: int) -> tuple[int, ...] | None:
+    """CrossCache.row_map as cross_sublayer_checked takes it (its lengths, and its rows with their strides and
+    shape); None where it is not `rows` contiguous int64 lengths and (rows, S) int64 rows."""
+    lengths, sentence_rows = row_map
+    if not (
+        lengths.dtype == sentence_rows.dtype == torch.int64 and lengths.numel() >= rows and lengths.is_contiguous()
+        and sentence_rows.dim() == 2
+    ):  # fmt: skip
+        return None
+    return (lengths.data_ptr(), sentence_rows.data_ptr(), *sentence_rows.stride(), *sentence_rows.shape)
+
+
+def self_sublayer_checked(
+    x: torch.Tensor, residual: torch.Tensor, qkv: LinearC, out: LinearC, kv: KV, positions: tuple[int | None, int]
+) -> torch.Tensor:
+    """self_sublayer once x, the residual (against kv's H x D) and positions_of(pos) have been checked."""
+    y = torch.empty_like(x)
+    failed = _lib().beamserve_self_sublayer(
+        x.data_ptr(), residual.data_ptr(), x.shape[0], ctypes.byref(qkv), ctypes.byref(out), ctypes.byref(kv),
+        *positions, y.data_ptr(),
+    )  # fmt: skip
+    _raise_sublayer(failed, "self_sublayer")
+    return y
+
+
+def cross_sublayer_checked(
+    x: torch.Tensor, residual: torch.Tensor, q: LinearC, out: LinearC, kv: KV, source: tuple[int, ...]
+) -> torch.Tensor:
+    """cross_sublayer once x, the residual (against kv's H x D) and source_of(row_map) have been checked."""
+    y = torch.empty_like(x)
+    failed = _lib().beamserve_cross_sublayer(
+        x.data_ptr(), residual.data_ptr(), x.shape[0], ctypes.byref(q), ctypes.byref(out), ctypes.byref(kv),
+        *source, y.data_ptr(),
+    )  # fmt: skip
+    _raise_sublayer(failed, "cross_sublayer")
+    return y
+
+
+def linear_forward_checked(w: LinearC, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """linear_forward once x (M, w.K) and the residual (M, w.N) have been checked."""
+    y = torch.empty(x.shape[0], w.N)
+    r = None if residual is None else residual.data_ptr()
+    failed = _lib().beamserve_linear_forward(ctypes.byref(w), x.data_ptr(), x.shape[0], r, y.data_ptr())
+    _raise_for(failed, "linear_forward")
     return y

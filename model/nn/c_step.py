@@ -11,7 +11,6 @@ against the layer-by-layer path.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -69,92 +68,34 @@ def run(
     plan = _plan(layers, N, cache.__dict__)
     if plan is None:
         return None
-    lengths, rows = row_map
-    if not (
-        x.dtype == torch.float32 and x.is_contiguous() and lengths.dtype == rows.dtype == torch.int64
-        and lengths.numel() >= N and lengths.is_contiguous() and rows.dim() == 2
-    ):  # fmt: skip
+    positions, source = native.positions_of(pos, N), native.source_of(row_map, N)
+    if not (x.dtype == torch.float32 and x.is_contiguous()) or positions is None or source is None:
         return None
-    positions, at = None, 0
-    if isinstance(pos, int):
-        at = pos
-    elif pos.dtype == torch.int64 and pos.numel() == N and pos.is_contiguous():
-        positions = pos.data_ptr()
-    else:
-        return None
-    lib = native.library()
-    crossing = (lengths.data_ptr(), rows.data_ptr(), rows.stride(0), rows.stride(1), *rows.shape)
     for i, layer in enumerate(plan.layers):
-        kv, source = cache.view(i), cross.view(i)
-        if kv.H * kv.D != C or source.H * source.D != C:
-            raise ValueError(f"decoder layer {i}: keys of {kv.H} x {kv.D} and {source.H} x {source.D}, rows of {C}")
+        kv, memory = cache.view(i), cross.view(i)
+        if kv.H * kv.D != C or memory.H * memory.D != C:
+            raise ValueError(f"decoder layer {i}: keys of {kv.H} x {kv.D} and {memory.H} x {memory.D}, rows of {C}")
         n1, n2, n3 = layer.norms
-        own = (layer.self_in, layer.self_out, kv, positions, at)
-        other = (layer.cross_in, layer.cross_out, source, crossing)
+        own = (layer.self_in, layer.self_out, kv, positions)
+        other = (layer.cross_in, layer.cross_out, memory, source)
         if layer.pre:  # x + f(LayerNorm(x))
-            x = _self(lib, torch.native_layer_norm(x, *n1)[0], x, *own)
-            x = _cross(lib, torch.native_layer_norm(x, *n2)[0], x, *other)
-            x = _feed_forward(lib, layer, torch.native_layer_norm(x, *n3)[0], x)
+            x = native.self_sublayer_checked(torch.native_layer_norm(x, *n1)[0], x, *own)
+            x = native.cross_sublayer_checked(torch.native_layer_norm(x, *n2)[0], x, *other)
+            x = _feed_forward(layer, torch.native_layer_norm(x, *n3)[0], x)
         else:  # LayerNorm(x + f(x))
-            x = torch.native_layer_norm(_self(lib, x, x, *own), *n1)[0]
-            x = torch.native_layer_norm(_cross(lib, x, x, *other), *n2)[0]
-            x = torch.native_layer_norm(_feed_forward(lib, layer, x, x), *n3)[0]
+            x = torch.native_layer_norm(native.self_sublayer_checked(x, x, *own), *n1)[0]
+            x = torch.native_layer_norm(native.cross_sublayer_checked(x, x, *other), *n2)[0]
+            x = torch.native_layer_norm(_feed_forward(layer, x, x), *n3)[0]
     return x
 
 
-def _self(
-    lib: ctypes.CDLL,
-    h: torch.Tensor,
-    residual: torch.Tensor,
-    qkv: native.LinearC,
-    out: native.LinearC,
-    kv: native.KV,
-    positions: int | None,
-    at: int,
-) -> torch.Tensor:
-    """native.self_sublayer's call, its arguments checked by run."""
-    y = torch.empty_like(h)
-    failed = lib.beamserve_self_sublayer(
-        h.data_ptr(), residual.data_ptr(), h.shape[0], ctypes.byref(qkv), ctypes.byref(out), ctypes.byref(kv),
-        positions, at, y.data_ptr(),
-    )  # fmt: skip
-    native.raise_sublayer(failed, "self_sublayer")
-    return y
-
-
-def _cross(
-    lib: ctypes.CDLL,
-    h: torch.Tensor,
-    residual: torch.Tensor,
-    q: native.LinearC,
-    out: native.LinearC,
-    source: native.KV,
-    crossing: tuple[int, ...],
-) -> torch.Tensor:
-    """native.cross_sublayer's call, its arguments checked by run."""
-    y = torch.empty_like(h)
-    failed = lib.beamserve_cross_sublayer(
-        h.data_ptr(), residual.data_ptr(), h.shape[0], ctypes.byref(q), ctypes.byref(out), ctypes.byref(source),
-        *crossing, y.data_ptr(),
-    )  # fmt: skip
-    native.raise_sublayer(failed, "cross_sublayer")
-    return y
-
-
-def _feed_forward(lib: ctypes.CDLL, layer: LayerPlan, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+def _feed_forward(layer: LayerPlan, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """FeedForward.forward's C path: fc1 and its activation in place, fc2 with the residual."""
-    N = h.shape[0]
     if layer.fc1 is None:  # float32: fc1 is oneDNN's, its activation fused
         a = linear(h, *layer.fc1_float, layer.activation)
     else:
-        a = torch.empty(N, layer.fc1.N)
-        failed = lib.beamserve_linear_forward(ctypes.byref(layer.fc1), h.data_ptr(), N, None, a.data_ptr())
-        native.raise_linear(failed, "fc1")
-        layer.act(a)
-    y = torch.empty_like(residual)
-    failed = lib.beamserve_linear_forward(ctypes.byref(layer.fc2), a.data_ptr(), N, residual.data_ptr(), y.data_ptr())
-    native.raise_linear(failed, "fc2")
-    return y
+        a = layer.act(native.linear_forward_checked(layer.fc1, h, None))
+    return native.linear_forward_checked(layer.fc2, a, residual)
 
 
 def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) -> Plan | None:
