@@ -36,9 +36,8 @@ from service.text.sentences import join_translations, ranked, split_sentences
 logger = logging.getLogger(__name__)
 RETRY_MIN_S = 1.0  # a call retried after its replica died needs at least this much of its time left
 OPTIONS_KEPT = 1024  # combinations of decoding options remembered as checked
-SPLIT_INLINE_CHARS = (
-    4000  # a request's texts split (and its glossary applied) on the event loop up to this many characters
-)
+# A request's texts are split, and its glossary's terms placed, on the event loop up to this many characters.
+SPLIT_INLINE_CHARS = 4000
 T = TypeVar("T")
 DETECT_CHARS = 1000  # the characters of a text that language detection looks at
 MAX_LISTED_PAIRS = 60  # an error message lists the served pairs up to this many
@@ -439,14 +438,14 @@ class PairRouter:
         runs translated sentence by sentence, the sentences of runs holding inline markup aligned to their
         translations (rank r: every sentence's r-th hypothesis; its score the mean of theirs, as for a
         paragraph). The request's glossary terms are marked first, to be placed as inline elements."""
+        texts = [text for doc in docs for text in doc.texts]
         if ask.terms is not None:  # off the event loop for long texts, as their splitting is
-            if sum(len(text) for doc in docs for text in doc.texts) > SPLIT_INLINE_CHARS:
+            if sum(map(len, texts)) > SPLIT_INLINE_CHARS:
                 await asyncio.to_thread(glossary.apply, docs, ask.terms)
             else:
                 glossary.apply(docs, ask.terms)
         n = ask.opts.num_hypotheses
         deadline = time.monotonic() + self._timeout(ask.timeout_s)
-        texts = [text for doc in docs for text in doc.texts]
         out, pieces, per_run = await self._sentences(ask, texts)
 
         needs = [needs for doc in docs for needs in doc.needs_alignment]
