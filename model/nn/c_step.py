@@ -47,10 +47,7 @@ class LayerPlan:
     held: tuple[object, ...]
 
 
-@dataclass(frozen=True)
-class Plan:
-    rows: int
-    layers: tuple[LayerPlan, ...]
+Plan = tuple[LayerPlan, ...]  # every decoder layer's part of a step at one row count
 
 
 def run(
@@ -71,7 +68,7 @@ def run(
     positions, source = native.positions_of(pos, N), native.source_of(row_map, N)
     if not (x.dtype == torch.float32 and x.is_contiguous()) or positions is None or source is None:
         return None
-    for i, layer in enumerate(plan.layers):
+    for i, layer in enumerate(plan):
         kv, memory = cache.view(i), cross.view(i)
         if kv.H * kv.D != C or memory.H * memory.D != C:
             raise ValueError(f"decoder layer {i}: keys of {kv.H} x {kv.D} and {memory.H} x {memory.D}, rows of {C}")
@@ -141,4 +138,4 @@ def _made(layers: Sequence[DecoderLayer], rows: int) -> Plan | None:
                 forms,
             )
         )
-    return Plan(rows, tuple(parts))
+    return tuple(parts)
