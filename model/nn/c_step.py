@@ -11,14 +11,14 @@ against the layer-by-layer path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from model.kernels import native
-from model.kernels.gemm import INPLACE_ACTIVATIONS, linear
+from model.nn.layers import feed_forward_in_c
 
 if TYPE_CHECKING:
     from model.nn.kv_cache import CrossCache, KVCache
@@ -40,7 +40,6 @@ class LayerPlan:
     fc2: native.LinearC
     fc1_float: tuple[torch.Tensor, torch.Tensor | None]
     activation: str
-    act: Callable[[torch.Tensor], torch.Tensor]  # in place
     norms: tuple[Norm, Norm, Norm]
     # What the structs point into (the modules' cached forms, with their tensors), held as long as the plan: a
     # form the modules replace stays valid memory for a plan that still has it.
@@ -87,12 +86,9 @@ def run(
 
 
 def _feed_forward(layer: LayerPlan, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """FeedForward.forward's C path: fc1 and its activation in place, fc2 with the residual."""
-    if layer.fc1 is None:  # float32: fc1 is oneDNN's, its activation fused
-        a = linear(h, *layer.fc1_float, layer.activation)
-    else:
-        a = layer.act(native.linear_forward_checked(layer.fc1, h, None))
-    return native.linear_forward_checked(layer.fc2, a, residual)
+    return feed_forward_in_c(
+        h, residual, layer.fc1, layer.fc2, layer.fc1_float, layer.activation, native.linear_forward_checked
+    )
 
 
 def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) -> Plan | None:
@@ -133,7 +129,6 @@ def _made(layers: Sequence[DecoderLayer], rows: int) -> Plan | None:
                 *ffn,
                 (fc1.weight, fc1.bias),
                 layer.ffn.activation,
-                INPLACE_ACTIVATIONS[layer.ffn.activation],
                 norms,  # type: ignore[arg-type]
                 forms,
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -300,12 +301,7 @@ class FeedForward(nn.Module):
         """x (..., C) -> (..., C), plus `residual` where given."""
         structs = self._c_linears(x.shape[0]) if rows_of_a_step(x, residual) else None
         if structs is not None:  # a decode step's rows: each GEMM in C, one call of a few pointers
-            fc1, fc2 = structs
-            if fc1 is None:  # float32: fc1 with its activation fused in oneDNN's epilogue (f32_gemm.py says why)
-                h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
-            else:
-                h = INPLACE_ACTIVATIONS[self.activation](native.linear_forward(fc1, x))
-            return native.linear_forward(fc2, h, residual)
+            return feed_forward_in_c(x, residual, *structs, (self.fc1.weight, self.fc1.bias), self.activation)  # type: ignore[arg-type]
         if self.activation in FUSED_ACTIVATIONS:  # the activation as the GEMM's epilogue where it can be
             h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
         else:
@@ -329,6 +325,23 @@ class FeedForward(nn.Module):
         if found is None:
             return None
         return (None, found[0]) if held[3] else (found[0], found[1])
+
+
+def feed_forward_in_c(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    fc1: native.LinearC | None,
+    fc2: native.LinearC,
+    fc1_float: tuple[torch.Tensor, torch.Tensor | None],
+    activation: str,
+    call: Callable[[native.LinearC, torch.Tensor, torch.Tensor | None], torch.Tensor] = native.linear_forward,
+) -> torch.Tensor:
+    """FeedForward of a decode step's rows by FeedForward._c_linears' structs: fc1 in C with its activation in
+    place, or (fc1 None: float32) oneDNN's fc1 with the activation fused in its epilogue (f32_gemm.py says why);
+    then fc2 in C with the residual. `call`: native.linear_forward, or its unchecked form where the caller
+    checked the rows once for many calls (model/nn/c_step.py)."""
+    h = linear(x, *fc1_float, activation) if fc1 is None else INPLACE_ACTIVATIONS[activation](call(fc1, x, None))
+    return call(fc2, h, residual)
 
 
 def rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
