@@ -19,6 +19,7 @@ SOURCES = [
     "model/kernels/csrc/attention.c",
     "model/kernels/csrc/search.c",
     "model/kernels/csrc/sublayers.c",
+    "model/kernels/csrc/layer_norm.c",
 ]
 # No contraction of a separate multiply and add into one rounding: the int8 passes must match PyTorch's
 # bits, and the decode-step kernels' bits must not depend on the CPU.

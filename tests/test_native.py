@@ -408,23 +408,33 @@ def test_candidate_ranking_in_c_gives_pytorchs_exact_answer(
 
 
 @pytest.mark.parametrize("compute_type", ["int8", "float32"])
-@pytest.mark.parametrize("beam_size", [1, 4])
-def test_a_step_as_one_plan_its_sublayers_as_one_c_call_each_and_op_by_op_give_the_same_bits(
-    beam_size: int, compute_type: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("model", "beam_size"), [("en-de", 1), ("en-de", 4), ("nllb", 4)])
+def test_a_step_by_segments_as_one_plan_its_sublayers_as_one_c_call_each_and_op_by_op_give_the_same_bits(
+    model: str, beam_size: int, compute_type: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
+    # en-de's layers norm after each sublayer, the NLLB-shaped model's before
     from model.nn import c_step
     from model.nn.layers import FeedForward, MultiHeadAttention
 
     if not (native.vnni() if compute_type == "int8" else native.f32()):
         pytest.skip(f"no {compute_type} GEMM in C here (int8: AVX-512 VNNI; float32: AVX-512)")
-    tr = Translator.load("en-de", "cpu", compute_type=compute_type)
+    where = request.getfixturevalue("nllb_dir") if model == "nllb" else model
+    tr = Translator.load(where, "cpu", compute_type=compute_type)
     texts = read_lines("test_2016_flickr.en.gz", 24)
-    sources, opts = [tr.encode(t) for t in texts], DecodeOptions(beam_size=beam_size, num_hypotheses=beam_size)
+    lang = "eng_Latn" if model == "nllb" else None
+    sources = [tr.encode(t, lang=lang) for t in texts]
+    opts = DecodeOptions(beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=24)
 
     def translations() -> list[list[tuple[list[int], float]]]:
         found = [tr.translate_ids([s], opts)[0] for s in sources[:12]] + tr.translate_ids(sources[12:], opts)
         return [[(h.tokens, h.score) for h in r] for r in found]
 
+    segments: list[int] = []  # c_step.run by segments: one library call between two activations
+    segment = native.decoder_segment
+    monkeypatch.setattr(native, "decoder_segment", lambda *a: segments.append(1) or segment(*a))
+    by_segments = translations()
+    assert segments or not native.layer_norms_exactly(), "the segments did not run"
+    monkeypatch.setattr(native, "_EXACT_NORMS", False)  # PyTorch's LayerNorm between the sublayers' calls
     planned: list[bool] = []  # c_step.run: every layer of a step in one loop of library calls
     run = c_step.run
     monkeypatch.setattr(c_step, "run", lambda *a: (found := run(*a), planned.append(found is not None))[0])
@@ -439,4 +449,23 @@ def test_a_step_as_one_plan_its_sublayers_as_one_c_call_each_and_op_by_op_give_t
     monkeypatch.setattr(MultiHeadAttention, "c_sublayer", lambda *a, **k: None)
     monkeypatch.setattr(FeedForward, "_c_linears", lambda *a, **k: None)
     apart = translations()  # op by op
-    assert whole == layered == apart
+    assert by_segments == whole == layered == apart
+
+
+@pytest.mark.skipif(not native.built(), reason="the C kernels are not built")
+@pytest.mark.parametrize("width", [1, 7, 8, 100, 256, 512, 1024, 2048, 4100, 40000])
+def test_layer_norm_in_c_gives_torchs_bits_where_torchs_kernel_runs_8_fused_lanes(width: int) -> None:
+    # PyTorch's AVX2 and AVX-512 builds run its LayerNorm kernel over 8 lanes with fused multiply-adds; its
+    # baseline build (ATEN_CPU_CAPABILITY=default) does not, and there the check at load turns the C one off.
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert native.layer_norms_exactly() == (capability in ("AVX2", "AVX512"))
+    if not native.layer_norms_exactly():
+        pytest.skip(f"PyTorch's LayerNorm kernel here ({capability}) is not the one the C one reproduces")
+    g = torch.Generator().manual_seed(width)
+    rows = 64 if width < 5000 else 4
+    scales, offsets = torch.rand(rows, 1, generator=g) * 30, torch.randn(rows, 1, generator=g)
+    x = torch.randn(rows, width, generator=g) * scales + offsets
+    x[: rows // 4] = torch.randn(rows // 4, width, generator=g).exp() * 7  # skewed rows, as residual streams are
+    weight, bias = torch.randn(width, generator=g), torch.randn(width, generator=g)
+    expected = torch.native_layer_norm(x, (width,), weight, bias, 1e-5)[0]
+    assert torch.equal(native.layer_norm(x, weight, bias, 1e-5), expected)

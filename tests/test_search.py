@@ -239,3 +239,58 @@ def test_the_beam_step_in_c_gives_the_same_answer_and_state_as_pytorchs_ops(
         for n, (ours, theirs) in enumerate(zip(in_c, in_torch, strict=True)):
             for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
                 assert torch.equal(a, b), (seed, n, i)
+
+
+class RandomStepper:
+    """Seeded log-probabilities over V tokens, the end token likely: the same values for the same calls."""
+
+    def __init__(self, seed: int, V: int) -> None:
+        self.g = torch.Generator().manual_seed(seed)
+        self.V = V
+        self.rows: list[int] = []
+
+    def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        self.rows.append(tokens.numel())
+        logits = torch.randn(tokens.numel(), self.V, generator=self.g) * 3
+        logits[:, 3] += 2.0
+        return torch.log_softmax(logits, -1)
+
+    def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
+        pass
+
+
+@pytest.mark.skipif(not native.steps(), reason="the C kernels are not built, or turned off")
+@pytest.mark.parametrize(
+    "rules",
+    [
+        {},
+        {"suppressed_token_ids": (5, 0), "min_decoding_length": 3},
+        {"forced_eos_token_id": 3, "forced_bos_token_id": 7, "early_stopping": True, "length_penalty": 0.6},
+        {"num_hypotheses": 3, "length_penalty": 0.0, "min_decoding_length": 1, "suppressed_token_ids": (9,)},
+    ],
+)
+def test_a_beam_step_as_one_c_call_gives_the_searchs_answer_in_pytorchs_ops(
+    rules: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = SearchOptions(beam_size=4, eos_token_id=3, start_token_id=1, **rules)  # type: ignore[arg-type]
+    max_lengths = torch.tensor([9, 3, 12, 6, 1])  # sentences finish at different steps, one at its first
+    calls: list[int] = []
+    advance = native.BeamAdvance.__call__
+    monkeypatch.setattr(native.BeamAdvance, "__call__", lambda *a: calls.append(1) or advance(*a))
+    for seed in range(6):
+        in_c = beam_search(RandomStepper(seed, 40), max_lengths, options)
+        with monkeypatch.context() as m:
+            m.setattr(search, "_advance_in_c", lambda *args: None)
+            m.setattr(search, "_in_c", lambda *args: False)
+            stepper = RandomStepper(seed, 40)
+            in_torch = beam_search(stepper, max_lengths, options)
+        assert in_c == in_torch, seed
+        assert stepper.rows[:2] == [5, 16]  # one row per sentence, then K; the one of length 1 done at once
+    assert calls, "the C step did not run"
+
+
+@pytest.mark.skipif(not native.steps(), reason="the C kernels are not built, or turned off")
+def test_a_rule_naming_a_token_outside_the_vocabulary_is_refused_in_c_as_in_pytorch() -> None:
+    options = SearchOptions(beam_size=2, eos_token_id=3, suppressed_token_ids=(40,))
+    with pytest.raises(IndexError):
+        beam_search(RandomStepper(0, 40), torch.tensor([4]), options)

@@ -12,6 +12,7 @@ tokens including </s>, and HF's `early_stopping=False` stopping heuristic.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -446,20 +447,28 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
     device = max_lengths.device
     state = BeamState.start(B, K, int(max_lengths.max()), device)
     alive = torch.arange(B, device=device)
+    limits = max_lengths  # (b,) of the live sentences
     # Step 0 decodes one row per sentence: its K beams are all the start token, one hypothesis
     # (CTranslate2 does the same on CPU); the first reorder then gives each sentence K rows.
     tokens = torch.full((B,), opts.start_token_id, dtype=torch.long, device=device)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    advance: native.BeamAdvance | None = None
     for n in range(int(max_lengths.max())):
         b = alive.numel()
         log_probs = stepper.step(tokens, n)  # (b*K, V); (b, V) at step 0
         if n == 0:
             log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
-        log_probs = constrain(
-            log_probs, n, max_lengths[alive].repeat_interleave(K), opts, state.run_tokens.view(b * K, -1)
-        )
-        pos = torch.full((b,), n, device=device)
-        src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, max_lengths[alive], opts)
+            advance = _advance_in_c(log_probs, state, limits, opts)
+        if advance is not None:  # the constraints and the beam step in one C call: the same answer
+            src_beam, token, done, rows, ended = advance(log_probs.view(b, K, -1), n, _norm(n + 1, opts.length_penalty))
+            if not ended:  # the common step: every sentence goes on, each beam continues a row of its own
+                stepper.reorder(rows, None)
+                tokens = token.view(-1)
+                continue
+        else:
+            log_probs = constrain(log_probs, n, limits.repeat_interleave(K), opts, state.run_tokens.view(b * K, -1))
+            pos = torch.full((b,), n, device=device)
+            src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, limits, opts)
         for i in done.nonzero()[:, 0].tolist():
             results[int(alive[i])] = finished_hypotheses(state, i, opts)
         keep = (~done).nonzero()[:, 0]
@@ -470,9 +479,37 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
         stepper.reorder(rows, keep if keep.numel() < b else None)
         if keep.numel() < b:
             state.select(keep)
-            alive = alive[keep]
+            alive, limits = alive[keep], limits[keep]
+            if advance is not None:
+                advance = _advance_in_c(log_probs, state, limits, opts)
         tokens = token[keep].view(-1)
     return results
+
+
+def _advance_in_c(
+    log_probs: torch.Tensor, state: BeamState, limits: torch.Tensor, opts: SearchOptions
+) -> native.BeamAdvance | None:
+    """The C call of a whole beam step (constrain, then beam_step) over this state, where it runs: CPU float32,
+    the ranking's 2 K candidates within the kernel's, no n-gram rule (it reads the history in PyTorch)."""
+    K = opts.beam_size
+    if not (native.runs_on(log_probs) and 2 * K <= native.MOST_CANDIDATES and opts.no_repeat_ngram_size == 0):
+        return None
+    return native.BeamAdvance(
+        tuple(getattr(state, name) for name in BeamState.FIELDS),
+        limits.contiguous(),
+        eos=opts.eos_token_id,
+        early_stopping=opts.early_stopping,
+        suppressed=opts.suppressed_token_ids,
+        min_length=opts.min_decoding_length,
+        forced_bos=opts.forced_bos_token_id,
+        forced_eos=opts.forced_eos_token_id,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _norm(length: int, penalty: float) -> float:
+    """length ** penalty as beam_step computes it for one sentence (a float32 tensor's power)."""
+    return float(torch.tensor([float(length)]) ** penalty)
 
 
 def finished_hypotheses(state: BeamState, i: int, opts: SearchOptions) -> list[Hypothesis]:

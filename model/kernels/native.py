@@ -97,11 +97,20 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
         p, i64, i64, i64, p, p, p, p, p, p, i64, p, p, p, i64, ctypes.c_int, p, p, p
     ]  # fmt: skip
     lib.beamserve_beam_step.restype = ctypes.c_int
+    lib.beamserve_beam_advance.argtypes = [
+        p, i64, i64, i64, p, p, p, p, p, p, i64, i64, p, ctypes.c_float, i64, ctypes.c_int, p, i64, i64, i64, i64,
+        p, p, p, p,
+    ]  # fmt: skip
+    lib.beamserve_beam_advance.restype = ctypes.c_int
     lib.beamserve_self_sublayer.argtypes = [p, p, i64, p, p, p, p, i64, p]
     lib.beamserve_self_sublayer.restype = ctypes.c_int
     lib.beamserve_cross_sublayer.argtypes = [p, p, i64, p, p, p, p, p, i64, i64, i64, i64, p]
     lib.beamserve_cross_sublayer.restype = ctypes.c_int
     lib.beamserve_linear_forward.argtypes, lib.beamserve_linear_forward.restype = [p, p, i64, p, p], ctypes.c_int
+    lib.beamserve_layer_norm.argtypes = [p, i64, i64, p, p, ctypes.c_float, p]
+    lib.beamserve_layer_norm.restype = None
+    lib.beamserve_decoder_segment.argtypes = [p, p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, i64, p, p, p]
+    lib.beamserve_decoder_segment.restype = ctypes.c_int
     lib.beamserve_vnni.argtypes, lib.beamserve_vnni.restype = [], ctypes.c_int
     lib.beamserve_f32_gemm.argtypes, lib.beamserve_f32_gemm.restype = [], ctypes.c_int
     lib.beamserve_f32_packed_floats.argtypes, lib.beamserve_f32_packed_floats.restype = [i64, i64], i64
@@ -560,6 +569,83 @@ def beam_step(
     return src_beam, token, done
 
 
+class BeamAdvance:
+    """csrc/search.c's beamserve_beam_advance for one beam search: search.constrain's rules for options shared by
+    every row, then search.beam_step, in one call a step. Built over a BeamState's fields (run_scores,
+    run_tokens, fin_scores, fin_tokens, fin_flags, improvable: contiguous, updated in place) and max_lengths
+    (b,) int64; built again when the search drops sentences (they are new tensors)."""
+
+    def __init__(
+        self,
+        state: tuple[torch.Tensor, ...],
+        max_lengths: torch.Tensor,
+        *,
+        eos: int,
+        early_stopping: bool,
+        suppressed: tuple[int, ...],
+        min_length: int,
+        forced_bos: int | None,
+        forced_eos: int | None,
+    ) -> None:
+        run_scores, run_tokens, fin_scores, fin_tokens, fin_flags, improvable = state
+        b, K, T = run_tokens.shape
+        if not (
+            run_scores.dtype == fin_scores.dtype == torch.float32
+            and run_tokens.dtype == fin_tokens.dtype == max_lengths.dtype == torch.int64
+            and fin_flags.dtype == improvable.dtype == torch.bool
+            and run_scores.shape == fin_scores.shape == fin_flags.shape == (b, K)
+            and fin_tokens.shape == (b, K, T)
+            and improvable.shape == max_lengths.shape == (b,)
+            and all(t.is_contiguous() and t.device.type == "cpu" for t in (*state, max_lengths))
+        ):  # fmt: skip
+            raise ValueError("BeamAdvance: a BeamState's contiguous CPU tensors, and max_lengths (b,) int64")
+        self.b, self.K = b, K
+        self.suppressed = torch.tensor(suppressed, dtype=torch.int64)
+        self.held = (*state, max_lengths)  # the tensors the pointers below are into
+        self.args = (
+            run_scores.data_ptr(), run_tokens.data_ptr(), fin_scores.data_ptr(), fin_tokens.data_ptr(),
+            fin_flags.data_ptr(), improvable.data_ptr(), T,
+        )  # fmt: skip
+        self.limits = max_lengths.data_ptr()
+        self.rules = (
+            eos, int(early_stopping), self.suppressed.data_ptr(), len(suppressed), min_length,
+            -1 if forced_bos is None else forced_bos, -1 if forced_eos is None else forced_eos,
+        )  # fmt: skip
+        self.ids = (*suppressed, eos, forced_bos or 0, forced_eos or 0)
+        self.V = 0  # the vocabulary every id was checked against
+
+    def __call__(
+        self, log_probs: torch.Tensor, pos: int, norm: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """log_probs (b, K, V) float32 contiguous, constrained in place, at step pos; norm (pos + 1) **
+        length_penalty. Returns src_beam, token (b, K), done (b,) as search.beam_step, the search rows (b K,)
+        the new rows continue (for a reorder where none is done), and how many sentences are done."""
+        b, K = self.b, self.K
+        V = log_probs.shape[-1]
+        if V != self.V:
+            if not all(0 <= i < V for i in self.ids):
+                raise IndexError(f"BeamAdvance: a token id of the search's rules outside a vocabulary of {V}")
+            self.V = V
+        if not (
+            log_probs.shape == (b, K, V)
+            and log_probs.dtype == torch.float32
+            and log_probs.is_contiguous()
+            and log_probs.device.type == "cpu"
+        ):  # fmt: skip
+            raise ValueError(f"BeamAdvance: ({b}, {K}, V) float32 contiguous CPU log-probabilities")
+        src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
+        done, rows = torch.empty(b, dtype=torch.bool), torch.empty(b * K, dtype=torch.int64)
+        ended = _lib().beamserve_beam_advance(
+            log_probs.data_ptr(), b, K, V, *self.args, pos, self.limits, norm, *self.rules,
+            src_beam.data_ptr(), token.data_ptr(), done.data_ptr(), rows.data_ptr(),
+        )  # fmt: skip
+        if ended == -2:
+            raise IndexError(f"beam_step: {2 * K} candidates of {K} x {V}: the kernel ranks at most {MOST_CANDIDATES}")
+        if ended < 0:
+            raise MemoryError("no memory for the beam step")
+        return src_beam, token, done, rows, ended
+
+
 class LinearC(ctypes.Structure):
     """csrc/sublayers.c's beamserve_linear_c: a linear layer packed for one of the library's GEMMs (kind 0: int8
     with VNNI; 1: float32), its bias."""
@@ -599,6 +685,107 @@ class KV(ctypes.Structure):
         *((name, ctypes.c_int64) for name in ("lN", "lT", "rN", "rT")),
         ("scale", ctypes.c_float),
     ]
+
+
+class LayerC(ctypes.Structure):
+    """csrc/sublayers.c's beamserve_layer_c: one decoder layer's structs for decoder_segment (fc1's packed pointer
+    None: fc1 runs outside, float32), its three LayerNorms' weights, biases and eps, and whether they come first."""
+
+    _fields_ = [
+        *((name, LinearC) for name in ("self_in", "self_out", "cross_in", "cross_out", "fc1", "fc2")),
+        ("norm_weight", ctypes.c_void_p * 3),
+        ("norm_bias", ctypes.c_void_p * 3),
+        ("eps", ctypes.c_float * 3),
+        ("pre", ctypes.c_int64),
+    ]
+
+
+def layer_c(
+    linears: tuple[LinearC, LinearC, LinearC, LinearC, LinearC | None, LinearC],
+    norms: tuple[tuple[torch.Tensor, torch.Tensor, float], ...],
+    pre: bool,
+) -> LayerC:
+    """The struct for one layer: its six linears' structs (fc1 None: float32, outside), its three norms (weight and
+    bias of C contiguous float32s, eps), post- or pre-norm. The caller holds what the structs point into."""
+    C = linears[0].K
+    if len(norms) != 3 or not all(
+        w.dtype == b.dtype == torch.float32 and w.shape == b.shape == (C,) and w.is_contiguous() and b.is_contiguous()
+        for w, b, _ in norms
+    ):
+        raise ValueError(f"layer_c: three norms of {C} contiguous float32 weights and biases")
+    fc1 = linears[4] if linears[4] is not None else LinearC(None, None, None, None, 0, 0, 0)
+    return LayerC(
+        *linears[:4], fc1, linears[5],
+        (ctypes.c_void_p * 3)(*(w.data_ptr() for w, _, _ in norms)),
+        (ctypes.c_void_p * 3)(*(b.data_ptr() for _, b, _ in norms)),
+        (ctypes.c_float * 3)(*(eps for _, _, eps in norms)),
+        int(pre),
+    )  # fmt: skip
+
+
+def layer_norms_exactly() -> bool:
+    """Whether csrc/layer_norm.c gives torch.native_layer_norm's bits here: PyTorch picks its kernel's vector width
+    by this CPU (and ATEN_CPU_CAPABILITY), and the C one reproduces the 8-lane kernel of its AVX2 and AVX-512
+    builds. Compared once, on rows of several widths and scales."""
+    global _EXACT_NORMS
+    if _EXACT_NORMS is None:
+        _EXACT_NORMS = _LIB is not None and _norms_agree()
+    return _EXACT_NORMS
+
+
+_EXACT_NORMS: bool | None = None
+
+
+def _norms_agree() -> bool:
+    g = torch.Generator().manual_seed(0)
+    for width in (7, 256, 333, 1024, 4100):
+        x = torch.randn(16, width, generator=g) * torch.rand(16, 1, generator=g) * 20 + torch.randn(16, 1, generator=g)
+        x[:4] = torch.randn(4, width, generator=g).exp()  # skewed rows
+        weight, bias = torch.randn(width, generator=g), torch.randn(width, generator=g)
+        with torch.inference_mode():
+            expected = torch.native_layer_norm(x, (width,), weight, bias, 1e-5)[0]
+        if not torch.equal(layer_norm(x, weight, bias, 1e-5), expected):
+            return False
+    return True
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm over x's rows (M, C) float32 contiguous, by csrc/layer_norm.c: torch.native_layer_norm's bits where
+    layer_norms_exactly()."""
+    M, C = x.shape
+    if not (
+        x.dtype == weight.dtype == bias.dtype == torch.float32 and weight.shape == bias.shape == (C,)
+        and all(t.is_contiguous() for t in (x, weight, bias))
+    ):  # fmt: skip
+        raise ValueError(f"layer_norm: x (M, {C}), its weight and bias ({C},), float32 and contiguous")
+    y = torch.empty_like(x)
+    _lib().beamserve_layer_norm(x.data_ptr(), M, C, weight.data_ptr(), bias.data_ptr(), eps, y.data_ptr())
+    return y
+
+
+def decoder_segment(
+    ending: LayerC | None,
+    h: torch.Tensor | None,
+    layer: LayerC | None,
+    own: KV | None,
+    source_kv: KV | None,
+    positions: tuple[int | None, int],
+    source: tuple[int, ...],
+    x: torch.Tensor,
+    u: torch.Tensor,
+    f: torch.Tensor | None,
+) -> None:
+    """csrc/sublayers.c's beamserve_decoder_segment, its inputs checked by the caller (model/nn/c_step.py: x and u
+    (N, C), h (N, ending's fc2.K) and f (N, layer's fc1.N) float32 contiguous, the KV structs of C = H x D, the
+    positions and source of positions_of and source_of): layer `ending`'s feed-forward closed over h, then
+    `layer`'s attention sublayers, x updated in place, u its feed-forward's input, f = fc1(u) where fc1 is in C."""
+    failed = _lib().beamserve_decoder_segment(
+        None if ending is None else ctypes.byref(ending), None if h is None else h.data_ptr(),
+        None if layer is None else ctypes.byref(layer), None if own is None else ctypes.byref(own),
+        None if source_kv is None else ctypes.byref(source_kv), *positions, *source, x.shape[0], x.shape[1],
+        x.data_ptr(), u.data_ptr(), None if f is None else f.data_ptr(),
+    )  # fmt: skip
+    _raise_sublayer(failed, "decoder_segment")
 
 
 def kv_view(k: torch.Tensor, v: torch.Tensor, lineage: torch.Tensor | None) -> KV:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from model.kernels import native
+from model.kernels.gemm import INPLACE_ACTIVATIONS, linear
 from model.nn.layers import feed_forward_in_c
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class LayerPlan:
     fc1_float: tuple[torch.Tensor, torch.Tensor | None]
     activation: str
     norms: tuple[Norm, Norm, Norm]
+    whole: native.LayerC | None  # the layer for native.decoder_segment, where LayerNorm in C has torch's bits
     # What the structs point into (the modules' cached forms, with their tensors), held as long as the plan: a
     # form the modules replace stays valid memory for a plan that still has it.
     held: tuple[object, ...]
@@ -67,10 +69,10 @@ def run(
     positions, source = native.positions_of(pos, N), native.source_of(row_map, N)
     if not (x.dtype == torch.float32 and x.is_contiguous()) or positions is None or source is None:
         return None
+    if plan[0].whole is not None:
+        return _by_segments(plan, x, positions, source, cache, cross)
     for i, layer in enumerate(plan):
-        kv, memory = cache.view(i), cross.view(i)
-        if kv.H * kv.D != C or memory.H * memory.D != C:
-            raise ValueError(f"decoder layer {i}: keys of {kv.H} x {kv.D} and {memory.H} x {memory.D}, rows of {C}")
+        kv, memory = _views(i, C, cache, cross)
         n1, n2, n3 = layer.norms
         own = (layer.self_in, layer.self_out, kv, positions)
         other = (layer.cross_in, layer.cross_out, memory, source)
@@ -83,6 +85,43 @@ def run(
             x = torch.native_layer_norm(native.cross_sublayer_checked(x, x, *other), *n2)[0]
             x = torch.native_layer_norm(_feed_forward(layer, x, x), *n3)[0]
     return x
+
+
+def _by_segments(
+    plan: Plan,
+    x: torch.Tensor,
+    positions: tuple[int | None, int],
+    source: tuple[int, ...],
+    cache: KVCache,
+    cross: CrossCache,
+) -> torch.Tensor:
+    """The layers as one C call between each two feed-forward activations (native.decoder_segment), the
+    activation (and float32's fc1 with it) in PyTorch between them: the same operations in the same order."""
+    N, C = x.shape
+    x = x.clone()  # the residual stream, updated in place
+    u = torch.empty_like(x)
+    ending: LayerPlan | None = None
+    h: torch.Tensor | None = None
+    for i, layer in enumerate(plan):
+        kv, memory = _views(i, C, cache, cross)
+        f = None if layer.fc1 is None else torch.empty(N, layer.fc1.N)
+        native.decoder_segment(
+            None if ending is None else ending.whole, h, layer.whole, kv, memory, positions, source, x, u, f
+        )
+        # float32 (no f): oneDNN's fc1 with its activation fused
+        h = linear(u, *layer.fc1_float, layer.activation) if f is None else INPLACE_ACTIVATIONS[layer.activation](f)
+        ending = layer
+    assert ending is not None
+    native.decoder_segment(ending.whole, h, None, None, None, positions, source, x, u, None)
+    return x
+
+
+def _views(i: int, C: int, cache: KVCache, cross: CrossCache) -> tuple[native.KV, native.KV]:
+    """Layer i's self-attention and source keys and values, checked against rows of C."""
+    kv, memory = cache.view(i), cross.view(i)
+    if kv.H * kv.D != C or memory.H * memory.D != C:
+        raise ValueError(f"decoder layer {i}: keys of {kv.H} x {kv.D} and {memory.H} x {memory.D}, rows of {C}")
+    return kv, memory
 
 
 def _feed_forward(layer: LayerPlan, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -116,6 +155,10 @@ def _made(layers: Sequence[DecoderLayer], rows: int) -> Plan | None:
             for n in (layer.norm1, layer.norm2, layer.norm3)
         )
         fc1 = layer.ffn.fc1
+        affine = [(w, b, eps) for _, w, b, eps in norms if w is not None and b is not None]
+        whole = None
+        if native.layer_norms_exactly() and len(affine) == 3:  # each norm with its weight and bias
+            whole = native.layer_c((*own, *source, *ffn), tuple(affine), layer.pre)
         forms = (
             layer.self_attn.__dict__["_c_sublayer"][True],
             layer.cross_attn.__dict__["_c_sublayer"][False],
@@ -130,6 +173,7 @@ def _made(layers: Sequence[DecoderLayer], rows: int) -> Plan | None:
                 (fc1.weight, fc1.bias),
                 layer.ffn.activation,
                 norms,  # type: ignore[arg-type]
+                whole,
                 forms,
             )
         )

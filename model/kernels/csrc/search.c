@@ -227,3 +227,45 @@ int beamserve_beam_step(const float *lp, int64_t batch, int64_t K, int64_t V, fl
     free(top), free(ids), free(rows), free(qualifies);
     return 0;
 }
+
+/* search.constrain's rules for options shared by every row, applied to lp (batch, K, V) in place, then
+ * beamserve_beam_step, for `batch` sentences all at step pos: the `n_suppressed` ids of `suppressed` -inf in
+ * every row; eos -inf while pos < min_length; at pos 0 with forced_bos >= 0, every token -inf but forced_bos
+ * at 0; the rows of a sentence whose next token is its last (max_lengths[b] == pos + 1), with forced_eos >= 0,
+ * every token -inf but forced_eos at 0. norm: (pos + 1) ** length_penalty. Writes src_beam, token and done as
+ * beamserve_beam_step, and rows (batch, K), the search row each new row continues (sentence b's row b at
+ * step 0, when a sentence has one row; b K + src_beam after), for a step where no sentence is done. Returns
+ * how many sentences are done, or beamserve_beam_step's -2 or -1. */
+int beamserve_beam_advance(float *lp, int64_t batch, int64_t K, int64_t V, float *run_scores, int64_t *run_tokens,
+                           float *fin_scores, int64_t *fin_tokens, uint8_t *fin_flags, uint8_t *improvable,
+                           int64_t T, int64_t pos, const int64_t *max_lengths, float norm, int64_t eos,
+                           int early_stopping, const int64_t *suppressed, int64_t n_suppressed, int64_t min_length,
+                           int64_t forced_bos, int64_t forced_eos, int64_t *src_beam, int64_t *token, uint8_t *done,
+                           int64_t *rows) {
+    int64_t *at = calloc((size_t)batch + 1, sizeof(int64_t)); /* each sentence's pos and norm, as beam_step reads */
+    float *norms = calloc((size_t)batch + 1, sizeof(float));
+    if (!at || !norms) {
+        free(at), free(norms);
+        return -1;
+    }
+    for (int64_t r = 0; r < batch * K; r++) {
+        float *row = lp + r * V;
+        for (int64_t i = 0; i < n_suppressed; i++) row[suppressed[i]] = -INFINITY;
+        if (pos < min_length) row[eos] = -INFINITY;
+        if (pos == 0 && forced_bos >= 0)
+            for (int64_t v = 0; v < V; v++) row[v] = v == forced_bos ? 0.0f : -INFINITY;
+        if (forced_eos >= 0 && max_lengths[r / K] == pos + 1)
+            for (int64_t v = 0; v < V; v++) row[v] = v == forced_eos ? 0.0f : -INFINITY;
+    }
+    for (int64_t b = 0; b < batch; b++) at[b] = pos, norms[b] = norm;
+    int failed = beamserve_beam_step(lp, batch, K, V, run_scores, run_tokens, fin_scores, fin_tokens, fin_flags,
+                                     improvable, T, at, max_lengths, norms, eos, early_stopping, src_beam, token, done);
+    free(at), free(norms);
+    if (failed) return failed;
+    int ended = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        ended += done[b] != 0;
+        for (int64_t k = 0; k < K; k++) rows[b * K + k] = pos == 0 ? b : b * K + src_beam[b * K + k];
+    }
+    return ended;
+}

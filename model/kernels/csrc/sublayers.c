@@ -97,3 +97,71 @@ int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const 
 int beamserve_linear_forward(const beamserve_linear_c *w, const float *x, int64_t M, const float *res, float *y) {
     return linear(w, x, M, res, y);
 }
+
+void beamserve_layer_norm(const float *x, int64_t rows, int64_t N, const float *gamma, const float *beta, float eps,
+                          float *y); /* layer_norm.c */
+
+/* One decoder layer's weights for beamserve_decoder_segment: its sublayers' structs (fc1.packed NULL: fc1 is
+ * computed outside, float32 with its activation fused in oneDNN's GEMM), its three LayerNorms (after the self-
+ * attention, the cross-attention and the feed-forward), and whether each norm comes before its sublayer (pre). */
+typedef struct {
+    beamserve_linear_c self_in, self_out, cross_in, cross_out, fc1, fc2;
+    const float *norm_weight[3], *norm_bias[3];
+    float eps[3];
+    int64_t pre;
+} beamserve_layer_c;
+
+/* x (N, C) = LayerNorm(x + sub) (post-norm), or x + sub (pre-norm; sub already taken of the normed x), sub (N, C). */
+static void close_sublayer(const beamserve_layer_c *l, int which, float *x, const float *sub, int64_t N, int64_t C) {
+    if (l->pre)
+        for (int64_t i = 0; i < N * C; i++) x[i] = sub[i];
+    else
+        beamserve_layer_norm(sub, N, C, l->norm_weight[which], l->norm_bias[which], l->eps[which], x);
+}
+
+/* A decode step's decoder layers between two feed-forward activations, in one call: the feed-forward of layer
+ * `ending` closed (fc2 over h, its activated hidden rows (N, ending->fc2.K), with the residual, then its norm),
+ * then the two attention sublayers of `layer` and the input of its feed-forward: u (N, C), and f (N, fc1.N) =
+ * fc1(u) before the activation where fc1 is in C. Either layer may be NULL (the step's first and last calls).
+ * x (N, C) is the residual stream, updated in place. Post-norm: x = LayerNorm(x + f(x)); pre-norm: x = x +
+ * f(LayerNorm(x)). The operations and their order are DecoderLayer.sublayers', through the same kernels as
+ * beamserve_self_sublayer, beamserve_cross_sublayer and beamserve_linear_forward one by one, and LayerNorm with
+ * PyTorch's bits (layer_norm.c), so the bits are the step's layer by layer. own and source: the layer's keys and
+ * values; positions, pos and the source map as those calls take them. Returns as beamserve_self_sublayer. */
+int beamserve_decoder_segment(const beamserve_layer_c *ending, const float *h, const beamserve_layer_c *layer,
+                              const beamserve_kv *own, const beamserve_kv *source, const int64_t *positions,
+                              int64_t pos, const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts,
+                              int64_t rN, int64_t rT, int64_t N, int64_t C, float *x, float *u, float *f) {
+    float *sub = malloc((size_t)(2 * N * C) * sizeof(float)); /* a sublayer's output, then a normed input */
+    if (!sub) return -1;
+    float *normed = sub + N * C;
+    int failed = 0;
+    if (ending) {
+        failed = ending->fc2.N != C ? -2 : linear(&ending->fc2, h, N, x, sub);
+        if (!failed) close_sublayer(ending, 2, x, sub, N, C);
+    }
+    if (layer && !failed) {
+        const float *in = x;
+        if (layer->pre) beamserve_layer_norm(x, N, C, layer->norm_weight[0], layer->norm_bias[0], layer->eps[0], normed);
+        if (layer->pre) in = normed;
+        failed = beamserve_self_sublayer(in, x, N, &layer->self_in, &layer->self_out, own, positions, pos, sub);
+        if (!failed) {
+            close_sublayer(layer, 0, x, sub, N, C);
+            in = x;
+            if (layer->pre) beamserve_layer_norm(x, N, C, layer->norm_weight[1], layer->norm_bias[1], layer->eps[1], normed);
+            if (layer->pre) in = normed;
+            failed = beamserve_cross_sublayer(in, x, N, &layer->cross_in, &layer->cross_out, source, lengths, rows, rs,
+                                              ts, rN, rT, sub);
+        }
+        if (!failed) {
+            close_sublayer(layer, 1, x, sub, N, C);
+            if (layer->pre)
+                beamserve_layer_norm(x, N, C, layer->norm_weight[2], layer->norm_bias[2], layer->eps[2], u);
+            else
+                for (int64_t i = 0; i < N * C; i++) u[i] = x[i];
+            if (layer->fc1.packed) failed = layer->fc1.K != C ? -2 : linear(&layer->fc1, u, N, NULL, f);
+        }
+    }
+    free(sub);
+    return failed;
+}
