@@ -27,8 +27,9 @@ def test_each_row_count_takes_the_kernel_it_timed_fastest_and_the_choice_is_logg
     assert (choice.N, choice.K, choice.plan) == (40, 72, plan)
     if len(int8_choice.candidates()) > 1:
         assert len(plan) == len(int8_choice.ROWS)  # 256 rows of it are far below MOST_MACS
-        for kernel, times in zip(plan, choice.seconds, strict=True):
-            assert kernel == min(times, key=times.__getitem__)
+        for kernel, times in zip(plan, choice.seconds, strict=True):  # VNNI credited with the step's saved call
+            credited = {k: t - (int8_choice.STEP_CALL_S if k == "vnni" else 0.0) for k, t in times.items()}
+            assert kernel == min(credited, key=credited.__getitem__)
             assert set(times) <= set(int8_choice.candidates())
     assert "int8 GEMM (40 x 72, " in caplog.text
     assert int8_choice.plan(40, 72) is plan  # measured once a shape
@@ -62,8 +63,10 @@ def test_the_chosen_kernel_is_not_the_slower_of_two_exact_ones_here(N: int, K: i
                     rounds[k].append(best_seconds(partial(multiply, k, x, q, None, False), least_s=5e-3))
         median = {k: statistics.median(t) for k, t in rounds.items()}
         fastest = min(median, key=median.__getitem__)
-        # A kernel 1.5x faster than the chosen one means the choice was wrong, not noise.
-        assert median[chosen] <= 1.5 * median[fastest], (
+        # A kernel 1.5x faster than the chosen one means the choice was wrong, not noise (VNNI may trail by the
+        # Python call a decode step saves with it).
+        slack = int8_choice.STEP_CALL_S if chosen == "vnni" else 0.0
+        assert median[chosen] <= 1.5 * median[fastest] + slack, (
             rows,
             chosen,
             {k: f"{t * 1e6:.0f} us" for k, t in median.items()},

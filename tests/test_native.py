@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import math
 import os
 import platform
 import shutil
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model import DecodeOptions, Translator
 from model.decode.search import NEG, top_candidates
@@ -429,12 +431,13 @@ def test_a_step_by_segments_as_one_plan_its_sublayers_as_one_c_call_each_and_op_
         found = [tr.translate_ids([s], opts)[0] for s in sources[:12]] + tr.translate_ids(sources[12:], opts)
         return [[(h.tokens, h.score) for h in r] for r in found]
 
-    segments: list[int] = []  # c_step.run by segments: one library call between two activations
-    segment = native.decoder_segment
-    monkeypatch.setattr(native, "decoder_segment", lambda *a: segments.append(1) or segment(*a))
+    segments: list[str] = []  # encoder and decoder by segments: one library call between two activations
+    for name in ("decoder_segment", "encoder_segment"):
+        call = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, call=call, name=name: segments.append(name) or call(*a))
     by_segments = translations()
-    assert segments or not native.layer_norms_exactly(), "the segments did not run"
-    monkeypatch.setattr(native, "_EXACT_NORMS", False)  # PyTorch's LayerNorm between the sublayers' calls
+    assert set(segments) == {"decoder_segment", "encoder_segment"} or not native.layer_norms_exactly()
+    monkeypatch.setattr(native, "_EXACT_NORMS", False)  # the encoder's modules; PyTorch's LayerNorm in the step
     planned: list[bool] = []  # c_step.run: every layer of a step in one loop of library calls
     run = c_step.run
     monkeypatch.setattr(c_step, "run", lambda *a: (found := run(*a), planned.append(found is not None))[0])
@@ -469,3 +472,14 @@ def test_layer_norm_in_c_gives_torchs_bits_where_torchs_kernel_runs_8_fused_lane
     weight, bias = torch.randn(width, generator=g), torch.randn(width, generator=g)
     expected = torch.native_layer_norm(x, (width,), weight, bias, 1e-5)[0]
     assert torch.equal(native.layer_norm(x, weight, bias, 1e-5), expected)
+
+
+@pytest.mark.skipif(not native.built(), reason="the C kernels are not built")
+def test_a_steps_embedding_in_c_gives_torchs_bits_and_refuses_an_id_outside_the_vocabulary() -> None:
+    g = torch.Generator().manual_seed(3)
+    weight, scale = torch.randn(50, 24, generator=g), math.sqrt(24)
+    tokens = torch.tensor([3, 49, 0, 3])
+    for at in (torch.randn(1, 24, generator=g), torch.randn(4, 24, generator=g)):
+        assert torch.equal(native.embed(tokens, weight, scale, at), F.embedding(tokens, weight) * scale + at)
+    with pytest.raises(IndexError):
+        native.embed(torch.tensor([3, 50]), weight, scale, at[:1])

@@ -29,6 +29,11 @@ ROWS = (1, 4, 16, 64, 256)  # the row counts timed: a call's rows take the choic
 MOST_MACS = 1 << 29  # past this many multiply-adds (a few ms) a row count is not timed: the last choice holds
 LEAST_S = 2e-3  # each kernel's timing at a row count repeats calls for this long (a few calls' noise is ~20%)
 SLOWER = 4.0  # a kernel this many times the best at one row count is not timed at the larger ones
+# A decode step's sublayers run the VNNI kernel inside one library call (model/nn/c_step.py); with any other
+# kernel the step goes op by op, each GEMM a Python call costing about this much more: VNNI is kept unless
+# another kernel beats it by more. (A load on a busy machine times within ~20%, which at a step's few rows
+# would otherwise hand a tie to the kernel that costs the step its one-call path.)
+STEP_CALL_S = 10e-6
 
 
 def bucket(rows: int) -> int:
@@ -110,7 +115,7 @@ def _measure(N: int, K: int, threads: int) -> Choice:
                 break
             x = torch.randn(rows, K, generator=gen)
             times = {k: _time(k, x, q, bias) for k in timed}
-            best = min(times, key=times.__getitem__)
+            best = min(times, key=lambda k: times[k] - (STEP_CALL_S if k == "vnni" else 0.0))
             plan.append(best)
             seconds.append(times)
             timed = [k for k in timed if times[k] <= SLOWER * times[best]]

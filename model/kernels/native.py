@@ -111,6 +111,12 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.beamserve_layer_norm.restype = None
     lib.beamserve_decoder_segment.argtypes = [p, p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, i64, p, p, p]
     lib.beamserve_decoder_segment.restype = ctypes.c_int
+    lib.beamserve_encoder_segment.argtypes = [
+        p, p, p, i64, i64, i64, p, p, i64, i64, i64, i64, ctypes.c_float, i64, i64, p, p, p
+    ]  # fmt: skip
+    lib.beamserve_encoder_segment.restype = ctypes.c_int
+    lib.beamserve_embed.argtypes = [p, i64, p, i64, i64, ctypes.c_float, p, i64, p]
+    lib.beamserve_embed.restype = ctypes.c_int
     lib.beamserve_vnni.argtypes, lib.beamserve_vnni.restype = [], ctypes.c_int
     lib.beamserve_f32_gemm.argtypes, lib.beamserve_f32_gemm.restype = [], ctypes.c_int
     lib.beamserve_f32_packed_floats.argtypes, lib.beamserve_f32_packed_floats.restype = [i64, i64], i64
@@ -786,6 +792,51 @@ def decoder_segment(
         x.data_ptr(), u.data_ptr(), None if f is None else f.data_ptr(),
     )  # fmt: skip
     _raise_sublayer(failed, "decoder_segment")
+
+
+def encoder_segment(
+    ending: LayerC | None,
+    h: torch.Tensor | None,
+    layer: LayerC | None,
+    heads: int,
+    sentences: tuple[int, int],
+    source: tuple[int, ...],
+    x: torch.Tensor,
+    u: torch.Tensor,
+    f: torch.Tensor | None,
+) -> None:
+    """csrc/sublayers.c's beamserve_encoder_segment, its inputs checked by the caller (model/nn/c_encode.py: x and u
+    (B S, C), h (B S, ending's fc2.K) and f (B S, layer's fc1.N) float32 contiguous; sentences (B, S); source as
+    source_of gives it, each row's length and sentence): layer `ending`'s feed-forward closed over h, then `layer`'s
+    self-attention sublayer, x updated in place, u its feed-forward's input, f = fc1(u) where fc1 is in C."""
+    C = x.shape[1]
+    failed = _lib().beamserve_encoder_segment(
+        None if ending is None else ctypes.byref(ending), None if h is None else h.data_ptr(),
+        None if layer is None else ctypes.byref(layer), *sentences, heads, *source, (C // heads) ** -0.5,
+        x.shape[0], C, x.data_ptr(), u.data_ptr(), None if f is None else f.data_ptr(),
+    )  # fmt: skip
+    _raise_sublayer(failed, "encoder_segment")
+
+
+def embed(tokens: torch.Tensor, weight: torch.Tensor, scale: float, at: torch.Tensor) -> torch.Tensor:
+    """A decode step's input rows in one call: weight[tokens] * scale + at, tokens (N,) int64, weight (V, C) and at
+    ((1 or N), C) float32 contiguous; the bits of F.embedding(tokens, weight) * scale + at. IndexError where a
+    token is not below V, as F.embedding raises."""
+    N, (V, C) = tokens.numel(), weight.shape
+    if not (
+        tokens.dtype == torch.int64 and tokens.dim() == 1 and weight.dtype == at.dtype == torch.float32
+        and at.dim() == 2 and at.shape[1] == C and at.shape[0] in (1, N)
+        and all(t.is_contiguous() for t in (tokens, weight, at))
+    ):  # fmt: skip
+        raise ValueError(f"embed: tokens (N,) int64, weight (V, {C}) and at (1 or N, {C}) float32, contiguous")
+    x = torch.empty(N, C)
+    stride = C if at.shape[0] == N and N > 1 else 0
+    failed = _lib().beamserve_embed(
+        tokens.data_ptr(), N, weight.data_ptr(), V, C, scale, at.data_ptr(), stride, x.data_ptr()
+    )
+    if failed:
+        raise IndexError(f"embed: a token id outside the vocabulary of {V}")
+    return x
 
 
 def kv_view(k: torch.Tensor, v: torch.Tensor, lineage: torch.Tensor | None) -> KV:

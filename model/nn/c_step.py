@@ -143,38 +143,50 @@ def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) ->
 def _made(layers: Sequence[DecoderLayer], rows: int) -> Plan | None:
     parts = []
     for layer in layers:
-        if layer.training:
+        part = None if layer.training else _part(layer, rows)
+        if part is None:
             return None
-        own = layer.self_attn.c_sublayer(rows, fused=True)
-        source = layer.cross_attn.c_sublayer(rows, fused=False)
-        ffn = layer.ffn._c_linears(rows)
-        if own is None or source is None or ffn is None:
-            return None
-        norms = tuple(
-            (tuple(n.normalized_shape), n._parameters["weight"], n._parameters["bias"], n.eps)
-            for n in (layer.norm1, layer.norm2, layer.norm3)
-        )
-        fc1 = layer.ffn.fc1
-        affine = [(w, b, eps) for _, w, b, eps in norms if w is not None and b is not None]
-        whole = None
-        if native.layer_norms_exactly() and len(affine) == 3:  # each norm with its weight and bias
-            whole = native.layer_c((*own, *source, *ffn), tuple(affine), layer.pre)
-        forms = (
-            layer.self_attn.__dict__["_c_sublayer"][True],
-            layer.cross_attn.__dict__["_c_sublayer"][False],
-            layer.ffn.__dict__["_c_pair"],
-        )
-        parts.append(
-            LayerPlan(
-                layer.pre,
-                *own,
-                *source,
-                *ffn,
-                (fc1.weight, fc1.bias),
-                layer.ffn.activation,
-                norms,  # type: ignore[arg-type]
-                whole,
-                forms,
-            )
-        )
+        parts.append(part)
     return tuple(parts)
+
+
+def _part(layer: DecoderLayer, rows: int) -> LayerPlan | None:
+    """The layer's part at `rows` rows, kept on the layer for its structs and norms as they are (the modules remake
+    a struct when its weights change: a new struct is a new part); None where a sublayer does not run in C."""
+    own = layer.self_attn.c_sublayer(rows, fused=True)
+    source = layer.cross_attn.c_sublayer(rows, fused=False)
+    ffn = layer.ffn._c_linears(rows)
+    if own is None or source is None or ffn is None:
+        return None
+    norms = tuple(
+        (tuple(n.normalized_shape), n._parameters["weight"], n._parameters["bias"], n.eps)
+        for n in (layer.norm1, layer.norm2, layer.norm3)
+    )
+    key = (*(id(s) for s in (*own, *source, *ffn)), *(id(t) for _, w, b, _ in norms for t in (w, b)))
+    held: dict[int, tuple[tuple[int, ...], LayerPlan]] = layer.__dict__.setdefault("_c_step_parts", {})
+    found = held.get(rows)
+    if found is not None and found[0] == key:
+        return found[1]
+    fc1 = layer.ffn.fc1
+    affine = [(w, b, eps) for _, w, b, eps in norms if w is not None and b is not None]
+    whole = None
+    if native.layer_norms_exactly() and len(affine) == 3:  # each norm with its weight and bias
+        whole = native.layer_c((*own, *source, *ffn), tuple(affine), layer.pre)
+    forms = (
+        layer.self_attn.__dict__["_c_sublayer"][True],
+        layer.cross_attn.__dict__["_c_sublayer"][False],
+        layer.ffn.__dict__["_c_pair"],
+    )
+    part = LayerPlan(
+        layer.pre,
+        *own,
+        *source,
+        *ffn,
+        (fc1.weight, fc1.bias),
+        layer.ffn.activation,
+        norms,  # type: ignore[arg-type]
+        whole,
+        (forms, norms),
+    )
+    held[rows] = (key, part)
+    return part

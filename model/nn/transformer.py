@@ -13,7 +13,7 @@ from model.decode.search import log_softmax_
 from model.kernels import native
 from model.kernels.gemm import Linear, linear
 from model.kernels.quant import int8_of, linear_int8
-from model.nn import c_step
+from model.nn import c_encode, c_step
 from model.nn.config import ModelConfig
 from model.nn.kv_cache import CrossCache, KVCache
 from model.nn.layers import (
@@ -246,9 +246,15 @@ class Seq2Seq(nn.Module):
         S = src_ids.shape[1]
         self._check_length(S)
         x = self.embed_at(src_ids, torch.arange(S, device=src_ids.device))
-        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
-        for layer in self.encoder_layers:
-            x = layer(x, mask)
+        encoded = (
+            None if self.training else c_encode.run(cast(list[EncoderLayer], list(self.encoder_layers)), x, src_mask)
+        )
+        if encoded is None:  # a layer not in C at B S rows: module by module
+            mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+            for layer in self.encoder_layers:
+                x = layer(x, mask)
+        else:
+            x = encoded
         return self.encoder_norm(x) if self.encoder_norm is not None else x
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
@@ -388,8 +394,11 @@ class Seq2Seq(nn.Module):
         else:
             self._check_length(cache.reserve(pos))
             at = self.positions.table.index_select(0, pos)  # (N, C)
-        embed = self.target_embed if self.target_embed is not None else self.embed
-        x = dropped(self.dropout, F.embedding(tokens, embed.weight) * self.scale + at)  # (N, C)
+        weight = (self.target_embed if self.target_embed is not None else self.embed).weight
+        if self.training or weight.dtype != torch.float32:
+            x = dropped(self.dropout, F.embedding(tokens, weight) * self.scale + at)  # (N, C)
+        else:  # the same in one call
+            x = native.embed(tokens.contiguous(), weight, self.scale, at)
         row_map = cross.row_map(x.shape[0])
         stepped = None if self.training else c_step.run(self.decoders, x, pos, cache, cross, row_map)
         if stepped is None:  # a sublayer not in C at this row count: layer by layer

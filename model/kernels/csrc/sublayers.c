@@ -7,6 +7,7 @@
  * marshals a few pointers rather than thirty numbers. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A linear layer packed for one of the library's GEMMs, with its bias (NULL: none): N outputs of K. kind 0: int8
  * (int8_vnni.c: packed bytes, 128 x the column sums, the column scales); kind 1: float32 (f32_gemm.c: packed
@@ -164,4 +165,67 @@ int beamserve_decoder_segment(const beamserve_layer_c *ending, const float *h, c
     }
     free(sub);
     return failed;
+}
+
+/* The encoder's layers between two feed-forward activations, in one call, as beamserve_decoder_segment does the
+ * decoder's: the feed-forward of layer `ending` closed over h (fc2 with the residual, then its norm), then
+ * `layer`'s self-attention sublayer (q, k and v as one projection, self_in; each of the N = B S rows, padded
+ * ones too, attends to its sentence's first lengths[n] positions, sentence rows[n * rs] of B, as
+ * beamserve_attend reads them; rN, rT the map's shape) and the input of its feed-forward: u (N, C), and f =
+ * fc1(u) before the activation where fc1 is in C. The norms: norm_weight[0] after the attention, [2] after the
+ * feed-forward. x (N, C) is the residual stream, updated in place. Returns as beamserve_self_sublayer. */
+int beamserve_encoder_segment(const beamserve_layer_c *ending, const float *h, const beamserve_layer_c *layer,
+                              int64_t B, int64_t S, int64_t H, const int64_t *lengths, const int64_t *rows,
+                              int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale, int64_t N, int64_t C,
+                              float *x, float *u, float *f) {
+    const int64_t D = H > 0 ? C / H : 0;
+    if (H < 1 || D * H != C || B * S != N) return -2;
+    float *sub = malloc((size_t)(N * 6 * C) * sizeof(float)); /* a sublayer's output, a normed input, q k v, q */
+    if (!sub) return -1;
+    float *normed = sub + N * C, *qkv = normed + N * C, *q = qkv + 3 * N * C;
+    int failed = 0;
+    if (ending) {
+        failed = ending->fc2.N != C ? -2 : linear(&ending->fc2, h, N, x, sub);
+        if (!failed) close_sublayer(ending, 2, x, sub, N, C);
+    }
+    if (layer && !failed) {
+        const float *in = x;
+        if (layer->pre) {
+            beamserve_layer_norm(x, N, C, layer->norm_weight[0], layer->norm_bias[0], layer->eps[0], normed);
+            in = normed;
+        }
+        failed = layer->self_in.K != C || layer->self_in.N != 3 * C || layer->self_out.K != C
+                     ? -2
+                     : linear(&layer->self_in, in, N, NULL, qkv);
+        if (!failed) {
+            for (int64_t n = 0; n < N; n++) memcpy(q + n * C, qkv + n * 3 * C, (size_t)C * sizeof(float));
+            failed = beamserve_attend(q, qkv + C, qkv + 2 * C, N, H, D, S * 3 * C, D, 3 * C, B, S, lengths, 0, rows,
+                                      rs, ts, rN, rT, scale, normed);
+        }
+        if (!failed) failed = linear(&layer->self_out, normed, N, x, sub);
+        if (!failed) {
+            close_sublayer(layer, 0, x, sub, N, C);
+            if (layer->pre)
+                beamserve_layer_norm(x, N, C, layer->norm_weight[2], layer->norm_bias[2], layer->eps[2], u);
+            else
+                memcpy(u, x, (size_t)(N * C) * sizeof(float));
+            if (layer->fc1.packed) failed = layer->fc1.K != C ? -2 : linear(&layer->fc1, u, N, NULL, f);
+        }
+    }
+    free(sub);
+    return failed;
+}
+
+/* x (N, C) = weight[tokens[n]] * scale + at[n] (each float product rounded, then the sum: a decode step's
+ * embedding as F.embedding(tokens, weight) * scale + at computes it), at's rows at stride at_stride (0: one row
+ * for all). Returns 0, or -2 (nothing written) where a token lies outside the V rows of weight. */
+int beamserve_embed(const int64_t *tokens, int64_t N, const float *weight, int64_t V, int64_t C, float scale,
+                    const float *at, int64_t at_stride, float *x) {
+    for (int64_t n = 0; n < N; n++)
+        if (tokens[n] < 0 || tokens[n] >= V) return -2;
+    for (int64_t n = 0; n < N; n++) {
+        const float *e = weight + tokens[n] * C, *p = at + n * at_stride;
+        for (int64_t c = 0; c < C; c++) x[n * C + c] = e[c] * scale + p[c];
+    }
+    return 0;
 }

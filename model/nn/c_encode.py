@@ -1,0 +1,84 @@
+"""The encoder's layers as one C call between each two feed-forward activations (native.encoder_segment), for
+inference on CPU where LayerNorm in C gives PyTorch's bits (native.layer_norms_exactly).
+
+A sentence alone is a dozen rows: each layer op by op is some twenty library and ATen calls of a few
+microseconds of work each. The calls here compute what EncoderLayer.forward does through its modules (q, k
+and v as one projection: the same sums, model/nn/layers.py; each row's attention over its sentence's own
+positions, padded rows too, as MultiHeadAttention._each_in_c; the residuals in the output projections' passes)
+with the same kernels, so the bits are the same: tests/test_native.py holds them against the modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from model.kernels import native
+from model.kernels.gemm import INPLACE_ACTIVATIONS, linear
+
+if TYPE_CHECKING:
+    from model.nn.transformer import EncoderLayer
+
+# One encoder layer's part: its struct, its fc1 (weight, bias: float32's outside C), activation, heads, and what
+# the struct points into.
+Part = tuple[native.LayerC, bool, tuple[torch.Tensor, torch.Tensor | None], str, int, tuple[object, ...]]
+NONE = native.LinearC(None, None, None, None, 0, 0, 0)  # the cross-attention an encoder layer has not
+
+
+def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor | None:
+    """x (B, S, C), src_mask (B, S) True on real tokens -> every encoder layer's output (B, S, C), as the layers
+    give it; None, having computed nothing, where a layer does not run in C at B S rows."""
+    B, S, C = x.shape
+    N = B * S
+    if not (x.dtype == torch.float32 and x.is_cpu and native.layer_norms_exactly()) or torch.is_grad_enabled():
+        return None
+    parts = [_part(layer, N) for layer in layers]
+    if not parts or any(p is None for p in parts):
+        return None
+    lengths = src_mask.sum(-1).repeat_interleave(S)  # (N,) each row's sentence length
+    sentence = torch.arange(B).repeat_interleave(S)[:, None].expand(N, S)  # each row's sentence at every position
+    source = native.source_of((lengths, sentence), N)
+    assert source is not None
+    x = x.reshape(N, C).clone()  # the residual stream, updated in place
+    u = torch.empty_like(x)
+    ending: Part | None = None
+    h: torch.Tensor | None = None
+    for part in parts:
+        assert part is not None
+        whole, fc1_in_c, fc1_float, activation, heads, _ = part
+        f = torch.empty(N, fc1_float[0].shape[0]) if fc1_in_c else None
+        native.encoder_segment(None if ending is None else ending[0], h, whole, heads, (B, S), source, x, u, f)
+        # float32 (no f): oneDNN's fc1 with its activation fused
+        h = linear(u, *fc1_float, activation) if f is None else INPLACE_ACTIVATIONS[activation](f)
+        ending = part
+    assert ending is not None
+    native.encoder_segment(ending[0], h, None, 1, (B, S), source, x, u, None)
+    return x.view(B, S, C)
+
+
+def _part(layer: EncoderLayer, rows: int) -> Part | None:
+    """The layer's part at `rows` rows, made once for its structs as they are (the modules remake a struct when
+    its weights change: a new struct is a new part); None where a sublayer does not run in C at that count."""
+    if layer.training:
+        return None
+    own = layer.self_attn.c_sublayer(rows, fused=True)
+    ffn = layer.ffn._c_linears(rows)
+    if own is None or ffn is None:
+        return None
+    parts: dict[int, tuple[tuple[int, ...], Part | None]] = layer.__dict__.setdefault("_c_encode", {})
+    key = tuple(id(s) for s in (*own, *ffn))
+    held = parts.get(rows)
+    if held is not None and held[0] == key:
+        return held[1]
+    norms = [(n._parameters["weight"], n._parameters["bias"], n.eps) for n in (layer.norm1, layer.norm1, layer.norm2)]
+    affine = [(w, b, eps) for w, b, eps in norms if w is not None and b is not None]
+    part: Part | None = None
+    if len(affine) == 3:  # the struct's middle norm (the decoder's cross-attention's) is not read
+        fc1 = layer.ffn.fc1
+        whole = native.layer_c((*own, NONE, NONE, *ffn), tuple(affine), layer.pre)
+        forms = (layer.self_attn.__dict__["_c_sublayer"][True], layer.ffn.__dict__["_c_pair"])
+        part = (whole, ffn[0] is not None, (fc1.weight, fc1.bias), layer.ffn.activation, layer.self_attn.heads, forms)
+    parts[rows] = (key, part)
+    return part
