@@ -150,8 +150,10 @@ def test_full_queue_refuses_and_deadline_fails_running_sentences(engine: Engine,
         with pytest.raises(RequestTooLargeError):
             await engine.translate([ids] * 3, DecodeOptions(), 60)
         await busy, await queued
-        with pytest.raises(DeadlineExceededError):  # admitted, then past its deadline mid-decode
-            await engine.translate([ids], DecodeOptions(beam_size=8, max_length_ratio=None), 0.05)
+        # admitted, then past its deadline mid-decode: 300 steps of 8 beams take far longer than 50 ms
+        slow = DecodeOptions(beam_size=8, max_length_ratio=None, min_decoding_length=300)
+        with pytest.raises(DeadlineExceededError):
+            await engine.translate([ids], slow, 0.05)
 
     asyncio.run(scenario())
     assert engine.stats.rejected == 1 and engine.stats.expired == 1 and engine.active == 0

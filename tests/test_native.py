@@ -173,6 +173,30 @@ def test_step_attention_in_c_reads_each_position_from_the_row_its_lineage_names(
 
 
 @steps
+def test_a_self_attention_step_with_a_lineage_and_rows_at_their_own_positions_reads_each_rows_own_lineage() -> None:
+    # continuous batching: rows of sentences that started at different steps, each beam reading its ancestors
+    g = torch.Generator().manual_seed(11)
+    N, H, T, D = 6, 2, 12, 16
+    k, v = torch.randn(N, H, T, D, generator=g), torch.randn(N, H, T, D, generator=g)
+    qkv = torch.randn(N, 3 * H * D, generator=g)
+    pos = torch.tensor([3, 3, 7, 7, 0, 10])
+    lineage = torch.randint(0, N, (N, T), generator=g)
+    # as in a search, no row reads a row at the position that row writes now (its own, where it names itself)
+    clash = pos[lineage] == torch.arange(T)
+    lineage = torch.where(clash, torch.arange(N)[:, None], lineage)
+    copied = [x.clone() for x in (k, v)]  # the same step over the rows each lineage names, copied into place
+    for x in copied:
+        x.copy_(x[lineage, :, torch.arange(T)].permute(0, 2, 1, 3))
+    ours = native.self_attend_step(qkv, k, v, pos, lineage)
+    theirs = native.self_attend_step(qkv, *copied, pos, None)
+    assert torch.equal(ours, theirs)
+    assert lineage[torch.arange(N), pos].tolist() == list(range(N))  # each row names itself where it wrote
+    with pytest.raises(IndexError):  # a lineage naming a row outside the cache, before the row's position
+        lineage[5, 2] = N
+        native.self_attend_step(qkv, k, v, pos, lineage)
+
+
+@steps
 @pytest.mark.parametrize("compute_type", ["float32", "int8"])
 def test_translations_with_the_step_kernels_match_pytorchs_and_the_lineage_cache_the_copying_one(
     compute_type: str, monkeypatch: pytest.MonkeyPatch

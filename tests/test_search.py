@@ -280,7 +280,7 @@ def test_a_beam_step_as_one_c_call_gives_the_searchs_answer_in_pytorchs_ops(
     for seed in range(6):
         in_c = beam_search(RandomStepper(seed, 40), max_lengths, options)
         with monkeypatch.context() as m:
-            m.setattr(search, "_advance_in_c", lambda *args: None)
+            m.setattr(search, "advance_in_c", lambda *args: None)
             m.setattr(search, "_in_c", lambda *args: False)
             stepper = RandomStepper(seed, 40)
             in_torch = beam_search(stepper, max_lengths, options)

@@ -24,11 +24,14 @@ from model.decode.search import (
     BeamState,
     Hypothesis,
     SearchOptions,
+    advance_in_c,
     beam_step,
     constrain,
     finished_hypotheses,
 )
-from model.nn.kv_cache import CrossCache, continue_in_place, fill_holes
+from model.kernels import native
+from model.nn.kv_cache import SMALL_REORDER, CrossCache, continue_in_place, continue_listed, fill_holes
+from model.nn.layers import attends_natively
 from model.nn.transformer import Seq2Seq
 
 TOKEN_WIDTH = 32  # starting width of a group's token buffers (BeamState), doubled as sentences get longer
@@ -70,6 +73,18 @@ class SearchGroup:
         self.max_lengths = torch.cat([self.max_lengths, max_lengths])
         self.sentence = torch.cat([self.sentence, sentence])
 
+    def advance(self, log_probs: torch.Tensor) -> native.BeamAdvance | None:
+        """The group's beam step as one C call (search.advance_in_c) over its state as it is now; None where it
+        does not run. Kept while the state's tensors are the same ones (a join, a drop or a widening makes new
+        ones; the call updates them in place)."""
+        tensors = (*(getattr(self.state, name) for name in BeamState.FIELDS), self.max_lengths)
+        key = tuple(id(t) for t in tensors)
+        held = self.__dict__.get("_advance")
+        if held is None or held[0] != key:
+            held = (key, advance_in_c(log_probs, self.state, self.max_lengths, self.opts), tensors)
+            self.__dict__["_advance"] = held
+        return held[1]
+
     def select(self, keep: torch.Tensor) -> None:
         self.state.select(keep)
         self.keys = [self.keys[i] for i in keep.tolist()]
@@ -89,10 +104,14 @@ class InflightBatch:
         # ones; on a GPU, where a step costs the same at any row count, newcomers take K rows at once.
         self.first_step_apart = self.device.type == "cpu"
         self.max_length = min(max_length, model.cfg.max_position_embeddings)
-        # Positions are allocated 64 at a time up to max_length; rows are fixed.
-        self.cache = model.new_cache(
-            rows, min(64, self.max_length), self.dtype, self.device, limit=self.max_length, zeroed=True
-        )
+        # Positions are allocated 64 at a time up to max_length; rows are fixed. Where the attention runs in C, a
+        # beam that moves takes its parent's lineage, not its keys and values (KVCache).
+        with torch.inference_mode():  # as the steps run (new_cache asks too)
+            lineage = attends_natively(weight, model.cfg.d_model // model.cfg.decoder_attention_heads)
+            self.cache = model.new_cache(
+                rows, min(64, self.max_length), self.dtype, self.device, limit=self.max_length, zeroed=True,
+                lineage=lineage,
+            )  # fmt: skip
         self.cache.resize(0, 0)
         self.cross: CrossCache | None = None
         self.groups: dict[SearchOptions, SearchGroup] = {}
@@ -209,17 +228,20 @@ class InflightBatch:
         start = 0
         for g in groups:
             b, K = g.rows.shape
-            lp = constrain(
-                log_probs[start : start + b * K],
-                g.pos.repeat_interleave(K),
-                g.max_lengths.repeat_interleave(K),
-                g.opts,
-                g.state.run_tokens.view(b * K, -1),
-            )  # (b*K, V)
+            lp = log_probs[start : start + b * K]  # (b*K, V)
             start += b * K
             if g.state.width < self.cache.length:  # a beam step writes at its sentences' positions (< length)
                 g.state.widen(min(self.max_length, max(self.cache.length, 2 * g.state.width)))
-            src_beam, token, done = beam_step(lp.view(b, K, -1), g.state, g.pos, g.max_lengths, g.opts)
+            advance = g.advance(lp)
+            if advance is not None:  # constrain and beam_step in one C call: the same answer
+                norm = (g.pos + 1).to(lp.dtype)[:, None] ** g.opts.length_penalty  # (b, 1) as beam_step's
+                src_beam, token, done, _, _ = advance(lp.view(b, K, -1), g.pos, norm.view(b))
+            else:
+                lp = constrain(
+                    lp, g.pos.repeat_interleave(K), g.max_lengths.repeat_interleave(K), g.opts,
+                    g.state.run_tokens.view(b * K, -1),
+                )  # fmt: skip
+                src_beam, token, done = beam_step(lp.view(b, K, -1), g.state, g.pos, g.max_lengths, g.opts)
             for i in done.nonzero()[:, 0].tolist():
                 finished.append((g.keys[i], finished_hypotheses(g.state, i, g.opts)))
             updates[g.opts] = (~done, g.rows.gather(1, src_beam), token)
@@ -243,6 +265,8 @@ class InflightBatch:
     def _advance(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         """_regroup when no sentence left: beams move only among their sentence's own rows, so rows in
         use, each row's sentence and query slot (row_index) stay as they are; positions all advance."""
+        if self.rows <= SMALL_REORDER and self.device.type == "cpu":
+            return self._advance_listed(updates)
         cache_src = torch.empty(self.rows, dtype=torch.long, device=self.device)  # (N,)
         tokens = torch.empty_like(cache_src)
         for opts, (_, src_rows, token) in updates.items():
@@ -253,6 +277,32 @@ class InflightBatch:
             g.pos = g.pos + 1
         self.cache.reorder(cache_src, self.positions + 1)  # a moved row copies only as far as it has written
         self.tokens = tokens
+        self.positions = self.positions + 1
+
+    def _advance_listed(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """_advance over Python lists, for a few rows on CPU (a dozen tensor ops cost more than the work): the same
+        rows, tokens and copies. A row a beam moves into is no beam's parent (continue_in_place gives each parent's
+        first child the parent's row), so the copies read rows none of them writes."""
+        tokens = [0] * self.rows
+        moved: list[tuple[int, int]] = []  # (new row, the row it continues) where they differ
+        for opts, (_, src_rows, token) in updates.items():
+            g = self.groups[opts]
+            parents, owned = src_rows.tolist(), g.rows.tolist()
+            placed = [continue_listed(p, r) for p, r in zip(parents, owned, strict=True)]
+            flat_rows, flat_parents = [r for rows in placed for r in rows], [p for ps in parents for p in ps]
+            for row, parent, tok in zip(flat_rows, flat_parents, token.view(-1).tolist(), strict=True):
+                tokens[row] = tok
+                if row != parent:
+                    moved.append((row, parent))
+            g.rows = torch.tensor(placed, dtype=torch.long).view(g.rows.shape)
+            g.pos = g.pos + 1
+        if moved:
+            dest, src = (torch.tensor(rows) for rows in zip(*moved, strict=True))
+            if self.cache.lineage is not None:
+                self.cache.lineage.index_copy_(0, dest, self.cache.lineage[src])
+            else:
+                self.cache.copy(dest, src, self.positions + 1)  # only as far as each row has written
+        self.tokens = torch.tensor(tokens, dtype=torch.long)
         self.positions = self.positions + 1
 
     def _regroup(
@@ -281,7 +331,10 @@ class InflightBatch:
         new_index[old_dest] = where
         cache_src = torch.empty(M, dtype=torch.long, device=self.device)
         cache_src[where] = old_src
-        self.cache.reorder(cache_src, self.positions + 1)  # a moved row copies only as far as it has written
+        owned = torch.empty_like(cache_src)
+        owned[where] = old_dest
+        # a moved row copies only as far as it has written
+        self.cache.compact(torch.arange(M, device=self.device), owned, cache_src, self.positions + 1)
         self.tokens = torch.empty(M, dtype=torch.long, device=self.device)
         self.tokens[where] = torch.cat(tok)
         for g in self.groups.values():

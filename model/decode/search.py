@@ -458,7 +458,7 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
         log_probs = stepper.step(tokens, n)  # (b*K, V); (b, V) at step 0
         if n == 0:
             log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
-            advance = _advance_in_c(log_probs, state, limits, opts)
+            advance = advance_in_c(log_probs, state, limits, opts)
         if advance is not None:  # the constraints and the beam step in one C call: the same answer
             src_beam, token, done, rows, ended = advance(log_probs.view(b, K, -1), n, _norm(n + 1, opts.length_penalty))
             if not ended:  # the common step: every sentence goes on, each beam continues a row of its own
@@ -481,12 +481,12 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
             state.select(keep)
             alive, limits = alive[keep], limits[keep]
             if advance is not None:
-                advance = _advance_in_c(log_probs, state, limits, opts)
+                advance = advance_in_c(log_probs, state, limits, opts)
         tokens = token[keep].view(-1)
     return results
 
 
-def _advance_in_c(
+def advance_in_c(
     log_probs: torch.Tensor, state: BeamState, limits: torch.Tensor, opts: SearchOptions
 ) -> native.BeamAdvance | None:
     """The C call of a whole beam step (constrain, then beam_step) over this state, where it runs: CPU float32,

@@ -29,11 +29,13 @@ ROWS = (1, 4, 16, 64, 256)  # the row counts timed: a call's rows take the choic
 MOST_MACS = 1 << 29  # past this many multiply-adds (a few ms) a row count is not timed: the last choice holds
 LEAST_S = 2e-3  # each kernel's timing at a row count repeats calls for this long (a few calls' noise is ~20%)
 SLOWER = 4.0  # a kernel this many times the best at one row count is not timed at the larger ones
-# A decode step's sublayers run the VNNI kernel inside one library call (model/nn/c_step.py); with any other
-# kernel the step goes op by op, each GEMM a Python call costing about this much more: VNNI is kept unless
-# another kernel beats it by more. (A load on a busy machine times within ~20%, which at a step's few rows
-# would otherwise hand a tie to the kernel that costs the step its one-call path.)
+# A decode step's and the encoder's layers run the VNNI kernel inside a few library calls (model/nn/c_step.py,
+# c_encode.py); with any other kernel they go op by op, each GEMM a Python call costing about STEP_CALL_S more,
+# and the layer's other ops beside it. VNNI is kept unless another kernel is faster by more than that call and
+# STEP_SHARE of its time: a load on a busy machine times within a few percent at best, which would otherwise
+# hand a near tie to the kernel that costs the layers their few-call path.
 STEP_CALL_S = 10e-6
+STEP_SHARE = 0.05
 
 
 def bucket(rows: int) -> int:
@@ -115,11 +117,16 @@ def _measure(N: int, K: int, threads: int) -> Choice:
                 break
             x = torch.randn(rows, K, generator=gen)
             times = {k: _time(k, x, q, bias) for k in timed}
-            best = min(times, key=lambda k: times[k] - (STEP_CALL_S if k == "vnni" else 0.0))
+            best = min(times, key=lambda k: credited(k, times[k]))
             plan.append(best)
             seconds.append(times)
             timed = [k for k in timed if times[k] <= SLOWER * times[best]]
     return Choice(N, K, threads, tuple(plan), tuple(seconds))
+
+
+def credited(kernel: str, seconds: float) -> float:
+    """A kernel's time as the choice weighs it: VNNI's less what the layers' few-call path saves with it."""
+    return (seconds - STEP_CALL_S) / (1 + STEP_SHARE) if kernel == "vnni" else seconds
 
 
 def _time(kernel: str, x: torch.Tensor, q: Int8Weight, bias: torch.Tensor) -> float:

@@ -98,8 +98,8 @@ def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
     ]  # fmt: skip
     lib.beamserve_beam_step.restype = ctypes.c_int
     lib.beamserve_beam_advance.argtypes = [
-        p, i64, i64, i64, p, p, p, p, p, p, i64, i64, p, ctypes.c_float, i64, ctypes.c_int, p, i64, i64, i64, i64,
-        p, p, p, p,
+        p, i64, i64, i64, p, p, p, p, p, p, i64, p, i64, p, p, ctypes.c_float, i64, ctypes.c_int, p, i64, i64, i64,
+        i64, p, p, p, p,
     ]  # fmt: skip
     lib.beamserve_beam_advance.restype = ctypes.c_int
     lib.beamserve_self_sublayer.argtypes = [p, p, i64, p, p, p, p, i64, p]
@@ -621,11 +621,12 @@ class BeamAdvance:
         self.V = 0  # the vocabulary every id was checked against
 
     def __call__(
-        self, log_probs: torch.Tensor, pos: int, norm: float
+        self, log_probs: torch.Tensor, pos: int | torch.Tensor, norm: float | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """log_probs (b, K, V) float32 contiguous, constrained in place, at step pos; norm (pos + 1) **
-        length_penalty. Returns src_beam, token (b, K), done (b,) as search.beam_step, the search rows (b K,)
-        the new rows continue (for a reorder where none is done), and how many sentences are done."""
+        """log_probs (b, K, V) float32 contiguous, constrained in place, every sentence at step pos (an int), or
+        each at its own (b,) int64; norm its (pos + 1) ** length_penalty, one float or (b,) float32. Returns
+        src_beam, token (b, K), done (b,) as search.beam_step, the search rows (b K,) the new rows continue (for a
+        reorder where none is done), and how many sentences are done."""
         b, K = self.b, self.K
         V = log_probs.shape[-1]
         if V != self.V:
@@ -639,10 +640,12 @@ class BeamAdvance:
             and log_probs.device.type == "cpu"
         ):  # fmt: skip
             raise ValueError(f"BeamAdvance: ({b}, {K}, V) float32 contiguous CPU log-probabilities")
+        positions, at = (None, pos) if isinstance(pos, int) else (_each(pos, b, torch.int64).data_ptr(), 0)
+        norms, one = (None, norm) if isinstance(norm, float) else (_each(norm, b, torch.float32).data_ptr(), 0.0)
         src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
         done, rows = torch.empty(b, dtype=torch.bool), torch.empty(b * K, dtype=torch.int64)
         ended = _lib().beamserve_beam_advance(
-            log_probs.data_ptr(), b, K, V, *self.args, pos, self.limits, norm, *self.rules,
+            log_probs.data_ptr(), b, K, V, *self.args, positions, at, self.limits, norms, one, *self.rules,
             src_beam.data_ptr(), token.data_ptr(), done.data_ptr(), rows.data_ptr(),
         )  # fmt: skip
         if ended == -2:
@@ -650,6 +653,13 @@ class BeamAdvance:
         if ended < 0:
             raise MemoryError("no memory for the beam step")
         return src_beam, token, done, rows, ended
+
+
+def _each(values: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """values as n contiguous CPU values of dtype, or ValueError."""
+    if not (values.dtype == dtype and values.numel() == n and values.is_contiguous() and values.device.type == "cpu"):
+        raise ValueError(f"BeamAdvance: {n} contiguous {dtype} per sentence")
+    return values
 
 
 class LinearC(ctypes.Structure):

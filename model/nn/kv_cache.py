@@ -134,6 +134,27 @@ class KVCache:
         self._fit(t)
         self.k[:, start : start + n, :, :t] = k
         self.v[:, start : start + n, :, :t] = v
+        if self.lineage is not None:  # each of these rows holds its own positions
+            self.lineage[start : start + n] = torch.arange(start, start + n, device=self.lineage.device)[:, None]
+
+    def compact(self, dest: torch.Tensor, owned: torch.Tensor, src: torch.Tensor, filled: torch.Tensor) -> None:
+        """Rows leave and the rest close the gaps, each continuing a row of its own sentence: new row dest[i] (a
+        permutation of [0, M)) takes over the buffer row owned[i] and continues row src[i]. Without a lineage each
+        new row copies its source's filled prefix (filled (N,): positions each current row has written); with
+        one, the buffer rows move (a row's positions stay readable by the rows that name it) and each new row's
+        lineage is its source's, renamed to where those buffer rows went. The sources of a sentence are among
+        the rows it owns."""
+        if self.lineage is None:
+            self.move(dest, src, filled)
+            return
+        renamed = torch.full((self.lineage.shape[0],), -1, dtype=torch.long, device=dest.device)
+        renamed[owned] = dest
+        lineage = renamed[self.lineage[src]]  # (M, T'): positions past a row's own name no buffer row (-1)
+        moved = (dest != owned).nonzero()[:, 0]  # a row below M stays; the others fill the holes (fill_holes)
+        if moved.numel():
+            self.copy(dest[moved], owned[moved], filled)
+        self.lineage[: dest.numel()].index_copy_(0, dest, lineage)
+        self.rows = dest.numel()
 
     def reserve(self, pos: torch.Tensor) -> int:
         """Make room for rows writing at positions pos (N,); returns the length T attention will see.
@@ -160,14 +181,17 @@ class KVCache:
         if self.lineage is not None:  # which buffer rows hold the positions moves; the keys stay
             self.follow(torch.empty_like(src).index_copy_(0, dest, src))  # new row dest[i] continues src[i]
             return
-        # Copy only rows whose source differs, and only the filled prefix.
-        moved = (dest != src).nonzero()[:, 0]
-        t = self.length if filled is None or not moved.numel() else min(self.length, int(filled[src[moved]].max()))
+        moved = (dest != src).nonzero()[:, 0]  # copy only rows whose source differs
         if moved.numel():
-            # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
-            for cache in (self.k, self.v):
-                cache[:, :, :, :t].index_copy_(1, dest[moved], cache[:, src[moved], :, :t])
+            self.copy(dest[moved], src[moved], filled)
         self.rows = dest.numel()
+
+    def copy(self, dest: torch.Tensor, src: torch.Tensor, filled: torch.Tensor | None = None) -> None:
+        """Row dest[i] takes row src[i]'s keys and values, each row's filled prefix where filled (N,) gives it."""
+        t = self.length if filled is None else min(self.length, int(filled[src].max()))
+        # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
+        for cache in (self.k, self.v):
+            cache[:, :, :, :t].index_copy_(1, dest, cache[:, src, :, :t])
 
     def follow(self, rows: torch.Tensor) -> None:
         """A lineage cache's reorder: row i continues row rows[i] (N',), any rows in any order. Only the lineage
@@ -237,14 +261,17 @@ SMALL_REORDER = 64  # beams a reorder places in Python lists: a dozen tensor ops
 
 def _continue_in_place_listed(parents: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """continue_in_place over Python lists, the same rule sentence by sentence."""
-    out = []
-    for p, r in zip(parents.tolist(), rows.tolist(), strict=True):
-        first = [p[k] not in p[:k] and p[k] in r for k in range(len(p))]  # keeps its parent's row
-        kept = {p[k] for k in range(len(p)) if first[k]}
-        free = [row for row in r if row not in kept] + [row for row in r if row in kept]  # unclaimed first
-        others = iter(free)
-        out.append([p[k] if first[k] else next(others) for k in range(len(p))])
+    out = [continue_listed(p, r) for p, r in zip(parents.tolist(), rows.tolist(), strict=True)]
     return torch.tensor(out, dtype=parents.dtype, device=parents.device).view(parents.shape)
+
+
+def continue_listed(parents: list[int], rows: list[int]) -> list[int]:
+    """continue_in_place's rule for one sentence: its beams' parents and the rows it owns -> each beam's row."""
+    first = [parents[k] not in parents[:k] and parents[k] in rows for k in range(len(parents))]  # keeps its parent's
+    kept = {parents[k] for k in range(len(parents)) if first[k]}
+    free = [row for row in rows if row not in kept] + [row for row in rows if row in kept]  # unclaimed first
+    others = iter(free)
+    return [parents[k] if first[k] else next(others) for k in range(len(parents))]
 
 
 @dataclass

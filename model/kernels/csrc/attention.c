@@ -142,25 +142,21 @@ int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, 
  * key and value, H x D floats each, one after the other) writes its key and value at its position p(n) of cache
  * row n (k and v with strides sN, sH, sT, unit over D; R rows of T positions), then attends over positions
  * [0, p(n)] -> out (N, H, D) contiguous. p(n) is positions[n], or pos for every row where positions is NULL.
- * With a lineage (rows at the shared position pos only; rN rows of rT positions, strides lN, lT) row n names
- * itself at pos and reads position t from cache row lineage[n, t]; without one, from its own row. Returns as
- * beamserve_attend does, -2 having written nothing. */
+ * With a lineage (rN rows of rT positions, strides lN, lT) row n names itself at p(n) and reads position t from
+ * cache row lineage[n, t]; without one, from its own row. Returns as beamserve_attend does, -2 having written
+ * nothing. */
 int beamserve_self_attend_step(const float *qkv, int64_t sq, int64_t N, int64_t H, int64_t D, float *k, float *v,
                                int64_t sN, int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *positions,
                                int64_t pos, int64_t *lineage, int64_t lN, int64_t lT, int64_t rN, int64_t rT,
                                float scale, float *out) {
-    if (D < 1 || D > 16 * LANES || N > R || sq < 3 * H * D || (lineage && positions)) return -2;
+    if (D < 1 || D > 16 * LANES || N > R || sq < 3 * H * D || (lineage && N > rN)) return -2;
     for (int64_t n = 0; n < N; n++) {
         const int64_t p = positions ? positions[n] : pos;
-        if (p < 0 || p >= T) return -2;
-    }
-    if (lineage) {
-        if (pos >= rT || N > rN) return -2;
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t t = 0; t < pos; t++) {
-                int64_t row = lineage[n * lN + t * lT];
-                if (row < 0 || row >= R) return -2;
-            }
+        if (p < 0 || p >= T || (lineage && p >= rT)) return -2;
+        for (int64_t t = 0; lineage && t < p; t++) {
+            int64_t row = lineage[n * lN + t * lT];
+            if (row < 0 || row >= R) return -2;
+        }
     }
     int64_t on_stack[256], *lengths = NULL;
     if (positions) {
@@ -175,7 +171,7 @@ int beamserve_self_attend_step(const float *qkv, int64_t sq, int64_t N, int64_t 
             memcpy(k + n * sN + h * sH + p * sT, kn + h * D, (size_t)D * sizeof(float));
             memcpy(v + n * sN + h * sH + p * sT, vn + h * D, (size_t)D * sizeof(float));
         }
-        if (lineage) lineage[n * lN + pos * lT] = n;
+        if (lineage) lineage[n * lN + p * lT] = n;
     }
     int failed = attend_rows(qkv, sq, k, v, N, H, D, sN, sH, sT, lengths, pos + 1, lineage, lN, lT, scale, out);
     if (lengths && lengths != on_stack) free(lengths);

@@ -229,43 +229,52 @@ int beamserve_beam_step(const float *lp, int64_t batch, int64_t K, int64_t V, fl
 }
 
 /* search.constrain's rules for options shared by every row, applied to lp (batch, K, V) in place, then
- * beamserve_beam_step, for `batch` sentences all at step pos: the `n_suppressed` ids of `suppressed` -inf in
- * every row; eos -inf while pos < min_length; at pos 0 with forced_bos >= 0, every token -inf but forced_bos
- * at 0; the rows of a sentence whose next token is its last (max_lengths[b] == pos + 1), with forced_eos >= 0,
- * every token -inf but forced_eos at 0. norm: (pos + 1) ** length_penalty. Writes src_beam, token and done as
- * beamserve_beam_step, and rows (batch, K), the search row each new row continues (sentence b's row b at
- * step 0, when a sentence has one row; b K + src_beam after), for a step where no sentence is done. Returns
- * how many sentences are done, or beamserve_beam_step's -2 or -1. */
+ * beamserve_beam_step, for `batch` sentences, sentence b at step p(b) (positions[b], or pos for every sentence
+ * where positions is NULL): the `n_suppressed` ids of `suppressed` -inf in every row; eos -inf while p(b) <
+ * min_length; at p(b) = 0 with forced_bos >= 0, every token -inf but forced_bos at 0; the rows of a sentence
+ * whose next token is its last (max_lengths[b] == p(b) + 1), with forced_eos >= 0, every token -inf but
+ * forced_eos at 0. Sentence b's (p(b) + 1) ** length_penalty is norms[b], or norm for every sentence where norms
+ * is NULL. Writes src_beam, token and done as beamserve_beam_step, and rows (batch, K), the search row each new
+ * row continues (sentence b's row b where it had one row, at step 0; b K + src_beam after), for a step where no
+ * sentence is done. Returns how many sentences are done, or beamserve_beam_step's -2 or -1. */
 int beamserve_beam_advance(float *lp, int64_t batch, int64_t K, int64_t V, float *run_scores, int64_t *run_tokens,
                            float *fin_scores, int64_t *fin_tokens, uint8_t *fin_flags, uint8_t *improvable,
-                           int64_t T, int64_t pos, const int64_t *max_lengths, float norm, int64_t eos,
-                           int early_stopping, const int64_t *suppressed, int64_t n_suppressed, int64_t min_length,
-                           int64_t forced_bos, int64_t forced_eos, int64_t *src_beam, int64_t *token, uint8_t *done,
-                           int64_t *rows) {
+                           int64_t T, const int64_t *positions, int64_t pos, const int64_t *max_lengths,
+                           const float *norms, float norm, int64_t eos, int early_stopping, const int64_t *suppressed,
+                           int64_t n_suppressed, int64_t min_length, int64_t forced_bos, int64_t forced_eos,
+                           int64_t *src_beam, int64_t *token, uint8_t *done, int64_t *rows) {
     int64_t *at = calloc((size_t)batch + 1, sizeof(int64_t)); /* each sentence's pos and norm, as beam_step reads */
-    float *norms = calloc((size_t)batch + 1, sizeof(float));
-    if (!at || !norms) {
-        free(at), free(norms);
+    float *each = calloc((size_t)batch + 1, sizeof(float));
+    if (!at || !each) {
+        free(at), free(each);
         return -1;
+    }
+    for (int64_t b = 0; b < batch; b++) {
+        at[b] = positions ? positions[b] : pos;
+        each[b] = norms ? norms[b] : norm;
     }
     for (int64_t r = 0; r < batch * K; r++) {
         float *row = lp + r * V;
+        const int64_t p = at[r / K];
         for (int64_t i = 0; i < n_suppressed; i++) row[suppressed[i]] = -INFINITY;
-        if (pos < min_length) row[eos] = -INFINITY;
-        if (pos == 0 && forced_bos >= 0)
+        if (p < min_length) row[eos] = -INFINITY;
+        if (p == 0 && forced_bos >= 0)
             for (int64_t v = 0; v < V; v++) row[v] = v == forced_bos ? 0.0f : -INFINITY;
-        if (forced_eos >= 0 && max_lengths[r / K] == pos + 1)
+        if (forced_eos >= 0 && max_lengths[r / K] == p + 1)
             for (int64_t v = 0; v < V; v++) row[v] = v == forced_eos ? 0.0f : -INFINITY;
     }
-    for (int64_t b = 0; b < batch; b++) at[b] = pos, norms[b] = norm;
     int failed = beamserve_beam_step(lp, batch, K, V, run_scores, run_tokens, fin_scores, fin_tokens, fin_flags,
-                                     improvable, T, at, max_lengths, norms, eos, early_stopping, src_beam, token, done);
-    free(at), free(norms);
-    if (failed) return failed;
+                                     improvable, T, at, max_lengths, each, eos, early_stopping, src_beam, token, done);
+    free(each);
+    if (failed) {
+        free(at);
+        return failed;
+    }
     int ended = 0;
     for (int64_t b = 0; b < batch; b++) {
         ended += done[b] != 0;
-        for (int64_t k = 0; k < K; k++) rows[b * K + k] = pos == 0 ? b : b * K + src_beam[b * K + k];
+        for (int64_t k = 0; k < K; k++) rows[b * K + k] = at[b] == 0 ? b : b * K + src_beam[b * K + k];
     }
+    free(at);
     return ended;
 }
