@@ -79,7 +79,9 @@ class EngineObserver(Protocol):
 
     def on_generated(self, tokens: int) -> None: ...
 
-    def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int, *, idle: bool = False) -> None: ...
+    def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int, *, idle: bool = False) -> float | None:
+        """Idle: how long until what it holds must be recorded (the engine waits no longer), or None."""
+        ...
 
 
 def _run_job(fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
@@ -341,8 +343,8 @@ class Engine:
         batch, wait = self.requests.next_batch(now)
         if batch is None:
             self._active = 0
-            self._sync(idle=True)
-            return None, wait
+            due = self._sync(idle=True)
+            return None, wait if due is None else min(wait, due)
         self._active = len(batch)
         self._observe_start(batch, now)
         return (lambda: self._run_batch(batch)), 0.0
@@ -400,8 +402,9 @@ class Engine:
         if self.observer is not None:
             self.observer.on_generated(generated)
 
-    def _sync(self, *, idle: bool = False) -> None:
-        if self.observer is not None:
-            device = self.translator.device
-            gpu = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-            self.observer.sync(self.stats, self.queued, self._active, gpu, idle=idle)
+    def _sync(self, *, idle: bool = False) -> float | None:
+        if self.observer is None:
+            return None
+        device = self.translator.device
+        gpu = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        return self.observer.sync(self.stats, self.queued, self._active, gpu, idle=idle)
