@@ -99,6 +99,10 @@ def test_serve_command_listens_translates_and_stops_on_sigterm(tmp_path: Path) -
         )
         assert r.status_code == 200 and "Hund" in r.json()["translations"][0]["text"]
         assert healthcheck(port).returncode == 0  # the Docker image's HEALTHCHECK, on the configured port
+        # The model's replica at the server's own priority, not Ray's default nice 15 for its workers.
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        replicas = [p for p in tree if "ServeReplica" in " ".join(p.cmdline() or [p.name()])]
+        assert replicas and {p.nice() for p in replicas} == {psutil.Process(proc.pid).nice()}
         # Ray's GCS, raylet, workers, agents, Serve's replicas and the metrics exporter: loopback only.
         sockets = listening(proc.pid)
         assert {"gcs_server", "raylet"} <= {name for name, _, _ in sockets}, sockets
