@@ -5,7 +5,8 @@
 
 For each compute type, on the same test sentences (test_2016_flickr, uncached, beam 4):
 - in process: `Translator.translate` of each sentence alone, its wall time (p50, p95), and the
-  offline rate at batch 64 (sentences/s);
+  offline rate at batch 64 (sentences/s); and the server's engine without the server (`Engine.translate`
+  in one process): each sentence alone (p50), and the rate with --concurrency sentences in flight;
 - served: `beamserve serve --models en-de` (HAProxy in front, the model in the ingress) with the same
   compute type and intra-op threads, each sentence a request on one keep-alive connection, the next
   sent when the last is answered: the request's wall time at the client, and its Server-Timing (the
@@ -36,12 +37,18 @@ from bench_serving import Server, test_sentences  # noqa: E402
 from reports import emit  # noqa: E402
 
 
-def in_process(compute_type: str, threads: int, alone: list[str], batched: list[str], rounds: int) -> dict[str, float]:
+def in_process(
+    compute_type: str, threads: int, alone: list[str], batched: list[str], rounds: int, concurrency: int
+) -> dict[str, float]:
     """Each of `alone` through Translator.translate by itself (the best of `rounds` per sentence), and the rate
-    over `batched` at batch 64; in a fresh process, as a replica's model is."""
+    over `batched` at batch 64; then the same through the server's engine (service/engine/engine.py) without the
+    server: each of `alone` alone, and `batched` with `concurrency` sentences in flight. In a fresh process, as
+    a replica's model is."""
     code = f"""
-import json, sys, time
-from model import Translator
+import asyncio, json, sys, time
+from model import DecodeOptions, Translator
+from service.engine.engine import Engine
+from service.engine.scheduler import BatchingConfig
 tr = Translator.load("en-de", "cpu", compute_type={compute_type!r}, num_threads={threads})
 texts, batched = json.loads(sys.stdin.read())
 for t in texts[:8]:
@@ -58,7 +65,34 @@ tr.translate(batched[:64], beam_size=4, max_batch_size=64)
 start = time.perf_counter()
 for i in range(0, len(batched), 64):
     tr.translate(batched[i:i + 64], beam_size=4, max_batch_size=64)
-print(json.dumps({{"each": each, "rate": len(batched) / (time.perf_counter() - start)}}))
+rate = len(batched) / (time.perf_counter() - start)
+engine, opts = Engine(tr, BatchingConfig(max_queue_wait_s=3600)), DecodeOptions(beam_size=4)
+alone_ids, batched_ids = [tr.encode(t) for t in texts], [tr.encode(t) for t in batched]
+
+async def engine_runs():
+    for ids in alone_ids[:8]:
+        await engine.translate([ids], opts, 60)
+    engine_each = []
+    for ids in alone_ids:
+        best = float("inf")
+        for _ in range({rounds}):
+            start = time.perf_counter()
+            await engine.translate([ids], opts, 60)
+            best = min(best, time.perf_counter() - start)
+        engine_each.append(best)
+    left = iter(batched_ids)
+
+    async def client():
+        for ids in left:
+            await engine.translate([ids], opts, 600)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range({concurrency})))
+    return engine_each, len(batched_ids) / (time.perf_counter() - start)
+
+engine_each, engine_rate = asyncio.run(engine_runs())
+engine.close()
+print(json.dumps({{"each": each, "rate": rate, "engine_each": engine_each, "engine_rate": engine_rate}}))
 """
     import json
 
@@ -71,8 +105,14 @@ print(json.dumps({{"each": each, "rate": len(batched) / (time.perf_counter() - s
         check=True,
     )
     found = json.loads(out.stdout.strip().splitlines()[-1])
-    each = found["each"]
-    return {"p50": quantile(each, 0.5), "p95": quantile(each, 0.95), "rate": found["rate"]}
+    each, engine_each = found["each"], found["engine_each"]
+    return {
+        "p50": quantile(each, 0.5),
+        "p95": quantile(each, 0.95),
+        "rate": found["rate"],
+        "engine p50": quantile(engine_each, 0.5),
+        "engine rate": found["engine_rate"],
+    }
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -153,14 +193,14 @@ def main() -> None:
         f"(each the best of {args.rounds}); saturation: {args.concurrency} connections, one sentence a request, "
         f"about {args.saturation_s:.0f} s. Milliseconds unless marked.",
         "",
-        "| compute type | in-process p50 / p95 | served p50 / p95 | served - in-process (p50) "
-        "| Server-Timing p50: decode / queue / total | offline sent/s (batch 64) | served sent/s at saturation "
-        "| served / offline | refused at saturation | load generator CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| compute type | in-process p50 / p95 | engine alone p50 | served p50 / p95 | served - in-process (p50) "
+        "| Server-Timing p50: decode / queue / total | offline sent/s (batch 64) | engine alone sent/s at "
+        "saturation | served sent/s at saturation | served / offline | refused at saturation | load generator CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ct in args.compute_types.split(","):
         print(f"{ct}: in process", flush=True)
-        local = in_process(ct, args.threads, alone, sentences, args.rounds)
+        local = in_process(ct, args.threads, alone, sentences, args.rounds, args.concurrency)
         print(f"{ct}: served", flush=True)
         server = Server("beamserve", "haproxy", {"BEAMSERVE_THREADS": str(args.threads), "BEAMSERVE_COMPUTE_TYPE": ct})
         try:
@@ -170,10 +210,11 @@ def main() -> None:
             server.stop()
         ms = 1000
         lines.append(
-            f"| {ct} | {local['p50'] * ms:.1f} / {local['p95'] * ms:.1f} "
+            f"| {ct} | {local['p50'] * ms:.1f} / {local['p95'] * ms:.1f} | {local['engine p50'] * ms:.1f} "
             f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f} | {(served['p50'] - local['p50']) * ms:+.1f} "
             f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
-            f"| {local['rate']:.1f} | {full['rate']:.1f} | {full['rate'] / local['rate']:.2f} "
+            f"| {local['rate']:.1f} | {local['engine rate']:.1f} | {full['rate']:.1f} "
+            f"| {full['rate'] / local['rate']:.2f} "
             f"| {full['refused']:.0f} of {full['sent']:.0f} | {full['client_cpu']:.2f} cores |"
         )
         print(lines[-1], flush=True)
