@@ -120,6 +120,30 @@ static void close_sublayer(const beamserve_layer_c *l, int which, float *x, cons
         beamserve_layer_norm(sub, N, C, l->norm_weight[which], l->norm_bias[which], l->eps[which], x);
 }
 
+/* A sublayer's input: x itself (post-norm), or its norm `which` written to normed (pre-norm). */
+static const float *sublayer_input(const beamserve_layer_c *l, int which, const float *x, float *normed, int64_t N,
+                                   int64_t C) {
+    if (!l->pre) return x;
+    beamserve_layer_norm(x, N, C, l->norm_weight[which], l->norm_bias[which], l->eps[which], normed);
+    return normed;
+}
+
+/* Layer l's feed-forward closed over h, its activated hidden rows: x = norm(x + fc2(h)) or x + fc2(h). */
+static int close_feed_forward(const beamserve_layer_c *l, const float *h, float *x, float *sub, int64_t N, int64_t C) {
+    int failed = l->fc2.N != C ? -2 : linear(&l->fc2, h, N, x, sub);
+    if (!failed) close_sublayer(l, 2, x, sub, N, C);
+    return failed;
+}
+
+/* Layer l's feed-forward input u (its norm of x, or x), and f = fc1(u) where fc1 is in C. */
+static int open_feed_forward(const beamserve_layer_c *l, const float *x, float *u, float *f, int64_t N, int64_t C) {
+    if (l->pre)
+        beamserve_layer_norm(x, N, C, l->norm_weight[2], l->norm_bias[2], l->eps[2], u);
+    else
+        memcpy(u, x, (size_t)(N * C) * sizeof(float));
+    return !l->fc1.packed ? 0 : l->fc1.K != C ? -2 : linear(&l->fc1, u, N, NULL, f);
+}
+
 /* A decode step's decoder layers between two feed-forward activations, in one call: the feed-forward of layer
  * `ending` closed (fc2 over h, its activated hidden rows (N, ending->fc2.K), with the residual, then its norm),
  * then the two attention sublayers of `layer` and the input of its feed-forward: u (N, C), and f (N, fc1.N) =
@@ -136,31 +160,19 @@ int beamserve_decoder_segment(const beamserve_layer_c *ending, const float *h, c
     float *sub = malloc((size_t)(2 * N * C) * sizeof(float)); /* a sublayer's output, then a normed input */
     if (!sub) return -1;
     float *normed = sub + N * C;
-    int failed = 0;
-    if (ending) {
-        failed = ending->fc2.N != C ? -2 : linear(&ending->fc2, h, N, x, sub);
-        if (!failed) close_sublayer(ending, 2, x, sub, N, C);
-    }
+    int failed = ending ? close_feed_forward(ending, h, x, sub, N, C) : 0;
     if (layer && !failed) {
-        const float *in = x;
-        if (layer->pre) beamserve_layer_norm(x, N, C, layer->norm_weight[0], layer->norm_bias[0], layer->eps[0], normed);
-        if (layer->pre) in = normed;
+        const float *in = sublayer_input(layer, 0, x, normed, N, C);
         failed = beamserve_self_sublayer(in, x, N, &layer->self_in, &layer->self_out, own, positions, pos, sub);
         if (!failed) {
             close_sublayer(layer, 0, x, sub, N, C);
-            in = x;
-            if (layer->pre) beamserve_layer_norm(x, N, C, layer->norm_weight[1], layer->norm_bias[1], layer->eps[1], normed);
-            if (layer->pre) in = normed;
+            in = sublayer_input(layer, 1, x, normed, N, C);
             failed = beamserve_cross_sublayer(in, x, N, &layer->cross_in, &layer->cross_out, source, lengths, rows, rs,
                                               ts, rN, rT, sub);
         }
         if (!failed) {
             close_sublayer(layer, 1, x, sub, N, C);
-            if (layer->pre)
-                beamserve_layer_norm(x, N, C, layer->norm_weight[2], layer->norm_bias[2], layer->eps[2], u);
-            else
-                for (int64_t i = 0; i < N * C; i++) u[i] = x[i];
-            if (layer->fc1.packed) failed = layer->fc1.K != C ? -2 : linear(&layer->fc1, u, N, NULL, f);
+            failed = open_feed_forward(layer, x, u, f, N, C);
         }
     }
     free(sub);
@@ -183,17 +195,9 @@ int beamserve_encoder_segment(const beamserve_layer_c *ending, const float *h, c
     float *sub = malloc((size_t)(N * 6 * C) * sizeof(float)); /* a sublayer's output, a normed input, q k v, q */
     if (!sub) return -1;
     float *normed = sub + N * C, *qkv = normed + N * C, *q = qkv + 3 * N * C;
-    int failed = 0;
-    if (ending) {
-        failed = ending->fc2.N != C ? -2 : linear(&ending->fc2, h, N, x, sub);
-        if (!failed) close_sublayer(ending, 2, x, sub, N, C);
-    }
+    int failed = ending ? close_feed_forward(ending, h, x, sub, N, C) : 0;
     if (layer && !failed) {
-        const float *in = x;
-        if (layer->pre) {
-            beamserve_layer_norm(x, N, C, layer->norm_weight[0], layer->norm_bias[0], layer->eps[0], normed);
-            in = normed;
-        }
+        const float *in = sublayer_input(layer, 0, x, normed, N, C);
         failed = layer->self_in.K != C || layer->self_in.N != 3 * C || layer->self_out.K != C
                      ? -2
                      : linear(&layer->self_in, in, N, NULL, qkv);
@@ -205,11 +209,7 @@ int beamserve_encoder_segment(const beamserve_layer_c *ending, const float *h, c
         if (!failed) failed = linear(&layer->self_out, normed, N, x, sub);
         if (!failed) {
             close_sublayer(layer, 0, x, sub, N, C);
-            if (layer->pre)
-                beamserve_layer_norm(x, N, C, layer->norm_weight[2], layer->norm_bias[2], layer->eps[2], u);
-            else
-                memcpy(u, x, (size_t)(N * C) * sizeof(float));
-            if (layer->fc1.packed) failed = layer->fc1.K != C ? -2 : linear(&layer->fc1, u, N, NULL, f);
+            failed = open_feed_forward(layer, x, u, f, N, C);
         }
     }
     free(sub);
