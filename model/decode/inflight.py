@@ -199,9 +199,13 @@ class InflightBatch:
         dev = self.device
         first = self.model.new_cache(b, 1, self.dtype, dev)
         start = torch.full((b,), opts.start_token_id, dtype=torch.long, device=dev)
-        log_probs = self.model.decode_step(start, 0, first, cross, log_probs=True)  # (b, V)
-        log_probs = constrain(log_probs.repeat_interleave(K, dim=0), 0, caps.repeat_interleave(K), opts)
-        _, token, done = beam_step(log_probs.view(b, K, -1), state, torch.zeros_like(caps), caps, opts)  # (b, K)
+        log_probs = self.model.decode_step(start, 0, first, cross, log_probs=True).repeat_interleave(K, dim=0)
+        advance = advance_in_c(log_probs, state, caps, opts)
+        if advance is not None:  # constrain and beam_step in one C call; (0 + 1) ** length_penalty is 1
+            _, token, done, _, _ = advance(log_probs.view(b, K, -1), 0, 1.0)
+        else:
+            log_probs = constrain(log_probs, 0, caps.repeat_interleave(K), opts)
+            _, token, done = beam_step(log_probs.view(b, K, -1), state, torch.zeros_like(caps), caps, opts)  # (b, K)
         for i in done.nonzero()[:, 0].tolist():
             self._finished.append((keys[i], finished_hypotheses(state, i, opts)))
         keep = (~done).nonzero()[:, 0]
