@@ -744,8 +744,10 @@ def layer_norms_exactly() -> bool:
     by this CPU (and ATEN_CPU_CAPABILITY), and the C one reproduces the 8-lane kernel of its AVX2 and AVX-512
     builds. Compared once, on rows of several widths and scales."""
     global _EXACT_NORMS
+    if _LIB is None:  # not built, or turned off since
+        return False
     if _EXACT_NORMS is None:
-        _EXACT_NORMS = _LIB is not None and _norms_agree()
+        _EXACT_NORMS = _norms_agree()
     return _EXACT_NORMS
 
 
