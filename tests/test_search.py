@@ -14,11 +14,11 @@ from model.decode.search import (
     beam_search,
     beam_step,
     greedy_search,
-    log_softmax_,
     top_candidates,
     top_indices,
 )
 from model.kernels import native
+from model.kernels.log_softmax import log_softmax_
 
 EOS, A, B, START = 0, 1, 2, 3
 # P(next token | prefix); unlisted prefixes use DEFAULT.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from model.decode.search import Hypothesis, SearchOptions, Stepper, beam_search, greedy_search, log_softmax_
+from model.decode.search import Hypothesis, SearchOptions, Stepper, beam_search, greedy_search
+from model.kernels.log_softmax import log_softmax_
 from model.nn.kv_cache import CrossCache, KVCache, continue_in_place, fill_holes
 from model.nn.transformer import Seq2Seq
 

@@ -174,24 +174,6 @@ def ban_repeated_ngrams(
     log_probs.scatter_reduce_(1, banned.clamp(min=0), bans.masked_fill_(match, float("-inf")), reduce="amin")
 
 
-def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
-    """log_softmax over the vocabulary in float32; contiguous float32 logits on CPU are overwritten.
-
-    ATen's fused kernel: about 5x faster on CPU (256 x 8000 logits) than an in-place
-    x - logsumexp(x), whose separate amax/sub/exp/sum passes each read the whole (N, V) tensor.
-    On CPU it writes over the logits (not needed afterwards; the kernel has a row's maximum and sum
-    before it writes the row, so the values are the same to the bit): one (N, V) buffer fewer, and
-    1.01-1.02x end to end in steady state (bench_decode.py's beamserve-lsm; more on a process's first
-    batches, while a new tensor's pages are still being faulted in).
-    """
-    x = logits.float()
-    if x.device.type == "cpu" and x.is_contiguous():
-        if native.runs_on(x):  # one pass a row, its own bits (model/kernels/native.py)
-            return native.log_softmax_(x)
-        return torch.log_softmax(x, dim=-1, out=x)
-    return torch.log_softmax(x, dim=-1)
-
-
 def greedy_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions) -> list[list[Hypothesis]]:
     """Arg-max decoding of B sentences; max_lengths (B,) caps each one's generated tokens."""
     B = max_lengths.numel()

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from model.decode.search import log_softmax_
 from model.kernels import int8_choice, native
 from model.kernels.int8_kernels import Int8Weight, multiply, quantize_rows, with_forms
+from model.kernels.log_softmax import log_softmax_
 
 __all__ = ["Int8Weight", "int8_of", "int8_weight", "linear_int8", "quantize_weight", "use_int8"]
 
@@ -70,7 +70,7 @@ def linear_int8(
     """x (..., K) @ weight^T + bias with int8 operands: x quantised per row, the int32 product scaled
     back per row and per column; plus `residual` (..., N) where given (added in float32 where x is float32, in
     x's dtype otherwise, as `residual + y` would). Returns (..., N) in x's dtype; with `log_softmax`, each
-    row's log-softmax (float32, model.decode.search.log_softmax_), in C where the C kernels run."""
+    row's log-softmax (float32, model.kernels.log_softmax.log_softmax_), in C where the C kernels run."""
     flat = x.dim() == 2  # a decode step's rows: no views to make (each costs a microsecond)
     rows = x if flat else x.reshape(-1, x.shape[-1])  # (M, K)
     if bias is not None and bias.dtype != torch.float32:  # a decode step makes ~20 calls: no needless ops

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.decode.search import log_softmax_
 from model.kernels import native
 from model.kernels.gemm import Linear, linear
+from model.kernels.log_softmax import log_softmax_
 from model.kernels.quant import int8_of, linear_int8
 from model.nn import c_encode, c_step
 from model.nn.config import ModelConfig
@@ -272,8 +272,8 @@ class Seq2Seq(nn.Module):
 
     def output(self, h: torch.Tensor, *, log_probs: bool = False) -> torch.Tensor:
         """Decoder states (..., C) -> logits (..., V) through the (tied) output projection; with `log_probs`,
-        their search.log_softmax_ (float32), in one pass over the logits with the int8 projection's
-        scale-back where the C kernels run (the same bits)."""
+        their log_softmax_ (model/kernels/log_softmax.py, float32), in one pass over the logits with the int8
+        projection's scale-back where the C kernels run (the same bits)."""
         if self.decoder_norm is not None:
             h = self.decoder_norm(h)
         q = int8_of(self.output_weight) if log_probs and h.is_cpu and not torch.is_grad_enabled() else None
