@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from service.api.errors import ApiError
+from service.api.error_codes import RETRY_AFTER_S
+from service.api.errors import ApiError, retry_after
 
 DEFAULT_FILE = "~/.local/share/beamserve/records.sqlite3"
 REDIS_SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
@@ -61,7 +62,9 @@ def open_records(uri: str) -> Records:
 
 def _down(exc: Exception) -> ApiError:
     return ApiError(
-        "store_unavailable", f"the glossary and document store cannot be reached ({exc})", {"Retry-After": "5"}
+        "store_unavailable",
+        f"the glossary and document store cannot be reached ({exc})",
+        retry_after(RETRY_AFTER_S["store_unavailable"]),
     )
 
 

@@ -43,7 +43,7 @@ def test_a_dead_replica_is_a_503_that_says_when_to_retry() -> None:
 
     answer = api_error(ActorDiedError())
     assert answer is not None and (answer.status, answer.code) == (503, "replica_unavailable")
-    assert answer.headers == {"Retry-After": "5"}
+    assert answer.headers == {"Retry-After": "2"}  # error_codes.RETRY_AFTER_S, as HAProxy and the proxy say it
 
 
 def test_an_api_error_passes_through_and_an_unknown_error_is_not_mapped() -> None:
@@ -91,3 +91,21 @@ def test_every_error_code_has_one_status_and_the_docs_list_them_all() -> None:
     docs = (ROOT / "docs" / "operations.md").read_text()
     rows = [f"| `{code}` | {status} | {meaning} |" for code, (status, meaning) in CODES.items()]
     assert "\n".join(rows) in docs
+
+
+def test_a_code_says_one_retry_after_from_the_gateway_and_from_haproxy() -> None:
+    from ray.exceptions import ActorDiedError
+
+    from service.api import front
+    from service.api.error_codes import RETRY_AFTER_S
+    from service.settings import Settings
+
+    answer = api_error(ActorDiedError())
+    assert answer is not None and answer.headers == {"Retry-After": str(RETRY_AFTER_S["replica_unavailable"])}
+    config = front._defaults(front.limits_of(Settings())) + front._no_route()
+    said = {}
+    for line in config.splitlines():
+        codes = [code for code in RETRY_AFTER_S if ':\\"' + code + '\\"' in line]  # the body's error code
+        if codes and "retry-after" in line:
+            said.setdefault(codes[0], set()).add(int(line.split("retry-after ")[1].split()[0]))
+    assert said == {code: {RETRY_AFTER_S[code]} for code in ("replica_unavailable", "starting", "timeout")}

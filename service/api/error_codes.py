@@ -71,6 +71,20 @@ CODES: dict[str, tuple[int, str]] = {
     "timeout": (504, "no answer within the request's deadline"),
 }
 
+# The codes that say when to retry, without the error itself telling (an overload's estimate does): seconds, as
+# every answer of the code says them in Retry-After, from the gateway, HAProxy or Serve's proxy alike.
+RETRY_AFTER_S: dict[str, int] = {
+    "replica_unavailable": 2,  # Serve replaces a dead replica in about this long on one node
+    "starting": 2,  # the front before its routes arrive: the application is deploying
+    "pair_unavailable": 5,  # a pair's model that would not load, or one whose replicas are all down
+    "shutting_down": 5,  # a draining server: another replica, or this one restarted
+    "store_unavailable": 5,  # the glossary and document store
+    "limits_unavailable": 5,  # the API keys' limits store
+    "overloaded": 1,
+    "timeout": 1,
+    "document_not_ready": 1,  # a document still translating, asked for its result
+}
+
 
 def status_of(code: str) -> int:
     return CODES[code][0]

@@ -11,7 +11,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from model.errors import InputTooLongError, InvalidTextError
-from service.api.error_codes import status_of
+from service.api.error_codes import RETRY_AFTER_S, status_of
 from service.engine.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 from service.registry import ModelUnavailableError
 from service.text.html_text import HtmlLimitError, HtmlSyntaxError
@@ -31,12 +31,6 @@ TYPES: dict[type[Exception], str] = {
     RayActorError: "replica_unavailable",
     ActorUnavailableError: "replica_unavailable",
 }
-RETRY_AFTER_S = {
-    "replica_unavailable": 5.0,
-    "pair_unavailable": 5.0,
-    "overloaded": 1.0,
-    "timeout": 1.0,
-}  # answers that say when to retry without the error telling; every 503 and 504 says (http.error_response)
 
 
 def message(body: dict[str, Any]) -> str:

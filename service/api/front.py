@@ -34,7 +34,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from service.api.error_codes import status_of
+from service.api.error_codes import RETRY_AFTER_S, status_of
 
 if TYPE_CHECKING:
     from service.settings import Settings
@@ -56,7 +56,7 @@ RETRIES = 20  # connection attempts past the first; see environment()
 SERVER_GRACE_S = 10  # HAProxy answers 504 when a gateway replica is silent this long past request_timeout_s
 DEREGISTER_S = 2  # a stopping gateway replica answers this long after HAProxy is told to stop using it
 PROXY_READY_S = 30  # how long a starting proxy may take to answer Serve's readiness check
-RETRY_AFTER_S = 2  # Serve replaces a dead gateway replica in about this long on one node
+UNAVAILABLE_S = RETRY_AFTER_S["replica_unavailable"]
 logger = logging.getLogger(__name__)
 
 
@@ -159,9 +159,9 @@ def _defaults(limits: Limits) -> str:
         + _http_error(400, "malformed_request", "the request is not valid HTTP")
         + _http_error(408, "body_timeout", "the request did not arrive in time")
         + _http_error(413, "body_too_large", f"request body over {limits.max_body_bytes} bytes")
-        + _http_error(502, "replica_unavailable", "the gateway replica stopped while answering", RETRY_AFTER_S, 503)
-        + _http_error(503, "replica_unavailable", "no gateway replica took the request in time", RETRY_AFTER_S)
-        + _http_error(504, "timeout", "no answer within the server's time")
+        + _http_error(502, "replica_unavailable", "the gateway replica stopped while answering", UNAVAILABLE_S, 503)
+        + _http_error(503, "replica_unavailable", "no gateway replica took the request in time", UNAVAILABLE_S)
+        + _http_error(504, "timeout", "no answer within the server's time", RETRY_AFTER_S["timeout"])
     )
 
 
@@ -276,7 +276,9 @@ def _no_route() -> str:
         "{%- if backends %}\n"
         + _http_return(404, "not_found", "no route for this path")
         + "{%- else %}\n"
-        + _http_return(503, "starting", "the server is starting; retry shortly", f" hdr retry-after {RETRY_AFTER_S}")
+        + _http_return(
+            503, "starting", "the server is starting; retry shortly", f" hdr retry-after {RETRY_AFTER_S['starting']}"
+        )
         + "{%- endif %}\n"
     )
 

@@ -18,7 +18,8 @@ from starlette.datastructures import UploadFile
 from service import local_ray
 from service.api import deepl, libretranslate, openapi, request_log, ui
 from service.api.bodies import json_response, openapi_body, parse_json, read_body
-from service.api.errors import ApiError
+from service.api.error_codes import RETRY_AFTER_S
+from service.api.errors import ApiError, retry_after
 from service.api.http import app
 from service.api.keys import Client, KeyLimits, Keys, load_keys
 from service.api.libretranslate import DETECT_OPENAPI, FILE_OPENAPI
@@ -133,9 +134,13 @@ class Gateway:
     @contextlib.contextmanager
     def _accepting(self) -> Iterator[None]:
         if self.draining:
-            raise ApiError("shutting_down", "the server is shutting down", {"Retry-After": "5"})
+            raise ApiError("shutting_down", "the server is shutting down", retry_after(RETRY_AFTER_S["shutting_down"]))
         if self.in_flight >= self.settings.max_in_flight:  # the cheapest refusal: before any model work
-            raise ApiError("overloaded", f"{self.in_flight} requests in flight on this gateway", {"Retry-After": "1"})
+            raise ApiError(
+                "overloaded",
+                f"{self.in_flight} requests in flight on this gateway",
+                retry_after(RETRY_AFTER_S["overloaded"]),
+            )
         self.in_flight += 1
         try:
             yield
@@ -447,7 +452,9 @@ class Gateway:
         is down answers its own requests 503). With ?pair=en-de, that pair's readiness. Never waits on a
         replica: it reads PairHealth, refreshed in the background (service/engine/pair_health.py)."""
         if self.draining:
-            return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": "5"})
+            return JSONResponse(
+                {"status": "draining"}, status_code=503, headers=retry_after(RETRY_AFTER_S["shutting_down"])
+            )
         if pair is not None and pair not in self.router.pairs:
             raise ApiError("unknown_pair", f"no model for {pair}; {self.router.served()}")
         health = self.router.health

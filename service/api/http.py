@@ -25,8 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from service.api import deepl, front, libretranslate, request_log
-from service.api.error_codes import status_of
-from service.api.errors import RETRY_AFTER_S, ApiError, api_error, retry_after
+from service.api.error_codes import RETRY_AFTER_S, status_of
+from service.api.errors import ApiError, api_error, retry_after
 from service.metrics import gateway_metrics
 from service.settings import Settings
 

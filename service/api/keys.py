@@ -25,7 +25,8 @@ from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimite
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
-from service.api.errors import ApiError
+from service.api.error_codes import RETRY_AFTER_S
+from service.api.errors import ApiError, retry_after
 from service.api.schemas import KeyUsage
 
 UNLIMITED = 10**15  # the amount of a window that only counts
@@ -220,7 +221,11 @@ class Keys:
 
 def _store_down(exc: StorageError) -> ApiError:
     """Keyed requests are refused, not served uncounted, while the store is unreachable."""
-    return ApiError("limits_unavailable", f"the limits store cannot be reached ({exc})", {"Retry-After": "5"})
+    return ApiError(
+        "limits_unavailable",
+        f"the limits store cannot be reached ({exc})",
+        retry_after(RETRY_AFTER_S["limits_unavailable"]),
+    )
 
 
 def _refused(code: str, why: str, reset: float) -> ApiError:

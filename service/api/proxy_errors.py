@@ -17,9 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from service.api.error_codes import status_of
-
-RETRY_AFTER_S = 2  # Serve replaces a dead replica in about this long on one node
+from service.api.error_codes import RETRY_AFTER_S, status_of
 
 
 def install() -> None:
@@ -36,7 +34,11 @@ def install() -> None:
         if isinstance(exc, BackPressureError):
             code, detail, retry = "overloaded", str(exc), exc.retry_after_s or 1
         elif isinstance(exc, RayActorError | ActorUnavailableError):
-            code, detail, retry = "replica_unavailable", "the ingress replica stopped while answering", RETRY_AFTER_S
+            code, detail, retry = (
+                "replica_unavailable",
+                "the ingress replica stopped while answering",
+                RETRY_AFTER_S["replica_unavailable"],
+            )
         else:
             return original(exc, request_timeout_s, request_id)
         return ResponseStatus(

@@ -17,7 +17,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from service.api.errors import ApiError
+from service.api.error_codes import RETRY_AFTER_S
+from service.api.errors import ApiError, retry_after
 
 HOLD_S = 1.0  # how long a pair's refusal stands for the requests at or above its level
 
@@ -42,7 +43,7 @@ class PairAdmission:
             raise ApiError(
                 "overloaded",
                 f"{self.pair} has {self.in_flight} sentence-beams in flight; it refused work at {self.full_at}",
-                {"Retry-After": "1"},
+                retry_after(RETRY_AFTER_S["overloaded"]),
             )
 
     @contextlib.contextmanager

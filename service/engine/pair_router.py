@@ -16,7 +16,8 @@ from ray.serve.handle import DeploymentHandle
 from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
 from service.api import libretranslate, request_log
-from service.api.errors import ApiError, api_error
+from service.api.error_codes import RETRY_AFTER_S
+from service.api.errors import ApiError, api_error, retry_after
 from service.api.schemas import DetectedLanguage, TranslateRequest, TranslateResponse, Translation, Usage
 from service.cache import Entry, TranslationCache
 from service.engine.admission import PairAdmission
@@ -281,7 +282,9 @@ class PairRouter:
         self.health.refresh_soon()
         if any(self.health.down(p) for p in self._legs(pair)):  # down or loading: this pair fails, not the pod
             raise ApiError(
-                "pair_unavailable", f"the {pair} model is not available now; retry later", {"Retry-After": "5"}
+                "pair_unavailable",
+                f"the {pair} model is not available now; retry later",
+                retry_after(RETRY_AFTER_S["pair_unavailable"]),
             )
         self.check_texts(req.texts)
         return pair, self._options(req)

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
-from service.api.errors import ApiError
+from service.api.error_codes import RETRY_AFTER_S
+from service.api.errors import ApiError, retry_after
 from service.api.schemas import TranslateRequest
 from service.engine import allocator
 from service.engine.pair_router import PairRouter
@@ -237,7 +238,11 @@ class DocumentJobs:
         if answer["status"] == "error":
             raise ApiError("document_failed", f"document {document_id} failed: {answer['error_message']}")
         if answer["status"] != "done":
-            raise ApiError("document_not_ready", f"document {document_id} is {answer['status']}", {"Retry-After": "1"})
+            raise ApiError(
+                "document_not_ready",
+                f"document {document_id} is {answer['status']}",
+                retry_after(RETRY_AFTER_S["document_not_ready"]),
+            )
         found = await self.records.get(RESULT, document_id)
         if found is None:
             raise ApiError("document_not_found", f"document {document_id}'s translation has expired")
