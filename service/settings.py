@@ -100,14 +100,13 @@ class Settings(BaseSettings):
         return Settings(**{**self.model_dump(), **entry.settings})
 
     def uses_static_slots(self, device_type: str) -> bool:
-        """static_slots, or unset: on a GPU, where replaying the step's graphs decodes 2.1-2.3x as fast as
-        the eager decoder; off on a CPU, where the static state decodes 0.54x as fast (docs/benchmarks.md)."""
+        """static_slots, or unset: on a GPU, where replaying the step's graphs decodes faster than the eager
+        decoder; off on a CPU, where the static state decodes slower (docs/benchmarks.md has both)."""
         return self.static_slots if self.static_slots is not None else device_type == "cuda"
 
     def uses_colocation(self, entries: list[ModelEntry]) -> bool:
         """colocate, or unset: when the registry's one model is not pooled. Beside its decoding, a decoded
-        request then costs the server 0.39x the CPU it costs crossing to a model deployment
-        (docs/benchmarks.md#serving-path)."""
+        request then costs the server less CPU than crossing to a model deployment (docs/benchmarks.md#serving-path)."""
         if self.colocate is not None:
             return self.colocate
         return len(entries) == 1 and not entries[0].pool

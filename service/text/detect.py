@@ -20,8 +20,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from service.text.html_text import TAG
+
 logger = logging.getLogger(__name__)
-_TAG = re.compile(r"<[^>]*>")
 _LETTER = re.compile(r"[^\W\d_]")  # a letter of any script: what identification needs
 
 
@@ -66,7 +67,7 @@ class LanguageDetector:
         for a text in a language no model serves, that language alone (served False)."""
         if not self.languages:
             return []
-        plain = html.unescape(_TAG.sub(" ", text)) if markup else text
+        plain = html.unescape(TAG.sub(" ", text)) if markup else text
         if not _LETTER.search(plain):
             return [Detected(code, 0.0) for code in self.languages]
         every = self._ident.rank(plain)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from service.api.errors import ApiError
-from service.text.html_text import HtmlDocument, HtmlLimitError, HtmlSyntaxError, Run
+from service.text.html_text import TAG, HtmlDocument, HtmlLimitError, HtmlSyntaxError, Run
 
 FORMATS = {
     "txt": "text/plain",
@@ -44,7 +44,6 @@ MAX_UNZIPPED_BYTES = 100_000_000  # a zip-based document's parts, unpacked
 MAX_ZIP_RATIO = 200  # unpacked over packed, per part: past it, a zip bomb
 MAX_CHARACTERS = 500_000  # characters of prose in one document
 BOM = "\ufeff"
-_TAGS = re.compile(r"<[^<>]*>")
 # A document upload's file field, as the OpenAPI document types it.
 FILE_FIELD = {"type": "string", "format": "binary", "description": ", ".join(f".{k}" for k in FORMATS)}
 
@@ -62,7 +61,7 @@ class Parsed:
         """The characters of text to translate (markup not counted): what a document is billed."""
         if not self.html:
             return sum(map(len, self.segments))
-        return sum(len(html.unescape(_TAGS.sub("", s))) for s in self.segments)
+        return sum(len(html.unescape(TAG.sub("", s))) for s in self.segments)
 
 
 def extension(filename: str) -> str:

@@ -20,12 +20,17 @@ as <code> and <pre> are.
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
 from service.text.sentences import join_sentences
 
 # Phrasing elements that may sit inside a sentence; any other tag ends a run.
+# A tag in markup the HTML path wrote or read (a start or end tag, a comment with no < or > inside): stripped to
+# count a segment's characters, to read a translated run's text, to detect a text's language without its markup.
+TAG = re.compile(r"<[^<>]*>")
+
 INLINE_ELEMENTS = frozenset(
     {
         "a",

@@ -32,6 +32,7 @@ from lxml import etree
 
 from service.api.errors import ApiError
 from service.text.documents import Parsed
+from service.text.html_text import TAG
 
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
@@ -153,7 +154,7 @@ class _Paragraph:
     def rebuild(self, translated: str) -> None:
         """The paragraph's runs replaced by the translation's pieces, in its order."""
         if self.direct is not None:
-            self._set_text(self.direct, html.unescape(_TAGS.sub("", translated)))
+            self._set_text(self.direct, html.unescape(TAG.sub("", translated)))
             return
         plain = next((r for r in self.runs if self._plain(r) and self._formatting(r) == self.common), None)
         built: list[Any] = []
@@ -203,9 +204,6 @@ class _Paragraph:
         t.text = text
         if text != text.strip():
             t.set(XML_SPACE, "preserve")
-
-
-_TAGS = re.compile(r"<[^<>]*>")
 
 
 def _paragraphs(parts: dict[str, Any], d: Dialect) -> list[_Paragraph]:
