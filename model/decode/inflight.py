@@ -28,6 +28,7 @@ from model.decode.search import (
     beam_step,
     constrain,
     finished_hypotheses,
+    length_norms,
 )
 from model.kernels import native
 from model.nn.kv_cache import SMALL_REORDER, CrossCache, continue_in_place, continue_listed, fill_holes
@@ -238,8 +239,8 @@ class InflightBatch:
                 g.state.widen(min(self.max_length, max(self.cache.length, 2 * g.state.width)))
             advance = g.advance(lp)
             if advance is not None:  # constrain and beam_step in one C call: the same answer
-                norm = (g.pos + 1).to(lp.dtype)[:, None] ** g.opts.length_penalty  # (b, 1) as beam_step's
-                src_beam, token, done, _, _ = advance(lp.view(b, K, -1), g.pos, norm.view(b))
+                norm = length_norms(g.pos, lp.dtype, g.opts.length_penalty).view(b)  # as beam_step's
+                src_beam, token, done, _, _ = advance(lp.view(b, K, -1), g.pos, norm)
             else:
                 lp = constrain(
                     lp, g.pos.repeat_interleave(K), g.max_lengths.repeat_interleave(K), g.opts,

@@ -295,8 +295,7 @@ def beam_step(
     b, K, _ = log_probs.shape
     T = state.width
     length = pos + 1  # (b,)
-    penalty = opts.length_penalty if length_penalty is None else length_penalty[:, None]
-    norm = length.to(log_probs.dtype)[:, None] ** penalty  # (b, 1)
+    norm = length_norms(pos, log_probs.dtype, opts.length_penalty if length_penalty is None else length_penalty)
     if active is None and length_penalty is None and early_stopping is None and _in_c(log_probs, state, K):
         fields = tuple(getattr(state, name) for name in BeamState.FIELDS)
         return native.beam_step(
@@ -468,6 +467,12 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
     return results
 
 
+def length_norms(pos: torch.Tensor, dtype: torch.dtype, penalty: float | torch.Tensor) -> torch.Tensor:
+    """(b, 1): each sentence's (pos + 1) ** length_penalty, the divisor of its finished scores; pos (b,) tokens
+    generated so far, penalty one for all or (b,) per sentence."""
+    return (pos + 1).to(dtype)[:, None] ** (penalty[:, None] if isinstance(penalty, torch.Tensor) else penalty)
+
+
 def advance_in_c(
     log_probs: torch.Tensor, state: BeamState, limits: torch.Tensor, opts: SearchOptions
 ) -> native.BeamAdvance | None:
@@ -490,8 +495,8 @@ def advance_in_c(
 
 @functools.lru_cache(maxsize=4096)
 def _norm(length: int, penalty: float) -> float:
-    """length ** penalty as beam_step computes it for one sentence (a float32 tensor's power)."""
-    return float(torch.tensor([float(length)]) ** penalty)
+    """length ** penalty as beam_step computes it for one sentence (length_norms of one float32 value)."""
+    return float(length_norms(torch.tensor([length - 1]), torch.float32, penalty))
 
 
 def finished_hypotheses(state: BeamState, i: int, opts: SearchOptions) -> list[Hypothesis]:

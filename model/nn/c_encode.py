@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from model.kernels import native
-from model.kernels.gemm import INPLACE_ACTIVATIONS, linear
+from model.nn.layers import hidden_rows
 
 if TYPE_CHECKING:
     from model.nn.transformer import EncoderLayer
@@ -50,8 +50,7 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
         whole, fc1_in_c, fc1_float, activation, heads, _ = part
         f = torch.empty(N, fc1_float[0].shape[0]) if fc1_in_c else None
         native.encoder_segment(None if ending is None else ending[0], h, whole, heads, (B, S), source, x, u, f)
-        # float32 (no f): oneDNN's fc1 with its activation fused
-        h = linear(u, *fc1_float, activation) if f is None else INPLACE_ACTIVATIONS[activation](f)
+        h = hidden_rows(u, f, fc1_float, activation)
         ending = part
     assert ending is not None
     native.encoder_segment(ending[0], h, None, 1, (B, S), source, x, u, None)

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from model.kernels import native
-from model.kernels.gemm import INPLACE_ACTIVATIONS, linear
-from model.nn.layers import feed_forward_in_c
+from model.nn.layers import feed_forward_in_c, hidden_rows
 
 if TYPE_CHECKING:
     from model.nn.kv_cache import CrossCache, KVCache
@@ -108,8 +107,7 @@ def _by_segments(
         native.decoder_segment(
             None if ending is None else ending.whole, h, layer.whole, kv, memory, positions, source, x, u, f
         )
-        # float32 (no f): oneDNN's fc1 with its activation fused
-        h = linear(u, *layer.fc1_float, layer.activation) if f is None else INPLACE_ACTIVATIONS[layer.activation](f)
+        h = hidden_rows(u, f, layer.fc1_float, layer.activation)
         ending = layer
     assert ending is not None
     native.decoder_segment(ending.whole, h, None, None, None, positions, source, x, u, None)

@@ -340,8 +340,16 @@ def feed_forward_in_c(
     place, or (fc1 None: float32) oneDNN's fc1 with the activation fused in its epilogue (f32_gemm.py says why);
     then fc2 in C with the residual. `call`: native.linear_forward, or its unchecked form where the caller
     checked the rows once for many calls (model/nn/c_step.py)."""
-    h = linear(x, *fc1_float, activation) if fc1 is None else INPLACE_ACTIVATIONS[activation](call(fc1, x, None))
+    h = hidden_rows(x, None if fc1 is None else call(fc1, x, None), fc1_float, activation)
     return call(fc2, h, residual)
+
+
+def hidden_rows(
+    x: torch.Tensor, f: torch.Tensor | None, fc1_float: tuple[torch.Tensor, torch.Tensor | None], activation: str
+) -> torch.Tensor:
+    """A feed-forward's hidden rows for its input rows x: f = fc1(x), computed in C, activated in place; or, where
+    f is None (float32), oneDNN's fc1 of x with the activation fused in its epilogue (f32_gemm.py says why)."""
+    return linear(x, *fc1_float, activation) if f is None else INPLACE_ACTIVATIONS[activation](f)
 
 
 def rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
