@@ -32,7 +32,7 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
     give it; None, having computed nothing, where a layer does not run in C at B S rows."""
     B, S, C = x.shape
     N = B * S
-    if not (x.dtype == torch.float32 and x.is_cpu and native.layer_norms_exactly()) or torch.is_grad_enabled():
+    if not (native.runs_on(x) and native.layer_norms_exactly()) or torch.is_grad_enabled():
         return None
     parts = [_part(layer, N) for layer in layers]
     if not parts or any(p is None for p in parts):
