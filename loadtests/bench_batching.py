@@ -14,7 +14,7 @@ engine, reconfigured between probes as `reconfigure` does for a live replica):
 - continuous: continuous batching (mode "continuous": sentences join and leave every decoder step);
 
 A configuration may override BatchingConfig fields: `--configs continuous,continuous/max_waiting_steps=2`.
-Sizes not overridden are the device's, as a replica takes them (service/engine/scheduler.py `sized_for`);
+Sizes not overridden are the device's, as a replica takes them (service/batching.py `sized_for`);
 `--sizes-for cpu` gives a GPU run the CPU's sizes to compare.
 
 Rates rise until a configuration's median p95 over --repeats runs misses the target or a request
@@ -52,8 +52,9 @@ sys.path.insert(0, str(REPO))
 from reports import emit, provenance  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
+from service.batching import BatchingConfig, sized_for  # noqa: E402
 from service.engine.engine import Engine  # noqa: E402
-from service.engine.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, sized_for  # noqa: E402
+from service.engine.scheduler import DeadlineExceededError, QueueFullError  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 MODES = ("none", "request", "continuous")  # one at a time, request-level batching, continuous batching

@@ -48,7 +48,7 @@ def in_process(
 import asyncio, json, sys, time
 from model import DecodeOptions, Translator
 from service.engine.engine import Engine
-from service.engine.scheduler import BatchingConfig
+from service.batching import BatchingConfig
 tr = Translator.load("en-de", "cpu", compute_type={compute_type!r}, num_threads={threads})
 texts, batched = json.loads(sys.stdin.read())
 for t in texts[:8]:

@@ -38,9 +38,9 @@ def load(rounds: int, seed: int) -> dict[str, object]:
 
     from model.options import DecodeOptions
     from model.translator import Translator
+    from service.batching import BatchingConfig
     from service.engine.allocator import in_use
     from service.engine.engine import Engine
-    from service.engine.scheduler import BatchingConfig
 
     tr = Translator.load("en-de", "cpu", num_threads=1)
     # Every request admitted (no time-based refusal), so both allocators see the same work.

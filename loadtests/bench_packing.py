@@ -9,7 +9,7 @@ A layout is REPLICAS or REPLICASxTHREADS (torch threads per replica, 1 by defaul
 1x2,2x1 compares one two-thread replica with two one-thread replicas on the same cores.
 
 Each replica is a process as under Serve: it loads the model, builds the continuous-batching engine
-at the device's sizes (service/scheduler.sized_for), warms up, then waits at a barrier; all are
+at the device's sizes (service/batching.py sized_for), warms up, then waits at a barrier; all are
 released together and each decodes its share of one burst of one-sentence requests
 (test_2016_flickr, beam 4). Capacity is the burst's sentences over the time from the release to the
 last replica's last answer. The alternative layout, every pair in one replica per GPU, has one host
@@ -42,8 +42,8 @@ DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "
 def replica(device: str, model: str, texts: list[str], beam: int, threads: int, barrier: Any, out: Any) -> None:
     """One replica process: load, warm up, wait for the others, decode its share; report its end time."""
     from model import DecodeOptions, Translator
+    from service.batching import sized_for
     from service.engine.engine import Engine
-    from service.engine.scheduler import sized_for
     from service.settings import Settings
 
     tr = Translator.load(model, device, num_threads=threads)

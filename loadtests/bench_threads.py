@@ -46,8 +46,8 @@ def measure(setup: str, requests: int, threads: int, seed: int) -> dict[str, flo
     """Runs in a fresh process: one setup's sequential latency and burst throughput."""
     sys.path.insert(0, str(REPO))
     from model import DecodeOptions, Translator
+    from service.batching import BatchingConfig
     from service.engine.engine import Engine
-    from service.engine.scheduler import BatchingConfig
     from service.engine.served_model import WARMUP
 
     tr = Translator.load("en-de", "cpu", num_threads=threads)

@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model import DecodeOptions, Translator  # noqa: E402
+from service.batching import BatchingConfig  # noqa: E402
 from service.engine.engine import Engine  # noqa: E402
-from service.engine.scheduler import BatchingConfig  # noqa: E402
 
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO.parent / "shared" / "data" / "multi30k"))
 

@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 from reports import emit  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
+from service.batching import sized_for  # noqa: E402
 from service.engine.engine import Engine  # noqa: E402
-from service.engine.scheduler import sized_for  # noqa: E402
 
 MIB = 2**20
 

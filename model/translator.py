@@ -138,7 +138,7 @@ class Translator:
                 compute.release_float_weights(model, model.output_weight)
             # The count for this thread and for threads that run torch later (each takes it on first use).
             torch.set_num_threads(num_threads or cpus)
-            translator = cls(model, Tokenizer.load(directory), device=dev, name=directory.name)
+            translator = cls(model, checkpoint.tokenizer(directory), device=dev, name=directory.name)
             translator.compute_type = ctype.name
         except BaseException:
             if pool is not None:

@@ -16,10 +16,10 @@ from typing import Any
 from ray import serve
 
 from service.api.gateway import Gateway
+from service.batching import batching_knobs
 from service.engine.allocator import replica_env
 from service.engine.pool import POOL, ModelPool
 from service.engine.replica import PairModel
-from service.engine.scheduler import batching_knobs
 from service.settings import Settings
 
 
@@ -82,7 +82,7 @@ def colocated_settings(settings: Settings, dedicated: list[Settings]) -> Setting
 
 def gateway_logging(s: Settings) -> dict[str, Any]:
     """The gateway's Serve logging: WARNING unless DEBUG is asked. Its INFO lines would be Serve's
-    access line for each request, which beamserve's request line replaces (service/api/request_log.py) and
+    access line for each request, which beamserve's request line replaces (service/request_log.py) and
     which Serve builds even with the access log off (then drops): at WARNING the logger skips it."""
     level = "DEBUG" if s.log_level == "DEBUG" else "WARNING" if s.log_level == "INFO" else s.log_level
     return {"encoding": s.log_encoding, "log_level": level, "enable_access_log": False}

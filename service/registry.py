@@ -36,6 +36,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from model.shipped import resolve_model_path
+from service.errors import CodedError
 from service.text.language_codes import api_languages
 
 # Settings an entry may set for its own replicas (the rest are the server's: limits, keys, host...).
@@ -62,8 +63,10 @@ LANGUAGE = re.compile(r"^[a-z]{2,3}$")
 ALL = "*"  # sources or targets: every language of a model with language tokens
 
 
-class ModelUnavailableError(Exception):
+class ModelUnavailableError(CodedError):
     """A model that cannot be loaded now (a pooled model whose files fail to load)."""
+
+    code = "pair_unavailable"
 
 
 class ModelEntry(BaseModel):

@@ -109,7 +109,7 @@ def deploy(
 
     args = settings.model_dump() if isinstance(settings, Settings) else settings
     s = Settings(**args)
-    # beamserve's summary line is the one line per request (service/api/request_log.py): no access line beside it.
+    # beamserve's summary line is the one line per request (service/request_log.py): no access line beside it.
     logging_config = {"encoding": s.log_encoding, "log_level": s.log_level, "enable_access_log": False}
     try:
         serve.run(build_app(args), name=app_name, route_prefix="/", blocking=False, logging_config=logging_config)

@@ -9,12 +9,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.options import COMPUTE_TYPES
 from service import registry
-from service.api.front import Front
-from service.engine.allocator import Allocator
-from service.engine.scheduler import BatchingConfig, Mode
+from service.batching import BatchingConfig, Mode
 from service.registry import ModelEntry
 
 ComputeTypeName = Literal[COMPUTE_TYPES]  # type: ignore[valid-type]
+Front = Literal["haproxy", "serve"]  # the HTTP front (service/api/front.py)
+Allocator = Literal["auto", "jemalloc", "system"]  # model replicas' malloc (service/engine/allocator.py)
 
 
 class Settings(BaseSettings):
@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     static_slots: bool | None = None
     compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/kernels/compute_type.py); not with dtype
     # Serve's logging_config for `beamserve serve` (the Serve config sets its own): JSON lines in each
-    # replica's log file under Ray's logs directory, one summary per request (service/api/request_log.py).
+    # replica's log file under Ray's logs directory, one summary per request (service/request_log.py).
     log_encoding: Literal["JSON", "TEXT"] = "JSON"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     allocator: Allocator = "auto"  # model replicas' malloc: jemalloc when the host has it (service/engine/allocator.py)
@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     max_queued: int = 64  # requests the front holds per gateway replica past max_in_flight; past it, 503 at once
     drain_timeout_s: float = 40.0  # on SIGTERM, how long accepted requests may take to finish
     gateway_replicas: int = 1  # HTTP ingress replicas (beamserve serve; the Serve config autoscales them)
-    # The models in the ingress's own process (service/engine/local_handle.py): a request crosses no second
+    # The models in the ingress's own process (service/routing/local_handle.py): a request crosses no second
     # process, and ingress and models scale as one. Unset: colocated when the registry has one model
     # and no pool (uses_colocation).
     colocate: bool | None = None
@@ -73,10 +73,10 @@ class Settings(BaseSettings):
     key_characters_per_month: int = 0  # a 30-day window
     limits_storage: str = ""  # redis://host:6379 (or valkey://) shared by the gateway replicas; empty: each its own
     cors_origins: str = ""  # comma-separated origins browsers may call from ("*": any); empty: no CORS
-    # Where glossaries and documents live (service/records.py): redis://, valkey:// or sqlite:///path;
+    # Where glossaries and documents live (service/store/records.py): redis://, valkey:// or sqlite:///path;
     # empty: limits_storage when it is a Redis or Valkey, else an SQLite file in ~/.local/share/beamserve.
     records_storage: str = ""
-    # The gateway's translation cache (service/cache.py), per gateway replica; either at 0 turns it off.
+    # The gateway's translation cache (service/routing/cache.py), per gateway replica; either at 0 turns it off.
     cache_entries: int = 50_000
     cache_bytes: int = 64_000_000
     # Batching: BatchingConfig's fields (service/engine/scheduler.py, where each is described), tunable live

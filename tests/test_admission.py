@@ -1,4 +1,4 @@
-"""The gateway's cached refusal level (service/engine/admission.py)."""
+"""The gateway's cached refusal level (service/routing/admission.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from service.api.errors import ApiError
-from service.engine import admission
-from service.engine.admission import PairAdmission
+from service.errors import ApiError
+from service.routing import admission
+from service.routing.admission import PairAdmission
 
 
 def refuse_with(a: PairAdmission, work: int) -> None:

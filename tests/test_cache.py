@@ -1,4 +1,4 @@
-"""The gateway's translation cache (service/cache.py): LRU bounds and keys; equality with a fresh answer is
+"""The gateway's translation cache (service/routing/cache.py): LRU bounds and keys; equality with a fresh answer is
 tested through the real server in tests/test_service.py."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from model.options import DecodeOptions
-from service.cache import Entry, TranslationCache
+from service.routing.cache import Entry, TranslationCache
 
 OPTS = DecodeOptions(beam_size=4, length_penalty=1.0)
 

@@ -1,5 +1,6 @@
-"""The codebase's own rules, read from its source: model/ never imports the service or Ray, no module
-imports another module's private name (a private helper is one module's business), every declared
+"""The codebase's own rules, read from its source: model/ and service/ as floors that import only
+downwards with no import cycle, model/ never importing the service or Ray, no module importing another
+module's private name (a private helper is one module's business), every declared
 runtime dependency is used, and every benchmark report names the commit it measured."""
 
 from __future__ import annotations
@@ -24,6 +25,91 @@ def imports(path: Path) -> list[tuple[str, str]]:
         elif isinstance(node, ast.Import):
             out += [(alias.name, "") for alias in node.names]
     return out
+
+
+# The floors of model/ and service/, lowest first. A unit (a package, or a module at a package's top) imports
+# modules of its own unit and of units on lower floors, never of its own floor's other units or above.
+FLOORS: list[set[str]] = [
+    {"model.errors", "model.options", "model.shipped"},
+    {"model.kernels"},
+    {"model.nn"},
+    {"model.decode", "model.io"},
+    {"model.workers"},
+    {"model.translator"},
+    {"model", "model.train"},
+    {
+        "service",
+        "service.error_codes",
+        "service.request_log",
+        "service.metrics",
+        "service.local_ray",
+        "service.batching",
+    },
+    {"service.errors", "service.schemas"},
+    {"service.text"},
+    {"service.registry"},
+    {"service.settings"},
+    {"service.engine", "service.store"},
+    {"service.routing"},
+    {"service.api"},
+    {"service.app", "service.metrics_relay"},
+    {"service.runtime"},
+    {"service.cli"},
+]
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of model/ and service/ -> the modules of model/ and service/ it imports anywhere in its
+    file: at its top, in a function, under TYPE_CHECKING (each is a dependency the design must allow)."""
+    names = {}
+    for path in modules("model") + modules("service"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        found = set()
+        for module, imported in imports(path):
+            for candidate in (f"{module}.{imported}", module):  # `from package import module`, or a name's module
+                if candidate in names:
+                    found.add(candidate)
+                    break
+        graph[name] = found - {name}
+    return graph
+
+
+def unit(module: str) -> str:
+    """The floor unit of a module: its subpackage (model.nn, service.api), or itself at a package's top."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_imports_point_only_down_the_floors() -> None:
+    floor = {u: i for i, units in enumerate(FLOORS) for u in units}
+    graph = module_graph()
+    assert {unit(m) for m in graph} == set(floor), "every unit on one floor"
+    bad = [
+        f"{a} -> {b}"
+        for a, targets in sorted(graph.items())
+        for b in sorted(targets)
+        if unit(a) != unit(b) and floor[unit(b)] >= floor[unit(a)]
+    ]
+    assert not bad
+
+
+def test_no_import_cycle_between_modules() -> None:
+    graph = module_graph()
+    cycles = []
+    for start in graph:  # a module that reaches itself
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m == start:
+                cycles.append(start)
+                break
+            if m not in seen:
+                seen.add(m)
+                todo += graph[m]
+    assert not cycles
 
 
 def test_model_never_imports_the_service_or_ray() -> None:

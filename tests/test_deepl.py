@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.api import deepl
-from service.api.errors import ApiError
+from service.errors import ApiError
 
 
 def test_deepl_codes_options_and_defaults() -> None:

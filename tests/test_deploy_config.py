@@ -5,7 +5,7 @@ import importlib
 import pytest
 import yaml
 
-from service.engine.engine import BatchingConfig
+from service.batching import BatchingConfig
 
 from .conftest import REPO
 
@@ -29,7 +29,7 @@ def test_serve_config_validates_and_its_import_path_builds_the_app() -> None:
 def test_settings_offer_every_batching_knob_with_its_default_or_the_device_s() -> None:
     import dataclasses
 
-    from service.engine.scheduler import GPU_SIZES
+    from service.batching import GPU_SIZES
     from service.settings import Settings
 
     fields = Settings.model_fields

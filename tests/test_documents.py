@@ -1,4 +1,4 @@
-"""Documents (service/text/documents.py, service/text/document_jobs.py): each format's prose found and put back
+"""Documents (service/text/documents.py, service/routing/document_jobs.py): each format's prose found and put back
 with everything else as it came, and DeepL's document API through the official `deepl` package on
 the real server, a document's translation equal to its paragraphs translated on /v1."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.errors import ApiError
+from service.errors import ApiError
 from service.text import documents
 
 TEXT = "\ufeffA man is riding a bike.\n\n  Two dogs play in the snow. They are happy.  \r\nA woman sings.\n"
@@ -428,9 +428,9 @@ def test_a_document_whose_replica_stopped_is_refunded_once_to_its_key(tmp_path: 
     import asyncio
     from dataclasses import replace
 
-    from service.records import open_records
-    from service.text import document_jobs
-    from service.text.document_jobs import DocumentJobs, DocumentStatus
+    from service.routing import document_jobs
+    from service.routing.document_jobs import DocumentJobs, DocumentStatus
+    from service.store.records import open_records
 
     refunds: list[tuple[str, int]] = []
 

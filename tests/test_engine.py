@@ -13,8 +13,9 @@ import pytest
 
 from model import DecodeOptions, Translator
 from model.decode.search import Hypothesis
+from service.batching import BatchingConfig
 from service.engine.engine import Engine
-from service.engine.scheduler import BatchingConfig, DeadlineExceededError, QueueFullError, RequestTooLargeError
+from service.engine.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 from tests.conftest import read_lines, until, wait_for
 
 LONG = (

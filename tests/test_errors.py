@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from model.errors import InputTooLongError, InvalidTextError
-from service.api.errors import ApiError, api_error
 from service.engine.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
+from service.errors import ApiError, api_error
 
 
 @pytest.mark.parametrize(
@@ -52,6 +52,23 @@ def test_an_api_error_passes_through_and_an_unknown_error_is_not_mapped() -> Non
     assert api_error(RuntimeError("bug")) is None
 
 
+def test_a_typed_error_of_a_lower_floor_names_its_code_and_the_edge_answers_it() -> None:
+    from service.errors import CodedError
+    from service.store.records import StoreUnavailableError
+    from service.text.html_text import HtmlLimitError
+
+    full = api_error(pickle.loads(pickle.dumps(QueueFullError(9, 8, retry_after_s=3.2))))  # as from a replica
+    assert full is not None and (full.status, full.code, full.headers) == (503, "overloaded", {"Retry-After": "4"})
+    store = api_error(StoreUnavailableError("down"))
+    assert store is not None and (store.status, store.headers) == (503, {"Retry-After": "5"})
+    html = api_error(HtmlLimitError("too deep"))
+    assert html is not None and (html.status, html.code, html.detail) == (422, "html_too_complex", "too deep")
+    with pytest.raises(TypeError, match="not an error code"):
+
+        class MisnamedError(CodedError):
+            code = "no_such_code"
+
+
 def codes_in_the_service() -> set[str]:
     """Every error code the service's source answers with: the first string of each call that makes an
     error, the "error" of each error body, and the values of the code tables."""
@@ -70,6 +87,11 @@ def codes_in_the_service() -> set[str]:
                 strings = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
                 if name in makers and strings:
                     found.add(strings[0])
+            elif isinstance(node, ast.ClassDef):  # a CodedError's `code = "..."`
+                for stmt in node.body:
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+                    if [getattr(t, "id", "") for t in targets] == ["code"] and isinstance(stmt.value, ast.Constant):
+                        found.add(stmt.value.value)
             elif isinstance(node, ast.Dict):
                 for k, v in zip(node.keys, node.values, strict=True):
                     if isinstance(k, ast.Constant) and k.value == "error" and isinstance(v, ast.Constant):
@@ -78,14 +100,14 @@ def codes_in_the_service() -> set[str]:
 
 
 def test_every_error_code_has_one_status_and_the_docs_list_them_all() -> None:
-    from service.api.error_codes import CODES
-    from service.api.errors import TYPES
     from service.api.http import HTTP_CODES
+    from service.error_codes import CODES
+    from service.errors import TYPES
 
     from .test_codebase import ROOT
 
     used = codes_in_the_service() | set(TYPES.values()) | set(HTTP_CODES.values())
-    assert used <= set(CODES), f"answered, not in service/api/error_codes.py: {sorted(used - set(CODES))}"
+    assert used <= set(CODES), f"answered, not in service/error_codes.py: {sorted(used - set(CODES))}"
     assert set(CODES) <= used, f"listed, never answered: {sorted(set(CODES) - used)}"
     assert all(CODES[code][0] == status for status, code in HTTP_CODES.items())
     docs = (ROOT / "docs" / "operations.md").read_text()
@@ -97,7 +119,7 @@ def test_a_code_says_one_retry_after_from_the_gateway_and_from_haproxy() -> None
     from ray.exceptions import ActorDiedError
 
     from service.api import front
-    from service.api.error_codes import RETRY_AFTER_S
+    from service.error_codes import RETRY_AFTER_S
     from service.settings import Settings
 
     answer = api_error(ActorDiedError())

@@ -1,5 +1,5 @@
-"""Glossaries (service/text/glossary.py, service/text/glossary_store.py): how terms are found and placed, the
-record stores (service/records.py), and DeepL's glossary API through the official `deepl` package
+"""Glossaries (service/text/glossary.py, service/store/glossaries.py): how terms are found and placed, the
+record stores (service/store/records.py), and DeepL's glossary API through the official `deepl` package
 and /v1's `glossary` on the real server."""
 
 from __future__ import annotations
@@ -12,11 +12,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.api.errors import ApiError
-from service.records import Record, Records, RedisRecords, SqliteRecords, open_records, storage_of
-from service.text import glossary, glossary_store
+from service.errors import ApiError, api_error
+from service.store import glossaries as glossary_store
+from service.store.glossaries import Glossaries
+from service.store.records import (
+    Record,
+    Records,
+    RedisRecords,
+    SqliteRecords,
+    StoreUnavailableError,
+    open_records,
+    storage_of,
+)
+from service.text import glossary
 from service.text.glossary import Terms, apply, new_glossary, parse_entries
-from service.text.glossary_store import Glossaries
 from service.text.html_text import parse_documents
 from service.text.protect import to_html
 
@@ -148,6 +157,7 @@ def test_both_stores_keep_records_by_kind_and_owner_until_they_expire(tmp_path: 
         assert await store.get("document", "g1") == Record("alice", b"a document of the same id")
         assert sorted(await store.owned("glossary", "alice")) == [b"one", b"two"]
         assert await store.owned("glossary", "bob") == [b"\x00bytes\xff"]
+        assert (await store.count("glossary", "alice"), await store.count("glossary", "carol")) == (2, 0)
         await store.put("glossary", "g1", "alice", b"one, again")  # a record is replaced whole
         assert await store.get("glossary", "g1") == Record("alice", b"one, again")
         await store.delete("glossary", "g1")
@@ -157,6 +167,7 @@ def test_both_stores_keep_records_by_kind_and_owner_until_they_expire(tmp_path: 
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         assert await store.owned("document", "alice") == [b"a document of the same id"]
+        assert await store.count("document", "alice") == 1 and await store.count("glossary", "alice") == 1
         # A claim is the first caller's alone until it expires, whatever else the store holds.
         assert await store.claim("settled", "d1", 60) and not await store.claim("settled", "d1", 60)
         assert await store.claim("settled", "d3", 0.05) and await store.claim("other", "d1", 60)
@@ -165,8 +176,16 @@ def test_both_stores_keep_records_by_kind_and_owner_until_they_expire(tmp_path: 
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
 
+    async def expiring(store: RedisRecords) -> None:
+        """A record written with its expiry: the hash, its TTL and the owner's index in one transaction."""
+        await store.put("document", "d5", "alice", b"kept a minute", ttl_s=60)
+        assert 0 < await store._redis().pttl("beamserve:document:d5") <= 60_000
+        await store.put("document", "d5", "alice", b"kept")  # written again without one: kept until deleted
+        assert await store._redis().pttl("beamserve:document:d5") == -1
+
     for store in [open_records(f"sqlite:///{tmp_path}/a/records.sqlite3"), open_records(f"valkey://{redis_url[8:]}")]:
         asyncio.run(check(store))
+    asyncio.run(expiring(RedisRecords(redis_url)))
     assert storage_of("", "redis://h:6379/0") == "redis://h:6379/0"
     assert storage_of("", "memory://").startswith("sqlite:///")
     with pytest.raises(ValueError, match="records_storage"):
@@ -209,9 +228,11 @@ def test_a_store_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
         SqliteRecords(broken),
         RedisRecords("redis://127.0.0.1:9"),  # nothing listens
     ):
-        with pytest.raises(ApiError) as err:
+        with pytest.raises(StoreUnavailableError) as err:
             asyncio.run(store.owned("glossary", "alice"))
-        assert err.value.code == "store_unavailable" and err.value.status == 503
+        answer = api_error(err.value)  # what the routes answer
+        assert answer is not None and answer.code == "store_unavailable" and answer.status == 503
+        assert answer.headers == {"Retry-After": "5"}
 
 
 # -- on the real server ------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 
-from service.api.errors import ApiError
+from service.errors import ApiError
 from service.text import documents, ooxml_text
 
 W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'

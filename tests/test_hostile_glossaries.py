@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from service.api.errors import ApiError
+from service.errors import ApiError
 from service.text import glossary
 from service.text.html_text import parse_documents
 from service.text.protect import to_html

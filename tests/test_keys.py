@@ -305,8 +305,8 @@ def test_a_document_whose_gateway_stopped_mid_way_is_refunded_when_it_is_next_re
     import asyncio
     import dataclasses
 
-    from service.records import open_records
-    from service.text import document_jobs
+    from service.routing import document_jobs
+    from service.store.records import open_records
 
     url, _ = keyed
     r = httpx.post(

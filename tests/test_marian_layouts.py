@@ -169,8 +169,8 @@ def test_the_batching_engine_decodes_separate_vocabularies_as_offline(
     import asyncio
 
     from model import DecodeOptions
+    from service.batching import sized_for
     from service.engine.engine import Engine
-    from service.engine.scheduler import sized_for
 
     ours = Translator.load(separate, "cpu")
     offline = ours.translate(sources, beam_size=4)

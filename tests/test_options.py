@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from model.options import DecodeOptions, user_options
-from service.api.schemas import TranslateRequest
 from service.cli import build_parser
+from service.schemas import TranslateRequest
 
 from .conftest import REPO
 

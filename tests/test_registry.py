@@ -105,15 +105,15 @@ def test_a_model_with_language_tokens_reads_its_languages_from_its_vocabulary(nl
 def test_a_router_of_every_nllb_pair_shares_the_model_s_admission_and_names_pairs_briefly(nllb_dir: Path) -> None:
     """38,220 pairs on one deployment: no pivot to search (every pair is direct), one admission level for
     the deployment, and an error message that counts the pairs instead of listing them."""
-    from service.engine.pair_router import PairRouter
+    from service.routing.pair_router import PairRouter
     from service.settings import Settings
 
     [every] = entries("", [{"name": "nllb", "path": str(nllb_dir), "sources": ["*"], "targets": ["*"]}])
     deployment = object()  # one deployment's handle, which every pair of the entry shares; never called here
     router = PairRouter(dict.fromkeys(every.pairs, deployment), Settings())  # type: ignore[arg-type]
-    assert not router.pivoted
-    assert len({id(a) for a in router.admission.values()}) == 1
-    message = router.served()
+    assert not router.pairs.pivoted
+    assert len({id(a) for a in router.decoder.admission.values()}) == 1
+    message = router.pairs.listed()
     assert message.startswith("38220 pairs served, among: ") and len(message) < 2000
 
 

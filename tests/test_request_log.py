@@ -112,7 +112,7 @@ def test_a_client_s_error_is_its_summary_line_not_an_error_in_a_replica_s_log(se
 
 
 def test_a_line_stays_one_line_whatever_its_strings_hold(tmp_path: Path) -> None:
-    from service.api.request_log import RequestFile
+    from service.request_log import RequestFile
 
     odd = "/download_file/\x85\u2028\u2029\n\x1c/é"  # a fuzzer's path: line ends of every reader's kind
     log = RequestFile(tmp_path / "requests.log")

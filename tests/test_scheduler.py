@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 
 from model import DecodeOptions
+from service.batching import GPU_SIZES, BatchingConfig, sized_for
 from service.engine import scheduler as scheduler_module
 from service.engine.scheduler import (
-    GPU_SIZES,
-    BatchingConfig,
     ContinuousScheduler,
     DeadlineExceededError,
     QueueFullError,
     RequestScheduler,
     WorkItem,
-    sized_for,
 )
 
 FAR = 1e12  # a deadline that never passes

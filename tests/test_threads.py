@@ -56,7 +56,7 @@ def test_serving_through_the_engine_uses_one_team_like_decoding_on_one_thread() 
     """)
     served = run("""
         from service.engine.engine import Engine
-        from service.engine.scheduler import BatchingConfig
+        from service.batching import BatchingConfig
         tr = Translator.load("en-de", "cpu", num_threads=2)
         engine = Engine(tr, BatchingConfig(), max_length=64)
         engine.warm_up([tr.encode("A man is riding a bike.")])

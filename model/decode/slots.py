@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from model.decode.search import NEG, BeamState, SearchOptions, beam_step, constrain
+from model.nn.blocks import DecoderLayer
 from model.nn.layers import attention
-from model.nn.transformer import DecoderLayer, Seq2Seq
+from model.nn.transformer import Seq2Seq
 
 
 @dataclass

@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from model.io import fairseq_vocab
+from model.io.tokenizer import Tokenizer
 from model.kernels.compute_type import OUTPUT_PROJECTION, int8_weights
 from model.kernels.quant import Int8Weight, int8_of, int8_weight, quantize_weight
 from model.nn.config import ModelConfig
@@ -58,6 +59,11 @@ _LAYER_NAMES = [
 ]
 # Hugging Face model types read here: Marian's, and M2M100's (NLLB-200 is one).
 HF_TYPES = ("marian", "m2m_100")
+
+
+def tokenizer(directory: Path) -> Tokenizer:
+    """The directory's tokenizer: fairseq's vocabulary layout (M2M100, NLLB) or Marian's files."""
+    return fairseq_vocab.load(directory) if fairseq_vocab.is_fairseq(directory) else Tokenizer.load(directory)
 
 
 def hf_model_type(path: Path) -> str | None:

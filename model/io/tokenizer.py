@@ -50,10 +50,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: Path) -> Tokenizer:
-        from model.io import fairseq_vocab  # here: fairseq_vocab builds Tokenizers
-
-        if fairseq_vocab.is_fairseq(directory):
-            return fairseq_vocab.load(directory)
+        """Marian's files in `directory` (checkpoint.tokenizer reads fairseq's layout too)."""
         vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
         target = directory / "target_vocab.json"
         target_vocab = json.loads(target.read_text(encoding="utf-8")) if target.exists() else None

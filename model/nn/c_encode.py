@@ -19,7 +19,7 @@ from model.kernels import native
 from model.nn.layers import hidden_rows
 
 if TYPE_CHECKING:
-    from model.nn.transformer import EncoderLayer
+    from model.nn.blocks import EncoderLayer
 
 # One encoder layer's part: its struct, its fc1 (weight, bias: float32's outside C), activation, heads, and what
 # the struct points into.

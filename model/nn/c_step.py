@@ -21,8 +21,8 @@ from model.kernels import native
 from model.nn.layers import feed_forward_in_c, hidden_rows
 
 if TYPE_CHECKING:
+    from model.nn.blocks import DecoderLayer
     from model.nn.kv_cache import CrossCache, KVCache
-    from model.nn.transformer import DecoderLayer
 
 Norm = tuple[tuple[int, ...], torch.Tensor, torch.Tensor, float]  # normalized_shape, weight, bias, eps
 

@@ -8,7 +8,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from service.api.errors import ApiError
+from service.errors import ApiError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -10,8 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.api.bodies import multipart_body, openapi_body
-from service.api.errors import ApiError, message
-from service.api.schemas import TranslateRequest, TranslateResponse
+from service.errors import ApiError, message
+from service.schemas import TranslateRequest, TranslateResponse
 from service.text.documents import FILE_FIELD, FORMATS
 from service.text.languages import name
 

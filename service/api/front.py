@@ -32,14 +32,13 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from service.api.error_codes import RETRY_AFTER_S, status_of
+from service.error_codes import RETRY_AFTER_S, status_of
 
 if TYPE_CHECKING:
-    from service.settings import Settings
+    from service.settings import Front, Settings
 
-Front = Literal["haproxy", "serve"]
 QUEUE_S = 1  # a request waits at most this long in HAProxy's queue for a gateway slot
 BUFFERED_BODY_BYTES = 8192  # bodies up to this size reach the gateway whole (HAProxy buffers them)
 # A request's head (request line and headers) up to MAX_URL_BYTES + MAX_HEADER_BYTES is refused in the

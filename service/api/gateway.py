@@ -1,5 +1,5 @@
 """The HTTP ingress: beamserve's API, LibreTranslate's and DeepL's, health and stats. Each route
-validates and answers; service/engine/pair_router.py does the translating.
+validates and answers; service/routing/pair_router.py does the translating.
 
 No `from __future__ import annotations` (service/api/http.py says why).
 """
@@ -7,6 +7,7 @@ No `from __future__ import annotations` (service/api/http.py says why).
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -15,15 +16,22 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from starlette.datastructures import UploadFile
 
-from service import local_ray
-from service.api import deepl, libretranslate, openapi, request_log, ui
+from service import local_ray, request_log
+from service.api import deepl, libretranslate, openapi, ui
 from service.api.bodies import json_response, openapi_body, parse_json, read_body
-from service.api.error_codes import RETRY_AFTER_S
-from service.api.errors import ApiError, retry_after
 from service.api.http import app
 from service.api.keys import Client, KeyLimits, Keys, load_keys
 from service.api.libretranslate import DETECT_OPENAPI, FILE_OPENAPI
-from service.api.schemas import (
+from service.engine import allocator
+from service.error_codes import RETRY_AFTER_S
+from service.errors import ApiError, retry_after
+from service.metrics import gateway_metrics
+from service.registry import ModelEntry
+from service.routing.document_jobs import UPLOAD_WAIT_S, DocumentJobs, DocumentStatus
+from service.routing.local_handle import LocalHandle, PairHandle
+from service.routing.pair_router import PairRouter
+from service.routing.sources import DETECT_CHARS
+from service.schemas import (
     BODY_ERRORS,
     DeepLError,
     ErrorResponse,
@@ -37,16 +45,10 @@ from service.api.schemas import (
     TranslateResponse,
     errors,
 )
-from service.engine import allocator
-from service.engine.local_handle import LocalHandle, PairHandle
-from service.engine.pair_router import DETECT_CHARS, PairRouter
-from service.metrics import gateway_metrics
-from service.records import open_records, storage_of
-from service.registry import ModelEntry
 from service.settings import Settings
+from service.store.glossaries import Glossaries
+from service.store.records import open_records, storage_of
 from service.text import documents, glossary
-from service.text.document_jobs import UPLOAD_WAIT_S, DocumentJobs, DocumentStatus
-from service.text.glossary_store import Glossaries
 from service.text.languages import name as language_name
 
 ERRORS = errors(ErrorResponse, *BODY_ERRORS)
@@ -71,6 +73,14 @@ def held_here(entries: list[dict[str, Any]], settings: Settings) -> list[Any]:
     from service.engine.served_model import ServedModel
 
     return [ServedModel(e, settings.for_entry(e)) for e in (ModelEntry.model_validate(x) for x in entries)]
+
+
+@dataclass
+class Bill:
+    """A request's charge: its client, and the characters given back once it is answered."""
+
+    client: Client
+    refund_after: int = 0
 
 
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
@@ -106,7 +116,7 @@ class Gateway:
         self.glossaries = Glossaries(self.records)
         self.documents = DocumentJobs(self.records, self.router, self._refund_owner)
         gateway_metrics()
-        app.openapi = openapi.served(app, self.settings, self.router.served_languages)  # type: ignore[method-assign]
+        app.openapi = openapi.served(app, self.settings, self.router.pairs.languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish
         self.in_flight = 0  # translation requests accepted and not yet answered
 
@@ -157,18 +167,19 @@ class Gateway:
         return client
 
     @contextlib.asynccontextmanager
-    async def _billed(self, client: Client, request: Request, characters: int) -> AsyncIterator[Client]:
+    async def _billed(self, client: Client, characters: int) -> AsyncIterator[Bill]:
         """client charged one request and its characters (ApiError 429 past its limits); a request that
-        fails is refunded its characters, one answered is refunded those of its texts that came back as
-        they were (already in the target language: PairRouter._translate_from)."""
+        fails is refunded its characters, one answered is refunded the bill's refund_after (the characters
+        of its texts that came back as they were: already in the target language)."""
         await self.keys.charge(client, characters)
+        bill = Bill(client)
         try:
-            yield client
+            yield bill
         except BaseException:
             await self.keys.refund(client, characters)
             raise
-        if echoed := getattr(request.state, "echoed_characters", 0):
-            await self.keys.refund(client, echoed)
+        if bill.refund_after:
+            await self.keys.refund(client, bill.refund_after)
 
     async def _refund_owner(self, owner: str, characters: int) -> None:
         """Give back characters charged to the client named `owner` (a document settled as failed)."""
@@ -191,9 +202,11 @@ class Gateway:
         with self._accepting():
             client = self._client(request)
             req = parse_json(TranslateRequest, await request.body())
-            async with self._billed(client, request, sum(map(len, req.texts))):
+            async with self._billed(client, sum(map(len, req.texts))) as bill:
                 terms = await self._terms(req, client)
-                return json_response(await self.router.translate(req, request, terms))
+                routed = await self.router.translate(req, terms)
+                bill.refund_after = routed.echoed_characters
+                return json_response(routed.response)
 
     @app.post(
         "/translate",
@@ -211,8 +224,11 @@ class Gateway:
         body = await read_body(request, libretranslate.form_field)
         client = self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
-        async with self._billed(client, request, sum(map(len, texts))):
-            return await self.router.libre_texts(body, texts, single, request)
+        async with self._billed(client, sum(map(len, texts))) as bill:
+            req = libretranslate.request_of(body, self.settings.max_beam_size)
+            routed = await self.router.translate(req)
+            bill.refund_after = routed.echoed_characters
+        return libretranslate.response(single, libretranslate.alternatives(body), routed.response)
 
     @app.post("/detect", responses=LIBRE_ERRORS, openapi_extra=DETECT_OPENAPI)
     async def detect(self, request: Request) -> Any:
@@ -221,11 +237,11 @@ class Gateway:
         body = await read_body(request, libretranslate.form_field)
         client = self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
-        async with self._billed(client, request, 0):  # a request, no characters translated
-            self.router.count(texts)
-            self.router.check_texts(texts)  # what a translation would accept, though detection reads the heads
+        async with self._billed(client, 0):  # a request, no characters translated
+            self.router.checks.count(texts)
+            self.router.checks.texts(texts)  # what a translation would accept, though detection reads the heads
             heads = [t[:DETECT_CHARS] for t in texts]
-            ranks = await asyncio.to_thread(lambda: [self.router.detector.rank(t) for t in heads])
+            ranks = await asyncio.to_thread(lambda: [self.router.sources.detector.rank(t) for t in heads])
         out = [[libretranslate.detected_language(d) for d in r] for r in ranks]
         return out[0] if single else out
 
@@ -241,7 +257,7 @@ class Gateway:
     @app.get("/frontend/settings")
     async def frontend_settings(self) -> dict[str, Any]:
         """What LibreTranslate's web client and apps read before they translate."""
-        targets = sorted({pair.split("-")[1] for pair in self.router.pairs})
+        targets = sorted({pair.split("-")[1] for pair in self.router.pairs.direct})
         return libretranslate.frontend_settings(self.settings.max_text_chars, targets, keys=self.keys.enabled)
 
     @app.post(
@@ -255,18 +271,20 @@ class Gateway:
         with self._accepting():
             client = self._client(request)
             _, req = deepl.parse(await read_body(request, deepl.form_field))
-            async with self._billed(client, request, sum(map(len, req.texts))):
+            async with self._billed(client, sum(map(len, req.texts))) as bill:
                 terms = await self._terms(req, client)
-                return deepl.response(req, await self.router.translate(req, request, terms))
+                routed = await self.router.translate(req, terms)
+                bill.refund_after = routed.echoed_characters
+            return deepl.response(req, routed.response)
 
     @app.post("/v2/glossaries", status_code=201, responses=DEEPL_ERRORS, openapi_extra=deepl.GLOSSARY_OPENAPI)
     async def deepl_create_glossary(self, request: Request) -> JSONResponse:
         """DeepL-compatible: a glossary from tsv or csv entries, for a served pair, owned by the calling key."""
         client = self._client(request)
-        async with self._billed(client, request, 0):
+        async with self._billed(client, 0):
             body = deepl.glossary_request(await read_body(request, deepl.form_field))
             source, target = deepl.code_of(body.source_lang), deepl.code_of(body.target_lang)
-            self.router.check_pair(source, target)  # a glossary is for a pair served
+            self.router.pairs.check(source, target)  # a glossary is for a pair served
             entries = glossary.parse_entries(body.entries, body.entries_format)
             made = await self.glossaries.create(glossary.new_glossary(body.name, source, target, entries, client.id))
         return JSONResponse(made.info(), status_code=201)
@@ -290,17 +308,17 @@ class Gateway:
         req: TranslateRequest,
         wait_s: float = UPLOAD_WAIT_S,
     ) -> dict[str, str]:
-        """Parse a document, bill its characters and start its translation (service/text/document_jobs.py),
+        """Parse a document, bill its characters and start its translation (service/routing/document_jobs.py),
         answering once it is done or after wait_s."""
         parsed = await asyncio.to_thread(allocator.released, documents.parse, filename, await upload.read())
         if req.source is None:  # the whole document in the language of its beginning
             heads = [" ".join(parsed.segments)[:DETECT_CHARS] or "-"]
-            found = self.router.detector.detect(heads, markup=parsed.html)[0]
+            found = self.router.sources.detector.detect(heads, markup=parsed.html)[0]
             req = req.model_copy(update={"source": found.language})
-        self.router.check_pair(req.source or "", req.target)
+        self.router.pairs.check(req.source or "", req.target)
         if parsed.html:
             req = req.model_copy(update={"tag_handling": "html"})
-        async with self._billed(client, request, parsed.characters):
+        async with self._billed(client, parsed.characters):
             terms = await self._terms(req, client)
 
             async def refund() -> None:
@@ -384,7 +402,7 @@ class Gateway:
 
     @app.get("/v2/glossary-language-pairs")
     async def deepl_glossary_pairs(self) -> dict[str, list[dict[str, str]]]:
-        return deepl.glossary_pairs(sorted({*self.router.pairs, *self.router.pivoted}))
+        return deepl.glossary_pairs(self.router.pairs.everything())
 
     @app.get("/v2/usage", response_model=deepl.DeepLUsage, responses=errors(DeepLError, 403, 500, 503))
     async def deepl_usage(self, request: Request) -> deepl.DeepLUsage:
@@ -409,12 +427,12 @@ class Gateway:
         kind = request.query_params.get("type")
         if kind is None:  # absent: source, as DeepL answers
             kind = str((await request.form()).get("type", "source"))
-        return deepl.languages(sorted({*self.router.pairs, *self.router.pivoted}), kind)
+        return deepl.languages(self.router.pairs.everything(), kind)
 
     @app.get("/languages", response_model=list[Language])
     async def languages(self) -> list[Language]:
         targets: dict[str, list[str]] = {}
-        for pair in sorted({*self.router.pairs, *self.router.pivoted}):
+        for pair in self.router.pairs.everything():
             src, tgt = pair.split("-")
             targets.setdefault(src, []).append(tgt)
             targets.setdefault(tgt, [])
@@ -430,15 +448,15 @@ class Gateway:
         """Per pair: queue depth, active sentences, batches and their sizes (for operators and tests), and
         this gateway replica's work in flight and refusals on the pair's behalf."""
         out = {i["name"]: i for i in await self.router.infos()}
-        for pair, a in self.router.admission.items():
+        for pair, a in self.router.decoder.admission.items():
             if pair in out:
-                hits, misses = self.router.cache.lookups(pair)
+                hits, misses = self.router.decoder.cache.lookups(pair)
                 out[pair]["gateway"] = {
                     "in_flight_work": a.in_flight,
                     "refused": a.refused_here,
                     "cache_hits": hits,
                     "cache_misses": misses,
-                    "cache": self.router.cache.summary(),  # the gateway's one cache, all pairs
+                    "cache": self.router.decoder.cache.summary(),  # the gateway's one cache, all pairs
                 }
         return out
 
@@ -450,17 +468,17 @@ class Gateway:
     async def readyz(self, pair: str | None = None) -> JSONResponse:
         """200 while this gateway takes traffic: not draining, and some pair's model answers (a pair that
         is down answers its own requests 503). With ?pair=en-de, that pair's readiness. Never waits on a
-        replica: it reads PairHealth, refreshed in the background (service/engine/pair_health.py)."""
+        replica: it reads PairHealth, refreshed in the background (service/routing/pair_health.py)."""
         if self.draining:
             return JSONResponse(
                 {"status": "draining"}, status_code=503, headers=retry_after(RETRY_AFTER_S["shutting_down"])
             )
-        if pair is not None and pair not in self.router.pairs:
-            raise ApiError("unknown_pair", f"no model for {pair}; {self.router.served()}")
+        if pair is not None and pair not in self.router.pairs.direct:
+            raise ApiError("unknown_pair", f"no model for {pair}; {self.router.pairs.listed()}")
         health = self.router.health
         infos = await health.current()
-        pairs = {p: "ready" if health.ready(p) else "unavailable" for p in sorted(self.router.pairs)}
-        ready = health.ready(pair) if pair is not None else any(health.ready(p) for p in self.router.pairs)
+        pairs = {p: "ready" if health.ready(p) else "unavailable" for p in self.router.pairs.direct}
+        ready = health.ready(pair) if pair is not None else any(health.ready(p) for p in self.router.pairs.direct)
         status = "ready" if ready else ("starting" if not infos else "not ready")
         retry = None if ready else {"Retry-After": "2"}
         return JSONResponse({"status": status, "pairs": pairs}, status_code=200 if ready else 503, headers=retry)

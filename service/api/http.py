@@ -24,9 +24,10 @@ from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from service.api import deepl, front, libretranslate, request_log
-from service.api.error_codes import RETRY_AFTER_S, status_of
-from service.api.errors import ApiError, api_error, retry_after
+from service import request_log
+from service.api import deepl, front, libretranslate
+from service.error_codes import RETRY_AFTER_S, status_of
+from service.errors import ApiError, api_error, retry_after
 from service.metrics import gateway_metrics
 from service.settings import Settings
 
@@ -88,7 +89,7 @@ def request_id(headers: Any) -> str:
 
 class Ingress:
     """The gateway's one pass over each HTTP request, around the FastAPI app: its id and summary line
-    (service/api/request_log.py), the body limit (413 by Content-Length or while streaming; 408 for a body
+    (service/request_log.py), the body limit (413 by Content-Length or while streaming; 408 for a body
     that stops arriving for body_timeout_s, so a slow client cannot hold a slot), CORS when cors_origins
     is set, and the request metrics (endpoint, pair, status, latency). Plain ASGI: no task or body copy
     per request."""
@@ -172,7 +173,7 @@ class Ingress:
         # The route's template, not its path: a path may hold an id or a secret (a document's address).
         summary.route = getattr(scope.get("route"), "path", None) or summary.route
         seconds = time.perf_counter() - start
-        gateway_metrics().observe(endpoint, scope.get("state", {}).get("pair", ""), status, seconds)
+        gateway_metrics().observe(endpoint, summary.metric_pair, status, seconds)
         summary.status, summary.duration_s = status, seconds
         if endpoint not in QUIET:
             request_log.emit(summary)
@@ -348,7 +349,7 @@ async def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
 
 @app.exception_handler(Exception)
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    """A typed error (service/api/errors.py) raised here rather than in a replica gets its status; anything
+    """A typed error (service/errors.py) raised here rather than in a replica gets its status; anything
     else is a bug, logged with its traceback and answered as JSON like every error."""
     known = api_error(exc)
     if known is not None:

@@ -25,9 +25,9 @@ from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimite
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
-from service.api.error_codes import RETRY_AFTER_S
-from service.api.errors import ApiError, retry_after
-from service.api.schemas import KeyUsage
+from service.error_codes import RETRY_AFTER_S
+from service.errors import ApiError, retry_after
+from service.schemas import KeyUsage
 
 UNLIMITED = 10**15  # the amount of a window that only counts
 

@@ -1,20 +1,17 @@
 """LibreTranslate's POST /translate: its request body (JSON or form; q a string or a list;
 alternatives; format text or html) read into beamserve's request, and its response shape."""
 
-import asyncio
 import json
 import math
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from service.api.bodies import multipart_body, openapi_body
-from service.api.errors import ApiError, message
-from service.api.schemas import TranslateRequest
+from service.errors import ApiError, message
+from service.schemas import DetectedLanguage, TranslateRequest, TranslateResponse
 from service.text.detect import Detected
 from service.text.documents import FILE_FIELD, FORMATS
-from service.text.html_text import HtmlDocument, parse_documents
 from service.text.languages import name
 
 
@@ -47,12 +44,6 @@ class LibreTranslateResponse(BaseModel):
 
 OPENAPI = openapi_body(LibreTranslateRequest)  # Mastodon sends JSON, other clients forms
 DETECT_OPENAPI = openapi_body(LibreDetectRequest)
-
-
-@dataclass
-class LibreCall:
-    request: TranslateRequest  # one text per plain text, or per run of prose of the HTML documents
-    docs: list[HtmlDocument] | None  # format "html": the parsed documents
 
 
 def form_field(name: str, values: list[str]) -> Any:
@@ -98,35 +89,32 @@ def alternatives(body: dict[str, Any]) -> int:
     )
 
 
-async def parse(body: dict[str, Any], max_beam_size: int) -> LibreCall:
-    """The request beamserve runs for a LibreTranslate body whose source is known; ApiError 400 for what
-    LibreTranslate refuses. HTML is parsed off the event loop (service/text/html_text.py bounds its size)."""
+def request_of(body: dict[str, Any], max_beam_size: int) -> TranslateRequest:
+    """The native request a LibreTranslate body asks for (its texts, "auto" as a detected source, its
+    alternatives as n-best hypotheses, format html as tag_handling); ApiError for what LibreTranslate refuses."""
     texts, _ = texts_of(body)
+    source, target = languages_of(body)
     if body.get("format", "text") not in ("text", "html"):
         raise ApiError("invalid_request", "format must be 'text' or 'html'")
     extra = alternatives(body)
-    # HTML: runs of prose are translated, inline markup carried over by alignment (service/text/html_text.py).
-    docs = await asyncio.to_thread(parse_documents, texts) if body.get("format") == "html" else None
-    segments = [node for doc in docs for node in doc.texts] if docs is not None else texts
     if not 0 <= extra < max_beam_size:
         raise ApiError("invalid_request", f"alternatives must be between 0 and {max_beam_size - 1}")
     try:
-        req = TranslateRequest.model_validate(
+        return TranslateRequest.model_validate(
             {
-                # A document of markup alone still goes through the checks (with one empty text).
-                "texts": segments or [""],
-                "source": body["source"],
-                "target": body["target"],
+                "texts": texts,
+                "source": source,
+                "target": target,
                 "beam_size": max(4, extra + 1),
                 "num_hypotheses": extra + 1,
+                "tag_handling": "html" if body.get("format") == "html" else None,
             }
         )
     except ValidationError as exc:
         raise ApiError("invalid_request", message({"detail": exc.errors()})) from None
-    return LibreCall(req, docs)
 
 
-def detected_language(found: Detected) -> dict[str, Any]:
+def detected_language(found: Detected | DetectedLanguage) -> dict[str, Any]:
     """LibreTranslate's {"confidence", "language"}, the confidence in percent."""
     return {"confidence": round(found.confidence * 100, 1), "language": found.language}
 
@@ -145,18 +133,20 @@ def error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, 
     return (429 if body.get("error") == "overloaded" else 400 if status == 422 else status), out
 
 
-def response(single: bool, extra: int, nbest: list[list[str]], detected: list[Detected] | None) -> dict[str, Any]:
-    """{"translatedText", "alternatives", "detectedLanguage"} from each text's n-best translations, best
-    first; each a string or object when q was one string, else a list."""
+def response(single: bool, extra: int, answer: TranslateResponse) -> dict[str, Any]:
+    """{"translatedText", "alternatives", "detectedLanguage"} from the native answer's n-best translations,
+    best first; each a string or object when q was one string, else a list."""
 
     def shaped(values: list[Any]) -> Any:
         return values[0] if single else values
 
+    nbest = [t.hypotheses or [t.text] for t in answer.translations]
     result: dict[str, Any] = {"translatedText": shaped([n[0] for n in nbest])}
     if extra:
         result["alternatives"] = shaped([n[1:] for n in nbest])
-    if detected is not None:
-        result["detectedLanguage"] = shaped([detected_language(d) for d in detected])
+    detected = [t.detected_source for t in answer.translations]
+    if all(d is not None for d in detected):
+        result["detectedLanguage"] = shaped([detected_language(d) for d in detected if d is not None])
     return result
 
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from service.api.error_codes import RETRY_AFTER_S, status_of
+from service.error_codes import RETRY_AFTER_S, status_of
 
 
 def install() -> None:

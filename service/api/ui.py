@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fastapi import Response
 
-from service.api.errors import ApiError
+from service.errors import ApiError
 
 FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 # Scripts and styles from this server alone, no frames, no guessing of types: the page shows what the

@@ -15,12 +15,14 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+if TYPE_CHECKING:
+    from service.settings import Allocator
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-Allocator = Literal["auto", "jemalloc", "system"]
 # Where Debian, Ubuntu, Fedora and Alpine put it (the libjemalloc2 package and its equivalents).
 JEMALLOC_PATHS = (
     "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",

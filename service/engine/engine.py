@@ -26,8 +26,8 @@ from model.decode.inflight import InflightBatch
 from model.decode.search import Hypothesis
 from model.options import DecodeOptions
 from model.translator import Translator
+from service.batching import BatchingConfig
 from service.engine.scheduler import (
-    BatchingConfig,
     BatchStats,
     ContinuousScheduler,
     DeadlineExceededError,
@@ -44,7 +44,6 @@ from service.engine.slot_runner import SlotPoolError, SlotStepRunner
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BatchingConfig",
     "DeadlineExceededError",
     "Engine",
     "QueueFullError",

@@ -7,8 +7,8 @@ from ray import serve
 
 from model.options import DecodeOptions
 from service import local_ray
-from service.api.errors import ApiError, returned
 from service.engine.answers import Decoded
+from service.errors import ApiError, returned
 from service.registry import ModelEntry
 from service.settings import Settings
 

@@ -18,24 +18,26 @@ import concurrent.futures
 import itertools
 import time
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from model.options import DecodeOptions
+from service.batching import BatchingConfig
+from service.errors import CodedError
 
 if TYPE_CHECKING:  # the gateway imports this module's errors, and must not load torch
     from model.decode.search import Hypothesis
 
-Mode = Literal["continuous", "request", "none"]
 # Admission looks at this many of the oldest queued sentences: enough to fill the GPU sizes' 256
 # sentences, and a bounded sort at each admission however long a backlog grows (4,096 on a GPU).
 ADMISSION_WINDOW = 256
 _SEQ = itertools.count()  # one numbering for every queue: items keep their number when moved between modes
 
 
-class QueueFullError(Exception):
-    """The queue has no room for this request: retry later (HTTP 503)."""
+class QueueFullError(CodedError):
+    """The queue has no room for this request: retry later."""
+
+    code = "overloaded"
 
     def __init__(self, queued: int, limit: int, retry_after_s: float, wait_s: float | None = None) -> None:
         why = (
@@ -46,51 +48,21 @@ class QueueFullError(Exception):
         super().__init__(f"overloaded: {why}; retry in {retry_after_s:.0f}s")
         self.queued, self.limit, self.retry_after_s, self.wait_s = queued, limit, retry_after_s, wait_s
 
-    def __reduce__(self) -> tuple[type[QueueFullError], tuple[int, int, float, float | None]]:
+    def __reduce__(self) -> tuple[type[QueueFullError], tuple[int, int, float | None, float | None]]:
         # Raised in a replica, read in the gateway.
         return type(self), (self.queued, self.limit, self.retry_after_s, self.wait_s)
 
 
-class RequestTooLargeError(ValueError):
-    """The request has more sentences than the whole queue holds: it can never fit (HTTP 422)."""
+class RequestTooLargeError(CodedError, ValueError):
+    """The request has more sentences than the whole queue holds: it can never fit."""
+
+    code = "too_many_texts"
 
 
-class DeadlineExceededError(Exception):
-    """The request's deadline passed before its sentences were decoded (HTTP 504)."""
+class DeadlineExceededError(CodedError):
+    """The request's deadline passed before its sentences were decoded."""
 
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    mode: Mode = "continuous"  # continuous (iteration-level), request (whole batches), none (one at a time)
-    max_batch_tokens: int = 6144  # source tokens x beams decoding together (request mode: padded)
-    max_batch_size: int = 64  # sentences decoding together
-    batch_wait_ms: float = 5.0  # request mode: how long a batch may wait to fill
-    max_queue: int = 512  # sentences waiting; past it, 503 with Retry-After
-    decode_slots: int = 256  # continuous mode: hypothesis rows (sum of beam sizes) in the preallocated cache
-    max_waiting_steps: int = 6  # continuous mode: decoder steps after an admission before the next, so that
-    # newcomers join together (the encoder then runs once for all of them), unless the engine is idle
-    waiting_served_ratio: float = 0.25  # continuous mode: newcomers join at once when those that fit are at
-    # least this fraction of the sentences running (TGI's knob of that name)
-    max_queue_wait_s: float = 1.0  # a request that would wait longer than this before it starts decoding
-    # (the work queued ahead of it over the recent decoding rate) is refused at once with 503
-
-
-# A GPU's decoder step costs about the same for 1,024 rows as for 256 (it is bound by per-step
-# overhead, not arithmetic), so where the sizes are left unset a GPU replica takes bigger batches:
-# on an H100, continuous batching sustained 896 requests/s at p95 <= 1 s with these against 320
-# with the CPU's (docs/benchmarks.md, "Batching").
-GPU_SIZES: dict[str, int] = {"decode_slots": 1024, "max_batch_size": 256, "max_batch_tokens": 32768, "max_queue": 4096}
-
-
-def batching_knobs(values: Mapping[str, object]) -> dict[str, object]:
-    """The BatchingConfig fields of a settings dict; unset sizes stay None (each replica sizes them)."""
-    return {k: v for k, v in values.items() if k in BatchingConfig.__dataclass_fields__}
-
-
-def sized_for(device_type: str, values: Mapping[str, object]) -> BatchingConfig:
-    """A BatchingConfig from settings (other keys ignored); sizes left None take the device's."""
-    given = {k: v for k, v in batching_knobs(values).items() if v is not None}
-    return BatchingConfig(**{**(GPU_SIZES if device_type == "cuda" else {}), **given})  # type: ignore[arg-type]
+    code = "timeout"
 
 
 @dataclass

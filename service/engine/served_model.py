@@ -1,6 +1,6 @@
 """ServedModel: one registry entry's model and batching engine in a replica process (GPU-resident when
 there is one): what a dedicated deployment's replica holds one of (service/engine/replica.py) and a pool
-replica several (service/engine/pool.py). It raises the typed errors of service/api/errors.py; the gateway
+replica several (service/engine/pool.py). It raises the typed errors of service/errors.py; the gateway
 answers them."""
 
 import asyncio
@@ -16,10 +16,10 @@ from typing import Any
 from model.kernels import native
 from model.options import DecodeOptions
 from model.translator import Translator
+from service.batching import BatchingConfig, sized_for
 from service.engine import allocator
 from service.engine.answers import Decoded
-from service.engine.engine import BatchingConfig, Engine, RequestTiming
-from service.engine.scheduler import sized_for
+from service.engine.engine import Engine, RequestTiming
 from service.metrics import ModelMetrics
 from service.registry import ModelEntry
 from service.settings import Settings

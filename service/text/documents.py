@@ -24,12 +24,11 @@ import html
 import io
 import re
 import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import PurePath
 
-from service.api.errors import ApiError
-from service.text.html_text import TAG, HtmlDocument, HtmlLimitError, HtmlSyntaxError, Run
+from service.errors import ApiError
+from service.text.html_text import HtmlDocument, HtmlLimitError, HtmlSyntaxError, Run
+from service.text.parsed import Parsed
 
 FORMATS = {
     "txt": "text/plain",
@@ -46,22 +45,6 @@ MAX_CHARACTERS = 500_000  # characters of prose in one document
 BOM = "\ufeff"
 # A document upload's file field, as the OpenAPI document types it.
 FILE_FIELD = {"type": "string", "format": "binary", "description": ", ".join(f".{k}" for k in FORMATS)}
-
-
-@dataclass
-class Parsed:
-    """A document's segments to translate (HTML fragments when `html`) and how to put it back together."""
-
-    segments: list[str]
-    html: bool
-    rebuild: Callable[[list[str]], bytes]
-
-    @property
-    def characters(self) -> int:
-        """The characters of text to translate (markup not counted): what a document is billed."""
-        if not self.html:
-            return sum(map(len, self.segments))
-        return sum(len(html.unescape(TAG.sub("", s))) for s in self.segments)
 
 
 def extension(filename: str) -> str:

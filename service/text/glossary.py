@@ -30,7 +30,7 @@ import unicodedata
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from service.api.errors import ApiError
+from service.errors import ApiError
 from service.text.html_text import Element, HtmlDocument
 
 MAX_ENTRIES = 10_000  # entries of one glossary

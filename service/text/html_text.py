@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
+from service.errors import CodedError
 from service.text.sentences import join_sentences
 
 # Phrasing elements that may sit inside a sentence; any other tag ends a run.
@@ -102,13 +103,17 @@ MAX_ELEMENTS = 5000  # tags of any kind
 MAX_DEPTH = 100  # inline elements open at once
 
 
-class HtmlLimitError(ValueError):
-    """A document with more elements or deeper nesting than the service takes (HTTP 422)."""
+class HtmlLimitError(CodedError, ValueError):
+    """A document with more elements or deeper nesting than the service takes."""
+
+    code = "html_too_complex"
 
 
-class HtmlSyntaxError(ValueError):
+class HtmlSyntaxError(CodedError, ValueError):
     """A document that ends inside markup (a tag, comment or declaration left open), whose text a
-    browser would not show and the service could not put back as sent (HTTP 422)."""
+    browser would not show and the service could not put back as sent."""
+
+    code = "html_malformed"
 
 
 def keep_as_is(tag: str, attrs: list[tuple[str, str | None]], ignore_tags: frozenset[str]) -> bool:

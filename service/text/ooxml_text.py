@@ -30,9 +30,9 @@ from typing import Any
 
 from lxml import etree
 
-from service.api.errors import ApiError
-from service.text.documents import Parsed
+from service.errors import ApiError
 from service.text.html_text import TAG
+from service.text.parsed import Parsed
 
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"

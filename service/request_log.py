@@ -44,6 +44,9 @@ class RequestSummary:
     decode_s: float = 0.0
     duration_s: float = 0.0
     client: str = ""
+    # The pair the request's metrics count it under: the last one asked, "unknown" for a pair not served (a
+    # label's values stay bounded), "" for a request that named none.
+    metric_pair: str = ""
 
     def add_texts(self, pair: str, texts: list[str]) -> None:
         if pair not in self.pairs:

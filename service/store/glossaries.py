@@ -1,4 +1,4 @@
-"""Glossaries as the routes use them (service/records.py keeps them): a key reaches only its own
+"""Glossaries as the routes use them (service/store/records.py keeps them): a key reaches only its own
 glossaries (another key's id is not found, as an unknown one), and each glossary's terms are
 compiled once per content."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from service.api.errors import ApiError
-from service.records import Records
+from service.errors import ApiError
+from service.store.records import Records
 from service.text.glossary import MAX_GLOSSARIES, Glossary, Terms, checked, digest
 
 KIND = "glossary"
@@ -21,7 +21,7 @@ class Glossaries:
         self._terms: dict[str, Terms] = {}
 
     async def create(self, glossary: Glossary) -> Glossary:
-        if len(await self.records.owned(KIND, glossary.owner)) >= MAX_GLOSSARIES:
+        if await self.records.count(KIND, glossary.owner) >= MAX_GLOSSARIES:
             raise ApiError("too_many_glossaries", f"this key has {MAX_GLOSSARIES} glossaries; delete one first")
         await self.records.put(KIND, glossary.glossary_id, glossary.owner, glossary.dumps().encode())
         return glossary

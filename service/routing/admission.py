@@ -17,8 +17,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from service.api.error_codes import RETRY_AFTER_S
-from service.api.errors import ApiError, retry_after
+from service.error_codes import RETRY_AFTER_S
+from service.errors import ApiError, retry_after
 
 HOLD_S = 1.0  # how long a pair's refusal stands for the requests at or above its level
 

@@ -1,32 +1,40 @@
-"""The errors a request can end in: the typed errors of the library and the engine mapped to error
-codes (each with its one HTTP status: service/api/error_codes.py), and the JSON body they are answered with."""
+"""The errors a request can end in, and the JSON body they are answered with: ApiError (a code of
+service/error_codes.py, each with its one HTTP status, and a message), CodedError (a typed error of a
+layer below the routes that names its code), and the model's and Ray's own errors mapped to codes.
+
+A leaf: nothing here imports the rest of the service, so every layer raises these."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from model.errors import InputTooLongError, InvalidTextError
-from service.api.error_codes import RETRY_AFTER_S, status_of
-from service.engine.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
-from service.registry import ModelUnavailableError
-from service.text.html_text import HtmlLimitError, HtmlSyntaxError
+from service.error_codes import CODES, RETRY_AFTER_S, status_of
 
-# Error type -> error code; the first match wins, so subclasses go before their bases.
+
+class CodedError(Exception):
+    """An error of the engine, the text parsers or the stores that a client gets as its `code`; where it
+    knows when to retry (an overload's estimate), its retry_after_s says so."""
+
+    code: ClassVar[str]
+    retry_after_s: float | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__ and cls.code not in CODES:
+            raise TypeError(f"{cls.__name__}.code {cls.code!r} is not an error code")
+
+
+# The errors of the model and of Ray, which cannot name a code themselves -> their code.
 TYPES: dict[type[Exception], str] = {
     InputTooLongError: "input_too_long",
     InvalidTextError: "invalid_text",
-    HtmlLimitError: "html_too_complex",
-    HtmlSyntaxError: "html_malformed",
-    RequestTooLargeError: "too_many_texts",
-    QueueFullError: "overloaded",
     BackPressureError: "overloaded",  # Serve's queue ahead of a replica (max_queued_requests) is full
-    DeadlineExceededError: "timeout",
-    ModelUnavailableError: "pair_unavailable",  # a pooled model that would not load
     # The pair's replica died or restarts mid-request: Serve replaces it within seconds.
     RayActorError: "replica_unavailable",
     ActorUnavailableError: "replica_unavailable",
@@ -66,11 +74,15 @@ def api_error(exc: BaseException) -> ApiError | None:
     cause = getattr(exc, "cause", None) or exc
     if isinstance(cause, ApiError):
         return cause
-    for kind, code in TYPES.items():
-        if isinstance(cause, kind):
-            retry = getattr(cause, "retry_after_s", None) or RETRY_AFTER_S.get(code)
-            return ApiError(code, str(cause), retry_after(retry) if retry is not None else None)
-    return None
+    code = (
+        cause.code
+        if isinstance(cause, CodedError)
+        else next((c for k, c in TYPES.items() if isinstance(cause, k)), None)
+    )
+    if code is None:
+        return None
+    retry = getattr(cause, "retry_after_s", None) or RETRY_AFTER_S.get(code)
+    return ApiError(code, str(cause), retry_after(retry) if retry is not None else None)
 
 
 def retry_after(seconds: float) -> dict[str, str]:
@@ -84,7 +96,7 @@ T = TypeVar("T")
 async def returned(call: Awaitable[T]) -> T | ApiError:
     """A replica's call with its typed errors (a text the model cannot take, a full queue, a deadline)
     returned as their ApiError, not raised: Serve logs a raised error at ERROR with its traceback, and
-    these are answers to the client, not faults. The gateway raises them again (PairRouter._remote)."""
+    these are answers to the client, not faults. The gateway raises them again (routing/pair_client.py)."""
     try:
         return await call
     except Exception as exc:

@@ -1,6 +1,6 @@
 """A model held in the gateway's own process (Settings.colocate), called as a Serve handle is:
-`handle.translate.remote(...)` gives a response to await or cancel. The router (service/engine/pair_router.py)
-and the pair status (service/engine/pair_health.py) then treat an in-process model and a model deployment
+`handle.translate.remote(...)` gives a response to await or cancel. The router (service/routing/pair_router.py)
+and the pair status (service/routing/pair_health.py) then treat an in-process model and a model deployment
 alike, while a call to it crosses no process, no gRPC and no Serve router.
 
 It holds the served model only by its methods, so this module imports no torch.

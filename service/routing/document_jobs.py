@@ -1,7 +1,7 @@
 """Document translations (DeepL's /v2/document): upload, status, download.
 
 The gateway replica that takes an upload parses it (service/text/documents.py), keeps its status as a
-record (service/records.py, so any replica answers for it) and translates its segments in the
+record (service/store/records.py, so any replica answers for it) and translates its segments in the
 background, MAX_TEXTS at a time through the same router, cache and batching engine as a request's
 texts. The upload is answered once the document is done or after UPLOAD_WAIT_S, whichever is
 first: a small document is ready when its client first asks. The status and the translated file
@@ -26,17 +26,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
-from types import SimpleNamespace
 from typing import Any
 
-from service.api.error_codes import RETRY_AFTER_S
-from service.api.errors import ApiError, retry_after
-from service.api.schemas import TranslateRequest
 from service.engine import allocator
-from service.engine.pair_router import PairRouter
-from service.records import Records
-from service.text.documents import FORMATS, Parsed, extension
+from service.error_codes import RETRY_AFTER_S
+from service.errors import ApiError, api_error, retry_after
+from service.routing.pair_router import PairRouter
+from service.schemas import TranslateRequest
+from service.store.records import Records, StoreUnavailableError
+from service.text.documents import FORMATS, extension
 from service.text.glossary import Terms
+from service.text.parsed import Parsed
 
 logger = logging.getLogger(__name__)
 KIND, RESULT, SETTLED = "document", "document-result", "document-settled"
@@ -154,8 +154,8 @@ class DocumentJobs:
             await self._save(status)
             for at in range(0, len(parsed.segments), step):
                 chunk = req.model_copy(update={"texts": parsed.segments[at : at + step]})
-                answer = await self.router.translate(chunk, SimpleNamespace(state=SimpleNamespace()), terms)
-                out += [t.text for t in answer.translations]
+                routed = await self.router.translate(chunk, terms)
+                out += [t.text for t in routed.response.translations]
                 status = replace(status, done_segments=len(out), updated=time.time())
                 await self._save(status)
             result = await asyncio.to_thread(allocator.released, parsed.rebuild, out)
@@ -167,9 +167,10 @@ class DocumentJobs:
             await self._failed(status, "cancelled", refund)
             raise
         except Exception as exc:  # the document fails, said in its status; the server goes on
-            message = exc.detail if isinstance(exc, ApiError) else f"the translation failed ({type(exc).__name__})"
-            if not isinstance(exc, ApiError):
+            known = api_error(exc)
+            if known is None:
                 logger.exception("document %s failed", status.document_id)
+            message = known.detail if known is not None else f"the translation failed ({type(exc).__name__})"
             await self._failed(status, message, refund)
 
     async def _failed(self, status: DocumentStatus, message: str, refund: Callable[[], Awaitable[None]]) -> None:
@@ -177,12 +178,16 @@ class DocumentJobs:
         tried though the other's store is down (a store that cannot say who settled it: refunded)."""
         try:
             mine = await self._settle(status)
-        except ApiError:
+        except StoreUnavailableError:
             mine = True
         if mine:
-            with contextlib.suppress(ApiError):
+            try:
                 await refund()
-        with contextlib.suppress(ApiError):
+            except ApiError as exc:  # the limits store is down: the characters stay charged, and the log says so
+                logger.warning(
+                    "document %s: %d characters not refunded (%s)", status.document_id, status.characters, exc
+                )
+        with contextlib.suppress(StoreUnavailableError):
             await self._save(replace(status, status="error", error_message=message, updated=time.time()))
 
     async def _settle(self, status: DocumentStatus) -> bool:
@@ -197,7 +202,7 @@ class DocumentJobs:
             return DocumentStatus(**json.loads(found.body)) if found is not None else status
         stopped = replace(status, status="error", error_message=ABANDONED, updated=time.time())
         await self.refund_owner(status.owner, status.characters)
-        with contextlib.suppress(ApiError):
+        with contextlib.suppress(StoreUnavailableError):
             await self._save(stopped)
         return stopped
 

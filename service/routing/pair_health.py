@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Any
 
-from service.engine.local_handle import PairHandle
+from service.routing.local_handle import PairHandle
 
 ASK_S = 2.0  # a pair's replica that has not answered info() within this is counted down
 REFRESH_S = 2.0  # the status is refreshed when it is older than this and someone reads it

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from service.api.error_codes import RETRY_AFTER_S
-from service.api.errors import ApiError, retry_after
+from service.errors import CodedError
 
 DEFAULT_FILE = "~/.local/share/beamserve/records.sqlite3"
 REDIS_SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
@@ -38,6 +37,7 @@ class Records(Protocol):
     async def put(self, kind: str, rid: str, owner: str, body: bytes, ttl_s: float | None = None) -> None: ...
     async def get(self, kind: str, rid: str) -> Record | None: ...
     async def owned(self, kind: str, owner: str) -> list[bytes]: ...
+    async def count(self, kind: str, owner: str) -> int: ...
     async def delete(self, kind: str, rid: str) -> None: ...
     async def claim(self, kind: str, rid: str, ttl_s: float) -> bool: ...
 
@@ -60,12 +60,14 @@ def open_records(uri: str) -> Records:
     raise ValueError(f"records_storage {uri!r}: a redis://, rediss://, valkey:// or sqlite:///path URI")
 
 
-def _down(exc: Exception) -> ApiError:
-    return ApiError(
-        "store_unavailable",
-        f"the glossary and document store cannot be reached ({exc})",
-        retry_after(RETRY_AFTER_S["store_unavailable"]),
-    )
+class StoreUnavailableError(CodedError):
+    """The store cannot be reached, or is not a store (a file that is not a database)."""
+
+    code = "store_unavailable"
+
+
+def _down(exc: Exception) -> StoreUnavailableError:
+    return StoreUnavailableError(f"the glossary and document store cannot be reached ({exc})")
 
 
 class SqliteRecords:
@@ -125,6 +127,10 @@ class SqliteRecords:
         sql = "SELECT body FROM records WHERE kind = ? AND owner = ? AND (expires IS NULL OR expires > ?)"
         return [bytes(r[0]) for r in await self._run((sql, (kind, owner, time.time())))]
 
+    async def count(self, kind: str, owner: str) -> int:
+        sql = "SELECT COUNT(*) FROM records WHERE kind = ? AND owner = ? AND (expires IS NULL OR expires > ?)"
+        return int((await self._run((sql, (kind, owner, time.time()))))[0][0])
+
     async def delete(self, kind: str, rid: str) -> None:
         await self._run(("DELETE FROM records WHERE kind = ? AND id = ?", (kind, rid)))
 
@@ -169,11 +175,19 @@ class RedisRecords:
         return f"{PREFIX}{kind}:owner:{owner}"
 
     async def put(self, kind: str, rid: str, owner: str, body: bytes, ttl_s: float | None = None) -> None:
+        """The record, its expiry and its owner's index in one transaction (MULTI/EXEC): a record is written
+        with its expiry or not at all."""
         key = self._key(kind, rid)
-        await self._do("hset", key, {"owner": owner.encode(), "body": body})
-        if ttl_s is not None:
-            await self._do("pexpire", key, max(1, int(ttl_s * 1000)))
-        await self._do("sadd", self._owner_key(kind, owner), [rid])
+        try:
+            pipe = await self._redis().pipeline(transaction=True)
+            pipe.delete([key])  # a record written again loses its old expiry and fields
+            pipe.hset(key, {"owner": owner.encode(), "body": body})
+            if ttl_s is not None:
+                pipe.pexpire(key, max(1, int(ttl_s * 1000)))
+            pipe.sadd(self._owner_key(kind, owner), [rid])
+            await pipe.execute()
+        except Exception as exc:  # as _do: the store is down
+            raise _down(exc) from None
 
     async def get(self, kind: str, rid: str) -> Record | None:
         found = await self._do("hgetall", self._key(kind, rid))
@@ -190,6 +204,14 @@ class RedisRecords:
             else:
                 out.append(bytes(body))
         return out
+
+    async def count(self, kind: str, owner: str) -> int:
+        """The owner's live records of a kind, their bodies not read: its ids, and how many of their keys
+        exist (one EXISTS for all of them; an expired id counts nothing)."""
+        ids = await self._do("smembers", self._owner_key(kind, owner))
+        if not ids:
+            return 0
+        return int(await self._do("exists", [self._key(kind, rid.decode()) for rid in ids]))
 
     async def claim(self, kind: str, rid: str, ttl_s: float) -> bool:
         """True for the first caller to claim (kind, rid) within ttl_s, whichever replica: one SET NX."""

@@ -1,0 +1,66 @@
+"""A request's texts and decoding options held to the server's limits (max_texts, max_text_chars,
+max_beam_size, max_decoding_length, request_timeout_s): ApiError for what is over them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from model.errors import InvalidTextError, check_text
+from model.options import DecodeOptions, user_options
+from service.errors import ApiError
+from service.schemas import TranslateRequest
+from service.settings import Settings
+
+OPTIONS_KEPT = 1024  # combinations of decoding options remembered as checked
+
+
+class RequestChecks:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._checked: dict[tuple[tuple[str, object], ...], DecodeOptions] = {}
+
+    def count(self, texts: list[str]) -> None:
+        """ApiError too_many_texts for more texts than a request may hold."""
+        if len(texts) > self.settings.max_texts:
+            raise ApiError("too_many_texts", f"{len(texts)} texts; at most {self.settings.max_texts} per request")
+
+    def texts(self, texts: list[str]) -> None:
+        """ApiError for more texts than a request may hold, a text too long, or one no model can take."""
+        self.count(texts)
+        for i, text in enumerate(texts):
+            if len(text) > self.settings.max_text_chars:
+                raise ApiError(
+                    "text_too_long",
+                    f"texts[{i}] has {len(text)} characters; at most {self.settings.max_text_chars}",
+                )
+            try:
+                check_text(text)
+            except InvalidTextError as exc:
+                raise ApiError("invalid_text", f"texts[{i}]: {exc}") from None
+
+    def options(self, req: TranslateRequest) -> DecodeOptions:
+        """The request's decoding options within the server's limits; ApiError 422 otherwise. Requests
+        repeat a few combinations: each is checked once (OPTIONS_KEPT remembered)."""
+        given = tuple((f.name, v) for f in user_options("api") if (v := getattr(req, f.name)) is not None)
+        found = self._checked.get(given)
+        if found is None:
+            found = self._within_limits(DecodeOptions(**dict(given)))
+            if len(self._checked) >= OPTIONS_KEPT:
+                self._checked.clear()
+            self._checked[given] = found
+        return found
+
+    def _within_limits(self, opts: DecodeOptions) -> DecodeOptions:
+        s = self.settings
+        if opts.beam_size > s.max_beam_size:
+            raise ApiError("invalid_request", f"beam_size must be between 1 and {s.max_beam_size}")
+        opts = replace(opts, max_decoding_length=min(opts.max_decoding_length, s.max_decoding_length))
+        try:
+            opts.validate()
+        except ValueError as exc:
+            raise ApiError("invalid_request", str(exc)) from None
+        return opts
+
+    def timeout(self, timeout_s: float | None = None) -> float:
+        """A request's timeout: its own when shorter than the server's."""
+        return min(timeout_s or self.settings.request_timeout_s, self.settings.request_timeout_s)
