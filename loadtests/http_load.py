@@ -36,7 +36,7 @@ def request_bytes(path: str, body: dict[str, object] | None, *, port: int) -> by
     return head.encode() + data
 
 
-async def _read_answer(reader: asyncio.StreamReader, keep: bool) -> tuple[int, bool, bytes, dict[str, str]]:
+async def read_answer(reader: asyncio.StreamReader, keep: bool) -> tuple[int, bool, bytes, dict[str, str]]:
     """(status, whether the server closes the connection, body if keep, headers if keep)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
@@ -85,7 +85,7 @@ async def closed_loop(
                     reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 assert reader is not None
                 writer.write(requests[i % len(requests)])
-                status, closes, body, headers = await asyncio.wait_for(_read_answer(reader, False), timeout_s)
+                status, closes, body, headers = await asyncio.wait_for(read_answer(reader, False), timeout_s)
                 answers.append(Answer(status, time.perf_counter() - start, body, headers))
                 if closes:
                     writer.close()
@@ -118,7 +118,7 @@ async def paced_loop(
                 await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
                 sent = time.perf_counter()
                 writer.write(requests[i % len(requests)])
-                status, _, body, headers = await asyncio.wait_for(_read_answer(reader, False), timeout_s)
+                status, _, body, headers = await asyncio.wait_for(read_answer(reader, False), timeout_s)
                 answers.append(Answer(status, time.perf_counter() - sent, body, headers))
         finally:
             writer.close()
@@ -135,7 +135,7 @@ async def request(port: int, wire: bytes, *, timeout_s: float = 60.0) -> Answer:
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout_s)
         writer.write(wire)
-        status, _, body, headers = await asyncio.wait_for(_read_answer(reader, True), timeout_s)
+        status, _, body, headers = await asyncio.wait_for(read_answer(reader, True), timeout_s)
         return Answer(status, time.perf_counter() - start, body if status != 200 else b"", headers)
     except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
         return Answer(0, time.perf_counter() - start, error=type(exc).__name__)

@@ -92,6 +92,23 @@ def test_staggered_mixed_requests_equal_decoding_each_alone(engine: Engine, refe
         assert stats.batches == 40 and stats.max_sentences == 1
 
 
+def test_an_idle_engine_decodes_a_short_sentence_as_one_whole_batch_to_the_same_bits(
+    engine: Engine, reference: Translator
+) -> None:
+    """One short sentence at a time skips the running batch's per-step bookkeeping (scheduler.alone): no
+    decoder step of the running batch, and the very tokens and scores of decoding it alone; a long one
+    still decodes in the running batch, which newcomers join."""
+    opts = DecodeOptions(beam_size=4, num_hypotheses=2)
+    short = [ids for ids in map(reference.encode, read_lines("test_2016_flickr.en.gz", 20)) if len(ids) <= 20][:6]
+    for ids in short:
+        got = asyncio.run(engine.translate([ids], opts, 60))[0]
+        alone = reference.decode_batch([ids], opts)[0]
+        assert [(h.tokens, h.score) for h in got] == [(h.tokens, h.score) for h in alone]
+    assert engine.stats.steps == 0 and engine.stats.batches == 6
+    asyncio.run(engine.translate([reference.encode(LONG)], opts, 60))
+    assert engine.stats.steps > 0
+
+
 def test_continuous_admits_newcomers_while_a_long_sentence_decodes(engine: Engine, reference: Translator) -> None:
     async def scenario() -> tuple[float, float]:
         long = asyncio.create_task(engine.translate([reference.encode(LONG)], DecodeOptions(beam_size=6), 60))

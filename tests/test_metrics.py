@@ -63,6 +63,12 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
             assert r.status_code == 200
             for k in usage:
                 usage[k] += r.json()["usage"][k]
+        # More sentences than an idle engine decodes as one whole batch (scheduler.ALONE_MAX): the running batch.
+        many = [f"A man with {n} dogs walks past a red car." for n in ("two", "three", "four", "five", "six", "seven")]
+        r = client.post("/v1/translate", json={"texts": many, "source": "en", "target": "de", "cache": False})
+        assert r.status_code == 200
+        for k in usage:
+            usage[k] += r.json()["usage"][k]
         # A sentence new to the cache, twice: looked up and missed, decoded; then a hit the engine never sees.
         for _ in range(2):
             body = {"texts": ["A grey cat sleeps on a green sofa."], "source": "en", "target": "de"}
@@ -74,12 +80,13 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
         stats_after = client.get("/v1/stats").json()["en-de"]
         batches = stats_after["batches"] - stats_before["batches"]
         steps = stats_after["steps"] - stats_before["steps"]
-        assert steps > 0  # continuous batching (the default) decoded them step by step
+        assert steps > 0  # continuous batching (the default) decoded `many` step by step
 
+    sent_sentences = sum(1 + i % 3 for i in range(5)) + len(many) + 1  # each reaches the engine once
     ok = dict(endpoint="/v1/translate", pair="en-de", status="200")
     expected = {
-        ("ray_beamserve_requests_total", tuple(ok.items())): 7,
-        ("ray_beamserve_request_latency_seconds_count", tuple(ok.items())): 7,
+        ("ray_beamserve_requests_total", tuple(ok.items())): 8,
+        ("ray_beamserve_request_latency_seconds_count", tuple(ok.items())): 8,
         ("ray_beamserve_cache_sentences_total", (("pair", "en-de"), ("result", "miss"))): 1,
         ("ray_beamserve_cache_sentences_total", (("pair", "en-de"), ("result", "hit"))): 1,
         ("ray_beamserve_requests_total", (("endpoint", "/v1/translate"), ("pair", "unknown"), ("status", "400"))): 1,
@@ -89,7 +96,7 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
         ("ray_beamserve_batch_sentences_count", (("pair", "en-de"),)): batches,
         ("ray_beamserve_decode_steps_total", (("pair", "en-de"),)): steps,
         ("ray_beamserve_step_rows_count", (("pair", "en-de"),)): steps,
-        ("ray_beamserve_queue_wait_seconds_count", (("pair", "en-de"),)): sum(1 + i % 3 for i in range(5)) + 1,
+        ("ray_beamserve_queue_wait_seconds_count", (("pair", "en-de"),)): sent_sentences,
     }
     deadline = time.monotonic() + 30  # allow for the export interval
     while True:

@@ -51,6 +51,31 @@ def test_a_backlog_admits_the_oldest_then_the_closest_lengths(monkeypatch: pytes
     assert list(s.queue) == [items[1], *items[3:]]
 
 
+def test_an_idle_engine_takes_a_few_short_sentences_of_one_kind_as_one_whole_batch() -> None:
+    from service.engine.scheduler import ALONE_MAX, ALONE_MAX_STEPS
+
+    s = scheduler()
+    few = [item(tokens=12), item(tokens=20)]
+    s.admit(few)
+    assert s.alone(0.0) == few and not s.queue and not s.running
+    s.admit([item(tokens=12, beam=4), item(tokens=12, beam=1)])  # two sets of options: the running batch
+    assert s.alone(0.0) == [] and len(s.queue) == 2
+    s.queue.clear()
+    s.admit([item() for _ in range(ALONE_MAX + 1)])  # more than a few
+    assert s.alone(0.0) == []
+    s.queue.clear()
+    capped = (ALONE_MAX_STEPS - 10) // 2  # max_length_ratio 2 and offset 10: the longest source taken whole
+    s.admit([item(tokens=capped + 1)])
+    assert s.alone(0.0) == []
+    s.queue.clear()
+    s.admit([item(tokens=capped)])
+    assert len(s.alone(0.0)) == 1
+    s.admit([item(), item()])
+    s.schedule(0.0, capacity=256)  # one running: newcomers join it
+    s.admit([item()])
+    assert s.alone(0.0) == [] and len(s.queue) == 1
+
+
 def test_request_batches_take_the_oldest_then_the_closest_lengths() -> None:
     items = [item(tokens=n) for n in (10, 30, 12, 29, 9, 11)]
     s = RequestScheduler(BatchingConfig(mode="request", max_batch_size=3))

@@ -331,6 +331,10 @@ class Engine:
         if self._jobs:
             fn, future = self._jobs.popleft()
             return (lambda: _run_job(fn, future)), 0.0
+        if not self.static_slots and (alone := self.continuous.alone(now)):
+            self._active = len(alone)
+            self._observe_start(alone, now)
+            return (lambda: self._run_batch(alone)), 0.0
         if self.continuous.running or self.continuous.queue:
             if not self.continuous.running and self.step_runner.batch.capacity != self.config.decode_slots:
                 self.step_runner = self._step_runner(self.config)  # resize the pool while it is empty

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from model.options import DecodeOptions
+from model.options import DecodeOptions, max_length
 from service.batching import BatchingConfig
 from service.errors import CodedError
 
@@ -31,6 +31,14 @@ if TYPE_CHECKING:  # the gateway imports this module's errors, and must not load
 # Admission looks at this many of the oldest queued sentences: enough to fill the GPU sizes' 256
 # sentences, and a bounded sort at each admission however long a backlog grows (4,096 on a GPU).
 ADMISSION_WINDOW = 256
+# An idle engine decodes a queue of at most ALONE_MAX sentences of one set of options, each capped at
+# ALONE_MAX_STEPS generated tokens, as one whole batch (ContinuousScheduler.alone): one sentence alone then
+# costs what Translator.translate costs, without the running batch's per-step bookkeeping
+# (docs/benchmarks.md, "One sentence at a time"). A newcomer waits for that batch to end, at most
+# ALONE_MAX_STEPS steps of a few sentences, where it would wait max_waiting_steps to join a running batch;
+# a longer sentence decodes in the running batch, which newcomers join.
+ALONE_MAX = 4
+ALONE_MAX_STEPS = 64
 _SEQ = itertools.count()  # one numbering for every queue: items keep their number when moved between modes
 
 
@@ -288,6 +296,24 @@ class ContinuousScheduler(Queue):
             self.record(join, len(self.running))
             self.admitted_step = self.stats.steps
         return Plan(join, leave)
+
+    def alone(self, now: float) -> list[WorkItem]:
+        """The whole queue, to decode as one batch, when nothing runs and it holds at most ALONE_MAX sentences
+        of one set of options, each capped at ALONE_MAX_STEPS tokens, within max_batch_tokens; [] otherwise
+        (they join the running batch)."""
+        if self.running:
+            return []
+        self.drop_dead(now)
+        batch = list(self.queue)
+        if not batch or len(batch) > ALONE_MAX or any(it.opts != batch[0].opts for it in batch):
+            return []
+        if any(max_length(it.opts, len(it.ids), ALONE_MAX_STEPS + 1) > ALONE_MAX_STEPS for it in batch):
+            return []
+        if len(batch) > 1 and batch_tokens(batch)[0] * batch[0].opts.beam_size > self.config.max_batch_tokens:
+            return []
+        self.queue.clear()
+        self.record(batch, len(batch))
+        return batch
 
     def _fits(self, it: WorkItem, rows: int, sentences: int, cost: int, capacity: int) -> bool:
         """Whether `it` may join a batch holding rows, sentences and cost (source tokens x beams)."""
