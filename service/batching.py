@@ -22,6 +22,9 @@ class BatchingConfig:
     # newcomers join together (the encoder then runs once for all of them), unless the engine is idle
     waiting_served_ratio: float = 0.25  # continuous mode: newcomers join at once when those that fit are at
     # least this fraction of the sentences running (TGI's knob of that name)
+    alone_max_sentences: int = 4  # continuous mode: an idle engine decodes a queue of at most this many short
+    # sentences of one set of options as one whole batch, without the running batch's per-step bookkeeping
+    # (engine/scheduler.py ALONE_MAX_STEPS: each capped at 64 tokens); 0: always the running batch
     max_queue_wait_s: float = 1.0  # a request that would wait longer than this before it starts decoding
     # (the work queued ahead of it over the recent decoding rate) is refused at once with 503
 

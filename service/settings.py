@@ -89,6 +89,7 @@ class Settings(BaseSettings):
     decode_slots: int | None = None
     max_waiting_steps: int = BatchingConfig.max_waiting_steps
     waiting_served_ratio: float = BatchingConfig.waiting_served_ratio
+    alone_max_sentences: int = BatchingConfig.alone_max_sentences
     max_queue_wait_s: float = BatchingConfig.max_queue_wait_s
 
     def entries(self) -> list[ModelEntry]:

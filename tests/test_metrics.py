@@ -63,7 +63,7 @@ def test_counters_and_histograms_match_what_was_sent(server: str) -> None:
             assert r.status_code == 200
             for k in usage:
                 usage[k] += r.json()["usage"][k]
-        # More sentences than an idle engine decodes as one whole batch (scheduler.ALONE_MAX): the running batch.
+        # More sentences than an idle engine decodes as one whole batch (alone_max_sentences): the running batch.
         many = [f"A man with {n} dogs walks past a red car." for n in ("two", "three", "four", "five", "six", "seven")]
         r = client.post("/v1/translate", json={"texts": many, "source": "en", "target": "de", "cache": False})
         assert r.status_code == 200

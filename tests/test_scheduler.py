@@ -52,7 +52,7 @@ def test_a_backlog_admits_the_oldest_then_the_closest_lengths(monkeypatch: pytes
 
 
 def test_an_idle_engine_takes_a_few_short_sentences_of_one_kind_as_one_whole_batch() -> None:
-    from service.engine.scheduler import ALONE_MAX, ALONE_MAX_STEPS
+    from service.engine.scheduler import ALONE_MAX_STEPS
 
     s = scheduler()
     few = [item(tokens=12), item(tokens=20)]
@@ -61,8 +61,12 @@ def test_an_idle_engine_takes_a_few_short_sentences_of_one_kind_as_one_whole_bat
     s.admit([item(tokens=12, beam=4), item(tokens=12, beam=1)])  # two sets of options: the running batch
     assert s.alone(0.0) == [] and len(s.queue) == 2
     s.queue.clear()
-    s.admit([item() for _ in range(ALONE_MAX + 1)])  # more than a few
+    s.admit([item() for _ in range(BatchingConfig.alone_max_sentences + 1)])  # more than a few
     assert s.alone(0.0) == []
+    s.queue.clear()
+    off = scheduler(alone_max_sentences=0)
+    off.admit([item()])
+    assert off.alone(0.0) == []
     s.queue.clear()
     capped = (ALONE_MAX_STEPS - 10) // 2  # max_length_ratio 2 and offset 10: the longest source taken whole
     s.admit([item(tokens=capped + 1)])

@@ -31,13 +31,12 @@ if TYPE_CHECKING:  # the gateway imports this module's errors, and must not load
 # Admission looks at this many of the oldest queued sentences: enough to fill the GPU sizes' 256
 # sentences, and a bounded sort at each admission however long a backlog grows (4,096 on a GPU).
 ADMISSION_WINDOW = 256
-# An idle engine decodes a queue of at most ALONE_MAX sentences of one set of options, each capped at
+# An idle engine decodes a queue of at most alone_max_sentences sentences of one set of options, each capped at
 # ALONE_MAX_STEPS generated tokens, as one whole batch (ContinuousScheduler.alone): one sentence alone then
 # costs what Translator.translate costs, without the running batch's per-step bookkeeping
 # (docs/benchmarks.md, "One sentence at a time"). A newcomer waits for that batch to end, at most
 # ALONE_MAX_STEPS steps of a few sentences, where it would wait max_waiting_steps to join a running batch;
 # a longer sentence decodes in the running batch, which newcomers join.
-ALONE_MAX = 4
 ALONE_MAX_STEPS = 64
 _SEQ = itertools.count()  # one numbering for every queue: items keep their number when moved between modes
 
@@ -298,14 +297,14 @@ class ContinuousScheduler(Queue):
         return Plan(join, leave)
 
     def alone(self, now: float) -> list[WorkItem]:
-        """The whole queue, to decode as one batch, when nothing runs and it holds at most ALONE_MAX sentences
-        of one set of options, each capped at ALONE_MAX_STEPS tokens, within max_batch_tokens; [] otherwise
-        (they join the running batch)."""
+        """The whole queue, to decode as one batch, when nothing runs and it holds at most alone_max_sentences
+        sentences of one set of options, each capped at ALONE_MAX_STEPS tokens, within max_batch_tokens; []
+        otherwise (they join the running batch)."""
         if self.running:
             return []
         self.drop_dead(now)
         batch = list(self.queue)
-        if not batch or len(batch) > ALONE_MAX or any(it.opts != batch[0].opts for it in batch):
+        if not batch or len(batch) > self.config.alone_max_sentences or any(it.opts != batch[0].opts for it in batch):
             return []
         if any(max_length(it.opts, len(it.ids), ALONE_MAX_STEPS + 1) > ALONE_MAX_STEPS for it in batch):
             return []
