@@ -49,6 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from harness import quantile  # noqa: E402
 from reports import emit, provenance  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
@@ -137,11 +138,6 @@ def capacity_probe(
     return Capacity(kind, n, asyncio.run(run()), rate)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else math.inf
-
-
 def median_probe(runs: list[Probe]) -> Probe:
     """One rate's repetitions as one row: median latencies and throughput, failures summed."""
 
@@ -200,9 +196,9 @@ async def probe(
         len(latencies),
         len(results) - len(latencies),
         len(latencies) / max(last - start, 1e-9),
-        percentile(latencies, 0.50),
-        percentile(latencies, 0.95),
-        percentile(latencies, 0.99),
+        quantile(latencies, 0.50),
+        quantile(latencies, 0.95),
+        quantile(latencies, 0.99),
         repeat,
     )
 

@@ -25,7 +25,7 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from faults import Server  # noqa: E402
+from harness import Server, quantile  # noqa: E402
 from reports import emit  # noqa: E402
 
 DATA = HERE.parent / "tests" / "data" / "multi30k"
@@ -61,12 +61,8 @@ async def phase(url: str, cache: bool, seconds: float, clients: int, popular: li
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         await asyncio.gather(*(client(http) for _ in range(clients)))
     elapsed = time.monotonic() - start
-    latencies.sort()
-
-    def pct(q: float) -> float:
-        return latencies[int(q * (len(latencies) - 1))] * 1000 if latencies else 0.0
-
-    return {"cache": cache, "rps": len(latencies) / elapsed, "p50": pct(0.5), "p95": pct(0.95), "errors": errors}
+    p50, p95 = (quantile(latencies, q) * 1000 for q in (0.5, 0.95))
+    return {"cache": cache, "rps": len(latencies) / elapsed, "p50": p50, "p95": p95, "errors": errors}
 
 
 def main() -> int:

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import http_load  # noqa: E402
-from bench_serving import Server, test_sentences  # noqa: E402
+from harness import Server, quantile, test_sentences  # noqa: E402
 from reports import emit  # noqa: E402
 
 
@@ -111,10 +111,6 @@ print(json.dumps({{"each": each, "rate": rate, "engine_each": engine_each, "engi
         "engine p50": quantile(engine_each, 0.5),
         "engine rate": found["engine_rate"],
     }
-
-
-def quantile(values: list[float], q: float) -> float:
-    return http_load.quantile(values, q)
 
 
 def body(text: str) -> dict[str, object]:

@@ -39,9 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Coroutine
@@ -52,11 +50,10 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
 import http_load
-import process_cpu
+from harness import Server, test_sentences
 from reports import emit, provenance
-
-from service.runtime import free_loopback_port
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
@@ -64,62 +61,6 @@ FRONTS = {"haproxy": "high-throughput (HAProxy)", "serve": "Serve's Python proxy
 WORKLOADS = ("cached-1", "cached-10", "uncached-1", "uncached-10")
 IDLE_S = 5.0  # seconds the server's idle CPU is measured for, before each workload
 UNCACHED_IN_FLIGHT = 2  # uncached requests in flight: under the engine's admission bound, none refused
-
-
-def test_sentences(n: int) -> list[str]:
-    with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f if line.strip()][:n]
-
-
-class Server:
-    """A server process on a free loopback port, ready when this returns; stop() ends it."""
-
-    def __init__(self, kind: str, front: str, settings: dict[str, str] | None = None) -> None:
-        """settings: BEAMSERVE_* variables for beamserve beside the defaults (en-de, one thread)."""
-        self.kind, self.front, self.port = kind, front, free_loopback_port()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "BEAMSERVE_PROXY": front}
-        env.pop("RAY_SERVE_ENABLE_HA_PROXY", None)
-        env.pop("RAY_SERVE_THROUGHPUT_OPTIMIZED", None)
-        if kind == "beamserve-split":
-            env["BEAMSERVE_COLOCATE"] = "false"
-        if kind == "echo":  # the bare echo takes Serve's own switches; beamserve sets them from BEAMSERVE_PROXY
-            if front == "haproxy":
-                env |= {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
-            cmd = [sys.executable, str(REPO / "loadtests" / "serving_echo.py"), "--port", str(self.port)]
-        else:
-            env |= {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_THREADS": "1", **(settings or {})}
-            cmd = process_cpu.serve_command(self.port)
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        assert self.proc.stdout is not None
-        line = "-"
-        while line and "listening" not in line:
-            line = self.proc.stdout.readline()
-        if "listening" not in line:
-            self.stop()
-            raise SystemExit(f"{kind} ({front}) did not start")
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + 120
-        url = f"http://127.0.0.1:{self.port}"
-        while time.monotonic() < deadline:
-            try:
-                if self.kind == "echo":
-                    ok = httpx.post(f"{url}/echo", json={}, timeout=5).status_code == 200
-                else:
-                    ok = httpx.get(f"{url}/readyz", timeout=5).status_code == 200
-                if ok:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise SystemExit(f"{self.kind} ({self.front}) was not ready within 120 s")
-
-    def stop(self) -> None:
-        process_cpu.stop(self.proc)
 
 
 @dataclass
@@ -187,9 +128,9 @@ def counted(server: Server, workload: str, load: Coroutine[Any, Any, tuple[list[
     idle (measured just before), and the engine thread's CPU."""
     idle = idle_rate(server)
     engine = engine_cpu_s(server)
-    before = process_cpu.snapshot(server.proc.pid)
+    before = harness.snapshot(server.proc.pid)
     answers, seconds = asyncio.run(load)
-    spent = process_cpu.spent(before, process_cpu.snapshot(server.proc.pid))
+    spent = harness.spent(before, harness.snapshot(server.proc.pid))
     engine = engine_cpu_s(server) - engine
     # What the server spends with no request (Ray's and Serve's loops) is not a request's cost; a role
     # whose idle rate moved more than the requests added is counted at nothing, not below.
@@ -210,9 +151,9 @@ def engine_cpu_s(server: Server) -> float:
 
 def idle_rate(server: Server, seconds: float = IDLE_S) -> dict[str, float]:
     """CPU seconds a second each role spends with no request in flight."""
-    before = process_cpu.snapshot(server.proc.pid)
+    before = harness.snapshot(server.proc.pid)
     time.sleep(seconds)
-    spent = process_cpu.spent(before, process_cpu.snapshot(server.proc.pid))
+    spent = harness.spent(before, harness.snapshot(server.proc.pid))
     return {name: cpu / seconds for name, cpu in spent.items()}
 
 
@@ -221,7 +162,7 @@ def flood(server: Server, sentences: list[str], connections: int) -> str:
     answers = asyncio.run(http_load.flood(server.port, wire, connections=connections))
     refused = [a.latency_s for a in answers if a.status in (429, 503)]
     accepted = [a.latency_s for a in answers if a.status == 200]
-    q = http_load.quantile
+    q = harness.quantile
     return (
         f"| {server.kind} | {FRONTS[server.front]} | {connections} | {http_load.counts(answers)} | "
         f"{q(refused, 0.5):.2f} / {q(refused, 0.95):.2f} | {q(accepted, 0.5):.2f} / {q(accepted, 0.95):.2f} |"

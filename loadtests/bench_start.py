@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import process_cpu
+import harness
 import reports
 
 from service.runtime import free_loopback_port
@@ -38,17 +38,17 @@ def start(models: str, env: dict[str, str], timeout_s: float = 300.0) -> tuple[f
     port = free_loopback_port()
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        process_cpu.serve_command(port),
+        harness.serve_command(port),
         cwd=REPO,
         env={**os.environ, **env, "BEAMSERVE_MODELS": models},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    seen: process_cpu.Snapshot = {}  # each process's latest CPU, those that have exited included
+    seen: harness.Snapshot = {}  # each process's latest CPU, those that have exited included
     try:
         while True:
-            seen.update(process_cpu.snapshot(proc.pid))
+            seen.update(harness.snapshot(proc.pid))
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
                     break
@@ -58,10 +58,10 @@ def start(models: str, env: dict[str, str], timeout_s: float = 300.0) -> tuple[f
                 raise RuntimeError(f"the server did not become ready (exit code {proc.poll()})")
             time.sleep(0.2)
         ready_s = time.monotonic() - t0
-        seen.update(process_cpu.snapshot(proc.pid))
+        seen.update(harness.snapshot(proc.pid))
     finally:
-        process_cpu.stop(proc)
-    return ready_s, process_cpu.spent({}, seen)
+        harness.stop(proc)
+    return ready_s, harness.spent({}, seen)
 
 
 def main() -> None:
@@ -97,7 +97,7 @@ def main() -> None:
     lines += [
         "",
         "CPU: user + system seconds of every process of the server's tree (psutil, sampled every 0.2 s; a"
-        " process's last sample counts). Roles: loadtests/process_cpu.py.",
+        " process's last sample counts). Roles: loadtests/harness.py.",
     ]
     reports.emit("\n".join(lines), args.out)
 

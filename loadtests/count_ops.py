@@ -6,10 +6,8 @@ Where a step is bound by the host issuing work (a GPU, see docs/benchmarks.md), 
 the number of operator calls more than their size. This counts every call that reaches PyTorch's
 dispatcher (views included) while the same sentences decode both ways on CPU, once all at once
 through `translate_ids` and once all joining one `InflightBatch`, and divides by the decoder steps
-(log_softmax calls: one per step, the continuous first step in `add` included). Two more rows
-decode them as each mode does at saturation: request-level in batches of 64 sentences, and
-continuous batching with 64 sentences' rows fed from a backlog (newcomers join --join-at at a time
-whenever their rows are free, so its count includes their encoder calls and regrouping).
+(log_softmax calls: one per step, the continuous first step in `add` included). One more row decodes
+them as request-level batching does at saturation, in batches of 64 sentences.
 """
 
 from __future__ import annotations
@@ -27,8 +25,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-from bench_inflight import decode_backlog  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
 from model.decode.inflight import InflightBatch  # noqa: E402
@@ -56,7 +52,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sentences", type=int, default=64)
     ap.add_argument("--beam-size", type=int, default=4)
-    ap.add_argument("--join-at", type=int, default=16, help="backlog row: newcomers join this many at a time")
     args = ap.parse_args()
     tr = Translator.load("en-de", "cpu", num_threads=1)
     with gzip.open(DATA / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
@@ -77,19 +72,12 @@ def main() -> None:
     def request_batches() -> None:
         tr.translate_ids(sources, DecodeOptions(beam_size=args.beam_size, max_batch_size=64))
 
-    def backlog() -> None:
-        decode_backlog(tr, sources, opts, args.join_at)
-
-    print(
-        f"{len(sources)} sentences, beam {args.beam_size}; a backlog joins them {args.join_at} at a time into 64 "
-        "sentences' rows as rows free up (bench_inflight.py):\n"
-    )
+    print(f"{len(sources)} sentences, beam {args.beam_size}:\n")
     print("| decoding | steps | operator calls | per step |\n|---|---:|---:|---:|")
     runs = (
         ("request-level, all at once (translate_ids)", request),
         ("continuous, all at once (InflightBatch)", continuous),
         ("request-level, batches of 64", request_batches),
-        ("continuous, a backlog", backlog),
     )
     with torch.inference_mode():
         for name, run in runs:

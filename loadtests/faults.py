@@ -44,7 +44,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -56,10 +55,8 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
 import http_load
-import process_cpu
-
-from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
 
 REPO = Path(__file__).resolve().parents[1]
 RECOVERY_S = 30.0  # a killed replica must be answering again within this
@@ -71,35 +68,13 @@ SENTENCES = [
 ]
 
 
-class Server:
-    """`beamserve serve` with one pair on free loopback ports."""
+class Server(harness.Server):
+    """`beamserve serve` with one pair on free loopback ports, its requests' timeout 10 s unless env says."""
 
     def __init__(self, **env: str) -> None:
+        super().__init__("beamserve", "haproxy", {"BEAMSERVE_REQUEST_TIMEOUT_S": "10", **env}, ready_s=60)
         self.split = env.get("BEAMSERVE_COLOCATE") == "false"  # the model in a deployment of its own
         self._rate: float | None = None
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        settings = {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_REQUEST_TIMEOUT_S": "10", **env}
-        self.proc = subprocess.Popen(
-            process_cpu.serve_command(self.port),
-            cwd=REPO,
-            env={**os.environ, **settings, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = "-"
-        while line and "listening" not in line:  # Ray may print a warning or two first
-            line = self.proc.stdout.readline()
-        if "listening" not in line:
-            self.stop()
-            raise SystemExit("the server did not start")
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{self.url}/readyz", timeout=10).status_code != 200:
-            if time.monotonic() > deadline:
-                raise SystemExit("the server was not ready within 60 s")
-            time.sleep(0.3)
 
     def rate(self) -> float:
         """The throughput of a closed loop (throughput()), measured once: the cases sharing a server
@@ -107,19 +82,6 @@ class Server:
         if self._rate is None:
             self._rate = throughput(self.url)
         return self._rate
-
-    def replica_pid(self, deployment: str) -> int:
-        """The process of a Serve replica of this server (`model-en-de`, `Gateway`)."""
-        for p in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                if f"ServeReplica:beamserve:{deployment}" in " ".join(p.cmdline()):
-                    return int(p.pid)
-            except psutil.NoSuchProcess:
-                continue
-        raise SystemExit(f"no replica of {deployment} found")
-
-    def stop(self) -> None:
-        process_cpu.stop(self.proc)
 
 
 @dataclass

@@ -153,8 +153,3 @@ async def flood(port: int, requests: list[bytes], *, connections: int, timeout_s
 
 def counts(answers: list[Answer]) -> dict[str, int]:
     return dict(Counter(str(a.status) if a.status else f"no answer ({a.error})" for a in answers))
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))] if ordered else float("nan")

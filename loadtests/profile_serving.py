@@ -28,7 +28,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_load
-from bench_serving import Server, bodies, test_sentences
+from bench_serving import bodies
+from harness import Server, test_sentences
 
 # (what a frame's file path holds, the group) in order: the first that matches names the sample.
 GROUPS = [

@@ -12,17 +12,14 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import httpx
+from harness import Server
 from reports import emit
-
-from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = {
@@ -39,25 +36,6 @@ def ready(url: str) -> bool:
         return r.status_code == 200 and all(state == "ready" for state in r.json()["pairs"].values())
     except (httpx.HTTPError, ValueError, KeyError):
         return False
-
-
-def start_server(port: int, env_extra: dict[str, str]) -> subprocess.Popen[str]:
-    env = {**os.environ, **env_extra, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--metrics-port", str(free_port())],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    deadline = time.monotonic() + 180
-    while not ready(f"http://127.0.0.1:{port}"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the service did not become ready")
-        time.sleep(1)
-    return proc
 
 
 def run_locust(url: str, prefix: Path, args: argparse.Namespace) -> int:
@@ -196,21 +174,19 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {}
     external = args.external if args.external and ready(args.external) else None
     for mode in ["running server"] if external else args.modes.split(","):
-        proc = None
+        server = None
         if external:
             url = external
             print(f"using the server already running at {url}", flush=True)
         else:
-            port = free_port()
-            print(f"[{mode}] starting beamserve on 127.0.0.1:{port} ...", flush=True)
-            proc = start_server(port, MODES[mode])
-            url = f"http://127.0.0.1:{port}"
+            print(f"[{mode}] starting beamserve on 127.0.0.1 ...", flush=True)
+            server = Server(settings={"BEAMSERVE_MODELS": "en-de,en-fr", **MODES[mode]}, every_pair=True)
+            url = server.url
         try:
             run_locust(url, args.out / mode.replace(" ", "-"), args)
         finally:
-            if proc is not None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
+            if server is not None:
+                server.stop()
         results[mode] = steps(args.out / mode.replace(" ", "-"))
     plot(results, args.out / "loadtest.png", args.slo_p95_ms)
     emit(summary(results, args), args.out / "SUMMARY.md")

@@ -112,6 +112,41 @@ def test_no_import_cycle_between_modules() -> None:
     assert not cycles
 
 
+def test_no_class_in_the_service_is_over_250_lines() -> None:
+    """A class past a screenful or four holds several concerns; split it (the router's pieces, the ingress's
+    route families) rather than let it grow."""
+    long = [
+        f"{path.relative_to(ROOT)}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in modules("service")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ClassDef) and node.end_lineno is not None and node.end_lineno - node.lineno >= 250
+    ]
+    assert not long
+
+
+# What a benchmark compares against and says to install itself (bench_splitter.py: pip install pysbd sentencex).
+BENCHMARK_EXTRAS = {"pysbd", "sentencex"}
+
+
+def test_every_import_of_a_benchmark_names_a_module_that_exists() -> None:
+    """A benchmark is run by hand, not by the tests: one that imports a script since removed would fail
+    only when someone needs it."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "loadtests"))
+    try:
+        missing = [
+            f"{path.relative_to(ROOT)}: {module}"
+            for path in modules("loadtests")
+            for module, _ in imports(path)
+            if module.split(".")[0] not in BENCHMARK_EXTRAS and importlib.util.find_spec(module.split(".")[0]) is None
+        ]
+    finally:
+        sys.path.remove(str(ROOT / "loadtests"))
+    assert not missing
+
+
 def test_model_never_imports_the_service_or_ray() -> None:
     bad = [
         f"{path.relative_to(ROOT)}: {module}"

@@ -55,11 +55,11 @@ def test_serving_through_the_engine_uses_one_team_like_decoding_on_one_thread() 
         print(native())
     """)
     served = run("""
-        from service.engine.engine import Engine
+        from service.engine.engine import Engine, warm_up
         from service.batching import BatchingConfig
         tr = Translator.load("en-de", "cpu", num_threads=2)
         engine = Engine(tr, BatchingConfig(), max_length=64)
-        engine.warm_up([tr.encode("A man is riding a bike.")])
+        warm_up(engine, [tr.encode("A man is riding a bike.")])
         asyncio.run(engine.translate([tr.encode("Two dogs play.")], DecodeOptions(beam_size=4), 60.0))
         print(native())  # before close(): the engine thread's team ends with the thread
         engine.close()

@@ -92,6 +92,14 @@ def _run_job(fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> N
         future.set_exception(exc)
 
 
+def _mark_started(observer: EngineObserver | None, items: list[WorkItem], now: float) -> None:
+    """Mark items as started decoding now, and tell the observer of their batch."""
+    for it in items:
+        it.started = now
+    if observer is not None:
+        observer.on_batch(len(items), *batch_tokens(items), [now - it.enqueued for it in items])
+
+
 def _resolve(item: WorkItem, hyps: list[Hypothesis]) -> int:
     """Complete an item's request; returns the tokens its best hypothesis generated (</s> included)."""
     item.finished = time.monotonic()
@@ -265,14 +273,6 @@ class Engine:
             self._cv.notify()
         return future
 
-    def warm_up(self, sources: list[list[int]], beam_sizes: tuple[int, ...] = (1, 4), timeout_s: float = 300.0) -> None:
-        """Decode `sources` once per beam size through the engine (its first calls allocate and pick
-        kernels), blocking until done; on the engine's thread, as every decode is."""
-        for beam in beam_sizes:
-            items = self.submit(sources, DecodeOptions(beam_size=beam), time.monotonic() + timeout_s)
-            for item in items:
-                item.future.result(timeout=timeout_s)
-
     def health(self, stall_s: float) -> str | None:
         """Why the engine cannot serve, or None: its thread has died, or work has waited stall_s seconds
         without the loop finishing a turn (a wedged step)."""
@@ -290,16 +290,9 @@ class Engine:
             self._cv.notify()
         self._thread.join(timeout=5)
 
-    def _step_runner(self, config: BatchingConfig) -> StepRunner | SlotStepRunner:
-        if self.static_slots:
-            graphs = self.translator.device.type == "cuda"
-            beams = DecodeOptions().beam_size  # the pool hosts the default beam; other beams decode beside it
-            return SlotStepRunner(self.translator, config.decode_slots, self.max_length, beams=beams, graphs=graphs)
-        return StepRunner(self.translator, config.decode_slots, self.max_length)
-
     def _run(self) -> None:
         try:
-            self.step_runner = self._step_runner(self.config)
+            self.step_runner = self._fresh_runner()
         except BaseException as exc:  # raised again by __init__
             self._start_error = exc
             return
@@ -333,15 +326,15 @@ class Engine:
             return (lambda: _run_job(fn, future)), 0.0
         if not self.static_slots and (alone := self.continuous.alone(now)):
             self._active = len(alone)
-            self._observe_start(alone, now)
+            _mark_started(self.observer, alone, now)
             return (lambda: self._run_batch(alone)), 0.0
         if self.continuous.running or self.continuous.queue:
             if not self.continuous.running and self.step_runner.batch.capacity != self.config.decode_slots:
-                self.step_runner = self._step_runner(self.config)  # resize the pool while it is empty
+                self.step_runner = self._fresh_runner()  # resize the pool while it is empty
             plan = self.continuous.schedule(now, self.step_runner.batch.capacity)
             self._active = len(self.continuous.running)
             if plan.join:
-                self._observe_start(plan.join, now)
+                _mark_started(self.observer, plan.join, now)
             return (lambda: self._step(plan)), 0.0
         batch, wait = self.requests.next_batch(now)
         if batch is None:
@@ -349,14 +342,8 @@ class Engine:
             due = self._sync(idle=True)
             return None, wait if due is None else min(wait, due)
         self._active = len(batch)
-        self._observe_start(batch, now)
+        _mark_started(self.observer, batch, now)
         return (lambda: self._run_batch(batch)), 0.0
-
-    def _observe_start(self, items: list[WorkItem], now: float) -> None:
-        for it in items:
-            it.started = now
-        if self.observer is not None:
-            self.observer.on_batch(len(items), *batch_tokens(items), [now - it.enqueued for it in items])
 
     def _step(self, plan: Plan) -> None:
         """execute -> update for one decoder step."""
@@ -387,7 +374,7 @@ class Engine:
             for future in futures:
                 if not future.done():
                     future.set_exception(exc)
-        self.step_runner = self._step_runner(self.config)
+        self.step_runner = self._fresh_runner()
 
     def _run_batch(self, batch: list[WorkItem]) -> None:
         start = time.monotonic()
@@ -399,11 +386,16 @@ class Engine:
             if isinstance(results, Exception):
                 for it in live:
                     it.future.set_exception(results)
-            else:
-                generated = sum(_resolve(it, hyps) for it, hyps in zip(live, results, strict=True))
+            else:  # a sentence whose deadline passed while its batch decoded fails, as in the running batch
+                ends = start + busy
+                answered = [(it, h) for it, h in zip(live, results, strict=True) if not self.requests.expired(it, ends)]
+                generated = sum(_resolve(it, hyps) for it, hyps in answered)
                 self.requests.throughput.record(sum(it.cost for it in live), busy, start + busy)
         if self.observer is not None:
             self.observer.on_generated(generated)
+
+    def _fresh_runner(self) -> StepRunner | SlotStepRunner:
+        return step_runner_for(self.translator, self.config, self.max_length, static_slots=self.static_slots)
 
     def _sync(self, *, idle: bool = False) -> float | None:
         if self.observer is None:
@@ -411,3 +403,25 @@ class Engine:
         device = self.translator.device
         gpu = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         return self.observer.sync(self.stats, self.queued, self._active, gpu, idle=idle)
+
+
+def step_runner_for(
+    translator: Translator, config: BatchingConfig, max_length: int, *, static_slots: bool
+) -> StepRunner | SlotStepRunner:
+    """Continuous mode's runner: on the static decode state (CUDA graphs replayed on a GPU), or InflightBatch."""
+    if static_slots:
+        graphs = translator.device.type == "cuda"
+        beams = DecodeOptions().beam_size  # the pool hosts the default beam; other beams decode beside it
+        return SlotStepRunner(translator, config.decode_slots, max_length, beams=beams, graphs=graphs)
+    return StepRunner(translator, config.decode_slots, max_length)
+
+
+def warm_up(
+    engine: Engine, sources: list[list[int]], beam_sizes: tuple[int, ...] = (1, 4), timeout_s: float = 300.0
+) -> None:
+    """Decode `sources` once per beam size through the engine (its first calls allocate and pick kernels),
+    blocking until done; on the engine's thread, as every decode is."""
+    for beam in beam_sizes:
+        items = engine.submit(sources, DecodeOptions(beam_size=beam), time.monotonic() + timeout_s)
+        for item in items:
+            item.future.result(timeout=timeout_s)

@@ -19,7 +19,7 @@ from model.translator import Translator
 from service.batching import BatchingConfig, sized_for
 from service.engine import allocator
 from service.engine.answers import Decoded
-from service.engine.engine import Engine, RequestTiming
+from service.engine.engine import Engine, RequestTiming, warm_up
 from service.metrics import ModelMetrics
 from service.registry import ModelEntry
 from service.settings import Settings
@@ -57,8 +57,17 @@ class ServedModel:
         self.metrics.capacity = (config.max_queue, config.decode_slots)
         static_slots = s.uses_static_slots(tr.device.type)
         self.engine = Engine(self.translator, config, max_length=s.max_decoding_length, static_slots=static_slots)
+        # What this replica computes with, in its log (each int8 weight shape's GEMM: model/kernels/int8_choice.py).
+        logger.info(
+            "%s: %s, %s; C kernels %s; continuous batching on %s",
+            entry.name,
+            tr.device.type,
+            tr.compute_type,
+            native.in_use(),
+            "the static decode state" if static_slots else "the in-flight batch",
+        )
         # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
-        self.engine.warm_up([self._encode(entry.pairs[0], WARMUP)])
+        warm_up(self.engine, [self._encode(entry.pairs[0], WARMUP)])
         self.engine.observer = self.metrics  # the warm-up is not traffic
         self.in_flight = 0  # calls using the model now: closing waits for them
         self.ready = True

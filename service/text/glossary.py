@@ -28,6 +28,7 @@ import json
 import time
 import unicodedata
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from service.errors import ApiError
@@ -113,19 +114,25 @@ def _check_unicode(text: str, what: str) -> None:
 def checked(entries: dict[str, str]) -> dict[str, str]:
     """The entries, their terms stripped; ApiError when there are none, too many, or a term is empty,
     too long or holds a control character or a line break."""
-    if not entries:
+    return _entries(((f"entry {n}", s, t) for n, (s, t) in enumerate(entries.items(), 1)), len(entries))
+
+
+def _entries(rows: Iterable[tuple[str, object, object]], count: int) -> dict[str, str]:
+    """The one check of a glossary's entries, each row (where it is, source term, target term) named by
+    where it is in what error it makes."""
+    if not count:
         raise ApiError("invalid_glossary", "the glossary has no entries")
-    if len(entries) > MAX_ENTRIES:
-        raise ApiError("glossary_too_large", f"{len(entries)} entries; a glossary holds at most {MAX_ENTRIES}")
+    if count > MAX_ENTRIES:
+        raise ApiError("glossary_too_large", f"{count} entries; a glossary holds at most {MAX_ENTRIES}")
     out: dict[str, str] = {}
-    for n, (source, target) in enumerate(entries.items(), 1):
+    for where, source, target in rows:
         if not isinstance(source, str) or not isinstance(target, str):
-            raise ApiError("invalid_glossary", f"entry {n}: terms are strings")
+            raise ApiError("invalid_glossary", f"{where}: terms are strings")
         source, target = source.strip(), target.strip()
-        _check_term(source, f"entry {n}")
-        _check_term(target, f"entry {n}")
+        _check_term(source, where)
+        _check_term(target, where)
         if source in out:
-            raise ApiError("invalid_glossary", f"entry {n}: the source term {source[:40]!r} is listed twice")
+            raise ApiError("invalid_glossary", f"{where}: the source term {source[:40]!r} is listed twice")
         out[source] = target
     return out
 
@@ -146,18 +153,15 @@ def parse_entries(text: str, entries_format: str) -> dict[str, str]:
             rows = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(text)), 1) if any(c.strip() for c in row)]
         except csv.Error as exc:
             raise ApiError("invalid_glossary", f"the CSV entries do not parse: {exc}") from None
-    entries: dict[str, str] = {}
-    for n, row in rows:
-        if len(row) not in ((2,) if entries_format == "tsv" else (2, 4)):
-            want = "a source and a target term separated by a tab" if entries_format == "tsv" else "2 or 4 fields"
-            raise ApiError("invalid_glossary", f"line {n}: {want}, not {len(row)} fields")
-        source, target = row[0].strip(), row[1].strip()
-        _check_term(source, f"line {n}")
-        _check_term(target, f"line {n}")
-        if source in entries:
-            raise ApiError("invalid_glossary", f"line {n}: the source term {source[:40]!r} is listed twice")
-        entries[source] = target
-    return checked(entries)
+
+    def shaped() -> Iterator[tuple[str, object, object]]:
+        for n, row in rows:
+            if len(row) not in ((2,) if entries_format == "tsv" else (2, 4)):
+                want = "a source and a target term separated by a tab" if entries_format == "tsv" else "2 or 4 fields"
+                raise ApiError("invalid_glossary", f"line {n}: {want}, not {len(row)} fields")
+            yield f"line {n}", row[0], row[1]
+
+    return _entries(shaped(), len(rows))
 
 
 def digest(entries: dict[str, str]) -> str:
