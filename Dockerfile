@@ -22,6 +22,7 @@ COPY --chown=ray:users pyproject.toml setup.py README.md LICENSE ./
 COPY --chown=ray:users model ./model
 COPY --chown=ray:users service ./service
 # A build without the kernels fails here rather than shipping an image that runs without them.
+ENV BEAMSERVE_REQUIRE_KERNELS=1
 RUN pip wheel --no-cache-dir --no-deps --no-build-isolation -w /home/ray/wheels . \
  && python -c "import sys, zipfile, glob; n = zipfile.ZipFile(glob.glob('/home/ray/wheels/*.whl')[0]).namelist(); \
 sys.exit(0 if any(f.startswith('model/kernels/_native') for f in n) else 'the C kernels did not build')"

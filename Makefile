@@ -55,6 +55,8 @@ CODE := model service tests loadtests
 # modules in one (tests/conftest.py), OpenMP's threads waiting passively (two workers' thread teams
 # spinning on two cores starve each other); then, with nothing beside them, the tests marked `alone`.
 TEST_WORKERS ?= 2
+# The tests' install builds the C kernels or fails (setup.py): a test run never measures the fallback unnoticed.
+test: export BEAMSERVE_REQUIRE_KERNELS = 1
 test: lint $(VENV)/bin/promtool chromium clang
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -ra -n $(TEST_WORKERS) -m "not alone"
 	$(PY) -m pytest -q -ra -m alone

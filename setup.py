@@ -3,13 +3,19 @@ candidate ranking), built as plain shared libraries beside the package: on x86-6
 and once each for the x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) levels, of which model/kernels/native.py
 loads the best this CPU runs.
 
-Optional: without a C compiler the build goes on without them, and the model computes with PyTorch's ops
-(model/kernels/native.py says which runs).
+Without a C compiler the build goes on without them, says so in a block on stderr, and the model computes with
+PyTorch's ops (model/kernels/native.py says which runs); with BEAMSERVE_REQUIRE_KERNELS=1 (`make test`, the
+Docker build) a library that does not build fails the install.
 """
 
+import os
 import platform
+import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+REQUIRED = os.environ.get("BEAMSERVE_REQUIRE_KERNELS") == "1"
 
 SOURCES = [
     "model/kernels/csrc/int8_rows.c",
@@ -33,11 +39,29 @@ def library(name: str, flags: list[str]) -> Extension:
         sources=SOURCES,
         depends=["model/kernels/csrc/vec16.h", "model/kernels/csrc/quantize.h"],
         extra_compile_args=FLAGS + flags,
-        optional=True,
+        optional=not REQUIRED,
     )
 
 
+class BuildKernels(build_ext):
+    """build_ext that says, in a block a person sees in pip's output, which kernel libraries did not build."""
+
+    def run(self) -> None:
+        super().run()
+        missing = [e.name for e in self.extensions if not os.path.exists(self.get_ext_fullpath(e.name))]
+        if missing:
+            bar = "=" * 78
+            print(
+                f"\n{bar}\nbeamserve: the C kernels did not build ({', '.join(missing)}): no C compiler?\n"
+                "The model will compute with PyTorch's ops, correct and slower. Install gcc (or clang) and\n"
+                "reinstall; BEAMSERVE_REQUIRE_KERNELS=1 makes this an error.\n"
+                f"{bar}\n",
+                file=sys.stderr,
+            )
+
+
 setup(
+    cmdclass={"build_ext": BuildKernels},
     ext_modules=[library("model.kernels._native", [])]
     + [library(f"model.kernels._native_{level[-2:]}", [f"-march={level}"]) for level in LEVELS]
 )

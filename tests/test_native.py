@@ -507,3 +507,21 @@ def test_a_steps_embedding_in_c_gives_torchs_bits_and_refuses_an_id_outside_the_
         assert torch.equal(native.embed(tokens, weight, scale, at), F.embedding(tokens, weight) * scale + at)
     with pytest.raises(IndexError):
         native.embed(torch.tensor([3, 50]), weight, scale, at[:1])
+
+
+def test_a_build_without_a_compiler_says_so_and_fails_where_the_kernels_are_required(tmp_path: Path) -> None:
+    """setup.py with a C compiler that fails (CC=false): the build goes on and prints a block naming the
+    libraries not built; with BEAMSERVE_REQUIRE_KERNELS=1 it fails."""
+    root = Path(__file__).resolve().parents[1]
+    shutil.copy(root / "setup.py", tmp_path)
+    shutil.copytree(root / "model" / "kernels" / "csrc", tmp_path / "model" / "kernels" / "csrc")
+    command = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", "out", "--build-temp", "tmp"]
+    env = {**os.environ, "CC": "false"}
+    env.pop("BEAMSERVE_REQUIRE_KERNELS", None)
+    quiet = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "beamserve: the C kernels did not build (model.kernels._native" in quiet.stderr
+    assert not list((tmp_path / "out").rglob("_native*.so"))
+    env["BEAMSERVE_REQUIRE_KERNELS"] = "1"
+    loud = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert loud.returncode != 0 and "model/kernels/csrc/" in loud.stderr
