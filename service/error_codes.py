@@ -1,6 +1,8 @@
 """Every error code a client can get and its one HTTP status, with what it means (docs/operations.md's
-table of errors is this one, tested). The compatible APIs' routes answer some codes with the status
-their own clients expect (deepl.error, libretranslate.error): 400 for a 422, 429 for overloaded.
+table of errors is service/api/error_table.py's, tested). A meaning names the limits it states by their
+constants ({MAX_ENTRIES:,}), which error_table.py fills in: each limit has one value, where it is enforced. The
+compatible APIs' routes answer some codes with the status their own clients expect (deepl.error,
+libretranslate.error): 400 for a 422, 429 for overloaded.
 
 Import-light: HAProxy's configuration (service/api/front.py), built in every Ray worker, reads it.
 """
@@ -22,14 +24,14 @@ CODES: dict[str, tuple[int, str]] = {
     "glossary_mismatch": (400, "a glossary for another language pair than the request's"),
     "unsupported_document": (
         400,
-        "a document format beamserve does not read (it reads .txt, .html, .htm, .srt, .docx, .pptx, .xlsx)",
+        "a document format beamserve does not read (it reads {FORMATS})",
     ),
     "invalid_document": (
         400,
         "a document that is not what its name says: not UTF-8, HTML ending inside markup, a zip member that "
         "does not unpack, XML that does not parse, ...",
     ),
-    "too_many_glossaries": (400, "the key holds as many glossaries as it may (1,000)"),
+    "too_many_glossaries": (400, "the key holds as many glossaries as it may ({MAX_GLOSSARIES:,})"),
     "missing_api_key": (401, "the server needs an API key and none was sent"),
     "invalid_api_key": (403, "the API key is not known"),
     "not_found": (404, "no such route"),
@@ -42,11 +44,14 @@ CODES: dict[str, tuple[int, str]] = {
     "body_too_large": (413, "the body is over max_body_bytes"),
     "document_too_large": (
         413,
-        "over 500,000 characters of text, a paragraph over max_text_chars, a zip bomb, or Office text parts over "
-        "32,000,000 bytes of XML or 500,000 elements",
+        "over {MAX_CHARACTERS:,} characters of text, a paragraph over max_text_chars, a zip bomb, or Office text "
+        "parts over {MAX_XML_BYTES:,} bytes of XML or {MAX_ELEMENTS:,} elements",
     ),
-    "glossary_too_large": (413, "a glossary over 10,000 entries or 1,000,000 characters of entries"),
-    "uri_too_long": (414, "a URL over 16,384 bytes"),
+    "glossary_too_large": (
+        413,
+        "a glossary over {MAX_ENTRIES:,} entries or {MAX_ENTRIES_CHARS:,} characters of entries",
+    ),
+    "uri_too_long": (414, "a URL over {MAX_URL_BYTES:,} bytes"),
     "unsupported_media_type": (415, "a content type the route does not read"),
     "invalid_request": (422, "a field missing, of the wrong type or out of range"),
     "invalid_text": (422, "a text that is not text (a lone surrogate, a NUL)"),
@@ -58,7 +63,7 @@ CODES: dict[str, tuple[int, str]] = {
     "document_failed": (422, "the document's translation failed: its status says why"),
     "rate_limited": (429, "the key's requests per minute used up"),
     "quota_exceeded": (429, "the key's characters per month used up"),
-    "headers_too_large": (431, "over 100 header fields, or over 32,768 bytes of headers"),
+    "headers_too_large": (431, "over {MAX_HEADERS} header fields, or over {MAX_HEADER_BYTES:,} bytes of headers"),
     "internal_error": (500, "a bug: logged with its traceback"),
     "overloaded": (503, "more work than the server can start within max_queue_wait_s, or its queues full"),
     "shutting_down": (503, "the server is draining on SIGTERM"),
