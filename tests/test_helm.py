@@ -1,7 +1,7 @@
-"""The Helm chart (deploy/k8s/Chart.yaml): it renders the kustomize tree it sits in, so its objects
-are kustomize's own (compared here), its values switch the tree's parts on and set what a user
-must, and values that would not run are refused with the value named. test_k8s.py validates its
-renders beside the overlays'."""
+"""The Helm chart (deploy/k8s/Chart.yaml): its objects, for the release beamserve, are what the kustomize
+tree beside it renders (compared here, the release's label aside); two releases share a namespace; the
+front's limits are one value; values that would not run are refused with the value named. test_k8s.py
+validates its renders beside the overlays'."""
 
 from __future__ import annotations
 
@@ -19,6 +19,19 @@ from .test_k8s import K8S, by_kind, render, run, tool
 HELM_LABELS = {"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart"}
 
 
+def without_release(node: Any) -> Any:
+    """node without the release's label wherever it selects (matchLabels, selectors, pod labels, label
+    expressions): the chart's objects of one release select only its own pods; kustomize's tree is one."""
+    if isinstance(node, dict):
+        return {k: without_release(v) for k, v in node.items() if k != "app.kubernetes.io/instance"}
+    if isinstance(node, list):
+        return [without_release(v) for v in node if not (isinstance(v, dict) and v.get("key") == INSTANCE)]
+    return node
+
+
+INSTANCE = "app.kubernetes.io/instance"
+
+
 def comparable(text: str) -> dict[tuple[str, str], dict[str, Any]]:
     """Objects by (kind, name), without the labels the chart adds, the Serve config and a keys file
     parsed (their text is formatting)."""
@@ -28,6 +41,7 @@ def comparable(text: str) -> dict[tuple[str, str], dict[str, Any]]:
             continue
         labels = {k: v for k, v in doc["metadata"].get("labels", {}).items() if k not in HELM_LABELS}
         labels.pop("app.kubernetes.io/part-of", None)  # on every chart object; kustomize's base only
+        doc = without_release(doc)
         doc["metadata"]["labels"] = labels
         if doc["kind"] == "RayService":
             doc["spec"]["serveConfigV2"] = yaml.safe_load(doc["spec"]["serveConfigV2"])
@@ -148,13 +162,66 @@ def test_the_chart_refuses_values_that_would_not_run(options: list[str], message
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
-def test_the_packaged_chart_holds_the_tree_it_reads_and_renders_the_same(tmp_path: Path) -> None:
+def test_the_packaged_chart_is_its_templates_and_values_and_renders_the_same(tmp_path: Path) -> None:
     run(tool("helm"), "package", K8S, "--destination", tmp_path)
     [package] = tmp_path.glob("beamserve-*.tgz")
     with tarfile.open(package) as tar:
         names = {n.removeprefix("beamserve/") for n in tar.getnames()}
-    assert {"base/rayservice.yaml", "overlays/gpu/kustomization.yaml", "components/api-keys/secret.yaml"} <= names
-    assert not {n for n in names if n.startswith(("ci/", "schemas/"))}
+    assert {"Chart.yaml", "values.yaml", "values.schema.json", "templates/rayservice.yaml"} <= names
+    assert not {n for n in names if n.startswith(("base/", "overlays/", "components/", "examples/", "ci/", "schemas/"))}
     values = K8S / "ci" / "production-values.yaml"
     packaged = run(tool("helm"), "template", "beamserve", package, "-f", values)
     assert comparable(packaged) == comparable(render("helm/production"))
+
+
+def test_two_releases_in_one_namespace_name_and_select_only_their_own() -> None:
+    values = K8S / "ci" / "production-values.yaml"
+    docs = {
+        release: [d for d in yaml.safe_load_all(run(tool("helm"), "template", release, K8S, "-f", values)) if d]
+        for release in ("beamserve", "translate")
+    }
+    names = {r: {(d["kind"], d["metadata"]["name"]) for d in found} for r, found in docs.items()}
+    assert not names["beamserve"] & names["translate"]
+    assert ("RayService", "translate-beamserve") in names["translate"]
+    for release, found in docs.items():
+        pdb = by_kind(found, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+        assert pdb[INSTANCE] == release
+        cluster = by_kind(found, "RayService")["spec"]["rayClusterConfig"]
+        worker = cluster["workerGroupSpecs"][0]["template"]
+        assert worker["metadata"]["labels"][INSTANCE] == release  # what the PDB and the policies select
+        head_env = {e["name"]: e["value"] for e in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+        prefix = "beamserve" if release == "beamserve" else "translate-beamserve"
+        assert head_env["BEAMSERVE_LIMITS_STORAGE"] == f"redis://{prefix}-limits:6379/0"
+
+
+def test_the_front_s_limits_are_one_value_in_the_serve_config_and_every_pod_and_env_reaches_every_pod() -> None:
+    from service.api.front import Limits, cluster_environment
+
+    out = subprocess.run(
+        [
+            tool("helm"),
+            "template",
+            "beamserve",
+            str(K8S),
+            "--set",
+            "front.maxInFlight=100",
+            "--set-json",
+            "front.requestTimeoutS=7.5",
+            "--set-json",
+            'env=[{"name": "BEAMSERVE_LOG_LEVEL", "value": "DEBUG"}]',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    spec = by_kind([d for d in yaml.safe_load_all(out.stdout) if d], "RayService")["spec"]
+    args = yaml.safe_load(spec["serveConfigV2"])["applications"][0]["args"]
+    assert (args["max_in_flight"], args["request_timeout_s"], args["max_queued"]) == (100, 7.5, 64)
+    want = cluster_environment(Limits(100, 64, 1_000_000, 10.0, 7.5))
+    cluster = spec["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]]
+    for pod in pods:
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert {k: env.get(k) for k in want} == want
+        assert env["BEAMSERVE_LOG_LEVEL"] == "DEBUG"
