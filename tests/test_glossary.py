@@ -25,7 +25,7 @@ from service.store.records import (
     storage_of,
 )
 from service.text import glossary
-from service.text.glossary import Terms, apply, new_glossary, parse_entries
+from service.text.glossary import Terms, apply, checked, new_glossary, parse_entries
 from service.text.html_text import parse_documents
 from service.text.protect import to_html
 
@@ -133,6 +133,10 @@ def test_terms_are_found_and_marked_as_the_plain_reading_says_in_random_texts() 
         ("x" * 1025 + "\ty\n", "tsv", "invalid_glossary", "1025 characters"),
         ("".join(f"t{i}\tu{i}\n" for i in range(10_001)), "tsv", "glossary_too_large", "10001 entries"),
         ("bike\tVelo", "xlsx", "invalid_glossary", "entries_format"),
+        ("bike\tVelo\n\u200d\tX\n", "tsv", "invalid_glossary", "line 2: the term (U+200D) has no visible character"),
+        ("bike\tVe\uffffo\n", "tsv", "invalid_glossary", "noncharacter U+FFFF"),
+        ("\u0301\u0301\tX\n", "tsv", "invalid_glossary", "no visible character"),
+        ("caf\u00e9\tA\ncafe\u0301\tB\n", "tsv", "invalid_glossary", "line 2: the source term 'café' is listed twice"),
     ],
 )
 def test_bad_entries_are_refused_with_what_is_wrong(text: str, fmt: str, code: str, needle: str) -> None:
@@ -143,6 +147,10 @@ def test_bad_entries_are_refused_with_what_is_wrong(text: str, fmt: str, code: s
 
 def test_entries_parse_in_deepl_s_formats() -> None:
     assert parse_entries("bike\tVelo\n\n  car \t Auto\n", "tsv") == {"bike": "Velo", "car": "Auto"}
+    # A file's byte order mark is not its first term's; terms are stored composed (NFC); a joiner inside a
+    # term (Persian's ZWNJ) is part of it.
+    assert parse_entries("\ufeffbike\tVelo\ncafe\u0301\tKaffee\n", "tsv") == {"bike": "Velo", "caf\u00e9": "Kaffee"}
+    assert checked({"\u0645\u06cc\u200c\u0631\u0648\u0645": "go"}) == {"\u0645\u06cc\u200c\u0631\u0648\u0645": "go"}
     assert parse_entries('bike,Velo\n"New York, NY",NYC,en,de\n', "csv") == {"bike": "Velo", "New York, NY": "NYC"}
 
 

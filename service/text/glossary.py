@@ -91,15 +91,30 @@ def new_glossary(name: str, source: str, target: str, entries: dict[str, str], o
     return Glossary(str(uuid.uuid4()), name, source, target, checked(entries), owner)
 
 
-def _check_term(term: str, where: str) -> None:
+# Characters that show nothing by themselves: format characters (ZWJ, a BOM), spaces, combining marks,
+# controls. A term made of these alone would match where a reader sees no word.
+INVISIBLE = {"Cf", "Zs", "Zl", "Zp", "Mn", "Me", "Cc"}
+
+
+def _term(raw: str, where: str) -> str:
+    """A term as stored and matched: stripped, in Unicode's composed form (NFC); ApiError for an empty, overlong
+    or invisible term, or one holding a control character, a line break or a noncharacter (U+FFFF, ...)."""
+    _check_unicode(raw, f"{where}: the term")
+    term = unicodedata.normalize("NFC", raw.strip())
     if not term:
         raise ApiError("invalid_glossary", f"{where}: an empty term")
     if len(term) > MAX_TERM_CHARS:
         raise ApiError("invalid_glossary", f"{where}: a term of {len(term)} characters; at most {MAX_TERM_CHARS}")
-    _check_unicode(term, f"{where}: the term")
     bad = next((c for c in term if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if bad is not None:
         raise ApiError("invalid_glossary", f"{where}: the term {term[:40]!r} holds the control character {bad!r}")
+    odd = next((c for c in term if 0xFDD0 <= ord(c) <= 0xFDEF or ord(c) & 0xFFFE == 0xFFFE), None)
+    if odd is not None:
+        raise ApiError("invalid_glossary", f"{where}: the term {term[:40]!r} holds the noncharacter U+{ord(odd):04X}")
+    if all(unicodedata.category(c) in INVISIBLE for c in term):
+        shown = " ".join(f"U+{ord(c):04X}" for c in term[:8])
+        raise ApiError("invalid_glossary", f"{where}: the term ({shown}) has no visible character")
+    return term
 
 
 def _check_unicode(text: str, what: str) -> None:
@@ -112,8 +127,8 @@ def _check_unicode(text: str, what: str) -> None:
 
 
 def checked(entries: dict[str, str]) -> dict[str, str]:
-    """The entries, their terms stripped; ApiError when there are none, too many, or a term is empty,
-    too long or holds a control character or a line break."""
+    """The entries, their terms stripped and composed (NFC); ApiError when there are none, too many, or a term
+    is empty, too long, invisible or holds a control character, a line break or a noncharacter."""
     return _entries(((f"entry {n}", s, t) for n, (s, t) in enumerate(entries.items(), 1)), len(entries))
 
 
@@ -128,9 +143,7 @@ def _entries(rows: Iterable[tuple[str, object, object]], count: int) -> dict[str
     for where, source, target in rows:
         if not isinstance(source, str) or not isinstance(target, str):
             raise ApiError("invalid_glossary", f"{where}: terms are strings")
-        source, target = source.strip(), target.strip()
-        _check_term(source, where)
-        _check_term(target, where)
+        source, target = _term(source, where), _term(target, where)
         if source in out:
             raise ApiError("invalid_glossary", f"{where}: the source term {source[:40]!r} is listed twice")
         out[source] = target
@@ -145,6 +158,7 @@ def parse_entries(text: str, entries_format: str) -> dict[str, str]:
     if len(text) > MAX_ENTRIES_CHARS:
         too_many = f"the entries have {len(text)} characters; a glossary holds at most {MAX_ENTRIES_CHARS}"
         raise ApiError("glossary_too_large", too_many)
+    text = text.removeprefix("\ufeff")  # a file saved with a byte order mark: not part of its first term
     rows: list[tuple[int, list[str]]]
     if entries_format == "tsv":
         rows = [(n, line.split("\t")) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
