@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     key_characters_per_month: int = 0  # a 30-day window
     limits_storage: str = ""  # redis://host:6379 (or valkey://) shared by the gateway replicas; empty: each its own
     cors_origins: str = ""  # comma-separated origins browsers may call from ("*": any); empty: no CORS
+    # The server's address as its clients reach it (https://translate.example.com), for the links it answers
+    # (LibreTranslate's translatedFileUrl); empty: http://host:port as it listens. Never the request's Host.
+    public_url: str = ""
     # Where glossaries and documents live (service/store/records.py): redis://, valkey:// or sqlite:///path;
     # empty: limits_storage when it is a Redis or Valkey, else an SQLite file in ~/.local/share/beamserve.
     records_storage: str = ""
@@ -111,6 +114,10 @@ class Settings(BaseSettings):
         if self.colocate is not None:
             return self.colocate
         return len(entries) == 1 and not entries[0].pool
+
+    def link_base(self) -> str:
+        """Where the links the server answers point: public_url, else the address it listens on."""
+        return self.public_url.rstrip("/") or f"http://{self.host}:{self.port}"
 
     def origins(self) -> list[str]:
         return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

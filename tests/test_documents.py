@@ -155,6 +155,18 @@ def test_documents_are_refused_by_name_and_read_only_with_their_key(client: http
     assert "filename*=UTF-8''a.txt" in r.headers["content-disposition"]
     r = client.post("/v2/document", data={"target_lang": "DE"})
     assert r.status_code == 415
+    # A 20,000-character name (DeepL's filename field) is kept as 255 bytes with its extension: the result's
+    # header stays small enough for every proxy on its way.
+    files = {"file": ("a.txt", TEXT.encode(), "text/plain")}
+    r = client.post("/v2/document", files=files, data={"target_lang": "DE", "filename": "n" * 20_000 + ".txt"})
+    assert r.status_code == 200, r.text
+    handle = deepl.DocumentHandle(r.json()["document_id"], r.json()["document_key"])
+    translator.translate_document_wait_until_done(handle)
+    r = client.post(f"/v2/document/{handle.document_id}/result", data={"document_key": handle.document_key})
+    assert (
+        r.status_code == 200
+        and r.headers["content-disposition"] == "attachment; filename*=UTF-8''" + "n" * 251 + ".txt"
+    )
 
 
 def gateways_resident_bytes() -> int:
@@ -220,6 +232,21 @@ def test_libretranslate_s_file_route_answers_the_address_of_the_translation(clie
     assert client.get(f"/download_file/{doc}-{'0' * len(key)}/notes.txt").status_code == 404
     r = client.post("/translate_file", files={"file": ("a.pdf", b"%PDF", "application/pdf")}, data={"target": "de"})
     assert r.status_code == 400 and "documents are .txt" in r.json()["error"]
+    # A name with a directory, or thousands of characters, is kept as its safe base name; the link names the
+    # server as it is configured, not as the request's Host header says.
+    for name, kept in (("../../etc/notes.txt", "notes.txt"), ("n" * 400 + ".txt", "n" * 251 + ".txt")):
+        r = client.post(
+            "/translate_file",
+            files={"file": (name, TEXT.encode(), "text/plain")},
+            data={"target": "de"},
+            headers={"Host": "evil.example"},
+        )
+        assert r.status_code == 200, r.text
+        url = r.json()["translatedFileUrl"]
+        assert url.startswith(str(client.base_url)) and url.endswith(f"/{kept}"), url
+        got = httpx.get(url)
+        assert got.status_code == 200 and got.content == want
+        assert got.headers["content-disposition"] == f"attachment; filename*=UTF-8''{kept}"
 
 
 def word(header: str = "A dog report.") -> bytes:
@@ -457,3 +484,11 @@ def test_a_document_whose_replica_stopped_is_refunded_once_to_its_key(tmp_path: 
         assert (await second.status("D2", key, "key-alice")).answer()["status"] == "done"
 
     asyncio.run(check())
+
+
+def test_a_document_s_name_is_its_safe_base_name() -> None:
+    assert documents.safe_name("C:\\Users\\me\\report.docx") == "report.docx"
+    assert documents.safe_name("../../") == "document" and documents.safe_name("..") == "document"
+    assert documents.safe_name("\x00\u202e.txt") == "document.txt"  # nothing left of the name but its extension
+    long = documents.safe_name("é" * 300 + ".pptx")  # two bytes a character: cut between characters
+    assert long == "é" * 125 + ".pptx" and len(long.encode()) <= documents.MAX_NAME_BYTES

@@ -15,7 +15,7 @@ from service.api.http import app
 from service.api.route_base import DEEPL_ERRORS, DEEPL_TRANSLATE_ERRORS, RouteBase, download
 from service.errors import ApiError
 from service.schemas import DeepLError, errors
-from service.text import glossary
+from service.text import documents, glossary
 
 
 class DeepLRoutes(RouteBase):
@@ -54,7 +54,7 @@ class DeepLRoutes(RouteBase):
         with self._accepting():
             client = self._client(request)
             upload, fields = await self._document_form(request)
-            filename = fields.get("filename") or upload.filename or ""
+            filename = documents.safe_name(fields.get("filename") or upload.filename or "")
             req = deepl.document_request(fields, filename)
             return await self._start_document(client, request, upload, filename, req)
 

@@ -18,6 +18,7 @@ from service.api.route_base import LIBRE_ERRORS, RouteBase, download
 from service.errors import ApiError
 from service.routing.sources import DETECT_CHARS
 from service.schemas import ErrorResponse, errors
+from service.text import documents
 
 
 class LibreTranslateRoutes(RouteBase):
@@ -71,7 +72,7 @@ class LibreTranslateRoutes(RouteBase):
         with self._accepting():
             upload, fields = await self._document_form(request)
             client = self._client(request, fields.get("api_key"))
-            filename = upload.filename or ""
+            filename = documents.safe_name(upload.filename or "")
             req = libretranslate.file_request(fields)
             limit = self.settings.request_timeout_s
             started = await self._start_document(client, request, upload, filename, req, wait_s=limit)
@@ -81,7 +82,7 @@ class LibreTranslateRoutes(RouteBase):
                 if (await self.documents.status(doc, key, client.id)).answer()["status"] != "done":
                     raise ApiError("timeout", f"the document was not translated within {limit:.0f}s")
             await self.documents.result(doc, key, client.id)  # a failed document: its error, here
-            base = str(request.base_url).rstrip("/")
+            base = self.settings.link_base()
             return {"translatedFileUrl": f"{base}/download_file/{doc}-{key}/{quote(filename)}"}
 
     @app.get("/download_file/{handle}/{filename}", responses=errors(ErrorResponse, 404, 503))

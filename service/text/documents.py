@@ -23,6 +23,7 @@ from __future__ import annotations
 import html
 import io
 import re
+import unicodedata
 import zipfile
 from pathlib import PurePath
 
@@ -49,6 +50,28 @@ FILE_FIELD = {"type": "string", "format": "binary", "description": ", ".join(f".
 
 def extension(filename: str) -> str:
     return PurePath(filename).suffix.lower().lstrip(".")
+
+
+MAX_NAME_BYTES = 255  # a file name, UTF-8: what file systems take
+
+
+def safe_name(filename: str) -> str:
+    """The name a document is kept, answered and linked under: its last path part (no directory, no `..`),
+    without control or format characters, at most MAX_NAME_BYTES of UTF-8 with its extension kept;
+    "document" and the extension where nothing is left."""
+    base = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    base = "".join(c for c in base if unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")).strip()
+    if base in ("", ".", ".."):
+        base = ""
+    suffix = PurePath(base).suffix if base else ""
+    if base.startswith(".") and not suffix:  # ".txt": an extension with no name before it
+        suffix = base
+    if len(suffix.encode()) > 16:  # not an extension beamserve reads: part of the name
+        suffix = ""
+    stem = base[: len(base) - len(suffix)] if suffix else base
+    room = MAX_NAME_BYTES - len(suffix.encode())
+    stem = stem.encode()[:room].decode(errors="ignore").strip()
+    return (stem or "document") + suffix
 
 
 def parse(filename: str, data: bytes) -> Parsed:
