@@ -492,3 +492,25 @@ def test_a_document_s_name_is_its_safe_base_name() -> None:
     assert documents.safe_name("\x00\u202e.txt") == "document.txt"  # nothing left of the name but its extension
     long = documents.safe_name("é" * 300 + ".pptx")  # two bytes a character: cut between characters
     assert long == "é" * 125 + ".pptx" and len(long.encode()) <= documents.MAX_NAME_BYTES
+
+
+def test_sixteen_documents_uploaded_at_once_all_complete(server: str) -> None:
+    """More sentences at once than the pair's queue holds (16 documents of 20 lines, the queue 256): the
+    documents wait their turn (two translate at a time on a gateway replica) and a refused chunk is sent
+    again, so every one completes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import deepl
+
+    from .conftest import read_lines
+
+    lines = read_lines("test_2016_flickr.en.gz")[500:820]
+    texts = ["\n".join(lines[i * 20 : (i + 1) * 20]) + "\n" for i in range(16)]
+    translator = deepl.Translator("any-key", server_url=server)
+
+    def upload(text: str) -> bytes:
+        return document(translator, text.encode(), source_lang="EN", target_lang="DE", filename="folder.txt")
+
+    with ThreadPoolExecutor(16) as pool:
+        done = list(pool.map(upload, texts))
+    assert [len(d.decode().splitlines()) for d in done] == [20] * 16

@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -43,6 +43,14 @@ KIND, RESULT, SETTLED = "document", "document-result", "document-settled"
 KEEP_S = 3600.0  # a document and its translation are kept this long after the upload
 STALE_S = 60.0  # a translating document whose status is not renewed for this long has failed
 UPLOAD_WAIT_S = 1.0
+# Documents a gateway replica translates at once; the rest wait "queued" (their status renewed), so a folder
+# uploaded at once does not fill the pair's queue and have its documents refused.
+TRANSLATING_AT_ONCE = 2
+# A chunk refused for a passing reason (a full queue, a replica restarting, a model loading) is sent again
+# after its Retry-After (at most RETRY_WAIT_S), for up to REFUSED_FOR_S of refusals in a row.
+PASSING = {"overloaded", "replica_unavailable", "pair_unavailable", "timeout"}
+RETRY_WAIT_S = 5.0
+REFUSED_FOR_S = 300.0
 ABANDONED = "the server translating it stopped; upload it again"
 
 
@@ -95,6 +103,7 @@ class DocumentJobs:
         self.router = router
         self.refund_owner = refund_owner
         self._running: dict[str, asyncio.Task[None]] = {}  # document id -> its translation
+        self._slots = asyncio.Semaphore(TRANSLATING_AT_ONCE)
 
     async def upload(
         self,
@@ -150,14 +159,14 @@ class DocumentJobs:
         step = self.router.settings.max_texts
         out: list[str] = []
         try:
-            status = replace(status, status="translating", updated=time.time())
-            await self._save(status)
-            for at in range(0, len(parsed.segments), step):
-                chunk = req.model_copy(update={"texts": parsed.segments[at : at + step]})
-                routed = await self.router.translate(chunk, terms)
-                out += [t.text for t in routed.response.translations]
-                status = replace(status, done_segments=len(out), updated=time.time())
+            async with self._slot(status):
+                status = replace(status, status="translating", updated=time.time())
                 await self._save(status)
+                for at in range(0, len(parsed.segments), step):
+                    chunk = req.model_copy(update={"texts": parsed.segments[at : at + step]})
+                    out += await self._chunk(status, chunk, terms)
+                    status = replace(status, done_segments=len(out), updated=time.time())
+                    await self._save(status)
             result = await asyncio.to_thread(allocator.released, parsed.rebuild, out)
             if not await self._settle(status):  # given up as stopped by another replica, and refunded
                 return
@@ -172,6 +181,38 @@ class DocumentJobs:
                 logger.exception("document %s failed", status.document_id)
             message = known.detail if known is not None else f"the translation failed ({type(exc).__name__})"
             await self._failed(status, message, refund)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, status: DocumentStatus) -> AsyncIterator[None]:
+        """One of TRANSLATING_AT_ONCE places to translate in; while it waits, the document's status is renewed
+        (a status not renewed for STALE_S reads as a stopped replica's)."""
+        while True:
+            try:
+                await asyncio.wait_for(self._slots.acquire(), STALE_S / 4)
+                break
+            except TimeoutError:
+                await self._save(replace(status, updated=time.time()))
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    async def _chunk(self, status: DocumentStatus, chunk: TranslateRequest, terms: Terms | None) -> list[str]:
+        """The chunk's translations; a refusal for a passing reason (PASSING) is waited out and the chunk sent
+        again, the status renewed meanwhile, for up to REFUSED_FOR_S of refusals in a row."""
+        refused_since: float | None = None
+        while True:
+            try:
+                routed = await self.router.translate(chunk, terms)
+                return [t.text for t in routed.response.translations]
+            except ApiError as exc:
+                now = time.monotonic()
+                refused_since = refused_since if refused_since is not None else now
+                if exc.code not in PASSING or now - refused_since > REFUSED_FOR_S:
+                    raise
+                wait = min(float(exc.headers.get("Retry-After", "1")), RETRY_WAIT_S)
+                await self._save(replace(status, updated=time.time()))
+                await asyncio.sleep(wait)
 
     async def _failed(self, status: DocumentStatus, message: str, refund: Callable[[], Awaitable[None]]) -> None:
         """The characters given back (unless the document was settled already) and the status saying why, each
