@@ -31,6 +31,8 @@ def test_the_page_is_served_with_its_own_files_only(server: str) -> None:
     r = httpx.get(f"{server}/", timeout=10)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in r.headers["content-security-policy"] and r.headers["x-frame-options"] == "DENY"
+    assert r.headers["referrer-policy"] == "no-referrer" and r.headers["x-content-type-options"] == "nosniff"
     assert "http" not in r.text.replace("http-equiv", "")  # no CDN: every resource from this server
     assert httpx.get(f"{server}/ui/app.js", timeout=10).headers["content-type"].startswith("text/javascript")
     missing = httpx.get(f"{server}/ui/other.js", timeout=10)

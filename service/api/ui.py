@@ -15,6 +15,8 @@ FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "t
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",  # frame-ancestors for browsers without CSP level 2
+    "Referrer-Policy": "no-referrer",  # a text typed into the page never leaves in a Referer
     "Cache-Control": "no-cache",
 }
 _read: dict[str, bytes] = {}
