@@ -345,3 +345,30 @@ def test_a_lone_surrogate_in_a_glossary_s_entries_name_or_inline_terms_is_a_name
         assert r.status_code == 400 and "lone surrogate" in r.text, (path, r.status_code, r.text)
     r = client.get("/v2/glossaries")  # and nothing was stored
     assert r.status_code == 200 and all("\ufffd" not in g["name"] for g in r.json()["glossaries"])
+
+
+def test_compiled_terms_are_kept_within_a_byte_bound_least_recently_used_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.store import glossaries as module
+    from service.store.glossaries import Glossaries
+
+    monkeypatch.setattr(module, "TERMS_KEPT_BYTES", 3_000_000)
+    kept = Glossaries(SqliteRecords(tmp_path / "records.sqlite3"))
+    sets = [{f"term{n}x{i}": f"Wort{i}" for i in range(5_000)} for n in range(4)]  # about 1.1 MB each compiled
+
+    async def use(n: int) -> Terms:
+        found = await kept.terms(sets[n], "en", "de", "alice")
+        assert found is not None
+        return found
+
+    async def check() -> None:
+        first = await use(0)
+        await use(1)
+        assert await use(0) is first  # kept, and now the most recently used
+        await use(2)
+        await use(3)
+        assert kept.kept_bytes <= 3_000_000 and len(kept._terms) == 2
+        assert await use(3) is not None and await use(0) is not first  # 0 went out; compiled again
+
+    asyncio.run(check())

@@ -4,7 +4,9 @@ compiled once per content."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections import OrderedDict
 
 from service.errors import ApiError
 from service.store.records import Records
@@ -12,13 +14,15 @@ from service.text.glossary import MAX_GLOSSARIES, Glossary, Terms, checked, dige
 
 KIND = "glossary"
 ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # a glossary id: a UUID
-TERMS_KEPT = 256  # glossaries whose compiled terms a gateway replica keeps
+TERMS_KEPT = 256  # glossaries whose compiled terms a gateway replica keeps, least recently used out first
+TERMS_KEPT_BYTES = 64_000_000  # and at most about this much memory of them (Terms.bytes)
 
 
 class Glossaries:
     def __init__(self, records: Records) -> None:
         self.records = records
-        self._terms: dict[str, Terms] = {}
+        self._terms: OrderedDict[str, Terms] = OrderedDict()
+        self.kept_bytes = 0
 
     async def create(self, glossary: Glossary) -> Glossary:
         if await self.records.count(KIND, glossary.owner) >= MAX_GLOSSARIES:
@@ -33,7 +37,10 @@ class Glossaries:
         return Glossary.loads(found.body)
 
     async def owned(self, owner: str) -> list[Glossary]:
-        return sorted((Glossary.loads(b) for b in await self.records.owned(KIND, owner)), key=lambda g: g.created)
+        """The owner's glossaries, oldest first; parsed off the event loop (a key's thousand glossaries of
+        ten thousand entries each take seconds to read)."""
+        bodies = await self.records.owned(KIND, owner)
+        return await asyncio.to_thread(lambda: sorted((Glossary.loads(b) for b in bodies), key=lambda g: g.created))
 
     async def delete(self, glossary_id: str, owner: str) -> None:
         await self.records.delete(KIND, (await self.get(glossary_id, owner)).glossary_id)
@@ -52,8 +59,12 @@ class Glossaries:
                 raise ApiError("glossary_mismatch", f"glossary {given} is for {own}; the request is {asked}")
             entries = glossary.entries
         key = digest(entries)
-        if (found := self._terms.get(key)) is None:
-            if len(self._terms) >= TERMS_KEPT:
-                self._terms.pop(next(iter(self._terms)))
-            found = self._terms[key] = Terms(entries)
+        if (found := self._terms.get(key)) is not None:
+            self._terms.move_to_end(key)
+            return found
+        found = self._terms[key] = Terms(entries)
+        self.kept_bytes += found.bytes
+        while len(self._terms) > TERMS_KEPT or (self.kept_bytes > TERMS_KEPT_BYTES and len(self._terms) > 1):
+            _, gone = self._terms.popitem(last=False)  # the least recently used
+            self.kept_bytes -= gone.bytes
         return found
