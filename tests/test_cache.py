@@ -21,17 +21,18 @@ def test_a_hit_returns_what_was_put_under_the_same_key_only() -> None:
     assert cache.get(key) is None
     cache.put(key, entry("Ein Hund."))
     assert cache.get(key) == entry("Ein Hund.")
-    # Another model, pair, option value or sentence is another key.
+    # Another model, pair, option value, sentence or long-sentence rule is another key.
     for other in (
         cache.key("d2", "en-de", OPTS, "A dog."),
         cache.key("d1", "en-fr", OPTS, "A dog."),
         cache.key("d1", "en-de", replace(OPTS, beam_size=2), "A dog."),
         cache.key("d1", "en-de", OPTS, "A dog. "),
+        cache.key("d1", "en-de", OPTS, "A dog.", pieces=True),  # a long one is refused without pieces
     ):
         assert cache.get(other) is None
     assert cache.key("d1", "en-de", DecodeOptions(length_penalty=1.0, beam_size=4), "A dog.") == key  # equal options
-    assert (cache.stats.hits, cache.stats.misses) == (1, 5)
-    assert cache.lookups("en-de") == (1, 4) and cache.lookups("en-fr") == (0, 1) and cache.lookups("de-en") == (0, 0)
+    assert (cache.stats.hits, cache.stats.misses) == (1, 6)
+    assert cache.lookups("en-de") == (1, 5) and cache.lookups("en-fr") == (0, 1) and cache.lookups("de-en") == (0, 0)
 
 
 def test_least_recently_used_goes_first_past_the_entry_bound() -> None:

@@ -4,6 +4,7 @@ the real server, a document's translation equal to its paragraphs translated on 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import re
@@ -514,3 +515,37 @@ def test_sixteen_documents_uploaded_at_once_all_complete(server: str) -> None:
     with ThreadPoolExecutor(16) as pool:
         done = list(pool.map(upload, texts))
     assert [len(d.decode().splitlines()) for d in done] == [20] * 16
+
+
+def test_a_paragraph_longer_than_the_model_takes_is_translated_in_pieces(client: httpx.Client, server: str) -> None:
+    """A paragraph of 660 tokens with no sentence break (under max_text_chars): a document translates
+    it in pieces cut between words, their translations joined, where the API answers input_too_long."""
+    import deepl
+
+    paragraph = ("a dog a cat a man " * 110).strip()  # 1,979 characters, 660 tokens of a model that takes 512
+    r = client.post(
+        "/v1/translate", json={"texts": [paragraph], "source": "en", "target": "de", "split_sentences": False}
+    )
+    assert r.status_code == 422 and r.json()["error"] == "input_too_long"
+    translator = deepl.Translator("any-key", server_url=server)
+    text = f"A dog.\n{paragraph}\nA cat.\n"
+    got = document(translator, text.encode(), source_lang="EN", target_lang="DE", filename="long.txt").decode()
+    lines = got.removeprefix(documents.BOM).splitlines()
+    assert len(lines) == 3 and lines[0] == on_v1(client, ["A dog."])[0] and lines[2] == on_v1(client, ["A cat."])[0]
+    # The paragraph as the replica cuts it: pieces that each fit, whole words, the paragraph again when joined;
+    # its translation theirs, joined by spaces.
+    from model.options import DecodeOptions
+    from service.engine.served_model import ServedModel
+    from service.registry import entries
+    from service.settings import Settings
+
+    [entry] = entries("en-de", "")
+    model = ServedModel(entry, Settings(threads=1))
+    try:
+        pieces = [p for p in model.pieces("en-de", paragraph) if p.strip()]
+        assert len(pieces) == 2 and "".join(model.pieces("en-de", paragraph)) == paragraph
+        assert all(set(p.split()) <= {"a", "dog", "cat", "man"} for p in pieces)  # cut between words
+        alone = asyncio.run(model.translate("en-de", [p.strip() for p in pieces], DecodeOptions(), 60))
+        assert lines[1] == " ".join(n[0][0] for n in alone.nbest)
+    finally:
+        asyncio.run(model.close())

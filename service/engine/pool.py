@@ -82,10 +82,10 @@ class ModelPool:
             model.reconfigure({**config, **{k: v for k, v in model.entry.settings.items() if k in config}})
 
     async def translate(
-        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float
+        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float, pieces: bool = False
     ) -> Decoded | ApiError:
         async def call() -> Decoded:
-            return await (await self._model()).translate(pair, texts, options, timeout_s)
+            return await (await self._model()).translate(pair, texts, options, timeout_s, pieces)
 
         return await returned(call())
 

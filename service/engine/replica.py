@@ -37,9 +37,9 @@ class PairModel:
         self.model.reconfigure(config)
 
     async def translate(
-        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float
+        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float, pieces: bool = False
     ) -> Decoded | ApiError:
-        return await returned(self.model.translate(pair, texts, options, timeout_s))
+        return await returned(self.model.translate(pair, texts, options, timeout_s, pieces))
 
     async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
         return await returned(self.model.align(pair, texts))

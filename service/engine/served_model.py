@@ -6,6 +6,7 @@ answers them."""
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from model.errors import InputTooLongError
 from model.kernels import native
 from model.options import DecodeOptions
 from model.translator import Translator
@@ -23,6 +25,7 @@ from service.engine.engine import Engine, RequestTiming, warm_up
 from service.metrics import ModelMetrics
 from service.registry import ModelEntry
 from service.settings import Settings
+from service.text.sentences import join_translations
 
 logger = logging.getLogger(__name__)
 WARMUP = "A man in a blue shirt is standing on a ladder."
@@ -117,11 +120,50 @@ class ServedModel:
         source_lang, _ = self._languages(pair)
         return self.translator.encode(self._source(pair.split("-")[1], text), lang=source_lang)
 
-    async def translate(self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float) -> Decoded:
+    def _fits(self, pair: str, text: str) -> bool:
+        try:
+            self._encode(pair, text)
+            return True
+        except InputTooLongError:
+            return False
+
+    def pieces(self, pair: str, text: str) -> list[str]:
+        """A text longer than the model takes as consecutive pieces that each fit (joined, the text), cut
+        between words, inside a word only where one word alone is too long."""
+        out: list[str] = []
+        piece = ""
+        for part in re.split(r"(\s+)", text):
+            if self._fits(pair, piece + part):
+                piece += part
+                continue
+            if piece:
+                out.append(piece)
+            piece = part
+            while not self._fits(pair, piece):  # a word too long alone: its first half goes as pieces of its own
+                out += self.pieces(pair, piece[: len(piece) // 2])
+                piece = piece[len(piece) // 2 :]
+        if piece:
+            out.append(piece)
+        return out
+
+    async def translate(
+        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float, pieces: bool = False
+    ) -> Decoded:
         """Each text's n-best for `pair` ("en-de"), its token counts and the time in the engine; raises
         SourceError (a text the model cannot take) and the engine's RequestTooLargeError,
-        QueueFullError, DeadlineExceededError."""
-        sources = [self._encode(pair, t) for t in texts]
+        QueueFullError, DeadlineExceededError. With `pieces`, a text longer than the model takes is translated
+        in pieces cut between words (`pieces`), their translations joined by spaces, instead of refused."""
+        sources: list[list[int]] = []
+        spans: list[tuple[int, int]] = []  # each text's first source and how many it has
+        for text in texts:
+            try:
+                ids = [self._encode(pair, text)]
+            except InputTooLongError:
+                if not pieces:
+                    raise
+                ids = [self._encode(pair, piece.strip()) for piece in self.pieces(pair, text) if piece.strip()]
+            spans.append((len(sources), len(ids)))
+            sources += ids
         _, target_lang = self._languages(pair)
         if target_lang is not None:  # the target's token forced first
             options = replace(options, forced_bos_token_id=self.translator.tokenizer.language_id(target_lang))
@@ -129,12 +171,12 @@ class ServedModel:
         async with self._using():
             hyps = await self.engine.translate(sources, options, timeout_s, timing)
         decode = self.translator.tokenizer.decode
-        return Decoded(
-            nbest=[[(decode(h.tokens), h.score) for h in hs] for hs in hyps],
-            tokens=[(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)],
-            queue_wait_s=timing.queue_wait_s,
-            decode_s=timing.decode_s,
-        )
+        nbest = [[(decode(h.tokens), h.score) for h in hs] for hs in hyps]
+        tokens = [(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)]
+        if len(sources) > len(texts):  # a text in pieces: their n-best joined as a paragraph's sentences are
+            nbest = [nbest[a] if n == 1 else join_translations(nbest[a : a + n], [" "] * (n - 1)) for a, n in spans]
+            tokens = [tuple(map(sum, zip(*tokens[a : a + n], strict=True))) for a, n in spans]  # type: ignore[misc]
+        return Decoded(nbest=nbest, tokens=tokens, queue_wait_s=timing.queue_wait_s, decode_s=timing.decode_s)
 
     async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]]:
         """Per (source, translation) of `pair`, each target token's character span and that of the source

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from model.options import DecodeOptions
 
-Key = tuple[str, str, DecodeOptions, str]  # (digest, pair, options, sentence)
+Key = tuple[str, str, DecodeOptions, str, bool]  # (digest, pair, options, sentence, in pieces)
 # Bytes an entry costs beyond its strings: the key and option tuples, the entry, its list, floats and
 # the dict slot (tracemalloc over 10,000 entries with 8 options: 1,240 bytes each, 240 of them strings).
 ENTRY_OVERHEAD = 1000
@@ -51,8 +51,10 @@ class TranslationCache:
         return self.max_entries > 0 and self.max_bytes > 0
 
     @staticmethod
-    def key(digest: str, pair: str, options: DecodeOptions, sentence: str) -> Key:
-        return digest, pair, options, sentence
+    def key(digest: str, pair: str, options: DecodeOptions, sentence: str, pieces: bool = False) -> Key:
+        """A sentence's key: the model, the pair, every option, the sentence, and whether one longer than the
+        model takes may be translated in pieces (refused otherwise: a cached translation must not answer it)."""
+        return digest, pair, options, sentence, pieces
 
     def get(self, key: Key) -> Entry | None:
         found = self.entries.get(key)

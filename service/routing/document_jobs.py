@@ -203,7 +203,7 @@ class DocumentJobs:
         refused_since: float | None = None
         while True:
             try:
-                routed = await self.router.translate(chunk, terms)
+                routed = await self.router.translate(chunk, terms, pieces=True)
                 return [t.text for t in routed.response.translations]
             except ApiError as exc:
                 now = time.monotonic()

@@ -28,10 +28,13 @@ class PairClient:
     def __init__(self, pair: str, handle: PairHandle) -> None:
         self.pair, self.handle = pair, handle
 
-    async def translate(self, sentences: list[str], opts: DecodeOptions, timeout: float) -> Decoded:
-        """Each sentence's n-best and token counts; the replica is told the time left, its own deadline."""
+    async def translate(
+        self, sentences: list[str], opts: DecodeOptions, timeout: float, *, pieces: bool = False
+    ) -> Decoded:
+        """Each sentence's n-best and token counts; the replica is told the time left, its own deadline. With
+        `pieces`, a sentence longer than the model takes is translated in pieces, not refused."""
         decoded: Decoded = await self._call(
-            lambda left: self.handle.translate.remote(self.pair, sentences, opts, left), timeout
+            lambda left: self.handle.translate.remote(self.pair, sentences, opts, left, pieces), timeout
         )
         return decoded
 

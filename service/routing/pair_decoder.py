@@ -37,7 +37,7 @@ class PairDecoder:
         self.digests: dict[str, str] = {}  # each pair's model content digest, asked once
 
     async def decode(
-        self, pair: str, sentences: list[str], opts: DecodeOptions, timeout: float, *, cache: bool
+        self, pair: str, sentences: list[str], opts: DecodeOptions, timeout: float, *, cache: bool, pieces: bool = False
     ) -> Translated:
         """Each sentence's n-best and the token counts: from the cache where it holds the sentence (with
         `cache`), the rest decoded on the pair's replica, each distinct sentence once. A pair served
@@ -46,16 +46,18 @@ class PairDecoder:
         if pair in self.served.pivoted:
             first, second = self.served.legs(pair)
             deadline = time.monotonic() + timeout
-            there = await self.decode(first, sentences, replace(opts, num_hypotheses=1), timeout, cache=cache)
+            there = await self.decode(
+                first, sentences, replace(opts, num_hypotheses=1), timeout, cache=cache, pieces=pieces
+            )
             middle = [nbest[0][0] for nbest in there.nbest]
             left = max(0.1, deadline - time.monotonic())
-            out = await self.decode(second, middle, opts, left, cache=cache)
+            out = await self.decode(second, middle, opts, left, cache=cache, pieces=pieces)
             return replace(out, source_tokens=there.source_tokens, pivot=dict(zip(sentences, middle, strict=True)))
         store = self.cache if cache and self.cache.enabled else None
         digest = await self._digest(pair) if store is not None else ""
         found: dict[str, Entry] = {}
         distinct = list(dict.fromkeys(sentences))
-        keys = {s: store.key(digest, pair, opts, s) for s in distinct} if store is not None else {}
+        keys = {s: store.key(digest, pair, opts, s, pieces) for s in distinct} if store is not None else {}
         if store is not None:
             for sentence, key in keys.items():
                 entry = store.get(key)
@@ -68,7 +70,7 @@ class PairDecoder:
             summary.add_decoded(len(sentences), len(sentences), 0.0, 0.0)
         else:
             with self.admission[pair].holding(len(todo) * opts.beam_size):
-                done = await self.clients[pair].translate(todo, opts, timeout)
+                done = await self.clients[pair].translate(todo, opts, timeout, pieces=pieces)
             summary.add_decoded(len(sentences), len(sentences) - len(todo), done.queue_wait_s, done.decode_s)
             for sentence, nbest, (src, tgt) in zip(todo, done.nbest, done.tokens, strict=True):
                 entry = Entry([(text, score) for text, score in nbest], src, tgt)

@@ -51,6 +51,7 @@ class Ask:
     split: bool = True  # each sentence of a text on its own
     cache: bool = True  # the gateway's cache may answer
     terms: Terms | None = None  # the request's glossary (service/text/glossary.py)
+    pieces: bool = False  # a sentence longer than the model takes translated in pieces, not refused
 
 
 @dataclass(frozen=True)
@@ -94,16 +95,17 @@ class PairRouter:
         self.decoder = PairDecoder(clients, self.pairs, TranslationCache(settings.cache_entries, settings.cache_bytes))
         self.health = PairHealth(pairs)  # without a model id: a pooled pair's health is the pool's, no load
 
-    async def translate(self, req: TranslateRequest, terms: Terms | None = None) -> Routed:
+    async def translate(self, req: TranslateRequest, terms: Terms | None = None, *, pieces: bool = False) -> Routed:
         """The request's texts grouped by source language (named, or detected per text), each group
-        translated on its pair (with the glossary's terms when given), the answers in the texts' order."""
+        translated on its pair (with the glossary's terms when given), the answers in the texts' order.
+        `pieces`: a sentence longer than the model takes is translated in pieces (a document's paragraph)."""
         markup = req.tag_handling == "html"
         detected, groups = await self.sources.group(req.source, req.target, req.texts, markup=markup)
         if len(groups) == 1:  # one source language: no task to gather
             ((src, idx),) = groups.items()
-            parts = [await self._translate_from(req, src, idx, terms)]
+            parts = [await self._translate_from(req, src, idx, terms, pieces)]
         else:
-            parts = await asyncio.gather(*(self._translate_from(req, s, i, terms) for s, i in groups.items()))
+            parts = await asyncio.gather(*(self._translate_from(req, s, i, terms, pieces) for s, i in groups.items()))
         translations = in_order(groups, [done for done, _, _ in parts])
         if detected is not None:
             translations = [
@@ -121,7 +123,7 @@ class PairRouter:
         return Routed(response, sum(echoed for _, _, echoed in parts))
 
     async def _translate_from(
-        self, req: TranslateRequest, source: str, idx: list[int], terms: Terms | None
+        self, req: TranslateRequest, source: str, idx: list[int], terms: Terms | None, pieces: bool
     ) -> tuple[list[Translation], Usage, int]:
         """req's texts at idx, all in `source`, and the characters answered as sent: texts detected to be
         in the target language already come back as they are (what DeepL and LibreTranslate do)."""
@@ -140,7 +142,7 @@ class PairRouter:
             ignore = frozenset(t.strip().lower() for t in req.ignore_tags or [])
             docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
         pair, opts = self._check(req)
-        ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache, terms)
+        ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache, terms, pieces)
         if docs is not None:
             out, renders = await self._html(ask, docs)
             out = replace(out, nbest=renders)
@@ -219,7 +221,7 @@ class PairRouter:
         pieces = await asyncio.to_thread(split_all) if sum(map(len, texts)) > SPLIT_INLINE_CHARS else split_all()
         timeout = self.checks.timeout(ask.timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
-        out = await self.decoder.decode(ask.pair, sentences, ask.opts, timeout, cache=ask.cache)
+        out = await self.decoder.decode(ask.pair, sentences, ask.opts, timeout, cache=ask.cache, pieces=ask.pieces)
         per_sentence = iter(out.nbest)
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 
