@@ -29,7 +29,7 @@ CODES: dict[str, tuple[int, str]] = {
     "invalid_document": (
         400,
         "a document that is not what its name says: not UTF-8, HTML ending inside markup, a zip member that "
-        "does not unpack, XML that does not parse, ...",
+        "does not unpack, XML that does not parse or declares a DTD, ...",
     ),
     "too_many_glossaries": (400, "the key holds as many glossaries as it may ({MAX_GLOSSARIES:,})"),
     "missing_api_key": (401, "the server needs an API key and none was sent"),

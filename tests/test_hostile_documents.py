@@ -59,6 +59,22 @@ def test_text_parts_past_the_xml_budget_are_refused_from_the_zip_s_directory() -
     assert err.code == "document_too_large" and "bytes of XML" in err.detail
 
 
+def test_an_office_part_with_entities_is_refused_by_name_not_read_short() -> None:
+    declared = b'<?xml version="1.0"?><!DOCTYPE w:document [<!ENTITY ent "a cat">]>' + body(
+        b"<w:r><w:t>A dog &ent; runs after it.</w:t></w:r>"
+    )
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("word/document.xml", declared)
+    err = refused("entities.docx", out.getvalue())
+    assert err.code == "invalid_document" and "declares a DTD" in err.detail
+    out = io.BytesIO()  # an entity no DTD declares: the part does not parse
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("word/document.xml", body(b"<w:r><w:t>A dog &ent; runs.</w:t></w:r>"))
+    err = refused("entities.docx", out.getvalue())
+    assert err.code == "invalid_document" and "does not parse" in err.detail
+
+
 def test_a_part_past_the_element_budget_is_refused_while_it_is_parsed() -> None:
     header = body(b"<w:r/>" * (ooxml_text.MAX_ELEMENTS + 10))
     err = refused("elements.docx", docx({"word/header1.xml": header}, zipfile.ZIP_STORED))

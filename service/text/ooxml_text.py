@@ -303,6 +303,11 @@ def _parse(kind: str, name: str, xml: bytes, budget: list[int]) -> Any:
         root = parser.close()
     except etree.XMLSyntaxError as exc:
         raise ApiError("invalid_document", f"the {kind} file's XML does not parse ({name[:200]}: {exc})") from None
+    if root.getroottree().docinfo.doctype:  # entities it declares would be read one way here, another in Office
+        raise ApiError(
+            "invalid_document",
+            f"the {kind} file's part {name[:200]!r} declares a DTD (<!DOCTYPE ...>), which Office files never hold",
+        )
     return root
 
 
