@@ -107,6 +107,10 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
     assert client.get("/readyz").status_code == 200
     assert client.get("/docs").status_code == 200
     assert "/v1/translate" in client.get("/openapi.json").json()["paths"]
+    # A path with a slash more is an unknown path, not a redirect built from the client's Host header.
+    odd = client.get("/ui/app.js%2f", headers={"Host": "evil.example"})
+    assert odd.status_code == 404 and "location" not in odd.headers and odd.json()["error"] == "not_found"
+    assert client.get("/healthz/").status_code == 404
 
 
 @pytest.mark.parametrize(

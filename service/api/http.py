@@ -56,6 +56,9 @@ app = FastAPI(
     title="beamserve",
     version="0.1.0",
     description="Machine translation with Marian-compatible Transformers, beam search and continuous batching.",
+    # No redirect from a path with a slash added or removed: Starlette builds its Location from the request's
+    # Host header, which a client sets to anything; such a path is a 404 like any other unknown one.
+    redirect_slashes=False,
 )
 
 
