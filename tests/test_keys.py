@@ -270,7 +270,9 @@ def test_a_document_that_fails_is_not_billed_on_either_route(keyed: tuple[str, s
     def billed() -> int:
         return int(httpx.get(f"{url}/v1/usage", headers=bearer("zeta-key")).json()["characters_day"])
 
-    untranslatable = b"x " * 600  # under max_text_chars, over the model's 512 tokens: fails while translating
+    # One word of 1,200 characters (1,202 tokens; under max_text_chars): no piece of it fits the model's 512 tokens,
+    # so the document fails while it is translated.
+    untranslatable = b"x" * 1200
     too_long = b"A dog runs. " * 200  # a paragraph over max_text_chars: refused once parsed and charged
     broken = with_local_header(docx({}), b"word/document.xml", {"method": 9})  # refused while parsed
     form = {"target_lang": "DE", "source_lang": "EN"}

@@ -129,19 +129,21 @@ class ServedModel:
 
     def pieces(self, pair: str, text: str) -> list[str]:
         """A text longer than the model takes as consecutive pieces that each fit (joined, the text), cut
-        between words, inside a word only where one word alone is too long."""
+        between words; InputTooLongError for a word too long alone (no cut of it would be language)."""
         out: list[str] = []
         piece = ""
         for part in re.split(r"(\s+)", text):
             if self._fits(pair, piece + part):
                 piece += part
                 continue
+            if not self._fits(pair, part):
+                raise InputTooLongError(
+                    f"a word of {len(part)} characters is longer than this model takes "
+                    f"({self.translator.max_source_tokens} tokens)"
+                )
             if piece:
                 out.append(piece)
             piece = part
-            while not self._fits(pair, piece):  # a word too long alone: its first half goes as pieces of its own
-                out += self.pieces(pair, piece[: len(piece) // 2])
-                piece = piece[len(piece) // 2 :]
         if piece:
             out.append(piece)
         return out
