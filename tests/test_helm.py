@@ -192,6 +192,7 @@ def test_two_releases_in_one_namespace_name_and_select_only_their_own() -> None:
         head_env = {e["name"]: e["value"] for e in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
         prefix = "beamserve" if release == "beamserve" else "translate-beamserve"
         assert head_env["BEAMSERVE_LIMITS_STORAGE"] == f"redis://{prefix}-limits:6379/0"
+        assert head_env["BEAMSERVE_PUBLIC_URL"] == "https://translate.example.com"  # the Ingress's host: links
 
 
 def test_the_front_s_limits_are_one_value_in_the_serve_config_and_every_pod_and_env_reaches_every_pod() -> None:
