@@ -390,7 +390,7 @@ class Engine:
                 ends = start + busy
                 answered = [(it, h) for it, h in zip(live, results, strict=True) if not self.requests.expired(it, ends)]
                 generated = sum(_resolve(it, hyps) for it, hyps in answered)
-                self.requests.throughput.record(sum(it.cost for it in live), busy, start + busy)
+                self.requests.throughput.record(sum(it.cost for it in live), busy, ends)
         if self.observer is not None:
             self.observer.on_generated(generated)
 

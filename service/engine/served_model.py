@@ -129,23 +129,27 @@ class ServedModel:
 
     def pieces(self, pair: str, text: str) -> list[str]:
         """A text longer than the model takes as consecutive pieces that each fit (joined, the text), cut
-        between words; InputTooLongError for a word too long alone (no cut of it would be language)."""
+        between words: each the longest run of words from where the last ended that fits, found by halving
+        (a few encodings a piece, not one per word); InputTooLongError for a word too long alone (no cut of it
+        would be language)."""
+        parts = re.split(r"(\s+)", text)
         out: list[str] = []
-        piece = ""
-        for part in re.split(r"(\s+)", text):
-            if self._fits(pair, piece + part):
-                piece += part
-                continue
-            if not self._fits(pair, part):
+        start = 0
+        while start < len(parts):
+            if not self._fits(pair, parts[start]):
                 raise InputTooLongError(
-                    f"a word of {len(part)} characters is longer than this model takes "
+                    f"a word of {len(parts[start])} characters is longer than this model takes "
                     f"({self.translator.max_source_tokens} tokens)"
                 )
-            if piece:
-                out.append(piece)
-            piece = part
-        if piece:
-            out.append(piece)
+            fit, past = start + 1, len(parts) + 1  # parts[start:fit] fits; parts[start:past] does not (or ends)
+            while past - fit > 1:
+                mid = (fit + past) // 2
+                if self._fits(pair, "".join(parts[start:mid])):
+                    fit = mid
+                else:
+                    past = mid
+            out.append("".join(parts[start:fit]))
+            start = fit
         return out
 
     async def translate(
