@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from collections.abc import Coroutine
@@ -55,8 +54,6 @@ import http_load
 from harness import Server, test_sentences
 from reports import emit, provenance
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("BEAMSERVE_DATA", REPO / "tests" / "data" / "multi30k"))
 FRONTS = {"haproxy": "high-throughput (HAProxy)", "serve": "Serve's Python proxy"}
 WORKLOADS = ("cached-1", "cached-10", "uncached-1", "uncached-10")
 IDLE_S = 5.0  # seconds the server's idle CPU is measured for, before each workload
