@@ -6,7 +6,9 @@
 For each compute type, on the same test sentences (test_2016_flickr, uncached, beam 4):
 - in process: `Translator.translate` of each sentence alone, its wall time (p50, p95), and the
   offline rate at batch 64 (sentences/s); and the server's engine without the server (`Engine.translate`
-  in one process): each sentence alone (p50), and the rate with --concurrency sentences in flight;
+  in one process): each sentence alone (p50), the rate with --concurrency sentences in flight, and that
+  rate again with --loop-work-ms of Python run on the event loop after each answer, as a gateway
+  parses, tokenizes and answers a request on the loop the engine's thread shares the GIL with;
 - served: `beamserve serve --models en-de` (HAProxy in front, the model in the ingress) with the same
   compute type and intra-op threads, each sentence a request on one keep-alive connection, the next
   sent when the last is answered: the request's wall time at the client, and its Server-Timing (the
@@ -36,12 +38,18 @@ from reports import emit  # noqa: E402
 
 
 def in_process(
-    compute_type: str, threads: int, alone: list[str], batched: list[str], rounds: int, concurrency: int
+    compute_type: str,
+    threads: int,
+    alone: list[str],
+    batched: list[str],
+    rounds: int,
+    concurrency: int,
+    loop_work_s: float,
 ) -> dict[str, float]:
     """Each of `alone` through Translator.translate by itself (the best of `rounds` per sentence), and the rate
     over `batched` at batch 64; then the same through the server's engine (service/engine/engine.py) without the
-    server: each of `alone` alone, and `batched` with `concurrency` sentences in flight. In a fresh process, as
-    a replica's model is."""
+    server: each of `alone` alone, and `batched` with `concurrency` sentences in flight, without and with
+    `loop_work_s` of Python on the event loop after each answer. In a fresh process, as a replica's model is."""
     code = f"""
 import asyncio, json, sys, time
 from model import DecodeOptions, Translator
@@ -78,19 +86,27 @@ async def engine_runs():
             await engine.translate([ids], opts, 60)
             best = min(best, time.perf_counter() - start)
         engine_each.append(best)
-    left = iter(batched_ids)
 
-    async def client():
-        for ids in left:
-            await engine.translate([ids], opts, 600)
+    async def saturated(work_s):
+        left = iter(batched_ids)
 
-    start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range({concurrency})))
-    return engine_each, len(batched_ids) / (time.perf_counter() - start)
+        async def client():
+            for ids in left:
+                await engine.translate([ids], opts, 600)
+                until = time.thread_time() + work_s  # Python holding the GIL, as a gateway's does
+                while time.thread_time() < until:
+                    pass
 
-engine_each, engine_rate = asyncio.run(engine_runs())
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range({concurrency})))
+        return len(batched_ids) / (time.perf_counter() - start)
+
+    return engine_each, await saturated(0.0), await saturated({loop_work_s})
+
+engine_each, engine_rate, engine_loaded = asyncio.run(engine_runs())
 engine.close()
-print(json.dumps({{"each": each, "rate": rate, "engine_each": engine_each, "engine_rate": engine_rate}}))
+print(json.dumps({{"each": each, "rate": rate, "engine_each": engine_each, "engine_rate": engine_rate,
+                  "engine_loaded": engine_loaded}}))
 """
     import json
 
@@ -110,6 +126,7 @@ print(json.dumps({{"each": each, "rate": rate, "engine_each": engine_each, "engi
         "rate": found["rate"],
         "engine p50": quantile(engine_each, 0.5),
         "engine rate": found["engine_rate"],
+        "engine loaded": found["engine_loaded"],
     }
 
 
@@ -188,6 +205,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="timings of each sentence; its best is kept")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--saturation-s", type=float, default=20.0)
+    p.add_argument(
+        "--loop-work-ms",
+        type=float,
+        default=1.0,
+        help="Python on the in-process engine's event loop after each answer (about a gateway's per request)",
+    )
     p.add_argument("--out", type=Path, help="write the markdown report here")
     args = p.parse_args()
     sentences = test_sentences(max(args.sentences, 256))
@@ -197,16 +220,18 @@ def main() -> None:
         "",
         f"en-de, beam 4, {args.threads} intra-op thread(s), uncached; {len(alone)} test sentences one at a time "
         f"(each the best of {args.rounds}); saturation: {args.concurrency} connections, one sentence a request, "
-        f"about {args.saturation_s:.0f} s. Milliseconds unless marked.",
+        f'about {args.saturation_s:.0f} s. Milliseconds unless marked. "+ loop work": the engine alone again, '
+        f"with {args.loop_work_ms:g} ms of Python on its event loop after each answer.",
         "",
         "| compute type | in-process p50 / p95 | engine alone p50 | served p50 / p95 | served - in-process (p50) "
         "| Server-Timing p50: decode / queue / total | offline sent/s (batch 64) | engine alone sent/s at "
-        "saturation | served sent/s at saturation | served / offline | refused at saturation | load generator CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "saturation | engine alone + loop work sent/s | served sent/s at saturation | served / offline "
+        "| refused at saturation | load generator CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ct in args.compute_types.split(","):
         print(f"{ct}: in process", flush=True)
-        local = in_process(ct, args.threads, alone, sentences, args.rounds, args.concurrency)
+        local = in_process(ct, args.threads, alone, sentences, args.rounds, args.concurrency, args.loop_work_ms / 1000)
         print(f"{ct}: served", flush=True)
         server = Server("beamserve", "haproxy", {"BEAMSERVE_THREADS": str(args.threads), "BEAMSERVE_COMPUTE_TYPE": ct})
         try:
@@ -219,7 +244,7 @@ def main() -> None:
             f"| {ct} | {local['p50'] * ms:.1f} / {local['p95'] * ms:.1f} | {local['engine p50'] * ms:.1f} "
             f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f} | {(served['p50'] - local['p50']) * ms:+.1f} "
             f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
-            f"| {local['rate']:.1f} | {local['engine rate']:.1f} | {full['rate']:.1f} "
+            f"| {local['rate']:.1f} | {local['engine rate']:.1f} | {local['engine loaded']:.1f} | {full['rate']:.1f} "
             f"| {full['rate'] / local['rate']:.2f} "
             f"| {full['refused']:.0f} of {full['sent']:.0f} | {full['client_cpu']:.2f} cores |"
         )
