@@ -25,6 +25,7 @@ def chromium() -> Iterator[WebDriver]:
     options.binary_location = binary
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, CSP refusals included
     b = webdriver.Chrome(options=options, service=Service(driver))
     try:
         yield b
@@ -36,6 +37,11 @@ def open_page(b: WebDriver, url: str) -> None:
     """The page at url, once it has the server's languages."""
     b.get(f"{url}/")
     until(b, lambda: len(Select(b.find_element("id", "target")).options) > 0, "the target languages listed")
+
+
+def console_errors(b: WebDriver) -> list[str]:
+    """The console's errors since the last call (a resource the page's policy refused is one)."""
+    return [e["message"] for e in b.get_log("browser") if e["level"] == "SEVERE"]
 
 
 def until(b: WebDriver, condition: object, what: str) -> None:

@@ -1,10 +1,11 @@
 """The translation page at `/` in a real headless Chromium against the shared server (en-de, en-fr):
 typed text translated as the API translates it, the language detected, alternatives, an error shown
 as the API says it, a file translated and offered for download, labels for every control, the
-keyboard, and a phone's width."""
+keyboard, and a phone's width. The API's page (`/docs`) shown from this server's files alone."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -14,7 +15,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-from .browser import by_id, open_page, screenshot, type_text, until
+from .browser import by_id, console_errors, open_page, screenshot, type_text, until
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,32 @@ def test_the_page_is_served_with_its_own_files_only(server: str) -> None:
     assert httpx.get(f"{server}/ui/app.js", timeout=10).headers["content-type"].startswith("text/javascript")
     missing = httpx.get(f"{server}/ui/other.js", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+
+
+def test_the_api_page_is_served_with_its_own_files_only(server: str) -> None:
+    r = httpx.get(f"{server}/docs", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    policy = r.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy and "script-src" not in policy
+    assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "no-referrer"
+    assert "http" not in r.text and "<script>" not in r.text  # no CDN, no inline script
+    files = re.findall(r'(?:src|href)="([^"]+)"', r.text)
+    assert files and all(f.startswith("docs/assets/") for f in files)
+    for name in files:
+        got = httpx.get(f"{server}/{name}", timeout=10)
+        assert got.status_code == 200 and got.headers["x-content-type-options"] == "nosniff", name
+        assert got.headers["content-type"].split("/")[0] in ("text", "image") and len(got.content) > 100, name
+    missing = httpx.get(f"{server}/docs/assets/other.js", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+
+
+def test_swagger_ui_shows_the_routes_with_nothing_refused(browser: WebDriver, server: str) -> None:
+    console_errors(browser)
+    browser.get(f"{server}/docs")
+    operation = '.opblock-summary-path[data-path="/v1/translate"]'
+    until(browser, lambda: browser.find_elements("css selector", operation), "Swagger UI's /v1/translate")
+    assert console_errors(browser) == []  # a resource the policy refused would be one
+    assert httpx.get(f"{server}/redoc", timeout=10).status_code == 404
 
 
 def test_typing_translates_as_the_api_does_and_shows_the_language_detected(browser: WebDriver, server: str) -> None:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from service import local_ray
-from service.api import openapi, ui
+from service.api import api_docs, openapi, ui
 from service.api.bodies import json_response, openapi_body, parse_json
 from service.api.deepl_routes import DeepLRoutes
 from service.api.http import app
@@ -135,6 +135,15 @@ class Gateway(DeepLRoutes, LibreTranslateRoutes):
     @app.get("/ui/{name}", include_in_schema=False)
     async def page_file(self, name: str) -> Response:
         return ui.response(name)
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(self) -> Response:
+        """The OpenAPI document in Swagger UI (service/api/api_docs.py)."""
+        return api_docs.page()
+
+    @app.get("/docs/assets/{name}", include_in_schema=False)
+    async def docs_file(self, name: str) -> Response:
+        return api_docs.asset(name)
 
     @app.get("/v1/usage", response_model=KeyUsage, responses=errors(ErrorResponse, 401, 403, 500, 503))
     async def usage(self, request: Request) -> KeyUsage:

@@ -59,6 +59,10 @@ app = FastAPI(
     # No redirect from a path with a slash added or removed: Starlette builds its Location from the request's
     # Host header, which a client sets to anything; such a path is a 404 like any other unknown one.
     redirect_slashes=False,
+    # Swagger UI and ReDoc from this server's own files (service/api/api_docs.py), not FastAPI's CDN pages.
+    docs_url=None,
+    redoc_url=None,
+    swagger_ui_oauth2_redirect_url=None,
 )
 
 
