@@ -5,6 +5,8 @@ and /v1's `glossary` on the real server."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,7 +224,48 @@ def test_a_key_reaches_only_its_own_glossaries_and_pairs_must_match(
             await glossaries.create(new_glossary("q", "en", "de", {"car": "Auto"}, owner="alice"))
         assert err.value.code == "too_many_glossaries"
         await glossaries.delete(made.glossary_id, "alice")
-        assert await glossaries.owned("alice") == []
+        assert await glossaries.listing("alice") == []
+
+    asyncio.run(check())
+
+
+class ReadCounting:
+    """A real store whose `owned` calls are counted by kind (which records a listing reads)."""
+
+    def __init__(self, store: Records) -> None:
+        self.store, self.read = store, collections.Counter[str]()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def owned(self, kind: str, owner: str) -> list[bytes]:
+        self.read[kind] += 1
+        return await self.store.owned(kind, owner)
+
+
+def test_a_listing_reads_each_glossary_s_info_never_its_entries(tmp_path: Path) -> None:
+    async def check() -> None:
+        store = ReadCounting(SqliteRecords(tmp_path / "records.sqlite3"))
+        glossaries = Glossaries(store)  # type: ignore[arg-type]
+        big = {f"term{i}": f"Begriff{i}" for i in range(glossary.MAX_ENTRIES)}
+        made = [
+            await glossaries.create(new_glossary(f"g{i}", "en", "de", big if i < 2 else {"a": "b"}, "alice"))
+            for i in range(5)
+        ]
+        # One stored as a server without info records stored it: listed, and given its info record once.
+        old = new_glossary("old", "en", "fr", {"bike": "vélo"}, "alice")
+        await store.put(glossary_store.KIND, old.glossary_id, "alice", old.dumps().encode())
+        listed = await glossaries.listing("alice")
+        assert [g["glossary_id"] for g in listed] == [g.glossary_id for g in [*made, old]]
+        assert listed[0] == made[0].info() and listed[0]["entry_count"] == glossary.MAX_ENTRIES
+        assert store.read[glossary_store.KIND] == 1  # the entries, read once to make the missing info
+        store.read.clear()
+        assert await glossaries.listing("alice") == listed and await glossaries.listing("bob") == []
+        assert store.read == {glossary_store.INFO_KIND: 2}  # infos alone from then on
+        await glossaries.delete(made[0].glossary_id, "alice")
+        assert [g["glossary_id"] for g in await glossaries.listing("alice")] == [
+            g.glossary_id for g in [*made[1:], old]
+        ]
 
     asyncio.run(check())
 
@@ -331,6 +374,47 @@ def test_v1_takes_a_glossary_id_or_its_own_terms(client: httpx.Client, server: s
     assert client.delete(f"/v2/glossaries/{gid}").status_code == 204
     assert client.delete(f"/v2/glossaries/{gid}").status_code == 404
     assert glossary.MAX_ENTRIES == 10_000  # the bound the docs state
+
+
+def test_health_answers_at_once_while_a_key_s_largest_listing_runs(server: str) -> None:
+    from .conftest import SETTINGS
+
+    async def seed() -> list[str]:  # the most glossaries a key may have, written to the server's own store
+        glossaries = Glossaries(open_records(str(SETTINGS["records_storage"])))
+        big = {f"term{i}": f"Begriff{i}" for i in range(glossary.MAX_ENTRIES)}
+        made = [
+            await glossaries.create(new_glossary(f"g{i}", "en", "de", big if i < 3 else {"a": "b"}, "anonymous"))
+            for i in range(
+                glossary_store.MAX_GLOSSARIES - len(httpx.get(f"{server}/v2/glossaries").json()["glossaries"])
+            )
+        ]
+        return [g.glossary_id for g in made]
+
+    async def unseed(ids: list[str]) -> None:
+        glossaries = Glossaries(open_records(str(SETTINGS["records_storage"])))
+        for gid in ids:
+            await glossaries.delete(gid, "anonymous")
+
+    ids = asyncio.run(seed())
+    try:
+        listed: list[int] = []
+        lister = threading.Thread(
+            target=lambda: listed.extend(
+                len(httpx.get(f"{server}/v2/glossaries", timeout=60).json()["glossaries"]) for _ in range(5)
+            )
+        )
+        waits = []
+        with httpx.Client(base_url=server, timeout=10) as probe:
+            lister.start()
+            while lister.is_alive():
+                start = time.perf_counter()
+                assert probe.get("/healthz").status_code == 200
+                waits.append(time.perf_counter() - start)
+            lister.join()
+        assert listed == [glossary_store.MAX_GLOSSARIES] * 5
+        assert len(waits) >= 5 and max(waits) < 0.1, sorted(waits)[-5:]
+    finally:
+        asyncio.run(unseed(ids))
 
 
 def test_a_lone_surrogate_in_a_glossary_s_entries_name_or_inline_terms_is_a_named_400(client: httpx.Client) -> None:

@@ -75,8 +75,7 @@ class DeepLRoutes(RouteBase):
     @app.get("/v2/glossaries", responses=errors(DeepLError, 403, 503))
     async def deepl_glossaries(self, request: Request) -> dict[str, Any]:
         """DeepL-compatible: the calling key's glossaries, oldest first."""
-        owned = await self.glossaries.owned(self._client(request).id)
-        return {"glossaries": [g.info() for g in owned]}
+        return {"glossaries": await self.glossaries.listing(self._client(request).id)}
 
     @app.get("/v2/glossaries/{glossary_id}", responses=errors(DeepLError, 403, 404, 503))
     async def deepl_glossary(self, glossary_id: str, request: Request) -> dict[str, Any]:

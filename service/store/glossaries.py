@@ -8,11 +8,16 @@ import asyncio
 import re
 from collections import OrderedDict
 
+import orjson
+
 from service.errors import ApiError
 from service.store.records import Records
 from service.text.glossary import MAX_GLOSSARIES, Glossary, Terms, checked, digest
 
 KIND = "glossary"
+# Each glossary's DeepL object (Glossary.info(), a few hundred bytes) as a record of its own: a listing reads
+# these, never the entries (a key's thousand glossaries of ten thousand entries are about 3 GB).
+INFO_KIND = "glossary_info"
 ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # a glossary id: a UUID
 TERMS_KEPT = 256  # glossaries whose compiled terms a gateway replica keeps, least recently used out first
 TERMS_KEPT_BYTES = 64_000_000  # and at most about this much memory of them (Terms.bytes)
@@ -28,6 +33,7 @@ class Glossaries:
         if await self.records.count(KIND, glossary.owner) >= MAX_GLOSSARIES:
             raise ApiError("too_many_glossaries", f"this key has {MAX_GLOSSARIES} glossaries; delete one first")
         await self.records.put(KIND, glossary.glossary_id, glossary.owner, glossary.dumps().encode())
+        await self._put_info(glossary)  # after the glossary: an info record always has its glossary
         return glossary
 
     async def get(self, glossary_id: str, owner: str) -> Glossary:
@@ -36,14 +42,29 @@ class Glossaries:
             raise ApiError("glossary_not_found", f"no glossary {glossary_id[:64]!r}")
         return Glossary.loads(found.body)
 
-    async def owned(self, owner: str) -> list[Glossary]:
-        """The owner's glossaries, oldest first; parsed off the event loop (a key's thousand glossaries of
-        ten thousand entries each take seconds to read)."""
-        bodies = await self.records.owned(KIND, owner)
-        return await asyncio.to_thread(lambda: sorted((Glossary.loads(b) for b in bodies), key=lambda g: g.created))
+    async def listing(self, owner: str) -> list[dict[str, object]]:
+        """The owner's glossaries as DeepL's objects, oldest first, from their info records alone. Glossaries
+        stored without one (by a server before INFO_KIND) get theirs here: that one listing reads the
+        entries, parsed off the event loop."""
+        infos = [orjson.loads(b) for b in await self.records.owned(INFO_KIND, owner)]
+        if len(infos) < await self.records.count(KIND, owner):
+            bodies = await self.records.owned(KIND, owner)
+            listed = {info["glossary_id"] for info in infos}
+            missing = await asyncio.to_thread(
+                lambda: [g for g in map(Glossary.loads, bodies) if g.glossary_id not in listed]
+            )
+            for glossary in missing:
+                await self._put_info(glossary)
+            infos += [g.info() for g in missing]
+        return sorted(infos, key=lambda info: (str(info["creation_time"]), str(info["glossary_id"])))
 
     async def delete(self, glossary_id: str, owner: str) -> None:
-        await self.records.delete(KIND, (await self.get(glossary_id, owner)).glossary_id)
+        found = (await self.get(glossary_id, owner)).glossary_id
+        await self.records.delete(INFO_KIND, found)
+        await self.records.delete(KIND, found)
+
+    async def _put_info(self, glossary: Glossary) -> None:
+        await self.records.put(INFO_KIND, glossary.glossary_id, glossary.owner, orjson.dumps(glossary.info()))
 
     async def terms(self, given: str | dict[str, str] | None, source: str, target: str, owner: str) -> Terms | None:
         """A request's glossary (an id, or its own entries) as Terms; ApiError when the id is unknown
