@@ -517,6 +517,54 @@ def test_sixteen_documents_uploaded_at_once_all_complete(server: str) -> None:
     assert [len(d.decode().splitlines()) for d in done] == [20] * 16
 
 
+def test_waiting_documents_say_their_place_and_past_a_key_s_share_an_upload_is_refused_at_once(server: str) -> None:
+    """60 documents at once from one key: two translate, the rest wait in order with their place in their
+    status, past WAITING_PER_KEY waiting an upload is refused at once (DeepL's 429 with Retry-After,
+    nothing billed), and every one accepted completes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from service.routing import document_jobs
+
+    from .conftest import read_lines
+
+    lines = read_lines("test_2016_flickr.en.gz")[:1200]
+    texts = ["\n".join(lines[i * 20 : (i + 1) * 20]) + "\n" for i in range(60)]
+    key = {"Authorization": "DeepL-Auth-Key any-key"}
+    used = httpx.get(f"{server}/v2/usage", headers=key).json()["character_count"]
+
+    def upload(text: str) -> httpx.Response:
+        files = {"file": ("part.txt", text.encode())}
+        form = {"source_lang": "EN", "target_lang": "DE"}
+        return httpx.post(f"{server}/v2/document", files=files, data=form, headers=key, timeout=60)
+
+    with ThreadPoolExecutor(60) as pool:
+        answers = list(pool.map(upload, texts))
+    refused = [r for r in answers if r.status_code == 429]
+    accepted = [(r.json(), text) for r, text in zip(answers, texts, strict=True) if r.status_code == 200]
+    assert len(accepted) + len(refused) == 60 and refused, [r.status_code for r in answers]
+    assert all(r.headers["retry-after"] == "5" and "of one key's" in r.json()["message"] for r in refused)
+    places: dict[str, list[int]] = {h["document_id"]: [] for h, _ in accepted}  # each one's, as polled
+    deadline = time.monotonic() + 120
+    while True:
+        states = [
+            httpx.post(f"{server}/v2/document/{h['document_id']}", json={"document_key": h["document_key"]}).json()
+            for h, _ in accepted
+        ]
+        for st in states:
+            if st["status"] == "queued":
+                places[st["document_id"]].append(st["queue_position"])
+        if all(st["status"] == "done" for st in states) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert all(st["status"] == "done" for st in states), states
+    queued = [p for p in places.values() if p]
+    assert len(queued) >= document_jobs.WAITING_PER_KEY // 2  # a queue, polled before it drained
+    assert all(p == sorted(p, reverse=True) and p[-1] >= 1 for p in queued), places  # places only move up
+    assert max(max(p) for p in queued) <= document_jobs.WAITING_PER_KEY and min(p[-1] for p in queued) == 1
+    billed = sum(documents.parse("part.txt", text.encode()).characters for _, text in accepted)
+    assert httpx.get(f"{server}/v2/usage", headers=key).json()["character_count"] - used == billed
+
+
 def test_a_paragraph_longer_than_the_model_takes_is_translated_in_pieces(client: httpx.Client, server: str) -> None:
     """A paragraph of 660 tokens with no sentence break (under max_text_chars): a document translates
     it in pieces cut between words, their translations joined, where the API answers input_too_long."""

@@ -43,9 +43,13 @@ KIND, RESULT, SETTLED = "document", "document-result", "document-settled"
 KEEP_S = 3600.0  # a document and its translation are kept this long after the upload
 STALE_S = 60.0  # a translating document whose status is not renewed for this long has failed
 UPLOAD_WAIT_S = 1.0
-# Documents a gateway replica translates at once; the rest wait "queued" (their status renewed), so a folder
-# uploaded at once does not fill the pair's queue and have its documents refused.
+# Documents a gateway replica translates at once; the rest wait "queued", in the order they came, their status
+# renewed and saying their place, so a folder uploaded at once does not fill the pair's queue and have its
+# documents refused. At most WAITING of them wait on a replica, WAITING_PER_KEY of one key's: past that an
+# upload is refused at once (503 `overloaded`, 429 on DeepL's route), before it is parsed or billed.
 TRANSLATING_AT_ONCE = 2
+WAITING = 64
+WAITING_PER_KEY = 32
 # A chunk refused for a passing reason (a full queue, a replica restarting, a model loading) is sent again
 # after its Retry-After (at most RETRY_WAIT_S), for up to REFUSED_FOR_S of refusals in a row.
 PASSING = {"overloaded", "replica_unavailable", "pair_unavailable", "timeout"}
@@ -65,6 +69,7 @@ class DocumentStatus:
     content_type: str
     characters: int
     status: str = "queued"  # queued, translating, done, error
+    queue_position: int = 0  # while queued: 1 for the next to translate on the replica that took it
     done_segments: int = 0
     segments: int = 0
     started: float = field(default_factory=time.time)
@@ -79,6 +84,8 @@ class DocumentStatus:
         """DeepL's status body: seconds_remaining while translating, billed_characters once done."""
         status = "error" if self.stale() else self.status
         out: dict[str, Any] = {"document_id": self.document_id, "status": status}
+        if status == "queued" and self.queue_position:
+            out["queue_position"] = self.queue_position
         if status == "translating":
             spent = max(time.time() - self.started, 0.001)
             rate = self.done_segments / spent
@@ -103,7 +110,24 @@ class DocumentJobs:
         self.router = router
         self.refund_owner = refund_owner
         self._running: dict[str, asyncio.Task[None]] = {}  # document id -> its translation
-        self._slots = asyncio.Semaphore(TRANSLATING_AT_ONCE)
+        self._free = TRANSLATING_AT_ONCE  # places to translate in, not taken
+        # Documents waiting for a place, first come first: id -> (its status, resolved when it is handed one)
+        self._waiting: dict[str, tuple[DocumentStatus, asyncio.Future[None]]] = {}
+        self._pending: dict[str, str] = {}  # id -> owner of each document accepted and not yet translating
+        self._saying: asyncio.Task[None] | None = None  # saying the waiting documents' places
+        self._places_moved = False
+
+    def room_for(self, owner: str) -> None:
+        """ApiError overloaded when a document of `owner` would wait past WAITING or WAITING_PER_KEY."""
+        waiting = list(self._pending.values())
+        if len(waiting) >= WAITING or waiting.count(owner) >= WAITING_PER_KEY:
+            mine = waiting.count(owner)
+            raise ApiError(
+                "overloaded",
+                f"{len(waiting)} documents wait to be translated here, {mine} of them this key's "
+                f"(at most {WAITING}, {WAITING_PER_KEY} of one key's); upload it again shortly",
+                retry_after(RETRY_WAIT_S),
+            )
 
     async def upload(
         self,
@@ -126,6 +150,7 @@ class DocumentJobs:
                 f"paragraph {too_long + 1} has {len(parsed.segments[too_long])} characters; the server translates "
                 f"at most {self.router.settings.max_text_chars} at once",
             )
+        self.room_for(owner)  # again: the parse let others in
         key = secrets.token_hex(24)
         status = DocumentStatus(
             str(uuid.uuid4()).replace("-", "").upper(),
@@ -136,7 +161,12 @@ class DocumentJobs:
             parsed.characters,
             segments=len(parsed.segments),
         )
-        await self._save(status)
+        self._pending[status.document_id] = owner  # counted from here, no await since the check
+        try:
+            await self._save(status)
+        except BaseException:
+            del self._pending[status.document_id]
+            raise
         task = asyncio.create_task(self._translate(status, parsed, req, terms, refund))
         self._running[status.document_id] = task
         task.add_done_callback(lambda _: self._running.pop(status.document_id, None))
@@ -160,6 +190,7 @@ class DocumentJobs:
         out: list[str] = []
         try:
             async with self._slot(status):
+                self._pending.pop(status.document_id, None)
                 status = replace(status, status="translating", updated=time.time())
                 await self._save(status)
                 for at in range(0, len(parsed.segments), step):
@@ -181,21 +212,57 @@ class DocumentJobs:
                 logger.exception("document %s failed", status.document_id)
             message = known.detail if known is not None else f"the translation failed ({type(exc).__name__})"
             await self._failed(status, message, refund)
+        finally:
+            self._pending.pop(status.document_id, None)
 
     @contextlib.asynccontextmanager
     async def _slot(self, status: DocumentStatus) -> AsyncIterator[None]:
-        """One of TRANSLATING_AT_ONCE places to translate in; while it waits, the document's status is renewed
-        (a status not renewed for STALE_S reads as a stopped replica's)."""
-        while True:
+        """One of TRANSLATING_AT_ONCE places to translate in, handed out in the order documents asked; while it
+        waits, the document's status says its place and is renewed (a status not renewed for STALE_S reads as
+        a stopped replica's)."""
+        if self._free and not self._waiting:
+            self._free -= 1
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            self._waiting[status.document_id] = (status, turn)
+            await self._save(replace(status, queue_position=len(self._waiting)))  # last: the others' stay
             try:
-                await asyncio.wait_for(self._slots.acquire(), STALE_S / 4)
-                break
-            except TimeoutError:
-                await self._save(replace(status, updated=time.time()))
+                while not turn.done():
+                    await asyncio.wait([turn], timeout=STALE_S / 4)
+                    if not turn.done():
+                        await self._save(replace(status, updated=time.time(), queue_position=self._place(status)))
+            except BaseException:
+                if self._waiting.pop(status.document_id, None) is None:  # handed a place as it was cancelled
+                    self._release()
+                raise
         try:
             yield
         finally:
-            self._slots.release()
+            self._release()
+
+    def _release(self) -> None:
+        """A place freed: to the document that has waited longest, else back among the free."""
+        if not self._waiting:
+            self._free += 1
+            return
+        first = next(iter(self._waiting))
+        _, turn = self._waiting.pop(first)
+        turn.set_result(None)
+        self._places_moved = True
+        if self._waiting and (self._saying is None or self._saying.done()):
+            self._saying = asyncio.create_task(self._say_places())
+
+    def _place(self, status: DocumentStatus) -> int:
+        return list(self._waiting).index(status.document_id) + 1 if status.document_id in self._waiting else 0
+
+    async def _say_places(self) -> None:
+        """Each waiting document's status saying its place (any replica answers its status from the record),
+        again while places moved meanwhile: one task says them, so a place never goes back up."""
+        while self._places_moved:
+            self._places_moved = False
+            for place, (status, _) in enumerate(list(self._waiting.values()), start=1):
+                with contextlib.suppress(StoreUnavailableError):  # said again at its next renewal
+                    await self._save(replace(status, updated=time.time(), queue_position=place))
 
     async def _chunk(self, status: DocumentStatus, chunk: TranslateRequest, terms: Terms | None) -> list[str]:
         """The chunk's translations; a refusal for a passing reason (PASSING) is waited out and the chunk sent
