@@ -201,12 +201,36 @@ def _config_from_hf(
     )
 
 
+# The weight files transformers' save_pretrained writes, in the order it prefers them: one file, or shards
+# that an index names (`max_shard_size`: model-00001-of-00006.safetensors and the like).
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
 def _read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
-    if (path / "model.safetensors").exists():
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").exists():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+    """A Hugging Face directory's tensors, from one file or from every shard its index names."""
+    name = next((n for n in HF_WEIGHTS if (path / n).is_file()), None)
+    if name is None:
+        raise FileNotFoundError(f"{path} has none of {', '.join(HF_WEIGHTS)}")
+
+    def read(file: str) -> dict[str, torch.Tensor]:
+        if file.endswith(".safetensors"):
+            return load_file(str(path / file))
+        return torch.load(path / file, map_location="cpu", weights_only=True)
+
+    if not name.endswith(".index.json"):
+        return read(name)
+    weight_map: dict[str, str] = json.loads((path / name).read_text())["weight_map"]
+    shards = sorted(set(weight_map.values()))
+    missing = [f for f in shards if Path(f).name != f or not (path / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path / name} names shards that are not in the directory: {', '.join(missing)}")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        tensors.update(read(shard))
+    absent = sorted(set(weight_map) - set(tensors))
+    if absent:
+        raise KeyError(f"{path / name}: {len(absent)} tensors not in their shards, {', '.join(absent[:3])}")
+    return tensors
 
 
 def _import_hf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
