@@ -135,7 +135,7 @@ class RouteBase:
     ) -> dict[str, str]:
         """Parse a document, bill its characters and start its translation (service/routing/document_jobs.py),
         answering once it is done or after wait_s. `filename`: the routes' documents.safe_name of the upload's."""
-        self.documents.room_for(client.id)  # before the work of parsing it
+        self.documents.queue.room_for(client.id)  # before the work of parsing it
         parsed = await asyncio.to_thread(allocator.released, documents.parse, filename, await upload.read())
         if req.source is None:  # the whole document in the language of its beginning
             heads = [" ".join(parsed.segments)[:DETECT_CHARS] or "-"]

@@ -24,13 +24,14 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from service.engine import allocator
 from service.error_codes import RETRY_AFTER_S
 from service.errors import ApiError, api_error, retry_after
+from service.routing.document_queue import DocumentQueue
 from service.routing.pair_router import PairRouter
 from service.schemas import TranslateRequest
 from service.store.records import Records, StoreUnavailableError
@@ -110,24 +111,10 @@ class DocumentJobs:
         self.router = router
         self.refund_owner = refund_owner
         self._running: dict[str, asyncio.Task[None]] = {}  # document id -> its translation
-        self._free = TRANSLATING_AT_ONCE  # places to translate in, not taken
-        # Documents waiting for a place, first come first: id -> (its status, resolved when it is handed one)
-        self._waiting: dict[str, tuple[DocumentStatus, asyncio.Future[None]]] = {}
-        self._pending: dict[str, str] = {}  # id -> owner of each document accepted and not yet translating
-        self._saying: asyncio.Task[None] | None = None  # saying the waiting documents' places
-        self._places_moved = False
-
-    def room_for(self, owner: str) -> None:
-        """ApiError overloaded when a document of `owner` would wait past WAITING or WAITING_PER_KEY."""
-        waiting = list(self._pending.values())
-        if len(waiting) >= WAITING or waiting.count(owner) >= WAITING_PER_KEY:
-            mine = waiting.count(owner)
-            raise ApiError(
-                "overloaded",
-                f"{len(waiting)} documents wait to be translated here, {mine} of them this key's "
-                f"(at most {WAITING}, {WAITING_PER_KEY} of one key's); upload it again shortly",
-                retry_after(RETRY_WAIT_S),
-            )
+        self.queue = DocumentQueue(
+            TRANSLATING_AT_ONCE, WAITING, WAITING_PER_KEY, self._say_place, STALE_S / 4, RETRY_WAIT_S
+        )
+        self._queued: dict[str, DocumentStatus] = {}  # the status of each document waiting for a place
 
     async def upload(
         self,
@@ -150,7 +137,7 @@ class DocumentJobs:
                 f"paragraph {too_long + 1} has {len(parsed.segments[too_long])} characters; the server translates "
                 f"at most {self.router.settings.max_text_chars} at once",
             )
-        self.room_for(owner)  # again: the parse let others in
+        self.queue.room_for(owner)  # again: the parse let others in
         key = secrets.token_hex(24)
         status = DocumentStatus(
             str(uuid.uuid4()).replace("-", "").upper(),
@@ -161,11 +148,11 @@ class DocumentJobs:
             parsed.characters,
             segments=len(parsed.segments),
         )
-        self._pending[status.document_id] = owner  # counted from here, no await since the check
+        self.queue.accept(status.document_id, owner)  # counted from here, no await since the check
         try:
             await self._save(status)
         except BaseException:
-            del self._pending[status.document_id]
+            self.queue.forget(status.document_id)
             raise
         task = asyncio.create_task(self._translate(status, parsed, req, terms, refund))
         self._running[status.document_id] = task
@@ -189,8 +176,9 @@ class DocumentJobs:
         step = self.router.settings.max_texts
         out: list[str] = []
         try:
-            async with self._slot(status):
-                self._pending.pop(status.document_id, None)
+            self._queued[status.document_id] = status
+            async with self.queue.place(status.document_id):
+                del self._queued[status.document_id]
                 status = replace(status, status="translating", updated=time.time())
                 await self._save(status)
                 for at in range(0, len(parsed.segments), step):
@@ -213,56 +201,14 @@ class DocumentJobs:
             message = known.detail if known is not None else f"the translation failed ({type(exc).__name__})"
             await self._failed(status, message, refund)
         finally:
-            self._pending.pop(status.document_id, None)
+            self.queue.forget(status.document_id)
+            self._queued.pop(status.document_id, None)
 
-    @contextlib.asynccontextmanager
-    async def _slot(self, status: DocumentStatus) -> AsyncIterator[None]:
-        """One of TRANSLATING_AT_ONCE places to translate in, handed out in the order documents asked; while it
-        waits, the document's status says its place and is renewed (a status not renewed for STALE_S reads as
-        a stopped replica's)."""
-        if self._free and not self._waiting:
-            self._free -= 1
-        else:
-            turn = asyncio.get_running_loop().create_future()
-            self._waiting[status.document_id] = (status, turn)
-            await self._save(replace(status, queue_position=len(self._waiting)))  # last: the others' stay
-            try:
-                while not turn.done():
-                    await asyncio.wait([turn], timeout=STALE_S / 4)
-                    if not turn.done():
-                        await self._save(replace(status, updated=time.time(), queue_position=self._place(status)))
-            except BaseException:
-                if self._waiting.pop(status.document_id, None) is None:  # handed a place as it was cancelled
-                    self._release()
-                raise
-        try:
-            yield
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        """A place freed: to the document that has waited longest, else back among the free."""
-        if not self._waiting:
-            self._free += 1
-            return
-        first = next(iter(self._waiting))
-        _, turn = self._waiting.pop(first)
-        turn.set_result(None)
-        self._places_moved = True
-        if self._waiting and (self._saying is None or self._saying.done()):
-            self._saying = asyncio.create_task(self._say_places())
-
-    def _place(self, status: DocumentStatus) -> int:
-        return list(self._waiting).index(status.document_id) + 1 if status.document_id in self._waiting else 0
-
-    async def _say_places(self) -> None:
-        """Each waiting document's status saying its place (any replica answers its status from the record),
-        again while places moved meanwhile: one task says them, so a place never goes back up."""
-        while self._places_moved:
-            self._places_moved = False
-            for place, (status, _) in enumerate(list(self._waiting.values()), start=1):
-                with contextlib.suppress(StoreUnavailableError):  # said again at its next renewal
-                    await self._save(replace(status, updated=time.time(), queue_position=place))
+    async def _say_place(self, document_id: str, place: int) -> None:
+        """A waiting document's status saying its place (any replica answers its status from the record)."""
+        queued = self._queued.get(document_id)
+        if queued is not None:
+            await self._save(replace(queued, updated=time.time(), queue_position=place))
 
     async def _chunk(self, status: DocumentStatus, chunk: TranslateRequest, terms: Terms | None) -> list[str]:
         """The chunk's translations; a refusal for a passing reason (PASSING) is waited out and the chunk sent
