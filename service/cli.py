@@ -224,7 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    runtime.start(settings, say=lambda line: print(line, file=sys.stderr, flush=True))
+    settings = runtime.start(settings, say=lambda line: print(line, file=sys.stderr, flush=True))
     metrics = f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
     print(
         f"beamserve listening on http://{settings.host}:{settings.port} (API docs at /docs); "

@@ -49,8 +49,43 @@ def _ephemeral_low() -> int:
 WORKER_NICENESS = "RAY_worker_niceness"  # read by Ray's raylet when it starts a worker process
 
 
-def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> None:
-    """ray.init sized for this machine, Serve's HTTP front on settings.host:port, the app deployed."""
+def taken(host: str, port: int) -> bool:
+    """Whether something listens on host:port already (a bind as a server's, which reuses TIME_WAIT)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def with_free_ports(settings: Settings, say: Callable[[str], None]) -> Settings:
+    """The settings with ports that can be had: ValueError naming a port taken that the user named (the API's
+    always: its clients know it); where the metrics port was left to its default and is taken (another
+    server on this host), a free one, said."""
+    if taken(settings.host, settings.port):
+        raise ValueError(
+            f"port {settings.port} on {settings.host} is in use (--port, BEAMSERVE_PORT): stop what listens "
+            "there or choose another"
+        )
+    if taken(settings.metrics_host, settings.metrics_port):
+        if "metrics_port" in settings.model_fields_set:
+            raise ValueError(
+                f"metrics port {settings.metrics_port} on {settings.metrics_host} is in use (--metrics-port, "
+                "BEAMSERVE_METRICS_PORT): stop what listens there or choose another"
+            )
+        chosen = free_loopback_port()
+        say(f"metrics port {settings.metrics_port} is in use; metrics on {chosen} (BEAMSERVE_METRICS_PORT sets it)")
+        settings = settings.model_copy(update={"metrics_port": chosen})
+    return settings
+
+
+def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str], None] = print) -> Settings:
+    """ray.init sized for this machine, Serve's HTTP front on settings.host:port, the app deployed; returns the
+    settings it runs with (with_free_ports)."""
+    settings = with_free_ports(settings, say)
     # Every port Ray opens on loopback, its token authentication on (service/local_ray.py).
     local_ray.enter_local_only()
     # The front's switches and limits, read by Ray's processes (service/api/front.py).
@@ -95,6 +130,7 @@ def start(settings: Settings, *, app_name: str = "beamserve", say: Callable[[str
         _RELAY.append(MetricsRelay(settings.metrics_host, settings.metrics_port, export_port).start())
     serve.start(http_options={"host": settings.host, "port": settings.port})
     deploy(settings, app_name=app_name, say=say)
+    return settings
 
 
 def deploy(

@@ -5,6 +5,7 @@ import concurrent.futures
 import ipaddress
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+
+from service.settings import Settings
 
 from .conftest import REPO, free_port, one_ray_start_at_a_time, readyz
 
@@ -56,8 +59,38 @@ def healthcheck(port: int) -> subprocess.CompletedProcess[str]:
     )
 
 
+def held(port: int) -> socket.socket | None:
+    """A socket listening on 127.0.0.1:port, as another server's would; None where one already does."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        return None
+    s.listen()
+    return s
+
+
+def test_a_port_in_use_that_was_named_is_one_line_and_exit_2() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        for flags, named in ((["--port", str(port)], "--port"), (["--metrics-port", str(port)], "--metrics-port")):
+            if named == "--metrics-port":
+                flags += ["--port", str(free_port())]
+            r = subprocess.run(
+                [sys.executable, "-m", "service.cli", "serve", *flags], cwd=REPO, capture_output=True, text=True
+            )
+            assert r.returncode == 2, r.stderr[-2000:]
+            last = r.stderr.strip().splitlines()[-1]
+            assert f"{port} on 127.0.0.1 is in use ({named}" in last and "Traceback" not in r.stderr, r.stderr
+
+
 def test_serve_command_listens_translates_and_stops_on_sigterm(tmp_path: Path) -> None:
-    port, metrics_port = free_port(), free_port()
+    port = free_port()
+    # Another server on this host has the default metrics port (8080): this one takes a free one and says it.
+    other = held(Settings().metrics_port)
     # The 12 paragraphs below are all to be accepted however slow this host decodes: no time-based refusal.
     env = {**os.environ, "BEAMSERVE_MODELS": "en-de", "BEAMSERVE_MAX_QUEUE_WAIT_S": "3600", "PYTHONUNBUFFERED": "1"}
     # Another cluster's address, as a Ray node's environment holds it (where ray.init would join it and
@@ -72,8 +105,6 @@ def test_serve_command_listens_translates_and_stops_on_sigterm(tmp_path: Path) -
                 "serve",
                 "--port",
                 str(port),
-                "--metrics-port",
-                str(metrics_port),
                 "--num-cpus",
                 "2",
             ],
@@ -88,6 +119,12 @@ def test_serve_command_listens_translates_and_stops_on_sigterm(tmp_path: Path) -
         line = proc.stdout.readline()  # printed once the app is deployed
     try:
         assert f"listening on http://127.0.0.1:{port}" in line, line + (tmp_path / "stderr.txt").read_text()[-3000:]
+        metrics_port = int(line.split("/metrics")[0].rsplit(":", 1)[1])  # "Prometheus metrics on http://...:N/metrics"
+        assert metrics_port != Settings().metrics_port
+        assert (
+            f"metrics port {Settings().metrics_port} is in use; metrics on {metrics_port}"
+            in (tmp_path / "stderr.txt").read_text()
+        )
         deadline = time.monotonic() + 60
         while (r := readyz(f"http://127.0.0.1:{port}")) is None or r.status_code != 200:
             assert time.monotonic() < deadline, "not ready within 60s"
@@ -140,5 +177,7 @@ def test_serve_command_listens_translates_and_stops_on_sigterm(tmp_path: Path) -
         gone = healthcheck(port)
         assert gone.returncode == 1 and f"http://127.0.0.1:{port}/healthz" in gone.stderr, gone.stderr
     finally:
+        if other is not None:
+            other.close()
         if proc.poll() is None:
             proc.kill()
