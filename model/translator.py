@@ -17,7 +17,7 @@ from model.decode.align import Link, attention_alignment
 from model.decode.decoding import generate, pad_batch
 from model.decode.search import Hypothesis, SearchOptions
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
-from model.io import checkpoint
+from model.io import checkpoint, model_card
 from model.io.tokenizer import LanguageError, Tokenizer
 from model.kernels import compute_type as compute
 from model.kernels import native
@@ -64,6 +64,7 @@ class Translator:
         self.device = device
         self.name = name
         self.load_seconds = 0.0
+        self.licence: str | None = None  # as the model card names it (model/io/model_card.py)
         self.pool: WorkerPool | None = None  # inter_threads > 1: batches decode in these processes
         # float32, int8, ... (model/kernels/compute_type.py); a model built here computes in its weights' dtype.
         self.compute_type = compute.named(self.dtype)
@@ -147,6 +148,7 @@ class Translator:
         if pool is not None:
             translator.pool = pool
             weakref.finalize(translator, pool.close)
+        translator.licence = model_card.licence(directory)
         translator.load_seconds = time.perf_counter() - start
         return translator
 

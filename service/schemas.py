@@ -160,6 +160,8 @@ class ModelInfo(BaseModel):
     digest: str | None = None  # the model's content digest (weights, vocabulary, compute type)
     kernels: str | None = None  # beamserve's C kernels in use: the build and its x86-64 level, or why none
     max_source_tokens: int | None = None
+    license: str | None = None  # as the model card names it; None where it names none
+    non_commercial: bool | None = None  # the licence forbids commercial use (CC-BY-NC-4.0: NLLB-200's weights)
 
 
 class ModelsResponse(BaseModel):

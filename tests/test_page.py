@@ -77,6 +77,17 @@ def test_typing_translates_as_the_api_does_and_shows_the_language_detected(brows
     screenshot(browser, "page.png")
 
 
+def test_the_about_line_names_each_model_s_licence_and_warns_of_non_commercial_ones(
+    browser: WebDriver, server: str
+) -> None:
+    models = httpx.get(f"{server}/v1/models", timeout=10).json()["models"]
+    open_page(browser, server)
+    until(browser, lambda: by_id(browser, "licences").text, "the about line")
+    line = by_id(browser, "licences").text
+    assert all(m["name"] in line and m["license"] in line for m in models), line
+    assert "(not for commercial use)" in line and "warning" in by_id(browser, "licences").get_attribute("class")
+
+
 def test_alternatives_are_the_api_s_n_best(browser: WebDriver, server: str) -> None:
     open_page(browser, server)
     Select(by_id(browser, "source")).select_by_value("en")

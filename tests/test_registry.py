@@ -154,6 +154,7 @@ def german_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     path = save_marian(config, tmp_path_factory.mktemp("de") / "opus-mt-de-en", tiny_dir, vocab)
     torch.manual_seed(23)  # weights of its own, not the multilingual model's
     transformers.MarianMTModel(config).save_pretrained(path)
+    (path / "README.md").write_text("---\nlanguage:\n- de\n- en\nlicense: cc-by-nc-4.0\n---\n\n# A test model\n")
     return path
 
 
@@ -201,6 +202,10 @@ def test_the_server_serves_what_the_registry_lists(served: str, multilingual_dir
     assert (models["en-de"]["model"], models["en-de"]["compute_type"]) == ("en-de", "int8")  # its own setting
     assert models["en-fr"]["model"] == models["en-es"]["model"] == "en-multi"
     assert models["en-fr"]["digest"] == models["en-es"]["digest"] != models["en-de"]["digest"]
+    # Each model's licence as its card names it: a hub card's, the shipped models' (trained on Multi30k), none.
+    assert (models["de-en"]["license"], models["de-en"]["non_commercial"]) == ("cc-by-nc-4.0", True)
+    assert models["en-de"]["license"].startswith("other: non-commercial") and models["en-de"]["non_commercial"]
+    assert (models["en-fr"]["license"], models["en-fr"]["non_commercial"]) == (None, False)
     languages = {lang["code"]: lang["targets"] for lang in httpx.get(f"{served}/languages", timeout=10).json()}
     assert languages["en"] == ["de", "es", "fr", "it"]
     assert languages["de"] == ["en", "es", "fr", "it"]  # es, fr and it through English

@@ -109,6 +109,7 @@ class ModelPool:
                 "replica": serve.get_replica_context().replica_tag,
                 "held": sorted(self.held),
                 "digests": {name: m.translator.digest for name, m in self.held.items()},
+                "licenses": {name: m.translator.licence for name, m in self.held.items()},
                 "models_per_replica": self.settings.pool_models_per_replica,
                 "loads": self.loads,
                 "evictions": self.evictions,

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from model.errors import InputTooLongError
+from model.io import model_card
 from model.kernels import native
 from model.options import DecodeOptions
 from model.translator import Translator
@@ -50,6 +51,8 @@ class ServedModel:
         )
         entry.check_tokens(self.translator.tokenizer.vocab)
         entry.check_languages(self.translator.tokenizer.languages)
+        if model_card.non_commercial(self.translator.licence):  # an operator serving it commercially must know
+            logger.warning("%s: licence %s forbids commercial use", entry.name, self.translator.licence)
         if self.translator.device.type == "cpu" and not native.built():  # every replica's log says so
             logger.warning("%s decodes without beamserve's C kernels: %s", entry.name, native.in_use())
         self.metrics = ModelMetrics(self.pair)
@@ -62,8 +65,9 @@ class ServedModel:
         self.engine = Engine(self.translator, config, max_length=s.max_decoding_length, static_slots=static_slots)
         # What this replica computes with, in its log (each int8 weight shape's GEMM: model/kernels/int8_choice.py).
         logger.info(
-            "%s: %s, %s; C kernels %s; continuous batching on %s",
+            "%s: licence %s; %s, %s; C kernels %s; continuous batching on %s",
             entry.name,
+            tr.licence or "not named by its model card",
             tr.device.type,
             tr.compute_type,
             native.in_use(),
@@ -211,6 +215,8 @@ class ServedModel:
             "compute_type": tr.compute_type,
             "digest": tr.digest,
             "max_source_tokens": tr.max_source_tokens,
+            "license": tr.licence,
+            "non_commercial": model_card.non_commercial(tr.licence),
             "ready": self.ready,
             "queued": self.engine.queued,
             "active": self.engine.active,

@@ -14,6 +14,7 @@ from typing import Any, TypeVar, cast
 
 from ray.serve.handle import DeploymentHandle
 
+from model.io import model_card
 from model.options import DecodeOptions
 from service import request_log
 from service.engine.answers import NBest, Translated
@@ -190,7 +191,10 @@ class PairRouter:
             row = {**(info or {"ready": False}), "name": pair, "source": source, "target": target}
             if pair in self.pooled:  # the pool replica asked reports the digests of the models it holds
                 row["model"] = self.pooled[pair]
-                row["digest"] = (row.get("pool") or {}).get("digests", {}).get(self.pooled[pair])
+                held = row.get("pool") or {}
+                row["digest"] = held.get("digests", {}).get(self.pooled[pair])
+                row["license"] = held.get("licenses", {}).get(self.pooled[pair])
+                row["non_commercial"] = model_card.non_commercial(row["license"]) if row["license"] else None
             out.append(row)
         return out
 

@@ -174,4 +174,22 @@ async function start() {
   });
 }
 
+// The about line: each model's licence as its card names it, and a warning where it forbids commercial use.
+async function about() {
+  const { models } = await fetch("/v1/models").then((r) => r.json());
+  const byLicence = {};
+  for (const m of models) {
+    if (!m.license) continue;
+    const key = `${m.license}\u0000${m.non_commercial ? 1 : 0}`;
+    (byLicence[key] = byLicence[key] || []).push(m.name);
+  }
+  const parts = Object.entries(byLicence).map(([key, pairs]) => {
+    const [licence, nc] = key.split("\u0000");
+    return `${pairs.join(", ")}: ${licence}${nc === "1" ? " (not for commercial use)" : ""}`;
+  });
+  $("licences").textContent = parts.length ? `Model licences: ${parts.join("; ")}.` : "";
+  $("licences").classList.toggle("warning", models.some((m) => m.non_commercial));
+}
+
 start().catch((e) => { $("error").textContent = `the page could not load the server's languages (${e.message})`; });
+about().catch(() => {});  // the page works without its about line
