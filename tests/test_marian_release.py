@@ -195,3 +195,41 @@ def test_the_cli_converts_and_unsupported_set_ups_are_refused_by_name(
     np.savez(next(bad.glob("*.npz")), **weights)
     with pytest.raises(ValueError, match="pre-norm"):
         convert(bad, tmp_path / "never")
+
+
+def test_a_release_is_converted_whole_or_refused_in_one_line_naming_what(
+    release: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A tensor the conversion cannot place, a tensor missing, a file missing, a model.yml or decoder.yml that
+    is not what it should be: exit 2, one line saying which, nothing written."""
+    _, release_dir = release
+    weights = dict(np.load(next(release_dir.glob("*.npz"))))
+
+    def broken(name: str, tensors: dict[str, np.ndarray] | None = None, drop: str | None = None) -> Path:
+        out = tmp_path / name
+        shutil.copytree(release_dir, out)
+        if tensors is not None:
+            np.savez(next(out.glob("*.npz")), **tensors)
+        if drop is not None:
+            (out / drop).unlink()
+        return out
+
+    cases = {
+        "extra": (broken("extra", {**weights, "encoder_l1_self_Wq_extra": np.zeros(3, np.float32)}), "cannot place"),
+        "missing": (broken("missing", {k: v for k, v in weights.items() if k != "decoder_l1_ffn_W2"}), "ffn_W2"),
+        "no spm": (broken("nospm", drop="target.spm"), "target.spm"),
+        "no decoder.yml": (broken("nodecoder", drop="decoder.yml"), "decoder.yml"),
+    }
+    bad_yml = broken("badyml")
+    (bad_yml / "decoder.yml").write_text("models: [")
+    cases["bad decoder.yml"] = (bad_yml, "decoder.yml")
+    for what, (path, needle) in cases.items():
+        run = subprocess.run(
+            [sys.executable, "-m", "service.cli", "convert-marian", "--release", str(path), "--out", f"{tmp_path}/o"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(lines) == 1 and needle in lines[0], (what, run.stderr[-1500:])
+        assert not (tmp_path / "o" / "model.safetensors").exists(), what

@@ -45,7 +45,12 @@ _DECODER_BLOCKS = [
 def read_config(weights: Any) -> dict[str, Any]:
     """The architecture Marian stored beside the weights (YAML, a trailing NUL)."""
     raw = bytes(weights[CONFIG_KEY]).rstrip(b"\0")
-    config: dict[str, Any] = yaml.safe_load(raw.decode("utf-8"))
+    try:
+        config = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"the release's {CONFIG_KEY} is not YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"the release's {CONFIG_KEY} is not a mapping of options")
     return config
 
 
@@ -54,6 +59,8 @@ def read_vocab(path: Path) -> dict[str, int]:
     Every key stays the string it is (YAML's base schema): a piece spelt `no`, `null` or `1` is not a
     boolean, a None or a number."""
     raw = yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.BaseLoader)  # builds no objects
+    if not isinstance(raw, dict) or "</s>" not in raw:
+        raise ValueError(f"{path.name} is not a Marian vocabulary (piece: id lines with </s>)")
     vocab = {str(k): int(v) for k, v in raw.items()}
     vocab.setdefault("<pad>", max(vocab.values()) + 1)
     return vocab
@@ -78,21 +85,87 @@ def _check(config: dict[str, Any], weights: Any, vocabs: list[str]) -> None:
         raise ValueError("this Marian model uses what the conversion does not support: " + "; ".join(problems))
 
 
+class Tensors:
+    """The release's .npz, each name read noted: a name that is not there is a ValueError saying so."""
+
+    def __init__(self, npz: Any) -> None:
+        self.npz, self.read = npz, {CONFIG_KEY}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.npz.files
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.npz.files:
+            raise ValueError(f"the release has no tensor {name!r}, which its model.yml's architecture needs")
+        self.read.add(name)
+        return self.npz[name]
+
+    def unread(self) -> list[str]:
+        return sorted(set(self.npz.files) - self.read)
+
+
+def _release_files(release: Path) -> tuple[Path, list[Path]]:
+    """decoder.yml's model file and vocabularies; ValueError or FileNotFoundError naming what is wrong."""
+    found = release / "decoder.yml"
+    if not found.is_file():
+        raise FileNotFoundError(f"{release} is not a Marian release: no decoder.yml")
+    try:
+        decoder = yaml.safe_load(found.read_text(encoding="utf-8"))
+        model, vocabs = decoder["models"][0], decoder["vocabs"]
+    except (yaml.YAMLError, KeyError, IndexError, TypeError) as exc:
+        why = " ".join(str(exc).split())  # YAML's message spans lines
+        raise ValueError(f"{found} does not name the model and vocabularies (models:, vocabs:): {why}") from None
+    paths = [release / model, *(release / v for v in vocabs)]
+    for path in (*paths, release / "source.spm", release / "target.spm"):
+        if not path.is_file():
+            raise FileNotFoundError(f"the release has no {path.name} (named by decoder.yml or needed beside it)")
+    return paths[0], paths[1:]
+
+
 def convert(release: Path, out: Path) -> None:
-    """Write the Hugging Face MarianMT directory of the release in `release` to `out`."""
-    decoder = yaml.safe_load((release / "decoder.yml").read_text(encoding="utf-8"))
-    weights = np.load(release / decoder["models"][0])
+    """Write the Hugging Face MarianMT directory of the release in `release` to `out`. Every tensor of the
+    release is placed or the conversion is refused, naming those it cannot place (a model missing one would
+    translate wrongly, silently); every failure is a ValueError or FileNotFoundError saying what."""
+    model, vocab_files = _release_files(release)
+    try:
+        npz = np.load(model)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{model.name} is not a readable .npz: {exc}") from None
+    weights = Tensors(npz)
+    if CONFIG_KEY not in weights:
+        raise ValueError(f"{model.name} holds no architecture ({CONFIG_KEY})")
     config = read_config(weights)
-    _check(config, weights, decoder["vocabs"])
-    vocab = read_vocab(release / decoder["vocabs"][0])
-    pad = vocab["<pad>"]
-    state = _hf_state(weights, config)
+    _check(config, weights, [v.name for v in vocab_files])
+    vocab = read_vocab(vocab_files[0])
+    try:
+        state = _hf_state(weights, config)
+        hf_config = _hf_config(config, vocab)
+    except KeyError as exc:
+        raise ValueError(f"the release's model.yml lacks {exc} for its architecture") from None
+    left = weights.unread()
+    if left:
+        raise ValueError(
+            f"the release holds {len(left)} tensors the conversion cannot place ({', '.join(left[:5])}"
+            f"{', ...' if len(left) > 5 else ''}): a model without them would translate wrongly"
+        )
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    for name in ("source.spm", "target.spm"):
+        shutil.copyfile(release / name, out / name)
+    positions = hf_config["max_position_embeddings"]
+    tokenizer = {"tokenizer_class": "MarianTokenizer", "model_max_length": positions, "separate_vocabs": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
+
+
+def _hf_config(config: dict[str, Any], vocab: dict[str, int]) -> dict[str, Any]:
+    """MarianMT's config.json for the release's architecture and vocabulary."""
+    pad = vocab["<pad>"]
     width = int(config["dim-emb"])
     # Hugging Face's converter sets dim-emb (512 or 1024 in the released models); 512 at least for narrower ones.
     positions = max(512, width)
-    hf_config = {
+    return {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
         "vocab_size": pad + 1,
@@ -123,12 +196,6 @@ def convert(release: Path, out: Path) -> None:
         "is_encoder_decoder": True,
         "torch_dtype": "float32",
     }
-    (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    for name in ("source.spm", "target.spm"):
-        shutil.copyfile(release / name, out / name)
-    tokenizer = {"tokenizer_class": "MarianTokenizer", "model_max_length": positions, "separate_vocabs": False}
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer, indent=2) + "\n")
 
 
 def _hf_state(weights: Any, config: dict[str, Any]) -> dict[str, torch.Tensor]:
