@@ -26,7 +26,7 @@ from model.kernels.cpus import usable_cpus
 from model.kernels.quant import int8_of
 from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
-from model.shipped import resolve_model_path
+from model.shipped import hub_revision, resolve_model_path
 from model.workers import WorkerPool
 
 __all__ = [
@@ -65,6 +65,7 @@ class Translator:
         self.name = name
         self.load_seconds = 0.0
         self.licence: str | None = None  # as the model card names it (model/io/model_card.py)
+        self.revision: str | None = None  # the hub commit of a model loaded from the Hugging Face cache
         self.pool: WorkerPool | None = None  # inter_threads > 1: batches decode in these processes
         # float32, int8, ... (model/kernels/compute_type.py); a model built here computes in its weights' dtype.
         self.compute_type = compute.named(self.dtype)
@@ -149,6 +150,7 @@ class Translator:
             translator.pool = pool
             weakref.finalize(translator, pool.close)
         translator.licence = model_card.licence(directory)
+        translator.revision = hub_revision(directory)
         translator.load_seconds = time.perf_counter() - start
         return translator
 

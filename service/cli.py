@@ -183,6 +183,23 @@ def cmd_convert_marian(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_download(args: argparse.Namespace) -> int:
+    from model.shipped import HUB_ID, hub_snapshot
+
+    name = args.model + (f"@{args.revision}" if args.revision else "")
+    if not HUB_ID.fullmatch(name):
+        raise ValueError(f"{name!r} is not a Hugging Face id (organisation/model, or organisation/model@revision)")
+    try:
+        path = hub_snapshot(name, download=True)
+    except Exception as exc:  # the hub's errors (not found, no access, no network): one line
+        if isinstance(exc, (FileNotFoundError, ValueError)):
+            raise
+        why = " ".join(str(exc).split())[:300]
+        raise ValueError(f"{name} could not be fetched: {type(exc).__name__}: {why}") from None
+    print(f"{name} is in the Hugging Face cache: {path}; serve it with `beamserve serve --models {args.model}`")
+    return 0
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     from model import Translator
     from model.io import checkpoint
@@ -337,6 +354,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--release", required=True, help="the unpacked release directory")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_convert_marian)
+
+    p = sub.add_parser(
+        "download",
+        help="fetch a model from the Hugging Face hub into its cache (HF_HOME), for --models, --model and the "
+        "registry to name by its id",
+    )
+    p.add_argument("model", help="the hub id, e.g. Helsinki-NLP/opus-mt-en-de")
+    p.add_argument("--revision", help="a branch, tag or commit (default: main); pinned as ID@REVISION")
+    p.set_defaults(func=cmd_download)
 
     p = sub.add_parser(
         "quantize", help="write a model with int8 weights, which a replica loads without quantising (compute type int8)"

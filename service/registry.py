@@ -183,8 +183,10 @@ class ModelEntry(BaseModel):
 
 
 def pair_of(model: str) -> str:
-    """'en-de' from a model name or a directory such as .../opus-mt-en-de."""
-    name = resolve_model_path(model).name
+    """'en-de' from a model name, a directory such as .../opus-mt-en-de, or a hub id such as
+    Helsinki-NLP/opus-mt-en-de (whose snapshot's directory is named by its commit)."""
+    resolve_model_path(model)  # FileNotFoundError for one that is nowhere
+    name = Path(model.split("@")[0]).name
     match = re.search(r"([a-z]{2,3})-([a-z]{2,3})$", name)
     if not match:
         raise ValueError(

@@ -162,6 +162,7 @@ class ModelInfo(BaseModel):
     max_source_tokens: int | None = None
     license: str | None = None  # as the model card names it; None where it names none
     non_commercial: bool | None = None  # the licence forbids commercial use (CC-BY-NC-4.0: NLLB-200's weights)
+    revision: str | None = None  # the Hugging Face hub commit, for a model loaded from the Hugging Face cache
 
 
 class ModelsResponse(BaseModel):

@@ -216,6 +216,7 @@ class ServedModel:
             "digest": tr.digest,
             "max_source_tokens": tr.max_source_tokens,
             "license": tr.licence,
+            "revision": tr.revision,
             "non_commercial": model_card.non_commercial(tr.licence),
             "ready": self.ready,
             "queued": self.engine.queued,
