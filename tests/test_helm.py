@@ -219,7 +219,7 @@ def test_the_front_s_limits_are_one_value_in_the_serve_config_and_every_pod_and_
     spec = by_kind([d for d in yaml.safe_load_all(out.stdout) if d], "RayService")["spec"]
     args = yaml.safe_load(spec["serveConfigV2"])["applications"][0]["args"]
     assert (args["max_in_flight"], args["request_timeout_s"], args["max_queued"]) == (100, 7.5, 64)
-    want = cluster_environment(Limits(100, 64, 1_000_000, 10.0, 7.5))
+    want = cluster_environment(Limits(100, 64, 1_000_000, 30_000_000, 10.0, 7.5))
     cluster = spec["rayClusterConfig"]
     pods = [cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]]
     for pod in pods:

@@ -48,6 +48,8 @@ BUFFERED_BODY_BYTES = 8192  # bodies up to this size reach the gateway whole (HA
 # tune.http.maxhdr fields) with its own HTML 400 before any rule or error file applies, so its buffer
 # and field limit are set well past what is refused. A buffer is held per request in flight, not per
 # connection: this is 80 KB against Serve's 16 KB while a request's head or body is being read.
+# The routes that take a document upload, whose body may be up to max_document_bytes (max_body_bytes elsewhere).
+DOCUMENT_PATHS = ("/v2/document", "/translate_file")
 MAX_URL_BYTES = 16_384  # path and query; past it 414 uri_too_long
 MAX_HEADER_BYTES = 32_768  # every header line together; past it 431 headers_too_large
 MAX_HEADERS = 100  # header fields; past it 431 headers_too_large
@@ -68,6 +70,7 @@ class Limits:
     max_in_flight: int
     max_queued: int
     max_body_bytes: int
+    max_document_bytes: int
     body_timeout_s: float
     request_timeout_s: float
 
@@ -79,6 +82,7 @@ def environment(front: Front, limits: Limits) -> dict[str, str]:
         "BEAMSERVE_MAX_IN_FLIGHT": str(limits.max_in_flight),
         "BEAMSERVE_MAX_QUEUED": str(limits.max_queued),
         "BEAMSERVE_MAX_BODY_BYTES": str(limits.max_body_bytes),
+        "BEAMSERVE_MAX_DOCUMENT_BYTES": str(limits.max_document_bytes),
         "BEAMSERVE_BODY_TIMEOUT_S": str(limits.body_timeout_s),
         "BEAMSERVE_REQUEST_TIMEOUT_S": str(limits.request_timeout_s),
         "RAY_SERVE_LOG_TO_STDERR": "0",  # replicas log to their files, nothing through the driver
@@ -129,7 +133,9 @@ def limits_from_environment() -> Limits:
 
 
 def limits_of(s: Settings) -> Limits:
-    return Limits(s.max_in_flight, s.max_queued, s.max_body_bytes, s.body_timeout_s, s.request_timeout_s)
+    return Limits(
+        s.max_in_flight, s.max_queued, s.max_body_bytes, s.max_document_bytes, s.body_timeout_s, s.request_timeout_s
+    )
 
 
 # HAProxy log-format pieces: the request id as a JSON string's content, and the keys each API's
@@ -214,7 +220,15 @@ def _frontend(limits: Limits) -> str:
         "    http-request set-var(txn.detail_key) str(error) if { var(txn.api) -m str libretranslate }\n"
         + _http_return(400, "invalid_header", BAD_HEADER, " if { var(txn.bad_header) -m found }")
         + _head_limits()
-        + f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
+        + f"    acl beamserve_document path {' '.join(DOCUMENT_PATHS)}\n"
+        + _http_return(
+            413,
+            "body_too_large",
+            f"document over {limits.max_document_bytes} bytes",
+            f" if beamserve_document {{ req.hdr_val(content-length) gt {limits.max_document_bytes} }}",
+        )
+        + "    http-request deny deny_status 413 if !beamserve_document"
+        f" {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
         # A dead replica is not the client's 502: Serve starts another, so retry.
         "    http-after-response set-status 503 if { status 502 }\n"
         # The body before the request goes on (408 past body_timeout_s): a replica's slot is never held

@@ -135,8 +135,10 @@ class Ingress:
             return await self.inner(scope, receive, send)
         start = time.perf_counter()
         settings = self._configured()
-        limit, wait = settings.max_body_bytes, settings.body_timeout_s
         path: str = scope["path"]
+        limit, wait = settings.max_body_bytes, settings.body_timeout_s
+        if path in front.DOCUMENT_PATHS:
+            limit = settings.max_document_bytes
         rid = None
         declared = b"0"  # no Content-Length and not chunked: no body (HTTP/1.1)
         encoding = b"identity"

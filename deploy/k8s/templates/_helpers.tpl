@@ -49,6 +49,7 @@ through Ray's worker setup hook; then the values' env. */ -}}
 - {name: BEAMSERVE_MAX_IN_FLIGHT, value: {{ int $f.maxInFlight | quote }}}
 - {name: BEAMSERVE_MAX_QUEUED, value: {{ int $f.maxQueued | quote }}}
 - {name: BEAMSERVE_MAX_BODY_BYTES, value: {{ int $f.maxBodyBytes | quote }}}
+- {name: BEAMSERVE_MAX_DOCUMENT_BYTES, value: {{ int $f.maxDocumentBytes | quote }}}
 - {name: BEAMSERVE_BODY_TIMEOUT_S, value: {{ include "beamserve.float" $f.bodyTimeoutS | quote }}}
 - {name: BEAMSERVE_REQUEST_TIMEOUT_S, value: {{ include "beamserve.float" $f.requestTimeoutS | quote }}}
 - {name: RAY_SERVE_LOG_TO_STDERR, value: "0"}
@@ -84,7 +85,7 @@ deployment of its own with the options the shipped models have and models.deploy
 {{- $config := deepCopy $v.serve.config -}}
 {{- $app := index $config.applications 0 -}}
 {{- $f := $v.front -}}
-{{- $front := dict "max_in_flight" (int $f.maxInFlight) "max_queued" (int $f.maxQueued) "max_body_bytes" (int $f.maxBodyBytes) "body_timeout_s" (float64 $f.bodyTimeoutS) "request_timeout_s" (float64 $f.requestTimeoutS) -}}
+{{- $front := dict "max_in_flight" (int $f.maxInFlight) "max_queued" (int $f.maxQueued) "max_body_bytes" (int $f.maxBodyBytes) "max_document_bytes" (int $f.maxDocumentBytes) "body_timeout_s" (float64 $f.bodyTimeoutS) "request_timeout_s" (float64 $f.requestTimeoutS) -}}
 {{- $args := mergeOverwrite (deepCopy $app.args) $front (deepCopy ($v.serve.args | default dict)) -}}
 {{- if $v.models.registry -}}
 {{- $_ := unset $args "models" -}}
