@@ -17,13 +17,13 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 WAIT_S = 30.0
 
 
-def chromium() -> Iterator[WebDriver]:
-    """The browser, quit after (tests/conftest.py's `browser` fixture)."""
+def chromium(*extra: str) -> Iterator[WebDriver]:
+    """The browser, quit after (tests/conftest.py's `browser` fixture); `extra`: more command-line switches."""
     binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
     assert binary and driver, "chromium and chromedriver are not installed: `make test` installs them (apt)"
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900", *extra):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, CSP refusals included
     b = webdriver.Chrome(options=options, service=Service(driver))

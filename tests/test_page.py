@@ -5,7 +5,11 @@ keyboard, and a phone's width. The API's page (`/docs`) shown from this server's
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,6 +20,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from .browser import by_id, console_errors, open_page, screenshot, type_text, until
+from .conftest import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -140,6 +145,77 @@ def test_a_file_is_translated_as_its_lines_are_and_offered_for_download(
     by_id(browser, "file-go").click()
     until(browser, lambda: "documents are .txt" in by_id(browser, "file-status").text, "the API's message")
     assert not by_id(browser, "file-link").is_displayed()
+
+
+@contextlib.contextmanager
+def tls_proxy(server: str, prefix: str, tmp_path: Path) -> Iterator[str]:
+    """HAProxy (the binary Serve runs) terminating TLS with a self-signed certificate on 127.0.0.1 and
+    forwarding `prefix`/... to the server as /..., as an ingress under a path prefix does; its address."""
+    from ray.serve._private.haproxy import get_haproxy_binary
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    (tmp_path / "both.pem").write_bytes(cert.read_bytes() + key.read_bytes())
+    port, backend = free_port(), server.removeprefix("http://")
+    (tmp_path / "proxy.cfg").write_text(
+        "defaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n"
+        f"frontend tls\n  bind 127.0.0.1:{port} ssl crt {tmp_path / 'both.pem'}\n"
+        f"  http-request redirect location {prefix}/ code 301 if {{ path {prefix} }}\n"
+        "  http-request set-header X-Forwarded-Proto https\n"
+        f"  http-request replace-path ^{prefix}(/.*)$ \\1\n"
+        "  default_backend app\n"
+        f"backend app\n  server gateway {backend}\n"
+    )
+    proc = subprocess.Popen([get_haproxy_binary(), "-db", "-f", str(tmp_path / "proxy.cfg")], stderr=subprocess.PIPE)
+    try:
+        url = f"https://127.0.0.1:{port}{prefix}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", verify=False, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the TLS proxy did not come up"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_page_works_behind_tls_under_a_path_prefix(server: str, tmp_path: Path) -> None:
+    """Behind an https reverse proxy at /mt: the page loads its files and languages, translates as typed,
+    and its download link, fetched by the browser through the proxy, is the translated file."""
+    from .browser import chromium
+
+    text = "A dog is running in the snow.\n"
+    (tmp_path / "notes.txt").write_text(text)
+    expected = api(server)["text"]
+    with tls_proxy(server, "/mt", tmp_path) as url, contextlib.closing(chromium("--ignore-certificate-errors")) as gen:
+        b = next(gen)
+        open_page(b, url)
+        Select(by_id(b, "target")).select_by_value("de")
+        type_text(b, TEXT)
+        until(b, lambda: by_id(b, "translation").get_attribute("value") == expected, "the translation")
+        Select(by_id(b, "source")).select_by_value("en")
+        by_id(b, "file").send_keys(str(tmp_path / "notes.txt"))
+        by_id(b, "file-go").click()
+        until(b, lambda: by_id(b, "file-link").is_displayed(), "the download link")
+        link = str(by_id(b, "file-link").get_attribute("href"))
+        assert link.startswith(f"{url}/download_file/"), link
+        fetched = b.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "fetch(arguments[0]).then(async (r) => done([r.status, await r.text()]), (e) => done([0, String(e)]));",
+            link,
+        )
+        assert fetched[0] == 200 and fetched[1].strip() and fetched[1] != text, fetched
+        assert console_errors(b) == []
 
 
 def test_swap_without_a_model_back_says_so(browser: WebDriver, server: str) -> None:

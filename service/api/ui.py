@@ -1,5 +1,6 @@
-"""The translation page at `/` (service/api/ui/: one HTML file, its script and its style, shipped with the
-package): served as they are, with headers that keep the page to this server's own resources."""
+"""The translation page at `/` (service/api/ui/: one HTML file, its script, its style and its icon, shipped
+with the package): served as they are, with headers that keep the page to this server's own resources. The
+page names them and the API relative to itself, so it works under a reverse proxy's path prefix."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import Response
 
 from service.errors import ApiError
 
-FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css", "icon.svg": "image/svg+xml"}
 # Scripts and styles from this server alone, no frames, no guessing of types: the page shows what the
 # API answers as text, and a policy keeps it that way should a text ever reach markup.
 HEADERS = {

@@ -60,7 +60,7 @@ async function translate() {
   if ($("api-key").value) headers.authorization = `Bearer ${$("api-key").value}`;
   $("go").disabled = true;
   try {
-    const r = await fetch("/v1/translate", { method: "POST", headers, body: JSON.stringify(body) });
+    const r = await fetch("v1/translate", { method: "POST", headers, body: JSON.stringify(body) });
     const answer = await r.json().catch(() => null);
     if (mine !== sent) return;
     if (!r.ok) {
@@ -124,13 +124,16 @@ async function translateFile() {
   $("file-go").disabled = true;
   $("file-status").textContent = `Translating ${file.name}...`;
   try {
-    const r = await fetch("/translate_file", { method: "POST", body: form });
+    const r = await fetch("translate_file", { method: "POST", body: form });
     const answer = await r.json().catch(() => null);
     if (!r.ok) {
       $("file-status").textContent = (answer && answer.error) || `the server answered ${r.status}`;
       return;
     }
-    $("file-link").href = answer.translatedFileUrl;
+    // The download relative to this page: the server's own address for it (public_url) may not be the
+    // one this browser reached it by (a reverse proxy, TLS, a path prefix).
+    const url = answer.translatedFileUrl;
+    $("file-link").href = url.slice(url.indexOf("download_file/"));
     $("file-link").download = file.name;
     $("file-link").hidden = false;
     $("file-status").textContent = `${file.name} is translated.`;
@@ -143,8 +146,8 @@ async function translateFile() {
 
 async function start() {
   const [languages, settings] = await Promise.all([
-    fetch("/languages").then((r) => r.json()),
-    fetch("/frontend/settings").then((r) => r.json()),
+    fetch("languages").then((r) => r.json()),
+    fetch("frontend/settings").then((r) => r.json()),
   ]);
   for (const l of languages) {
     names[l.code] = l.name;
@@ -176,7 +179,7 @@ async function start() {
 
 // The about line: each model's licence as its card names it, and a warning where it forbids commercial use.
 async function about() {
-  const { models } = await fetch("/v1/models").then((r) => r.json());
+  const { models } = await fetch("v1/models").then((r) => r.json());
   const byLicence = {};
   for (const m of models) {
     if (!m.license) continue;
