@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
-from service.text.sentences import _BOUNDARY, _MAY_CUT, join_sentences, join_translations, split_sentences
+from service.text.sentences import (
+    _BOUNDARY,
+    _MAY_CUT,
+    MAX_UNMARKED,
+    join_sentences,
+    join_translations,
+    split_sentences,
+)
 
 from .conftest import read_lines
 
@@ -75,6 +83,20 @@ CASES: list[tuple[str, str, list[str]]] = [
     ("ja", "今日は晴れです。明日は雨です。", ["今日は晴れです。", "明日は雨です。"]),
     ("zh", "我爱你。你爱我吗？我不知道！", ["我爱你。", "你爱我吗？", "我不知道！"]),
     ("ja", "「行こう。」彼は言った。", ["「行こう。」", "彼は言った。"]),
+    # Other scripts' sentence terminals (and their full stops): each split as a reader of the language would.
+    ("hi", "मैं घर जा रहा हूँ। बारिश हो रही है। तुम कहाँ हो?", ["मैं घर जा रहा हूँ।", "बारिश हो रही है।", "तुम कहाँ हो?"]),
+    ("mr", "मी घरी जातो। पाऊस पडत आहे।", ["मी घरी जातो।", "पाऊस पडत आहे।"]),
+    ("bn", "আমি বাড়ি যাচ্ছি। বৃষ্টি হচ্ছে।", ["আমি বাড়ি যাচ্ছি।", "বৃষ্টি হচ্ছে।"]),
+    ("ar", "هل أنت بخير؟ أنا بخير. شكرا لك.", ["هل أنت بخير؟", "أنا بخير.", "شكرا لك."]),
+    ("ur", "میں گھر جا رہا ہوں۔ بارش ہو رہی ہے۔", ["میں گھر جا رہا ہوں۔", "بارش ہو رہی ہے۔"]),
+    ("fa", "من به خانه می‌روم. باران می‌بارد؟ بله.", ["من به خانه می‌روم.", "باران می‌بارد؟", "بله."]),
+    ("hy", "Ես գնում եմ տուն։ Անձրև է գալիս։", ["Ես գնում եմ տուն։", "Անձրև է գալիս։"]),
+    ("am", "ወደ ቤት እሄዳለሁ። ዝናብ እየዘነበ ነው።", ["ወደ ቤት እሄዳለሁ።", "ዝናብ እየዘነበ ነው።"]),
+    ("my", "ကျွန်တော် စာဖတ်တယ်၊ ပြီးတော့ အိပ်တယ်။ မိုးရွာနေတယ်။", ["ကျွန်တော် စာဖတ်တယ်၊ ပြီးတော့ အိပ်တယ်။", "မိုးရွာနေတယ်။"]),
+    ("km", "ខ្ញុំទៅផ្ទះ។ភ្លៀងកំពុងធ្លាក់។", ["ខ្ញុំទៅផ្ទះ។", "ភ្លៀងកំពុងធ្លាក់។"]),
+    ("ru", "Я иду домой. Идёт дождь. Где ты?", ["Я иду домой.", "Идёт дождь.", "Где ты?"]),
+    ("el", "Πάω σπίτι. Βρέχει.", ["Πάω σπίτι.", "Βρέχει."]),
+    ("he", "אני הולך הביתה. יורד גשם.", ["אני הולך הביתה.", "יורד גשם."]),
 ]
 
 
@@ -145,6 +167,31 @@ def test_split_then_join_is_the_identity_on_random_text() -> None:
         got, separators = split_sentences(text, rng.choice(["en", "de", "fr", ""]))
         assert join_sentences(got, separators) == text, repr(text)
         assert all(g.strip() for g in got) or len(got) == 1, repr(text)  # no empty sentence between two cuts
+
+
+def test_the_stops_are_unicode_s_sentence_terminals() -> None:
+    """LATIN_STOPS, CJK_STOPS and OTHER_STOPS together are the Sentence_Terminal characters of the `regex`
+    package's Unicode, less the two left out on purpose (a new Unicode adds to them: update the lists)."""
+    import regex
+
+    from service.text import sentences
+
+    def chars(cls: str) -> set[str]:
+        return {chr(c) for c in range(0x110000) if re.fullmatch(f"[{cls}]", chr(c))}
+
+    terminals = {chr(c) for c in range(0x110000) if regex.fullmatch(r"\p{Sentence_Terminal}", chr(c))}
+    ours = chars(sentences.LATIN_STOPS) | chars(sentences.CJK_STOPS) | chars(sentences.OTHER_STOPS)
+    assert ours == terminals - {"\u104a", "\u2024"} | {"\u2026"}  # the ellipsis ends a sentence too
+
+
+def test_a_long_run_of_thai_is_cut_at_spaces_within_the_bound() -> None:
+    thai = "วันนี้อากาศดีมาก เราไปเที่ยวทะเลกัน เด็กๆ เล่นน้ำอย่างสนุกสนาน ส่วนผู้ใหญ่นั่งพักใต้ต้นไม้ "
+    text = (thai * 6).strip()
+    got, separators = split_sentences(text, "th")
+    assert len(got) > 1 and all(len(g) <= MAX_UNMARKED for g in got), [len(g) for g in got]
+    assert set(separators) == {" "} and join_sentences(got, separators) == text
+    short = "วันนี้อากาศดีมาก เราไปเที่ยวทะเลกัน"
+    assert split_sentences(short, "th") == ([short], [])  # under the bound: whole
 
 
 def test_a_text_without_a_possible_cut_has_no_boundary() -> None:

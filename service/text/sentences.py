@@ -10,7 +10,12 @@ pieces. A boundary is
   z. B.), or a number of up to three digits (an ordinal or a list marker: "am 3. Mai", "1. Open
   it"), an initial or an abbreviation that may end a sentence (J., U.S., p.m., etc.) and the next
   word is not one that starts sentences ("... the U.S. Next year" splits, "the U.S. Army" does not);
-- a CJK full stop, exclamation or question mark (。！？), with or without whitespace after it.
+- a CJK full stop, exclamation or question mark (。！？ and their half-width and vertical forms), or
+  any other script's sentence terminal (Unicode's Sentence_Terminal: the Devanagari danda ।, Arabic
+  ؟ and ۔, Armenian ։, Ethiopic ።, Myanmar ။, Khmer ។, ...), with or without whitespace after it;
+- in a run of Thai or Lao, which mark no sentence end, a space before MAX_UNMARKED characters have
+  gone by without a boundary (a dictionary-free bound: the models take sentences, and a paragraph as
+  one sentence loses all but its first).
 
 Per source language (en, de, fr; others get the union of their lists). One pass over the text: each
 candidate looks back at most LOOKBACK characters, so splitting is linear in the text's length.
@@ -23,6 +28,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 LOOKBACK = 48  # characters looked back from a full stop for the word it ends
+MAX_UNMARKED = 200  # characters of Thai or Lao between cuts at spaces
 
 # Words a full stop after which never ends a sentence: titles and words that precede what they name.
 _NEVER_END = {
@@ -61,14 +67,33 @@ NEVER_END, MAY_END, STARTERS = _words(_NEVER_END), _words(_MAY_END), _words(_STA
 CLOSERS = "\"'\u201d\u2019\u201c\u2018\u00bb\u203a)]"
 OPENERS = "\"'\u201c\u201e\u2018\u00ab([\u00bf\u00a1"  # opening ones before a sentence's first letter
 _C, _O = re.escape(CLOSERS), re.escape(OPENERS)
+# The ends of sentences (Unicode 17's Sentence_Terminal; tests/test_sentences.py holds them to the `regex`
+# package's list): those of Latin script, whose end is read with the next word; CJK's; and every other
+# script's, which end a sentence whatever follows. Not the Myanmar little section (U+104A, a comma in
+# use) nor the one-dot leader (U+2024).
+LATIN_STOPS = ".!?\u2026\u203c\u203d\u2047-\u2049"
+CJK_STOPS = "\u3002\uff01\uff1f\uff61\uff0e\ufe12\ufe15\ufe16\ufe52\ufe56\ufe57"
+OTHER_STOPS = (
+    "\u0589\u061d-\u061f\u06d4\u0700-\u0702\u07f9\u0837\u0839\u083d\u083e\u0964\u0965\u104b\u1362\u1367\u1368"
+    "\u166e\u1735\u1736\u17d4\u17d5\u1803\u1809\u1944\u1945\u1aa8-\u1aab\u1b4e\u1b4f\u1b5a\u1b5b\u1b5e\u1b5f"
+    "\u1b7d-\u1b7f\u1c3b\u1c3c\u1c7e\u1c7f\u2cf9-\u2cfb\u2e2e\u2e3c\u2e53\u2e54\u2e60\u2e61\ua4ff\ua60e\ua60f"
+    "\ua6f3\ua6f7\ua876\ua877\ua8ce\ua8cf\ua92f\ua9c8\ua9c9\uaa5d-\uaa5f\uaaf0\uaaf1\uabeb\U00010a56\U00010a57"
+    "\U00010f55-\U00010f59\U00010f86-\U00010f89\U00011047\U00011048\U000110be-\U000110c1\U00011141-\U00011143"
+    "\U000111c5\U000111c6\U000111cd\U000111de\U000111df\U00011238\U00011239\U0001123b\U0001123c\U000112a9"
+    "\U000113d4\U000113d5\U0001144b\U0001144c\U000115c2\U000115c3\U000115c9-\U000115d7\U00011641\U00011642"
+    "\U0001173c-\U0001173e\U00011944\U00011946\U00011a42\U00011a43\U00011a9b\U00011a9c\U00011c41\U00011c42"
+    "\U00011ef7\U00011ef8\U00011f43\U00011f44\U00016a6e\U00016a6f\U00016af5\U00016b37\U00016b38\U00016b44"
+    "\U00016d6e\U00016d6f\U00016e98\U0001bc9f\U0001da88"
+)
 _BOUNDARY = re.compile(
     # French sets a space before ! ? and a closing guillemet: "Viens ! » Elle".
-    rf"(?P<stop>[.!?\u2026]+)(?:[^\S\n]?[{_C}])*(?P<ws>\s+)(?=[{_O}]*(?P<next>\w+))"
-    rf"|(?P<cjk>[\u3002\uff01\uff1f]+[\u300d\u300f{_C}\uff09]*)(?P<cjk_ws>[^\S\n]*)(?=\S)"
+    rf"(?P<stop>[{LATIN_STOPS}]+)(?:[^\S\n]?[{_C}])*(?P<ws>\s+)(?=[{_O}]*(?P<next>\w+))"
+    rf"|(?P<cjk>[{CJK_STOPS}{OTHER_STOPS}]+[\u300d\u300f{_C}\uff09]*)(?P<cjk_ws>[^\S\n]*)(?=\S)"
     r"|(?P<line>[^\S\n]*\n\s*)"
 )
 # Every boundary starts with one of these before the body's last character: a body without one is a sentence.
-_MAY_CUT = re.compile(r"[.!?\u2026\u3002\uff01\uff1f\n]")
+_MAY_CUT = re.compile(rf"[{LATIN_STOPS}{CJK_STOPS}{OTHER_STOPS}\n]")
+_UNMARKED = re.compile(r"[\u0e01-\u0e5b\u0e81-\u0edf]")  # Thai and Lao letters
 _NUMBER = re.compile(r"[\d.,]*\d")
 _DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]?")  # U.S, e.g, p.m, E.S.E
 
@@ -81,7 +106,7 @@ def split_sentences(text: str, lang: str = "") -> tuple[list[str], list[str]]:
     whitespace stay on its first and last sentences (a tokenizer ignores them).
     """
     body = text.strip()
-    if _MAY_CUT.search(body, 0, len(body) - 1) is None:
+    if _MAY_CUT.search(body, 0, len(body) - 1) is None and not _long_unmarked(body):
         return [text], []
     lang = lang if lang in STARTERS else ""
     sentences, separators, start = [], [], 0
@@ -96,14 +121,38 @@ def split_sentences(text: str, lang: str = "") -> tuple[list[str], list[str]]:
             continue
         if end <= start:  # nothing since the last cut (a line break right after a full stop)
             continue
-        sentences.append(body[start:end])
+        _append(sentences, separators, body[start:end])
         separators.append(body[end:nxt])
         start = nxt
-    sentences.append(body[start:])
+    _append(sentences, separators, body[start:])
     lead = text[: len(text) - len(text.lstrip())]
     sentences[0] = lead + sentences[0]
     sentences[-1] += text[len(lead) + len(body) :]
     return sentences, separators
+
+
+def _long_unmarked(sentence: str) -> bool:
+    return len(sentence) > MAX_UNMARKED and _UNMARKED.search(sentence) is not None
+
+
+def _append(sentences: list[str], separators: list[str], sentence: str) -> None:
+    """`sentence` added, in pieces cut at spaces where it is a long run of a script without sentence marks
+    (each piece at most MAX_UNMARKED characters where a space allows)."""
+    while _long_unmarked(sentence):
+        cut = sentence.rfind(" ", 1, MAX_UNMARKED + 1)
+        if cut <= 0:
+            cut = sentence.find(" ", MAX_UNMARKED)
+            if cut <= 0:
+                break
+        end = cut
+        while end < len(sentence) and sentence[end] == " ":
+            end += 1
+        if end >= len(sentence):
+            break
+        sentences.append(sentence[:cut])
+        separators.append(sentence[cut:end])
+        sentence = sentence[end:]
+    sentences.append(sentence)
 
 
 def _ends_sentence(body: str, m: re.Match[str], lang: str) -> bool:
