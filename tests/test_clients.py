@@ -69,6 +69,9 @@ def test_a_long_text_of_unsure_language_is_not_answered_as_already_in_the_target
     assert "name its source language" in r.json()["detail"]
     named = client.post("/v1/translate", json={"texts": [mixed], "source": "en", "target": "de"})
     assert named.status_code == 200
+    # A short text the same: "Hotel" is German at 76% among en, de, fr; sent to German it is not echoed.
+    r = client.post("/translate", json={"q": "Hotel", "source": "auto", "target": "de"})
+    assert r.status_code == 400 and "may be in German (de, detected at 76%)" in r.json()["error"], r.text
 
 
 def test_mastodon_s_request_without_a_language(client: httpx.Client) -> None:

@@ -68,8 +68,11 @@ def test_a_short_text_in_another_script_is_named_and_a_short_latin_one_keeps_the
     assert (short.language, short.served) == ("de", True)
 
 
-def test_a_long_text_ranked_unsure_is_marked_ambiguous() -> None:
+def test_a_text_ranked_unsure_is_marked_ambiguous_short_or_long() -> None:
     detector = LanguageDetector(["en", "de", "fr"])
-    mixed, german = detector.detect(["Ein Mann und a woman sind in the park.", "Ein Mann und eine Frau sind im Park."])
+    texts = ["Ein Mann und a woman sind in the park.", "Ein Mann und eine Frau sind im Park.", "Hotel", "Bonjour"]
+    mixed, german, hotel, hello = detector.detect(texts)
     assert (mixed.language, mixed.ambiguous) == ("de", True) and mixed.confidence < 0.9
     assert (german.language, german.ambiguous) == ("de", False)
+    assert (hotel.language, hotel.ambiguous) == ("de", True)  # a word of every language: not sure enough to echo
+    assert (hello.language, hello.ambiguous) == ("fr", False) and hello.confidence >= 0.9

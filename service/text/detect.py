@@ -33,7 +33,7 @@ _LETTER = re.compile(r"[^\W\d_]")  # a letter of any script: what identification
 MIN_WORDS = 5
 SERVED_MASS_MAX = 0.02
 SHORT_MASS_MAX = 0.001
-ECHO_MIN = 0.9  # a text of MIN_WORDS or more ranked at least this sure is answered as already in the target
+ECHO_MIN = 0.9  # a text ranked at least this sure is answered as already in the target (under it, 400 ambiguous)
 NO_LANGUAGE = "zxx"  # the identifier's label for text with no linguistic content
 
 
@@ -42,7 +42,7 @@ class Detected:
     language: str  # ISO 639-1 code (639-3 for languages without one)
     confidence: float  # 0-1, the identifier's probability among the candidates; 0 for no evidence
     served: bool = True  # False: identified among every language as one that no model serves
-    ambiguous: bool = False  # long enough to be sure of, yet ranked under ECHO_MIN among the served languages
+    ambiguous: bool = False  # ranked under ECHO_MIN among the served languages: not sure enough to echo
 
 
 class LanguageDetector:
@@ -80,7 +80,7 @@ class LanguageDetector:
         if mass == 0:  # no linguistic content, and nothing of any served language
             return [Detected(code, 0.0) for code in self.languages]
         ranks = [Detected(code, round(p / mass, 4)) for code, p in served]
-        if long and ranks[0].confidence < ECHO_MIN:
+        if ranks[0].confidence < ECHO_MIN:  # short texts most of all: "Hola amigos" ranks English at 0.39
             ranks[0] = replace(ranks[0], ambiguous=True)
         return ranks
 
