@@ -32,6 +32,15 @@ $(VENV)/bin/promtool: | $(VENV)/.installed
 	cp $(VENV)/promdeb/root/usr/bin/promtool $@
 	rm -rf $(VENV)/promdeb
 
+# axe-core (Deque's accessibility checker) for the page's accessibility test (tests/test_page.py): its one
+# file from npm, beside the virtual environment's packages; the test injects it into the page.
+AXE_VERSION := 4.14.1
+$(VENV)/axe/axe.min.js: | $(VENV)/.installed
+	rm -rf $(VENV)/axe-npm && mkdir -p $(VENV)/axe
+	npm install --silent --no-audit --no-fund --prefix $(VENV)/axe-npm axe-core@$(AXE_VERSION)
+	cp $(VENV)/axe-npm/node_modules/axe-core/axe.min.js $@
+	rm -rf $(VENV)/axe-npm
+
 # Debian's packages, from the package lists as they are, or after an update where they are missing.
 apt_install = { apt-get install -y -q --no-install-recommends $(1) || \
   { apt-get update -q && apt-get install -y -q --no-install-recommends $(1); }; }
@@ -57,7 +66,7 @@ CODE := model service tests loadtests
 TEST_WORKERS ?= 2
 # The tests' install builds the C kernels or fails (setup.py): a test run never measures the fallback unnoticed.
 test: export BEAMSERVE_REQUIRE_KERNELS = 1
-test: lint $(VENV)/bin/promtool chromium clang
+test: lint $(VENV)/bin/promtool $(VENV)/axe/axe.min.js chromium clang
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -ra -n $(TEST_WORKERS) -m "not alone"
 	$(PY) -m pytest -q -ra -m alone
 

@@ -20,7 +20,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from .browser import by_id, console_errors, open_page, screenshot, type_text, until
-from .conftest import free_port
+from .conftest import REPO, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -216,6 +216,34 @@ def test_the_page_works_behind_tls_under_a_path_prefix(server: str, tmp_path: Pa
         )
         assert fetched[0] == 200 and fetched[1].strip() and fetched[1] != text, fetched
         assert console_errors(b) == []
+
+
+# Deque's axe-core (npm), put beside the virtual environment by `make test`; injected into the page by the test.
+AXE = REPO / ".venv" / "axe" / "axe.min.js"
+
+
+def test_axe_finds_nothing_serious_on_the_page_with_a_right_to_left_result(browser: WebDriver, server: str) -> None:
+    assert AXE.is_file(), f"{AXE} is missing: `make test` installs axe-core from npm"
+    open_page(browser, server)
+    Select(by_id(browser, "target")).select_by_value("de")
+    type_text(browser, TEXT)
+    until(browser, lambda: by_id(browser, "translation").get_attribute("value"), "the translation")
+    assert by_id(browser, "translation").get_attribute("lang") == "de"
+    assert by_id(browser, "translation").get_attribute("dir") == "ltr"
+    browser.execute_script(AXE.read_text(encoding="utf-8"))
+    found = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "axe.run(document, {resultTypes: ['violations']}).then((r) => done(r.violations.map("
+        "(v) => [v.id, v.impact, v.nodes.map((n) => n.target.join(' ')).join('; ')])));"
+    )
+    serious = [v for v in found if v[1] in ("serious", "critical")]
+    assert serious == [], serious
+    # An Arabic result (as an NLLB entry answers one) is laid out right to left, and announced.
+    browser.execute_script("show('مرحبا بكم في بيتنا', 'ar')")
+    out = by_id(browser, "translation")
+    assert (out.get_attribute("lang"), out.get_attribute("dir")) == ("ar", "rtl")
+    assert browser.execute_script("return getComputedStyle(arguments[0]).direction", out) == "rtl"
+    assert by_id(browser, "announce").get_attribute("textContent") == "مرحبا بكم في بيتنا"
 
 
 def test_swap_without_a_model_back_says_so(browser: WebDriver, server: str) -> None:

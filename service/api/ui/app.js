@@ -68,7 +68,7 @@ async function translate() {
       return;
     }
     const [t] = answer.translations;
-    $("translation").value = t.text;
+    show(t.text, body.target);
     const found = t.detected_source;
     lastDetected = found ? found.language : "";
     $("detected").textContent = found ? `Detected: ${names[found.language] || found.language} (${Math.round(found.confidence * 100)}%)` : "";
@@ -84,6 +84,21 @@ async function translate() {
   } finally {
     if (mine === sent) $("go").disabled = false;
   }
+}
+
+// Languages written right to left, among those NLLB and OPUS-MT serve (the API's codes).
+const RTL = new Set(["ar", "arb", "arz", "ary", "acm", "apc", "ajp", "aeb", "ars", "acq", "fa", "pes", "prs", "he",
+  "ur", "yi", "ydd", "ps", "pbt", "sd", "ug", "dv", "ckb", "azb", "ks", "syr"]);
+
+// The translation in its language and direction, and said by a screen reader (a read-only field is not).
+function show(text, target) {
+  const code = target.split("-")[0];
+  for (const el of [$("translation"), $("announce")]) {
+    el.lang = target;
+    el.dir = RTL.has(code) ? "rtl" : "ltr";
+  }
+  $("translation").value = text;
+  $("announce").textContent = text;
 }
 
 function later() {
