@@ -11,10 +11,11 @@ from service.errors import ApiError
 def test_deepl_codes_options_and_defaults() -> None:
     body = {"text": "A dog.", "target_lang": "EN-GB", "source_lang": "DE", "split_sentences": 0}
     original, req = deepl.parse(body)
-    assert original.text == ["A dog."] and (req.source, req.target) == ("de", "en")
+    # The tags as DeepL's client sends them; the router reads them as served codes (service/text/language_tags.py).
+    assert original.text == ["A dog."] and (req.source, req.target) == ("de", "en-gb")
     assert req.split_sentences is False and req.tag_handling is None
     _, req = deepl.parse({"text": ["a", "b"], "target_lang": "pt-br", "tag_handling": "html", "ignore_tags": "x,y"})
-    assert req.source is None and req.target == "pt" and req.split_sentences is True
+    assert req.source is None and req.target == "pt-br" and req.split_sentences is True
     assert req.tag_handling == "html" and req.ignore_tags == ["x", "y"]
     assert [lang.language for lang in deepl.languages(["de-en", "en-pt"], "target")] == [
         "EN-GB",

@@ -89,8 +89,9 @@ class DeepLUsage(BaseModel):
 
 
 def code_of(deepl_code: str) -> str:
-    """beamserve's language code for DeepL's: EN-GB and EN-US are en, PT-BR is pt."""
-    return deepl_code.split("-")[0].strip().lower()
+    """DeepL's code as the router reads language tags (service/text/language_tags.py): EN-GB and EN-US
+    are en, PT-BR is pt, ZH-HANT Traditional Chinese (zt), not Simplified."""
+    return deepl_code.strip().lower()
 
 
 def deepl_codes(code: str, *, target: bool) -> list[str]:

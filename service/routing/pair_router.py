@@ -34,6 +34,7 @@ from service.text import glossary
 from service.text.glossary import Terms
 from service.text.html_render import alignments_wanted, rendered
 from service.text.html_text import HtmlDocument, Link, parse_documents
+from service.text.language_tags import served_code
 from service.text.protect import from_html, has_protected, to_html
 from service.text.sentences import join_translations, split_sentences
 
@@ -100,6 +101,7 @@ class PairRouter:
         """The request's texts grouped by source language (named, or detected per text), each group
         translated on its pair (with the glossary's terms when given), the answers in the texts' order.
         `pieces`: a sentence longer than the model takes is translated in pieces (a document's paragraph)."""
+        req = self.languages_of(req)
         markup = req.tag_handling == "html"
         detected, groups = await self.sources.group(req.source, req.target, req.texts, markup=markup)
         if len(groups) == 1:  # one source language: no task to gather
@@ -163,6 +165,16 @@ class PairRouter:
             for hs in out.nbest
         ]
         return translations, Usage(source_tokens=out.source_tokens, target_tokens=out.target_tokens), 0
+
+    def languages_of(self, req: TranslateRequest) -> TranslateRequest:
+        """The request with its languages as the served codes (`pt-BR` is `pt`, `zh-Hant` is `zt`):
+        service/text/language_tags.py."""
+        served = self.pairs.languages
+        source = served_code(req.source, served) if req.source is not None else None
+        target = served_code(req.target, served)
+        if (source, target) == (req.source, req.target):
+            return req
+        return req.model_copy(update={"source": source, "target": target})
 
     def _check(self, req: TranslateRequest) -> tuple[str, DecodeOptions]:
         """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""

@@ -109,7 +109,9 @@ def split_sentences(text: str, lang: str = "") -> tuple[list[str], list[str]]:
     if _MAY_CUT.search(body, 0, len(body) - 1) is None and not _long_unmarked(body):
         return [text], []
     lang = lang if lang in STARTERS else ""
-    sentences, separators, start = [], [], 0
+    sentences: list[str] = []
+    separators: list[str] = []
+    start = 0
     for m in _BOUNDARY.finditer(body):
         if m.group("line") is not None:
             end, nxt = m.span("line")
