@@ -6,19 +6,31 @@ DATA ?= ../shared/data/multi30k
 
 .PHONY: lock install chromium clang serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving bench-latency loadtest faults cluster-faults soak fuzz clean
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard model/kernels/csrc/*.c model/kernels/csrc/*.h)
+# install_extra(EXTRA): the virtual environment with beamserve and its EXTRA dependencies.
+define install_extra
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch first (it lies on disk here), so nothing pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	@# The rest by uv (one of the dev dependencies): the versions pip resolves, installed in a fifth of the time,
-	@# compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set nothing else writes it, and every
-	@# process, each of Ray's workers among them, would compile Ray's, FastAPI's and pydantic's sources as it
-	@# imports them (a `beamserve serve` start: 22 CPU-s against 61, loadtests/results/start.md).
+	@# The rest by uv (its pinned version, as the dev dependencies name it): the versions pip resolves,
+	@# installed in a fifth of the time, compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set
+	@# nothing else writes it, and every process, each of Ray's workers among them, would compile Ray's,
+	@# FastAPI's and pydantic's sources as it imports them (a `beamserve serve` start: 22 CPU-s against 61,
+	@# loadtests/results/start.md).
 	$(PIP) install -q $$(grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[dev]'
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[$(1)]'
 	@# The C kernels build only where there is a C compiler (setup.py); a quiet install would not say it failed.
 	@$(PY) -c "from model.kernels import native; print('beamserve C kernels:', native.in_use())"
+endef
+
+# Everything: serving, the tests, the benchmarks and the tools they use.
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard model/kernels/csrc/*.c model/kernels/csrc/*.h)
+	$(call install_extra,dev)
+	touch $@ $(VENV)/.serving
+
+# What serving needs and nothing else (`make serve` on a fresh machine): no test or benchmark tool.
+$(VENV)/.serving: pyproject.toml setup.py $(wildcard model/kernels/csrc/*.c model/kernels/csrc/*.h)
+	$(call install_extra,serve)
 	touch $@
 
 install: $(VENV)/.installed
@@ -55,7 +67,7 @@ chromium:
 clang:
 	command -v clang >/dev/null || $(call apt_install,clang)
 
-serve: install
+serve: $(VENV)/.serving
 	$(VENV)/bin/beamserve serve
 
 CODE := model service tests loadtests

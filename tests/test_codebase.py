@@ -249,3 +249,18 @@ def test_every_report_names_the_commit_it_measured() -> None:
     ]
     assert not dirty, f"reports of uncommitted code: {dirty}"
     assert not unnamed, f"reports that name no commit: {unnamed}"
+
+
+def test_make_serve_installs_what_serving_needs_and_no_test_or_benchmark_tool() -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    serving = {Requirement(s).name.lower() for s in project["dependencies"] + project["optional-dependencies"]["serve"]}
+    tools = {"pytest", "transformers", "ctranslate2", "locust", "selenium", "schemathesis", "matplotlib", "py-spy"}
+    assert not serving & tools, serving & tools
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\nserve: $(VENV)/.serving\n" in makefile
+    recipe = makefile.split("\n$(VENV)/.serving:", 1)[1].split("\n\n", 1)[0]
+    assert "$(call install_extra,serve)" in recipe
