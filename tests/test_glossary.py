@@ -417,6 +417,23 @@ def test_health_answers_at_once_while_a_key_s_largest_listing_runs(server: str) 
         asyncio.run(unseed(ids))
 
 
+def test_a_key_s_glossaries_page_oldest_first(client: httpx.Client) -> None:
+    body = {"source_lang": "EN", "target_lang": "DE", "entries": "bike\tVelo"}
+    made = [client.post("/v2/glossaries", json={**body, "name": f"page-{i}"}).json()["glossary_id"] for i in range(3)]
+    try:
+        every = [g["glossary_id"] for g in client.get("/v2/glossaries").json()["glossaries"]]
+        assert [g for g in every if g in made] == made  # oldest first, all of them without paging
+        at = every.index(made[0])
+        page = client.get("/v2/glossaries", params={"offset": at, "limit": 2}).json()["glossaries"]
+        rest = client.get("/v2/glossaries", params={"offset": at + 2, "limit": 2}).json()["glossaries"]
+        assert [g["glossary_id"] for g in page] == made[:2] and rest[0]["glossary_id"] == made[2]
+        bad = client.get("/v2/glossaries", params={"limit": 0})
+        assert bad.status_code == 400 and "limit" in bad.json()["message"], bad.text
+    finally:
+        for gid in made:
+            client.delete(f"/v2/glossaries/{gid}")
+
+
 def test_a_lone_surrogate_in_a_glossary_s_entries_name_or_inline_terms_is_a_named_400(client: httpx.Client) -> None:
     # JSON's "\ud800" escape reads as a lone surrogate: not valid Unicode, so neither storable nor comparable
     bodies = [

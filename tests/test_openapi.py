@@ -19,6 +19,8 @@ ALLOWED = {
     ("ST202", "unsupported_pair"): "a pair is a combination: the schema lists each side's served languages, "
     "not which combinations have a model (nor the language detected in a text)",
     ("ST202", "input_too_long"): "a text's tokens depend on the model's vocabulary; the schema bounds characters",
+    ("ST202", "ambiguous_source"): "a text without a source is refused when it may be in the target language, "
+    "which depends on what the text says, not on its type",
     ("ST202", "invalid_glossary"): "a glossary's entries are read from text (TSV, CSV lines) and its terms stripped: "
     "the schema types the text and the terms, not the lines in it or a term that is only spaces",
     ("ST202", "unsupported_document"): "a document's format is its name's extension and its bytes; the schema "

@@ -6,7 +6,7 @@ No `from __future__ import annotations` (service/api/http.py says why).
 
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.api import deepl
@@ -16,6 +16,7 @@ from service.api.route_base import DEEPL_ERRORS, DEEPL_TRANSLATE_ERRORS, RouteBa
 from service.errors import ApiError
 from service.schemas import DeepLError, errors
 from service.text import documents, glossary
+from service.text.glossary import MAX_GLOSSARIES
 from service.text.language_tags import served_code
 
 
@@ -76,10 +77,17 @@ class DeepLRoutes(RouteBase):
         key = str((await read_body(request, deepl.form_field)).get("document_key", ""))
         return download(*await self.documents.result(document_id, key, client.id))
 
-    @app.get("/v2/glossaries", responses=errors(DeepLError, 403, 503))
-    async def deepl_glossaries(self, request: Request) -> dict[str, Any]:
-        """DeepL-compatible: the calling key's glossaries, oldest first."""
-        return {"glossaries": await self.glossaries.listing(self._client(request).id)}
+    @app.get("/v2/glossaries", responses=errors(DeepLError, 400, 403, 503))
+    async def deepl_glossaries(
+        self,
+        request: Request,
+        offset: int = Query(0, ge=0, description="beamserve's: glossaries skipped, oldest first"),
+        limit: int = Query(MAX_GLOSSARIES, ge=1, le=MAX_GLOSSARIES, description="beamserve's: at most this many"),
+    ) -> dict[str, Any]:
+        """DeepL-compatible: the calling key's glossaries, oldest first (all of them, as DeepL's clients
+        expect; `offset` and `limit` page them)."""
+        listed = await self.glossaries.listing(self._client(request).id)
+        return {"glossaries": listed[offset : offset + limit]}
 
     @app.get("/v2/glossaries/{glossary_id}", responses=errors(DeepLError, 403, 404, 503))
     async def deepl_glossary(self, glossary_id: str, request: Request) -> dict[str, Any]:
