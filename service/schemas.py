@@ -134,6 +134,9 @@ class Translation(BaseModel):
     scores: list[float] | None = None
     detected_source: DetectedLanguage | None = None  # when the request named no source language
     pivot: str | None = None  # the language it went through, where no model translates the pair directly
+    # (0, 1]: the geometric mean of the model's token probabilities, its least sure sentence's for a text of
+    # several; a ranking of what to check (model/decode/confidence.py). None for a text answered as sent.
+    confidence: float | None = None
 
 
 class Usage(BaseModel):

@@ -96,6 +96,29 @@ def test_min_decoding_length_and_early_stopping_reach_the_search(client: httpx.C
     assert all(len(x.token_ids[0]) >= 8 for x in results)
 
 
+def test_each_translation_has_its_confidence_the_least_of_its_sentences(client: httpx.Client) -> None:
+    from model.decode.confidence import confidence
+
+    first, second = "A dog runs in the snow.", "Two men are playing soccer on a green field."
+    alone = [
+        client.post("/v1/translate", json={"texts": [t], "source": "en", "target": "de", "cache": False}).json()
+        for t in (first, second)
+    ]
+    sure = [a["translations"][0]["confidence"] for a in alone]
+    assert all(0 < c <= 1 for c in sure)
+    # One sentence: the geometric mean of its tokens' probabilities, from its score and length.
+    tokens = alone[0]["usage"]["target_tokens"]
+    assert sure[0] == pytest.approx(confidence(alone[0]["translations"][0]["score"], tokens, 1.0), abs=1e-4)
+    both = client.post("/v1/translate", json={"texts": [f"{first} {second}"], "source": "en", "target": "de"}).json()
+    assert both["translations"][0]["confidence"] == min(sure)  # the sentence to check decides
+    again = client.post("/v1/translate", json={"texts": [f"{first} {second}"], "source": "en", "target": "de"})
+    assert again.json()["translations"][0]["confidence"] == min(sure)  # from the cache, the same
+    html = {"texts": [f"<p>{first}</p>"], "source": "en", "target": "de", "tag_handling": "html"}
+    assert client.post("/v1/translate", json=html).json()["translations"][0]["confidence"] == sure[0]
+    echoed = client.post("/v1/translate", json={"texts": ["Ein Hund läuft durch den Schnee."], "target": "de"})
+    assert echoed.json()["translations"][0]["confidence"] is None  # answered as sent: no model's
+
+
 def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
     models = client.get("/v1/models").json()["models"]
     assert {m["name"] for m in models} == {"en-de", "en-fr"} and all(m["ready"] for m in models)

@@ -29,3 +29,4 @@ class Translated:
     source_tokens: int
     target_tokens: int
     pivot: dict[str, str] = field(default_factory=dict)
+    confidence: list[float] = field(default_factory=list)  # each one's best hypothesis's (model/decode/confidence.py)

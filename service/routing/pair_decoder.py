@@ -9,6 +9,7 @@ import asyncio
 import time
 from dataclasses import replace
 
+from model.decode.confidence import confidence
 from model.options import DecodeOptions
 from service import request_log
 from service.engine.answers import Translated
@@ -52,7 +53,10 @@ class PairDecoder:
             middle = [nbest[0][0] for nbest in there.nbest]
             left = max(0.1, deadline - time.monotonic())
             out = await self.decode(second, middle, opts, left, cache=cache, pieces=pieces)
-            return replace(out, source_tokens=there.source_tokens, pivot=dict(zip(sentences, middle, strict=True)))
+            sure = [a * b for a, b in zip(there.confidence, out.confidence, strict=True)]  # both legs' tokens
+            return replace(
+                out, source_tokens=there.source_tokens, pivot=dict(zip(sentences, middle, strict=True)), confidence=sure
+            )
         store = self.cache if cache and self.cache.enabled else None
         digest = await self._digest(pair) if store is not None else ""
         found: dict[str, Entry] = {}
@@ -82,6 +86,7 @@ class PairDecoder:
             nbest=[e.nbest for e in entries],
             source_tokens=sum(e.source_tokens for e in entries),
             target_tokens=sum(e.target_tokens for e in entries),
+            confidence=[confidence(e.nbest[0][1], e.target_tokens, opts.length_penalty) for e in entries],
         )
 
     async def align(self, pair: str, wanted: list[tuple[str, str]], pivot: dict[str, str], timeout: float) -> Links:

@@ -73,6 +73,16 @@ def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
     return [out[i] for i in range(len(out))]
 
 
+def weakest(confidence: list[float], counts: list[int]) -> list[float]:
+    """Each text's confidence, its sentences' `counts[i]` in a row: the least of theirs (the sentence to check
+    decides); 1.0 for a text with none."""
+    out, at = [], 0
+    for n in counts:
+        out.append(min(confidence[at : at + n], default=1.0))
+        at += n
+    return out
+
+
 class PairRouter:
     """Translates texts on the pair deployments: the machinery under the Gateway's routes."""
 
@@ -136,7 +146,7 @@ class PairRouter:
                 raise ApiError("unsupported_pair", f"no model for {source} -> {source}; {self.pairs.listed()}")
             self.checks.texts(texts)
             n = self.checks.options(req).num_hypotheses
-            same = [Translation(text=t, score=0.0, hypotheses=[t] if n > 1 else None) for t in texts]
+            same = [Translation(text=t, score=0.0, hypotheses=[t] if n > 1 else None, confidence=None) for t in texts]
             return same, Usage(source_tokens=0, target_tokens=0), sum(map(len, texts))
         if len(texts) != len(req.texts) or source != req.source:  # a group of a detected language
             req = req.model_copy(update={"texts": texts, "source": source})
@@ -161,8 +171,9 @@ class PairRouter:
                 scores=[h[1] for h in hs] if n > 1 else None,
                 detected_source=None,
                 pivot=pivot,
+                confidence=round(sure, 4),
             )
-            for hs in out.nbest
+            for hs, sure in zip(out.nbest, out.confidence, strict=True)
         ]
         return translations, Usage(source_tokens=out.source_tokens, target_tokens=out.target_tokens), 0
 
@@ -217,7 +228,7 @@ class PairRouter:
         if ask.terms is None and not any(has_protected(t) for t in texts):
             out, pieces, per_text = await self._sentences(ask, texts)
             joined = [join_translations(h, seps) for h, (_, seps) in zip(per_text, pieces, strict=True)]
-            return replace(out, nbest=joined)
+            return replace(out, nbest=joined, confidence=weakest(out.confidence, [len(s) for s, _ in pieces]))
         docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
         out, renders = await self._html(ask, docs)
         return replace(out, nbest=[[(from_html(text), score) for text, score in ranks] for ranks in renders])
@@ -258,4 +269,7 @@ class PairRouter:
         if wanted:  # the alignment gets what is left of the request's time
             left = max(0.1, deadline - time.monotonic())
             links = cast(list[list[Link]], await self.decoder.align(ask.pair, wanted, out.pivot, left))
+        runs = iter(len(sents) for sents, _ in pieces)  # each document's sentences: those of its runs
+        per_doc = [sum(next(runs) for _ in doc.texts) for doc in docs]
+        out = replace(out, confidence=weakest(out.confidence, per_doc))
         return out, rendered(docs, pieces, per_run, dict(zip(wanted, links, strict=True)), n)
