@@ -6,6 +6,7 @@ keyboard, and a phone's width. The API's page (`/docs`) shown from this server's
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import subprocess
 import time
@@ -78,6 +79,8 @@ def test_typing_translates_as_the_api_does_and_shows_the_language_detected(brows
     expected = api(server)
     until(browser, lambda: by_id(browser, "translation").get_attribute("value") == expected["text"], "the translation")
     assert "English" in by_id(browser, "detected").text
+    percent = math.floor(float(expected["confidence"]) * 100 + 0.5)  # type: ignore[arg-type]  # as Math.round
+    assert by_id(browser, "confidence").text.startswith(f"Model confidence: {percent}%")
     assert by_id(browser, "count").text == f"{len(TEXT)} / 2000 characters"
     screenshot(browser, "page.png")
 

@@ -69,6 +69,7 @@ async function translate() {
     }
     const [t] = answer.translations;
     show(t.text, body.target);
+    sureness(t.confidence);
     const found = t.detected_source;
     lastDetected = found ? found.language : "";
     $("detected").textContent = found ? `Detected: ${names[found.language] || found.language} (${Math.round(found.confidence * 100)}%)` : "";
@@ -99,6 +100,17 @@ function show(text, target) {
   }
   $("translation").value = text;
   $("announce").textContent = text;
+}
+
+// The model's confidence in the translation (the geometric mean of its tokens' probabilities); under
+// LOW_CONFIDENCE the translation is worth checking (docs/benchmarks.md#confidence).
+const LOW_CONFIDENCE = 0.6;
+function sureness(confidence) {
+  const known = typeof confidence === "number";
+  $("confidence").textContent = known
+    ? `Model confidence: ${Math.round(confidence * 100)}%${confidence < LOW_CONFIDENCE ? " (low: worth checking)" : ""}`
+    : "";
+  $("confidence").classList.toggle("low", known && confidence < LOW_CONFIDENCE);
 }
 
 function later() {
