@@ -117,6 +117,10 @@ def test_each_translation_has_its_confidence_the_least_of_its_sentences(client: 
     assert client.post("/v1/translate", json=html).json()["translations"][0]["confidence"] == sure[0]
     echoed = client.post("/v1/translate", json={"texts": ["Ein Hund läuft durch den Schnee."], "target": "de"})
     assert echoed.json()["translations"][0]["confidence"] is None  # answered as sent: no model's
+    # The compatible APIs answer it too, as a field their clients ignore.
+    libre = client.post("/translate", json={"q": first, "source": "en", "target": "de"}).json()
+    deepl = client.post("/v2/translate", json={"text": [first], "source_lang": "EN", "target_lang": "DE"}).json()
+    assert libre["confidence"] == deepl["translations"][0]["confidence"] == sure[0]
 
 
 def test_models_health_readiness_and_docs(client: httpx.Client) -> None:

@@ -71,6 +71,7 @@ class DeepLTranslation(BaseModel):
     detected_source_language: str
     text: str
     billed_characters: int
+    confidence: float | None = None  # beamserve's: the model's confidence (as /v1's); DeepL's clients ignore it
 
 
 class DeepLTranslateResponse(BaseModel):
@@ -215,7 +216,12 @@ def response(req: TranslateRequest, out: TranslateResponse) -> DeepLTranslateRes
     for text, t in zip(req.texts, out.translations, strict=True):
         source = t.detected_source.language if t.detected_source else req.source or ""
         translations.append(
-            DeepLTranslation(detected_source_language=source.upper(), text=t.text, billed_characters=len(text))
+            DeepLTranslation(
+                detected_source_language=source.upper(),
+                text=t.text,
+                billed_characters=len(text),
+                confidence=t.confidence,
+            )
         )
     return DeepLTranslateResponse(translations=translations)
 

@@ -40,6 +40,8 @@ class LibreTranslateResponse(BaseModel):
     translatedText: str | list[str]  # noqa: N815 (LibreTranslate's name)
     alternatives: list[str] | list[list[str]] | None = None
     detectedLanguage: LibreDetected | list[LibreDetected] | None = None  # noqa: N815
+    # beamserve's: the model's confidence in each translation (as /v1's); LibreTranslate's clients ignore it
+    confidence: float | list[float | None] | None = None
 
 
 OPENAPI = openapi_body(LibreTranslateRequest)  # Mastodon sends JSON, other clients forms
@@ -147,6 +149,9 @@ def response(single: bool, extra: int, answer: TranslateResponse) -> dict[str, A
     detected = [t.detected_source for t in answer.translations]
     if all(d is not None for d in detected):
         result["detectedLanguage"] = shaped([detected_language(d) for d in detected if d is not None])
+    sure = [t.confidence for t in answer.translations]
+    if any(c is not None for c in sure):
+        result["confidence"] = shaped(sure)
     return result
 
 
