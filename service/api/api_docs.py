@@ -10,6 +10,7 @@ from functools import cache
 
 from fastapi import Response
 
+from service.api import ui
 from service.errors import ApiError
 
 # The page's files: the package's Swagger UI bundle, and the script that starts it (no inline script).
@@ -23,7 +24,6 @@ START = b"""window.ui = SwaggerUIBundle({
 });
 """
 START_NAME = "swagger-start.js"
-HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"}
 # Swagger UI's stylesheet draws its icons from data: URIs.
 POLICY = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 ASSET_CACHE = "public, max-age=86400"  # the files change only with the installed package
@@ -51,7 +51,7 @@ def page() -> Response:
     return Response(
         PAGE,
         media_type="text/html; charset=utf-8",
-        headers={**HEADERS, "Content-Security-Policy": POLICY, "Cache-Control": "no-cache"},
+        headers={**ui.SECURITY, "Content-Security-Policy": POLICY, "Cache-Control": "no-cache"},
     )
 
 
@@ -61,7 +61,7 @@ def asset(name: str) -> Response:
     if kind is None:
         raise ApiError("not_found", f"no file {name!r} in the API page's files")
     media = kind if kind.startswith("image/") else f"{kind}; charset=utf-8"
-    return Response(_read(name), media_type=media, headers={**HEADERS, "Cache-Control": ASSET_CACHE})
+    return Response(_read(name), media_type=media, headers={**ui.SECURITY, "Cache-Control": ASSET_CACHE})
 
 
 @cache

@@ -17,7 +17,6 @@ from service.errors import ApiError
 from service.schemas import DeepLError, errors
 from service.text import documents, glossary
 from service.text.glossary import MAX_GLOSSARIES
-from service.text.language_tags import served_code
 
 
 class DeepLRoutes(RouteBase):
@@ -44,9 +43,8 @@ class DeepLRoutes(RouteBase):
         client = self._client(request)
         async with self._billed(client, 0):
             body = deepl.glossary_request(await read_body(request, deepl.form_field))
-            served = self.router.pairs.languages
-            source = served_code(deepl.code_of(body.source_lang), served)
-            target = served_code(deepl.code_of(body.target_lang), served)
+            source = self.router.pairs.code(deepl.code_of(body.source_lang))
+            target = self.router.pairs.code(deepl.code_of(body.target_lang))
             self.router.pairs.check(source, target)  # a glossary is for a pair served
             entries = glossary.parse_entries(body.entries, body.entries_format)
             made = await self.glossaries.create(glossary.new_glossary(body.name, source, target, entries, client.id))

@@ -13,11 +13,14 @@ from service.errors import ApiError
 FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css", "icon.svg": "image/svg+xml"}
 # Scripts and styles from this server alone, no frames, no guessing of types: the page shows what the
 # API answers as text, and a policy keeps it that way should a text ever reach markup.
-HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+SECURITY = {  # on every page and file the server answers for people (the API's page too: service/api/api_docs.py)
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",  # frame-ancestors for browsers without CSP level 2
     "Referrer-Policy": "no-referrer",  # a text typed into the page never leaves in a Referer
+}
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    **SECURITY,
     "Cache-Control": "no-cache",
 }
 _read: dict[str, bytes] = {}

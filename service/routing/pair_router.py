@@ -34,7 +34,6 @@ from service.text import glossary
 from service.text.glossary import Terms
 from service.text.html_render import alignments_wanted, rendered
 from service.text.html_text import HtmlDocument, Link, parse_documents
-from service.text.language_tags import served_code
 from service.text.protect import from_html, has_protected, to_html
 from service.text.sentences import join_translations, split_sentences
 
@@ -180,9 +179,8 @@ class PairRouter:
     def languages_of(self, req: TranslateRequest) -> TranslateRequest:
         """The request with its languages as the served codes (`pt-BR` is `pt`, `zh-Hant` is `zt`):
         service/text/language_tags.py."""
-        served = self.pairs.languages
-        source = served_code(req.source, served) if req.source is not None else None
-        target = served_code(req.target, served)
+        source = self.pairs.code(req.source) if req.source is not None else None
+        target = self.pairs.code(req.target)
         if (source, target) == (req.source, req.target):
             return req
         return req.model_copy(update={"source": source, "target": target})
@@ -217,7 +215,7 @@ class PairRouter:
                 held = row.get("pool") or {}
                 row["digest"] = held.get("digests", {}).get(self.pooled[pair])
                 row["license"] = held.get("licenses", {}).get(self.pooled[pair])
-                row["non_commercial"] = model_card.non_commercial(row["license"]) if row["license"] else None
+                row["non_commercial"] = model_card.non_commercial(row["license"])
             out.append(row)
         return out
 

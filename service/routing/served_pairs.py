@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from service.errors import ApiError
+from service.text.language_tags import served_code
 
 PIVOT = "en"
 MAX_LISTED_PAIRS = 60  # an error message lists the served pairs up to this many
@@ -24,6 +25,10 @@ class ServedPairs:
     def everything(self) -> list[str]:
         """Every pair served, directly or through the pivot, sorted."""
         return sorted(self._all)
+
+    def code(self, tag: str) -> str:
+        """A client's language tag as the served code (service/text/language_tags.py)."""
+        return served_code(tag, self.languages)
 
     def serves(self, pair: str) -> bool:
         return pair in self._all

@@ -51,8 +51,14 @@ MACROLANGUAGE = {
     "ayr": "ay", "kmr": "ku", "knc": "kr",
 }  # fmt: skip
 
-# The script that takes the API's code where NLLB has the language in two.
-DEFAULT_SCRIPTS = {"zh": "Hans", "ace": "Latn", "bjn": "Latn", "ks": "Arab", "kr": "Latn", "taq": "Latn"}
+# The script a language's plain code means, of those written in more than one: the one that takes the API's
+# code where NLLB has the language in two, and what a client's tag without a script means
+# (service/text/language_tags.py).
+DEFAULT_SCRIPTS = {
+    "zh": "Hans", "ace": "Latn", "bjn": "Latn", "ks": "Arab", "kr": "Latn", "taq": "Latn", "sr": "Cyrl",
+    "uz": "Latn", "az": "Latn", "pa": "Guru", "mn": "Cyrl", "ms": "Latn", "bs": "Latn", "sd": "Arab", "ku": "Latn",
+    "tt": "Cyrl", "kk": "Cyrl", "ky": "Cyrl",
+}  # fmt: skip
 
 
 def api_code(code: str) -> str:

@@ -12,14 +12,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from service.errors import ApiError
-from service.text.language_codes import ALPHA2
+from service.text.language_codes import ALPHA2, DEFAULT_SCRIPTS
 from service.text.languages import name as language_name
 
-# Languages written in more than one script: the script their plain code means.
-DEFAULT_SCRIPTS = {
-    "zh": "Hans", "sr": "Cyrl", "uz": "Latn", "az": "Latn", "pa": "Guru", "ks": "Arab", "mn": "Cyrl",
-    "ms": "Latn", "bs": "Latn", "sd": "Arab", "ku": "Latn", "tt": "Cyrl", "kk": "Cyrl", "ky": "Cyrl",
-}  # fmt: skip
 # A script's own API code where it is not the default one.
 SCRIPT_CODES = {("zh", "Hant"): "zt"}
 # Regions whose usual script is not the language's default.
