@@ -10,10 +10,12 @@ For each compute type, on the same test sentences (test_2016_flickr, uncached, b
   rate again with --loop-work-ms of Python run on the event loop after each answer, as a gateway
   parses, tokenizes and answers a request on the loop the engine's thread shares the GIL with;
 - served: `beamserve serve --models en-de` (HAProxy in front, the model in the ingress) with the same
-  compute type and intra-op threads, each sentence a request on one keep-alive connection, the next
-  sent when the last is answered: the request's wall time at the client, and its Server-Timing (the
-  engine's queue wait and decoding, the gateway's total), so the difference from in-process decoding
-  is split between the engine's decoding, its queue and the path around it;
+  compute type and intra-op threads, once per --engines placement (`process`: the engine in its own
+  process, the default; `thread`: a thread of the ingress's process, BEAMSERVE_ENGINE_PROCESS=0),
+  each sentence a request on one keep-alive connection, the next sent when the last is answered: the
+  request's wall time at the client, and its Server-Timing (the engine's queue wait and decoding, the
+  gateway's total), so the difference from in-process decoding is split between the engine's
+  decoding, its queue and the path around it;
 - saturated: --concurrency connections sending one sentence a request for --saturation-s seconds:
   sentences/s answered 200 against the offline rate, and how many requests were refused (the load
   generator shares the machine's cores: its CPU time is reported beside it).
@@ -211,6 +213,7 @@ def main() -> None:
         default=1.0,
         help="Python on the in-process engine's event loop after each answer (about a gateway's per request)",
     )
+    p.add_argument("--engines", default="process,thread", help="where the server's engine runs: process, thread")
     p.add_argument("--out", type=Path, help="write the markdown report here")
     args = p.parse_args()
     sentences = test_sentences(max(args.sentences, 256))
@@ -223,32 +226,41 @@ def main() -> None:
         f'about {args.saturation_s:.0f} s. Milliseconds unless marked. "+ loop work": the engine alone again, '
         f"with {args.loop_work_ms:g} ms of Python on its event loop after each answer.",
         "",
-        "| compute type | in-process p50 / p95 | engine alone p50 | served p50 / p95 | served - in-process (p50) "
+        "| compute type | server's engine | in-process p50 / p95 | engine alone p50 | served p50 / p95 "
+        "| served - in-process (p50) "
         "| Server-Timing p50: decode / queue / total | offline sent/s (batch 64) | engine alone sent/s at "
         "saturation | engine alone + loop work sent/s | served sent/s at saturation | served / offline "
         "| refused at saturation | load generator CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ct in args.compute_types.split(","):
         print(f"{ct}: in process", flush=True)
         local = in_process(ct, args.threads, alone, sentences, args.rounds, args.concurrency, args.loop_work_ms / 1000)
-        print(f"{ct}: served", flush=True)
-        server = Server("beamserve", "haproxy", {"BEAMSERVE_THREADS": str(args.threads), "BEAMSERVE_COMPUTE_TYPE": ct})
-        try:
-            served = asyncio.run(one_at_a_time(server.port, alone, args.rounds))
-            full = asyncio.run(saturated(server.port, sentences, args.concurrency, args.saturation_s))
-        finally:
-            server.stop()
-        ms = 1000
-        lines.append(
-            f"| {ct} | {local['p50'] * ms:.1f} / {local['p95'] * ms:.1f} | {local['engine p50'] * ms:.1f} "
-            f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f} | {(served['p50'] - local['p50']) * ms:+.1f} "
-            f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
-            f"| {local['rate']:.1f} | {local['engine rate']:.1f} | {local['engine loaded']:.1f} | {full['rate']:.1f} "
-            f"| {full['rate'] / local['rate']:.2f} "
-            f"| {full['refused']:.0f} of {full['sent']:.0f} | {full['client_cpu']:.2f} cores |"
-        )
-        print(lines[-1], flush=True)
+        for engine in args.engines.split(","):
+            print(f"{ct}: served, the engine in its own {engine}", flush=True)
+            env = {
+                "BEAMSERVE_THREADS": str(args.threads),
+                "BEAMSERVE_COMPUTE_TYPE": ct,
+                "BEAMSERVE_ENGINE_PROCESS": str(int(engine == "process")),
+            }
+            server = Server("beamserve", "haproxy", env)
+            try:
+                served = asyncio.run(one_at_a_time(server.port, alone, args.rounds))
+                full = asyncio.run(saturated(server.port, sentences, args.concurrency, args.saturation_s))
+            finally:
+                server.stop()
+            ms = 1000
+            lines.append(
+                f"| {ct} | {'own process' if engine == 'process' else 'thread of the gateway'} "
+                f"| {local['p50'] * ms:.1f} / {local['p95'] * ms:.1f} | {local['engine p50'] * ms:.1f} "
+                f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f} | {(served['p50'] - local['p50']) * ms:+.1f} "
+                f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
+                f"| {local['rate']:.1f} | {local['engine rate']:.1f} | {local['engine loaded']:.1f} "
+                f"| {full['rate']:.1f} "
+                f"| {full['rate'] / local['rate']:.2f} "
+                f"| {full['refused']:.0f} of {full['sent']:.0f} | {full['client_cpu']:.2f} cores |"
+            )
+            print(lines[-1], flush=True)
     emit("\n".join(lines), args.out)
 
 

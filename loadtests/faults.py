@@ -17,6 +17,8 @@ Cases (bounded in time, traffic to 127.0.0.1 only):
   no dropped connection; answers 200 again within RECOVERY_S.
 - gateway-kill: the same with the gateway (HTTP ingress) replica: the requests in flight on it are sent
   again by the front (service/api/front.py) or get a JSON 503 with Retry-After, none a 500.
+- engine-kill: the same with the engine's own process (service/engine/engine_process.py): the requests
+  it held are asked again by the gateway, and wait with the new ones for the fresh engine it starts.
 - colocated-kill: the same with the one replica of the default layout, ingress and model together:
   the front holds requests until Serve has started another that has loaded the model, or answers a
   JSON 503 with Retry-After; none a 500.
@@ -219,17 +221,18 @@ def json_error(body: str) -> bool:
     return isinstance(answer, dict) and bool(answer.get("error")) and bool(answer.get("request_id"))
 
 
-SHARED_ORDER = ("replica-kill", "gateway-kill", "slow-clients")
+SHARED_ORDER = ("replica-kill", "gateway-kill", "slow-clients", "engine-kill")
 CASES = ("spike", *SHARED_ORDER, "colocated-kill", "sigterm", "soak")
 
 
 def case_kill(server: Server, deployment: str, seconds: float, failures: list[str]) -> None:
+    """`deployment`'s replica killed, or with deployment "engine" the engine's own process in the replica."""
     rate = server.rate()
-    pid = server.replica_pid(deployment)
+    pid = server.engine_pid() if deployment == "engine" else server.replica_pid(deployment)
     at = seconds / 3
     load = asyncio.run(open_loop(server.url, rate / 2, seconds, [(at, lambda: os.kill(pid, signal.SIGKILL))]))
     back = recovered_after(load, at)
-    name = f"{deployment} killed"
+    name = "the engine's process killed" if deployment == "engine" else f"{deployment} killed"
     report(name, load, f"; answering 200 again {back:.1f} s after the kill" if back is not None else "")
     check(back is not None and back < RECOVERY_S, f"{name}: answering again within {RECOVERY_S:.0f} s", failures)
     bad = [o for o in load.outcomes if o.status not in (200, 503, 504)]
@@ -454,7 +457,7 @@ def case_soak(seconds: float, failures: list[str]) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", default="spike,replica-kill,gateway-kill,slow-clients,colocated-kill,sigterm")
+    p.add_argument("--cases", default="spike,replica-kill,gateway-kill,slow-clients,engine-kill,colocated-kill,sigterm")
     p.add_argument("--duration", type=float, default=12.0, help="seconds of load per case")
     p.add_argument("--spike-factor", type=float, default=10.0, help="the spike's rate over the sustainable one")
     p.add_argument("--spike-queue-wait", type=float, default=0.1, help="the spike server's max_queue_wait_s (seconds)")
@@ -499,6 +502,8 @@ def main() -> int:
                 case_sigterm(args.duration, failures)
             elif case == "slow-clients":
                 case_slow_clients(server(), args.duration, failures)
+            elif case == "engine-kill":
+                case_kill(server(), "engine", args.duration, failures)
             elif case == "soak":
                 case_soak(args.duration, failures)
     finally:

@@ -46,6 +46,8 @@ def serve_command(port: int) -> list[str]:
 
 
 def role(cmdline: str) -> str:
+    if "service.engine.engine_host" in cmdline:
+        return "engine"
     if "ServeReplica:" in cmdline:
         deployment = cmdline.split("ServeReplica:", 1)[1].split()[0].split(":")[-1]
         return (
@@ -169,6 +171,16 @@ class Server:
             time.sleep(0.3)
         self.stop()
         raise SystemExit(f"{self.kind} ({self.front}) was not ready within {ready_s:.0f} s")
+
+    def engine_pid(self) -> int:
+        """The process of this server's engine (Settings.engine_process), the one model's."""
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if "service.engine.engine_host" in " ".join(p.cmdline()):
+                    return int(p.pid)
+            except psutil.NoSuchProcess:
+                continue
+        raise SystemExit("no engine process found")
 
     def replica_pid(self, deployment: str) -> int:
         """The process of a Serve replica of this server (`model-en-de`, `Gateway`)."""

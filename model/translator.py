@@ -18,6 +18,7 @@ from model.decode.decoding import generate, pad_batch
 from model.decode.search import Hypothesis, SearchOptions
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
 from model.io import checkpoint, model_card
+from model.io.codec import TextCodec
 from model.io.tokenizer import LanguageError, Tokenizer
 from model.kernels import compute_type as compute
 from model.kernels import native
@@ -191,19 +192,15 @@ class Translator:
         en): each source needs its own (src_lang) and each translation its target's (tgt_lang); [] else."""
         return sorted(self.tokenizer.languages)
 
+    @property
+    def codec(self) -> TextCodec:
+        """The text side alone (model/io/codec.py): what a process that holds no weights encodes with."""
+        return TextCodec(self.tokenizer, self.max_source_tokens)
+
     def encode(self, text: str, *, truncate: bool = False, lang: str | None = None) -> list[int]:
         """Source text -> ids ending in </s>; [] for empty text; `lang`: the source language, where the model
         takes it (`languages`). Raises InputTooLongError, InvalidTextError, LanguageError."""
-        if not text.strip():
-            return []
-        check_text(text)
-        ids = self.tokenizer.encode(text, lang)
-        limit = self.max_source_tokens
-        if len(ids) > limit:
-            if not truncate:
-                raise InputTooLongError(f"source has {len(ids)} tokens; this model accepts at most {limit}")
-            ids = [*ids[: limit - 1], self.tokenizer.eos_id]
-        return ids
+        return self.codec.encode(text, truncate=truncate, lang=lang)
 
     def align(
         self,

@@ -196,7 +196,9 @@ class ModelMetrics:
         self._generated += tokens
         self._unsent = True
 
-    def sync(self, stats: Any, queued: int, active: int, gpu_bytes: int, *, idle: bool = False) -> float | None:
+    def sync(
+        self, stats: Any, queued: int, active: int, gpu_bytes: int, *, idle: bool = False, due: bool = False
+    ) -> float | None:
         """Take the engine's cumulative counts and current gauges; to Ray once FLUSH_S has passed since they last
         went. Idle, returns how long until then (the engine waits no longer), or None with nothing new to send:
         a flush as the engine goes idle would hold the GIL while the replica answers the request just done."""
@@ -204,7 +206,7 @@ class ModelMetrics:
         self._unsent |= state != self._state
         self._state = state
         now = time.monotonic()
-        if now - self._flushed >= FLUSH_S and self._unsent:
+        if (due or now - self._flushed >= FLUSH_S) and self._unsent:
             self._flushed = now
             self._flush()
             self._unsent = False

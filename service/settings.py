@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     # Unset: on a GPU, off on a CPU (uses_static_slots).
     static_slots: bool | None = None
     compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/kernels/compute_type.py); not with dtype
+    # Each model's engine in a process of its own (service/engine/engine_process.py), away from the GIL of the
+    # replica's event loop; false: a thread of the replica's process.
+    engine_process: bool = True
     # Serve's logging_config for `beamserve serve` (the Serve config sets its own): JSON lines in each
     # replica's log file under Ray's logs directory, one summary per request (service/request_log.py).
     log_encoding: Literal["JSON", "TEXT"] = "JSON"

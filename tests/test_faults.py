@@ -1,7 +1,8 @@
 """The short cases of the fault suite (loadtests/faults.py) against a real server on 127.0.0.1 in the
 default layout: clients that stop sending their bodies neither hold the service up nor go unanswered,
-and the one replica SIGKILLed under load (ingress and model together) costs a JSON 503 with Retry-After,
-never a 500 or a dropped connection, until another has loaded the model. The split layout's kills (a
+the engine's own process SIGKILLed under load is started again by its replica, and the one replica SIGKILLed
+under load (ingress and model together) costs a JSON 503 with Retry-After, never a 500 or a dropped
+connection, until another has loaded the model. The split layout's kills (a
 model replica, a gateway replica) are `make faults`'; on the production config a worker node killed
 with both on it is tests/test_cluster.py's."""
 
@@ -15,5 +16,5 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 def test_fault_cases_pass() -> None:
-    # One server, the kill last (loadtests/faults.py).
-    run_suite("loadtests/faults.py", "slow-clients,colocated-kill", timeout_s=300)
+    # One server, the replica's kill last (loadtests/faults.py).
+    run_suite("loadtests/faults.py", "slow-clients,engine-kill,colocated-kill", timeout_s=300)

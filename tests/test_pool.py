@@ -135,7 +135,7 @@ def test_twenty_pairs_from_a_pool_answer_as_their_models_alone(pooled: str, twen
     assert sum(r["evictions"] for r in replicas.values()) >= len(twenty) - 2 * PER_REPLICA  # evicted, reloaded
     for report in replicas.values():
         assert len(report["held"]) <= PER_REPLICA and set(report["digests"]) == set(report["held"])
-        assert report["engine_threads"] == len(report["held"])  # evicted models' engines have stopped
+        assert report["engines"] == len(report["held"])  # evicted models' engines have stopped
 
 
 def test_a_pooled_model_loads_on_demand_while_others_answer(pooled: str) -> None:

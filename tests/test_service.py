@@ -606,6 +606,9 @@ def test_stats_report_allocator_memory_and_the_gateways_admission(client: httpx.
     # The replica process runs with jemalloc preloaded exactly when the host has it (allocator "auto").
     assert stats["allocator"] == ("jemalloc" if jemalloc_path() else "system")
     assert stats["resident_bytes"] > 100 * 2**20
+    # The engine decodes in a process of its own (Settings.engine_process), whose memory that is.
+    with open(f"/proc/{stats['engine_process']}/cmdline", "rb") as f:
+        assert b"service.engine.engine_host" in f.read()
     assert {"in_flight_work", "refused", "cache_hits", "cache_misses", "cache"} <= set(stats["gateway"])
 
 

@@ -18,10 +18,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import torch
 
+from model.decode.align import Link
 from model.decode.inflight import InflightBatch
 from model.decode.search import Hypothesis
 from model.options import DecodeOptions
@@ -78,8 +80,11 @@ class EngineObserver(Protocol):
 
     def on_generated(self, tokens: int) -> None: ...
 
-    def sync(self, stats: BatchStats, queued: int, active: int, gpu_bytes: int, *, idle: bool = False) -> float | None:
-        """Idle: how long until what it holds must be recorded (the engine waits no longer), or None."""
+    def sync(
+        self, stats: BatchStats, queued: int, active: int, gpu_bytes: int, *, idle: bool = False, due: bool = False
+    ) -> float | None:
+        """Idle: how long until what it holds must be recorded (the engine waits no longer), or None. Due: record
+        it now (the reports of an engine in its own process come at most as often as they are recorded)."""
         ...
 
 
@@ -108,6 +113,49 @@ def _resolve(item: WorkItem, hyps: list[Hypothesis]) -> int:
     except concurrent.futures.InvalidStateError:  # withdrawn while its last step ran
         return 0
     return len(hyps[0].tokens) + 1 if hyps else 0
+
+
+class Request:
+    """One request's sentences, queued in the engine (all or none: RequestTooLargeError, QueueFullError): `future`
+    resolves, in the thread that finishes the last, to each source's n-best (a blank source's, an empty
+    hypothesis), or fails with the first failure, the others then withdrawn."""
+
+    def __init__(self, engine: Engine, sources: list[list[int]], opts: DecodeOptions, timeout_s: float) -> None:
+        self.engine = engine
+        self.items = engine.submit(sources, opts, time.monotonic() + timeout_s)  # one per non-blank source, in order
+        self.live = [i for i, ids in enumerate(sources) if ids]
+        self.size = len(sources)
+        self.future: concurrent.futures.Future[list[list[Hypothesis]]] = concurrent.futures.Future()
+        self._left = len(self.items)
+        self._lock = threading.Lock()
+        if not self.items:
+            self.future.set_result(self._answers())
+        for item in self.items:
+            item.future.add_done_callback(self._settled)
+
+    def _answers(self) -> list[list[Hypothesis]]:
+        done = {i: item.future.result() for i, item in zip(self.live, self.items, strict=True)}
+        return [done.get(i, [Hypothesis([], 0.0)]) for i in range(self.size)]
+
+    def _settled(self, item: concurrent.futures.Future[list[Hypothesis]]) -> None:
+        with self._lock:
+            self._left -= 1
+            if self.future.done() or item.cancelled():  # cancel() settles a withdrawn request
+                return
+            failure = item.exception()
+            if failure is None:
+                if self._left == 0:
+                    self.future.set_result(self._answers())
+                return
+            self.future.set_exception(failure)
+        self.cancel()  # one failed sentence fails its request: the others need not decode
+
+    def cancel(self) -> None:
+        """Withdraw the request's sentences, queued or decoding."""
+        self.future.cancel()
+        for item in self.items:
+            item.future.cancel()
+        self.engine.wake()
 
 
 class BatchRunner:
@@ -168,9 +216,8 @@ class Engine:
         max_length: int | None = None,
         static_slots: bool = False,
     ) -> None:
-        """max_length: the longest output any request may ask for (sizes continuous mode's buffers).
-        static_slots: continuous mode decodes on the static decode state (service/engine/slot_runner.py), which
-        replays CUDA graphs on a GPU (Settings.uses_static_slots: the default there)."""
+        """max_length: the longest output any request may ask for (sizes continuous mode's buffers); static_slots:
+        continuous mode on the static decode state (service/engine/slot_runner.py; CUDA graphs on a GPU)."""
         self.translator = translator
         self.static_slots = static_slots
         self.max_length = min(max_length or 10**9, translator.model.cfg.max_position_embeddings)
@@ -199,8 +246,7 @@ class Engine:
             raise self._start_error
 
     @property
-    def scheduler(self) -> RequestScheduler | ContinuousScheduler:
-        """The scheduler new sentences queue in (the configured mode's)."""
+    def scheduler(self) -> RequestScheduler | ContinuousScheduler:  # the configured mode's: sentences queue in it
         return self.continuous if self.config.mode == "continuous" else self.requests
 
     @property
@@ -248,30 +294,35 @@ class Engine:
     ) -> list[list[Hypothesis]]:
         """Decode one request's sources; cancelling the awaiting task withdraws its sentences, queued or
         running. `timing`, when given, is filled in with the request's queue wait and decode time."""
-        live = [i for i, ids in enumerate(sources) if ids]
-        items = self.submit(sources, opts, time.monotonic() + timeout_s)  # one per live source, in order
-        futures = {i: item.future for i, item in zip(live, items, strict=True)}
+        request = Request(self, sources, opts, timeout_s)
         try:
-            done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures.values()))
+            hyps = await asyncio.wrap_future(request.future)
         except BaseException:
-            for f in futures.values():
-                f.cancel()
-            with self._cv:
-                self._cv.notify()
+            request.cancel()
             raise
-        results = dict(zip(futures, done, strict=True))
-        if timing is not None and items:
-            timing.measure(items)
-        return [results.get(i, [Hypothesis([], 0.0)]) for i in range(len(sources))]
+        if timing is not None and request.items:
+            timing.measure(request.items)
+        return hyps
+
+    def wake(self) -> None:  # withdrawn sentences are dropped at the loop's next turn
+        with self._cv:
+            self._cv.notify()
 
     def call(self, fn: Callable[[], R]) -> concurrent.futures.Future[R]:
-        """Run fn on the engine's thread between two turns (a decoder step or a batch): other work with
-        the model (alignment) without a second thread running torch ops. Its exception goes to the future."""
+        """fn on the engine's thread between two turns (alignment: no second thread runs torch ops); its result
+        or exception goes to the future."""
         future: concurrent.futures.Future[R] = concurrent.futures.Future()
         with self._cv:
             self._jobs.append((fn, future))
             self._cv.notify()
         return future
+
+    async def align(
+        self, pairs: list[tuple[str, str]], *, src_lang: str | None, tgt_lang: str | None
+    ) -> list[list[Link]]:
+        """Translator.align on the engine's thread, between two turns."""
+        align = partial(self.translator.align, pairs, src_lang=src_lang, tgt_lang=tgt_lang)
+        return await asyncio.wrap_future(self.call(align))
 
     def health(self, stall_s: float) -> str | None:
         """Why the engine cannot serve, or None: its thread has died, or work has waited stall_s seconds

@@ -99,23 +99,26 @@ class ModelPool:
         """With a model id, that model's info (loading it); without, the pool replica's: ready, and the
         models it holds."""
         if serve.get_multiplexed_model_id():
-            return (await self._model()).info()
+            return await (await self._model()).info()
         return self.pool_info()
 
     def pool_info(self) -> dict[str, Any]:
+        from service.engine import engine_process  # as ServedModel's: the app's builder imports no torch
+
         return {
             "ready": True,
             "pool": {
                 "replica": serve.get_replica_context().replica_tag,
                 "held": sorted(self.held),
-                "digests": {name: m.translator.digest for name, m in self.held.items()},
-                "licenses": {name: m.translator.licence for name, m in self.held.items()},
+                "digests": {name: m.facts.digest for name, m in self.held.items()},
+                "licenses": {name: m.facts.licence for name, m in self.held.items()},
                 "models_per_replica": self.settings.pool_models_per_replica,
                 "loads": self.loads,
                 "evictions": self.evictions,
-                # Engine threads alive in the process: an evicted model's engine has stopped.
-                "engine_threads": sum(t.name == "beamserve-engine" for t in threading.enumerate()),
-                "resident_bytes": allocator.resident_bytes(),
+                # Engines running (threads of this process, or processes of their own): an evicted model's has stopped.
+                "engines": sum(t.name == "beamserve-engine" for t in threading.enumerate()) + engine_process.running(),
+                # This process's, and its engines' processes'.
+                "resident_bytes": allocator.resident_bytes() + sum(m.engine_bytes() for m in self.held.values()),
             },
         }
 

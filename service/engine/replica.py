@@ -44,5 +44,5 @@ class PairModel:
     async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
         return await returned(self.model.align(pair, texts))
 
-    def info(self) -> dict[str, Any]:
-        return self.model.info()
+    async def info(self) -> dict[str, Any]:
+        return await self.model.info()

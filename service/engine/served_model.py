@@ -11,18 +11,22 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
+import torch
+
 from model.errors import InputTooLongError
-from model.io import model_card
-from model.kernels import native
+from model.io import checkpoint, model_card
+from model.io.codec import TextCodec
 from model.options import DecodeOptions
-from model.translator import Translator
+from model.shipped import resolve_model_path
+from model.translator import Translator, default_device
 from service.batching import BatchingConfig, sized_for
 from service.engine import allocator
 from service.engine.answers import Decoded
 from service.engine.engine import Engine, RequestTiming, warm_up
+from service.engine.engine_host import HostSpec, ModelFacts
+from service.engine.engine_process import EngineProcess
 from service.metrics import ModelMetrics
 from service.registry import ModelEntry
 from service.settings import Settings
@@ -46,35 +50,51 @@ class ServedModel:
         self.request_timeout_s = s.request_timeout_s
         threads = s.threads or max(1, math.ceil(s.replica_cpus))
         self.pair = entry.name  # the metrics' pair label: the model's name (its one pair, most often)
-        self.translator = Translator.load(
-            entry.path, s.device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
-        )
-        entry.check_tokens(self.translator.tokenizer.vocab)
-        entry.check_languages(self.translator.tokenizer.languages)
-        if model_card.non_commercial(self.translator.licence):  # an operator serving it commercially must know
-            logger.warning("%s: licence %s forbids commercial use", entry.name, self.translator.licence)
-        if self.translator.device.type == "cpu" and not native.built():  # every replica's log says so
-            logger.warning("%s decodes without beamserve's C kernels: %s", entry.name, native.in_use())
+        device = torch.device(s.device) if s.device is not None else default_device()  # as Translator.load's
+        config = sized_for(device.type, s.model_dump())
+        static_slots = s.uses_static_slots(device.type)
+        source, target = entry.pairs[0].split("-")
+        warm = (self._source(target, WARMUP), entry.language_tokens.get(source) if entry.language_tokens else None)
+        self.engine: Engine | EngineProcess
+        if s.engine_process:
+            spec = HostSpec(
+                entry.path, str(device), s.dtype, s.compute_type, threads, config, s.max_decoding_length,
+                static_slots, warm, HEALTH_STALL_S,
+            )  # fmt: skip
+            self.engine = EngineProcess(spec)
+            self.facts = self.engine.facts
+            self.codec = TextCodec(checkpoint.tokenizer(resolve_model_path(entry.path)), self.facts.max_source_tokens)
+        else:
+            translator = Translator.load(
+                entry.path, device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
+            )
+            self.engine = Engine(translator, config, max_length=s.max_decoding_length, static_slots=static_slots)
+            # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
+            warm_up(self.engine, [translator.encode(warm[0], lang=warm[1])])
+            self.facts = ModelFacts.of(translator)
+            self.codec = translator.codec
+        facts = self.facts
+        entry.check_tokens(self.codec.tokenizer.vocab)
+        entry.check_languages(self.codec.tokenizer.languages)
+        if model_card.non_commercial(facts.licence):  # an operator serving it commercially must know
+            logger.warning("%s: licence %s forbids commercial use", entry.name, facts.licence)
+        if facts.device_type == "cpu" and not facts.kernels_built:  # every replica's log says so
+            logger.warning("%s decodes without beamserve's C kernels: %s", entry.name, facts.kernels)
         self.metrics = ModelMetrics(self.pair)
-        self.metrics.load_time = self.translator.load_seconds
-        tr = self.translator
-        self.metrics.info_tags.update(digest=tr.digest, compute_type=tr.compute_type, device=tr.device.type)
-        config = self._sized(s.model_dump())
+        self.metrics.load_time = facts.load_seconds
+        self.metrics.info_tags.update(digest=facts.digest, compute_type=facts.compute_type, device=facts.device_type)
         self.metrics.capacity = (config.max_queue, config.decode_slots)
-        static_slots = s.uses_static_slots(tr.device.type)
-        self.engine = Engine(self.translator, config, max_length=s.max_decoding_length, static_slots=static_slots)
         # What this replica computes with, in its log (each int8 weight shape's GEMM: model/kernels/int8_choice.py).
         logger.info(
-            "%s: licence %s; %s, %s; C kernels %s; continuous batching on %s",
+            "%s: licence %s; %s, %s; C kernels %s; continuous batching on %s; the engine %s",
             entry.name,
-            tr.licence or "not named by its model card",
-            tr.device.type,
-            tr.compute_type,
-            native.in_use(),
+            facts.licence or "not named by its model card",
+            facts.device_type,
+            facts.compute_type,
+            facts.kernels,
             "the static decode state" if static_slots else "the in-flight batch",
+            f"in process {self.engine.process.pid}" if isinstance(self.engine, EngineProcess) else "in this process",
         )
-        # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
-        warm_up(self.engine, [self._encode(entry.pairs[0], WARMUP)])
         self.engine.observer = self.metrics  # the warm-up is not traffic
         self.in_flight = 0  # calls using the model now: closing waits for them
         self.ready = True
@@ -107,7 +127,7 @@ class ServedModel:
             self.in_flight -= 1
 
     def _sized(self, config: dict[str, Any]) -> BatchingConfig:
-        return sized_for(self.translator.device.type, config)
+        return sized_for(self.facts.device_type, config)
 
     def _source(self, target: str, text: str) -> str:
         """The text as the model takes it toward `target`: behind the target's token, if it has one."""
@@ -122,7 +142,7 @@ class ServedModel:
 
     def _encode(self, pair: str, text: str) -> list[int]:
         source_lang, _ = self._languages(pair)
-        return self.translator.encode(self._source(pair.split("-")[1], text), lang=source_lang)
+        return self.codec.encode(self._source(pair.split("-")[1], text), lang=source_lang)
 
     def _fits(self, pair: str, text: str) -> bool:
         try:
@@ -143,7 +163,7 @@ class ServedModel:
             if not self._fits(pair, parts[start]):
                 raise InputTooLongError(
                     f"a word of {len(parts[start])} characters is longer than this model takes "
-                    f"({self.translator.max_source_tokens} tokens)"
+                    f"({self.codec.max_source_tokens} tokens)"
                 )
             fit, past = start + 1, len(parts) + 1  # parts[start:fit] fits; parts[start:past] does not (or ends)
             while past - fit > 1:
@@ -176,11 +196,11 @@ class ServedModel:
             sources += ids
         _, target_lang = self._languages(pair)
         if target_lang is not None:  # the target's token forced first
-            options = replace(options, forced_bos_token_id=self.translator.tokenizer.language_id(target_lang))
+            options = replace(options, forced_bos_token_id=self.codec.tokenizer.language_id(target_lang))
         timing = RequestTiming()
         async with self._using():
             hyps = await self.engine.translate(sources, options, timeout_s, timing)
-        decode = self.translator.tokenizer.decode
+        decode = self.codec.decode
         nbest = [[(decode(h.tokens), h.score) for h in hs] for hs in hyps]
         tokens = [(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)]
         if len(sources) > len(texts):  # a text in pieces: their n-best joined as a paragraph's sentences are
@@ -197,30 +217,36 @@ class ServedModel:
         shift = len(token) + 1 if token else 0  # source spans are the text's, without the target token
         tagged = [(self._source(target, s), t) for s, t in texts]
         source_lang, target_lang = self._languages(pair)
-        align = partial(self.translator.align, src_lang=source_lang, tgt_lang=target_lang)
         links: list[list[Any]] = []
         async with self._using():
             for start in range(0, len(tagged), ALIGN_PAIRS_PER_TURN):
                 chunk = tagged[start : start + ALIGN_PAIRS_PER_TURN]
-                links += await asyncio.wrap_future(self.engine.call(partial(align, chunk)))
+                links += await self.engine.align(chunk, src_lang=source_lang, tgt_lang=target_lang)
         return [[[*k.target, max(0, k.source[0] - shift), max(0, k.source[1] - shift)] for k in one] for one in links]
 
-    def info(self) -> dict[str, Any]:
-        tr = self.translator
-        stats = self.engine.stats
+    def engine_bytes(self) -> int:
+        """The resident memory of the engine's own process (0 for an engine in this one)."""
+        return self.engine.resident_bytes if isinstance(self.engine, EngineProcess) else 0
+
+    async def info(self) -> dict[str, Any]:
+        facts, engine = self.facts, self.engine
+        if isinstance(engine, EngineProcess):
+            await engine.refresh()
+        stats = engine.stats
+        process = engine.process.pid if isinstance(engine, EngineProcess) else None
         return {
             "model": self.entry.name,
-            "device": str(tr.device),
-            "dtype": str(tr.dtype).removeprefix("torch."),
-            "compute_type": tr.compute_type,
-            "digest": tr.digest,
-            "max_source_tokens": tr.max_source_tokens,
-            "license": tr.licence,
-            "revision": tr.revision,
-            "non_commercial": model_card.non_commercial(tr.licence),
+            "device": facts.device,
+            "dtype": facts.dtype,
+            "compute_type": facts.compute_type,
+            "digest": facts.digest,
+            "max_source_tokens": facts.max_source_tokens,
+            "license": facts.licence,
+            "revision": facts.revision,
+            "non_commercial": model_card.non_commercial(facts.licence),
             "ready": self.ready,
-            "queued": self.engine.queued,
-            "active": self.engine.active,
+            "queued": engine.queued,
+            "active": engine.active,
             "batches": stats.batches,
             "batched_sentences": stats.sentences,
             "max_batch_sentences": stats.max_sentences,
@@ -231,8 +257,10 @@ class ServedModel:
             "real_tokens": stats.real_tokens,
             "steps": stats.steps,
             "engine_cpu_s": stats.cpu_s,
-            "config": vars(self.engine.config),
-            "allocator": allocator.in_use(),
-            "kernels": native.in_use(),
-            "resident_bytes": allocator.resident_bytes(),
+            "config": vars(engine.config),
+            "engine_process": process,
+            "allocator": facts.allocator,
+            "kernels": facts.kernels,
+            # The model's process: the engine's own when it has one.
+            "resident_bytes": self.engine_bytes() if process else allocator.resident_bytes(),
         }
