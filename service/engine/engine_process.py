@@ -79,7 +79,7 @@ class EngineProcess:
     def _start(self) -> None:
         self.started = time.monotonic()
         self.problem: str | None = None  # the host's last word on its engine's health
-        self.state = EngineState(0, 0, BatchStats(), self.config, 0)
+        self.state = EngineState(0, 0, tuple(vars(BatchStats()).values()), 0)
         ours, theirs = socket.socketpair()
         # The host imports what this process imports, from where this process found it (a Ray worker's
         # working directory included).
@@ -111,7 +111,7 @@ class EngineProcess:
     @property
     def stats(self) -> BatchStats:
         """The counts of every host this replica has started."""
-        now, earlier = self.state.stats, self._earlier
+        now, earlier = self.state.batch_stats(), self._earlier
         summed = {f.name: getattr(now, f.name) + getattr(earlier, f.name) for f in fields(BatchStats)}
         return BatchStats(**{**summed, "max_sentences": max(now.max_sentences, earlier.max_sentences)})
 
@@ -128,10 +128,10 @@ class EngineProcess:
         timing: RequestTiming | None = None,
     ) -> list[list[Hypothesis]]:
         """Engine.translate, decoded in the host; cancelling the awaiting task withdraws the request there."""
-        hyps, measured = await self._call("translate", sources, opts, timeout_s)
+        nbest, queue_wait_s, decode_s = await self._call("translate", sources, opts, timeout_s)
         if timing is not None:
-            timing.queue_wait_s, timing.decode_s = measured.queue_wait_s, measured.decode_s
-        return hyps
+            timing.queue_wait_s, timing.decode_s = queue_wait_s, decode_s
+        return [[Hypothesis(tokens, score) for tokens, score in hs] for hs in nbest]
 
     async def align(
         self, pairs: list[tuple[str, str]], *, src_lang: str | None, tgt_lang: str | None
@@ -216,16 +216,16 @@ class EngineProcess:
 
     def _readable(self) -> None:
         """On the loop: answers to their calls, reports to the observer, until the socket closes."""
-        try:
-            while self.conn.poll(0):
-                self._handle(self.conn.recv())
+        try:  # one message a call: the loop calls again while the socket has more (a poll costs as much)
+            self._handle(self.conn.recv())
         except (EOFError, OSError):
             self._detach()
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind in ("done", "error"):
-            _, rid, result, self.state = message
+            _, rid, result, state = message
+            self.state = EngineState(*state)
             future = self._calls.pop(rid, None)
             if future is not None and not future.done():
                 future.set_result(result) if kind == "done" else future.set_exception(result)
@@ -248,7 +248,7 @@ class EngineProcess:
 
     def _record(self, report: Report) -> None:
         if report.state is not None:
-            self.state = report.state
+            self.state = EngineState(*report.state)
         if self.observer is None:
             return
         for batch in report.batches:
@@ -312,4 +312,4 @@ def _ready(process: subprocess.Popen[bytes], conn: Connection) -> tuple[ModelFac
     if kind == "failed":
         raise EngineProcessError(f"the engine's process could not load its model:\n{payload}")
     facts, state = payload
-    return facts, state
+    return facts, EngineState(*state)
