@@ -30,6 +30,26 @@ SRT = (
     "2\n00:00:04,000 --> 00:00:05,000\nTwo dogs & a cat.\n\n"
     "3\n00:00:06,000 --> 00:00:07,000\n\n"
 )
+VTT = (
+    "WEBVTT - a film\n\nNOTE made by hand\n\nSTYLE\n::cue { color: yellow }\n\n"
+    "intro\n00:01.000 --> 00:03.500 align:start\n<v Roger Bingham>A man is riding\na bike.\n\n"
+    "00:00:04.000 --> 00:00:05.000\nTwo dogs &amp; a <i>cat</i>.\n"
+)
+XLIFF12 = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<xliff version="1.2" xmlns="urn:oasis:names:tc:xliff:document:1.2">\n'
+    '<file source-language="en" target-language="de" datatype="plaintext" original="app"><body>\n'
+    '<trans-unit id="1"><source>A man in a <g id="1">red shirt</g> is riding a bike.<x id="2"/></source></trans-unit>\n'
+    '<trans-unit id="2"><source>Two dogs play.</source><target>Zwei Hunde spielen.</target></trans-unit>\n'
+    '<trans-unit id="3" translate="no"><source>Acme</source></trans-unit>\n'
+    '<trans-unit id="4"><source>Click <ph id="3">&lt;b&gt;</ph>here.</source><target/></trans-unit>\n'
+    "</body></file></xliff>"
+)
+XLIFF2 = (
+    '<xliff xmlns="urn:oasis:names:tc:xliff:document:2.0" version="2.0" srcLang="en" trgLang="de">'
+    '<file id="f"><unit id="u"><segment><source>A <pc id="1">small</pc> dog.</source></segment>'
+    "<ignorable><source> </source></ignorable><segment><source>It runs.</source></segment></unit>"
+    '<unit id="v" translate="no"><segment><source>Acme</source></segment></unit></file></xliff>'
+)
 
 
 def test_each_format_gives_back_what_it_took_when_nothing_is_translated() -> None:
@@ -53,7 +73,7 @@ def test_each_format_gives_back_what_it_took_when_nothing_is_translated() -> Non
     out = srt.rebuild(["<i>Ein Mann fährt</i> Fahrrad.", "Zwei Hunde &amp; eine Katze."]).decode()
     # Numbers and timings as they came; a cue's text over as many lines as it had, unescaped.
     assert out == (
-        "1\n00:00:01,000 --> 00:00:03,500\n<i>Ein Mann\nfährt</i> Fahrrad.\n\n"
+        "1\n00:00:01,000 --> 00:00:03,500\n<i>Ein Mann fährt</i>\nFahrrad.\n\n"
         "2\n00:00:04,000 --> 00:00:05,000\nZwei Hunde & eine Katze.\n\n"
         "3\n00:00:06,000 --> 00:00:07,000\n"
     )
@@ -62,11 +82,16 @@ def test_each_format_gives_back_what_it_took_when_nothing_is_translated() -> Non
 @pytest.mark.parametrize(
     ("name", "data", "code", "needle"),
     [
-        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".txt, .html, .htm, .srt, .docx, .pptx, .xlsx"),
+        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".txt, .html, .htm, .srt, .vtt, .xlf, .xliff, .docx"),
         ("notes", b"A dog.", "unsupported_document", "'notes'"),
         ("latin1.txt", "Caf\xe9".encode("latin-1"), "invalid_document", "not UTF-8 text (byte 3)"),
         ("a.srt", b"1\nA dog without a time.\n", "invalid_document", "subtitle 1 has no timing line"),
         ("a.html", b"<p>A dog <b", "invalid_document", "ends inside a tag"),
+        ("a.vtt", b"1\n00:01.000 --> 00:02.000\nA dog.\n", "invalid_document", "does not begin with WEBVTT"),
+        ("a.vtt", b"WEBVTT\n\nA dog without a time.\n", "invalid_document", "block 2 has no timing line"),
+        ("a.xlf", b"<html><p>A dog.</p></html>", "invalid_document", "not an XLIFF file"),
+        ("a.xlf", b"<xliff><unclosed>", "invalid_document", "XML does not parse"),
+        ("a.xlf", b'<!DOCTYPE x [<!ENTITY a "b">]><xliff/>', "invalid_document", "declares a DTD"),
         ("big.txt", b"A dog runs.\n" * 50_000, "document_too_large", "at most 500000"),
     ],
 )
@@ -74,6 +99,58 @@ def test_a_document_that_cannot_be_read_is_refused_by_name(name: str, data: byte
     with pytest.raises(ApiError) as err:
         documents.parse(name, data)
     assert err.value.code == code and needle in err.value.detail, err.value.detail
+
+
+def test_webvtt_keeps_its_header_blocks_and_cue_settings_and_its_markup_as_markup() -> None:
+    vtt = documents.parse("a.vtt", VTT.encode())
+    assert vtt.segments == ["<v Roger Bingham>A man is riding a bike.", "Two dogs &amp; a <i>cat</i>."]
+    # Lines balanced by what a viewer sees: the speaker's tag counts for nothing.
+    assert vtt.rebuild(vtt.segments).decode() == VTT.replace("A man is riding\na bike", "A man is\nriding a bike")
+    out = vtt.rebuild(["<v Roger Bingham>Ein Mann fährt Fahrrad.", "Zwei Hunde &amp; eine <i>Katze</i>."]).decode()
+    # A tag is never cut between lines; escapes stay escaped, as WebVTT writes them.
+    assert out.endswith(
+        "intro\n00:01.000 --> 00:03.500 align:start\n<v Roger Bingham>Ein Mann fährt\nFahrrad.\n\n"
+        "00:00:04.000 --> 00:00:05.000\nZwei Hunde &amp; eine <i>Katze</i>.\n"
+    )
+    assert out.startswith("WEBVTT - a film\n\nNOTE made by hand\n\nSTYLE\n::cue { color: yellow }\n\n")
+
+
+def test_xliff_fills_the_targets_it_lacks_with_its_inline_codes_in_place() -> None:
+    from lxml import etree
+
+    v12 = documents.parse("app.xlf", XLIFF12.encode())
+    assert v12.segments == [
+        'A man in a <span data-x="0">red shirt</span> is riding a bike.<img data-x="1">',
+        'Click <img data-x="0">here.',
+    ]  # the translated unit and the translate="no" one are not asked
+    out = etree.fromstring(v12.rebuild(['Ein Mann in einem <span data-x="0">roten Hemd</span> fährt.<img data-x="1">',
+                                        'Klicken Sie <img data-x="0">hier.']))  # fmt: skip
+    ns = {"x": "urn:oasis:names:tc:xliff:document:1.2"}
+    targets = [etree.tostring(t, encoding=str) for t in out.iterfind(".//x:target", ns)]
+    assert len(targets) == 3
+    assert 'state="translated">Ein Mann in einem <g id="1">roten Hemd</g> fährt.<x id="2"/></target>' in targets[0]
+    assert targets[1].endswith(">Zwei Hunde spielen.</target>")  # a person's translation kept
+    assert 'state="translated">Klicken Sie <ph id="3">&lt;b&gt;</ph>hier.</target>' in targets[2]
+    assert out.find(".//x:trans-unit[@id='3']/x:target", ns) is None
+    v2 = documents.parse("app.xliff", XLIFF2.encode())
+    assert v2.segments == ['A <span data-x="0">small</span> dog.', "It runs."]
+    out = etree.fromstring(v2.rebuild(['Ein <span data-x="0">kleiner</span> Hund.', "Er rennt."]))
+    ns = {"x": "urn:oasis:names:tc:xliff:document:2.0"}
+    segments = out.findall(".//x:segment", ns)
+    assert [s.get("state") for s in segments] == ["translated", "translated", None]
+    assert etree.tostring(segments[0].find("x:target", ns), encoding=str).endswith(
+        '>Ein <pc id="1">kleiner</pc> Hund.</target>'
+    )
+    assert out.find(".//x:ignorable/x:target", ns) is None
+    assert v12.rebuild(v12.segments) != XLIFF12.encode()  # targets added, and nothing else:
+    again = documents.parse("app.xlf", v12.rebuild(v12.segments))
+    assert again.segments == []
+
+
+def test_the_page_offers_every_format_documents_read() -> None:
+    page = (Path(documents.__file__).parent.parent / "api" / "ui" / "index.html").read_text()
+    offered = re.search(r'<input type="file" id="file" name="file" accept="([^"]*)"', page)
+    assert offered is not None and offered.group(1) == ",".join(f".{k}" for k in documents.FORMATS)
 
 
 def test_subtitle_lines_are_balanced_between_words() -> None:
@@ -110,7 +187,14 @@ def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs
     import deepl
 
     translator = deepl.Translator("any-key", server_url=server)
-    for name, data in (("notes.txt", TEXT.encode()), ("page.html", HTML.encode()), ("film.srt", SRT.encode())):
+    for name, data in (
+        ("notes.txt", TEXT.encode()),
+        ("page.html", HTML.encode()),
+        ("film.srt", SRT.encode()),
+        ("film.vtt", VTT.encode()),
+        ("app.xlf", XLIFF12.encode()),
+        ("app.xliff", XLIFF2.encode()),
+    ):
         parsed = documents.parse(name, data)
         want = parsed.rebuild(on_v1(client, parsed.segments, **({"tag_handling": "html"} if parsed.html else {})))
         got = document(translator, data, target_lang="DE", filename=name)
@@ -141,7 +225,7 @@ def test_documents_are_refused_by_name_and_read_only_with_their_key(client: http
 
     translator = deepl.Translator("any-key", server_url=server)
     with pytest.raises(
-        deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .docx, .pptx, .xlsx")
+        deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .vtt, .xlf, .xliff, .docx, .pptx")
     ):
         translator.translate_document_upload(b"%PDF-1.7", target_lang="DE", filename="report.pdf")
     with pytest.raises(deepl.DeepLException, match="a document comes back in its own format"):

@@ -8,6 +8,11 @@ everything that is not prose kept as it came.
   is marked not to translate stay as written.
 - SubRip subtitles (.srt): each cue's text is a segment; its number and timing line stay, and the
   translation is wrapped over as many lines as the cue had. Inline tags (<i>, <b>) are carried over.
+- WebVTT subtitles (.vtt): as SubRip's, a cue's identifier, timing and settings kept; the header, NOTE,
+  STYLE and REGION blocks stay as written. Cue text is already markup in WebVTT (<v Speaker>, <c.class>,
+  <i>, &amp;): it is translated as it is and written back as the translation gives it.
+- XLIFF (.xlf, .xliff; 1.2 and 2.x): each untranslated segment's source, its inline codes carried over,
+  written as the segment's target (service/text/xliff_text.py).
 - Word, PowerPoint and Excel (.docx, .pptx, .xlsx): each paragraph (each text cell) is a segment, its
   runs' formatting and hyperlinks carried over as inline markup (service/text/ooxml_text.py). A zip that
   would unpack past MAX_UNZIPPED_BYTES, or a part past MAX_ZIP_RATIO times its packed size, is
@@ -36,6 +41,9 @@ FORMATS = {
     "html": "text/html",
     "htm": "text/html",
     "srt": "application/x-subrip",
+    "vtt": "text/vtt",
+    "xlf": "application/x-xliff+xml",
+    "xliff": "application/x-xliff+xml",
     "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
     "pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
     "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
@@ -85,13 +93,17 @@ def parse(filename: str, data: bytes) -> Parsed:
         from service.text.ooxml_text import office_document  # lxml: loaded for Office documents only
 
         parsed = office_document(kind, unzipped_safely(filename, data))
+    elif kind in ("xlf", "xliff"):
+        from service.text.xliff_text import xliff_document  # lxml, as Office documents
+
+        parsed = xliff_document(data)
     else:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ApiError("invalid_document", f"{filename!r} is not UTF-8 text (byte {exc.start})") from None
         bom, text = (BOM, text[1:]) if text.startswith(BOM) else ("", text)
-        parsed = {"txt": _text, "html": _html, "htm": _html, "srt": _subtitles}[kind](text, bom)
+        parsed = {"txt": _text, "html": _html, "htm": _html, "srt": _subtitles, "vtt": _web_subtitles}[kind](text, bom)
     if parsed.characters > MAX_CHARACTERS:
         raise ApiError(
             "document_too_large", f"{parsed.characters} characters of text; a document holds at most {MAX_CHARACTERS}"
@@ -162,18 +174,37 @@ def _html(text: str, bom: str) -> Parsed:
 
 
 _CUE_TIMING = re.compile(r"^\s*\d\d:\d\d:\d\d[,.]\d{3}\s*-->\s*\d\d:\d\d:\d\d[,.]\d{3}")
+_VTT_TIMING = re.compile(r"^\s*(?:\d+:)?\d\d:\d\d\.\d{3}[ \t]+-->[ \t]+(?:\d+:)?\d\d:\d\d\.\d{3}")
+_VTT_KEPT = re.compile(r"(?:WEBVTT|NOTE|STYLE|REGION)(?:[ \t]|$)")  # the header and blocks that are not cues
 _TAG = re.compile(r"(<[^<>]*>|\{\\[^{}]*\})")  # <i>, </b>, <font ...>, and ASS overrides such as {\an8}
 
 
 def _subtitles(text: str, bom: str) -> Parsed:
+    return _cues(text, bom, web=False)
+
+
+def _web_subtitles(text: str, bom: str) -> Parsed:
+    if not re.match(r"WEBVTT(?:[ \t\r\n]|$)", text):
+        raise ApiError("invalid_document", "not a WebVTT file: it does not begin with WEBVTT")
+    return _cues(text, bom, web=True)
+
+
+def _cues(text: str, bom: str, *, web: bool) -> Parsed:
+    """SubRip's or WebVTT's cues: each cue's text a segment (SubRip's escaped into markup, WebVTT's markup
+    already), the rest of each block as it came."""
     newline = "\r\n" if "\r\n" in text else "\n"
     blocks = re.split(r"(?:\r?\n){2,}", text.strip("\r\n"))
-    cues: list[tuple[list[str], list[str]]] = []  # (number and timing lines, text lines)
+    timing_line = _VTT_TIMING if web else _CUE_TIMING
+    cues: list[tuple[list[str], list[str]]] = []  # (number or identifier and timing lines, text lines)
     for n, block in enumerate(blocks, 1):
         lines = block.splitlines()
-        timing = next((i for i, line in enumerate(lines[:2]) if _CUE_TIMING.match(line)), None)
+        if web and _VTT_KEPT.match(lines[0]):
+            cues.append((lines, []))
+            continue
+        timing = next((i for i, line in enumerate(lines[:2]) if timing_line.match(line)), None)
         if timing is None:
-            raise ApiError("invalid_document", f"subtitle {n} has no timing line (00:00:01,000 --> 00:00:02,000)")
+            example = "00:00:01.000 --> 00:00:02.000" if web else "00:00:01,000 --> 00:00:02,000"
+            raise ApiError("invalid_document", f"{'block' if web else 'subtitle'} {n} has no timing line ({example})")
         cues.append((lines[: timing + 1], lines[timing + 1 :]))
     spoken = [i for i, (_, words) in enumerate(cues) if any(w.strip() for w in words)]
 
@@ -181,12 +212,18 @@ def _subtitles(text: str, bom: str) -> Parsed:
         done = dict(zip(spoken, translations, strict=True))
         out = []
         for i, (head, words) in enumerate(cues):
-            body = _wrap(_plain(done[i]), len([w for w in words if w.strip()])) if i in done else words
+            if i in done:
+                body = _wrap(done[i] if web else _plain(done[i]), len([w for w in words if w.strip()]))
+            else:
+                body = words
             out.append(newline.join(head + body))
         return (bom + (newline * 2).join(out) + newline).encode()
 
-    segments = [_markup(" ".join(w.strip() for w in cues[i][1] if w.strip())) for i in spoken]
-    return Parsed(segments, True, rebuild)
+    def segment(i: int) -> str:
+        said = " ".join(w.strip() for w in cues[i][1] if w.strip())
+        return said if web else _markup(said)
+
+    return Parsed([segment(i) for i in spoken], True, rebuild)
 
 
 def _markup(text: str) -> str:
@@ -200,17 +237,19 @@ def _plain(fragment: str) -> str:
 
 
 def _wrap(text: str, lines: int) -> list[str]:
-    """The text over `lines` lines (at least one) of about equal length, broken between words."""
-    words = text.split()
+    """The text over `lines` lines (at least one) of about equal length, broken between words, never inside
+    a tag (<v Roger>, <font color="red">)."""
+    words = re.findall(r"(?:<[^<>]*>|[^\s<]|<)+", text)
     if lines <= 1 or len(words) < 2:
         return [" ".join(words)]
     lines = min(lines, len(words))
+    shown = {w: len(re.sub(r"<[^<>]*>", "", w)) for w in words}  # what a viewer sees of each word
     out, left = [], words
     for k in range(lines, 1, -1):
-        goal = sum(len(w) + 1 for w in left) / k
+        goal = sum(shown[w] + 1 for w in left) / k
         taken, size = 0, 0
-        while taken < len(left) - (k - 1) and (taken == 0 or size + len(left[taken]) / 2 < goal):
-            size += len(left[taken]) + 1
+        while taken < len(left) - (k - 1) and (taken == 0 or size + shown[left[taken]] / 2 < goal):
+            size += shown[left[taken]] + 1
             taken += 1
         out.append(" ".join(left[:taken]))
         left = left[taken:]

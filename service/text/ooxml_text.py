@@ -253,7 +253,7 @@ def office_document(kind: str, data: bytes) -> Parsed:
                 f"its text parts unpack to {size} bytes of XML; a document holds at most {MAX_XML_BYTES}",
             )
         budget = [MAX_ELEMENTS]
-        return z, {n: _parse(kind, n, _member(kind, z, n), budget) for n in texts}
+        return z, {n: parse_bounded(kind, n, _member(kind, z, n), budget) for n in texts}
 
     z, parts = read()
     for info in z.infolist():  # every other member unpacks too (CRC-32 checked), or the rebuild would fail later
@@ -287,9 +287,11 @@ def _member(kind: str, z: zipfile.ZipFile, name: str) -> bytes:
         ) from None
 
 
-def _parse(kind: str, name: str, xml: bytes, budget: list[int]) -> Any:
-    """A part's XML as a tree, its elements counted against budget[0] (shared by the document's parts) as they
-    are parsed: ApiError document_too_large once past it, invalid_document where it does not parse."""
+def parse_bounded(kind: str, name: str, xml: bytes, budget: list[int]) -> Any:
+    """A part's XML (`name`: the part's, or "" for a file that is one) as a tree, its elements counted against
+    budget[0] (shared by the document's parts) as they are parsed: ApiError document_too_large once past it,
+    invalid_document where it does not parse or declares a DTD (entities it declares could be read one way here and
+    another by the program the file goes back to)."""
     parser = etree.XMLPullParser(events=("start",), resolve_entities=False, no_network=True, huge_tree=False)
     try:
         for offset in range(0, max(len(xml), 1), 1 << 16):  # a piece at a time: the count is checked as it grows
@@ -302,12 +304,11 @@ def _parse(kind: str, name: str, xml: bytes, budget: list[int]) -> Any:
                 )
         root = parser.close()
     except etree.XMLSyntaxError as exc:
-        raise ApiError("invalid_document", f"the {kind} file's XML does not parse ({name[:200]}: {exc})") from None
-    if root.getroottree().docinfo.doctype:  # entities it declares would be read one way here, another in Office
-        raise ApiError(
-            "invalid_document",
-            f"the {kind} file's part {name[:200]!r} declares a DTD (<!DOCTYPE ...>), which Office files never hold",
-        )
+        where = f"{name[:200]}: " if name else ""
+        raise ApiError("invalid_document", f"the {kind} file's XML does not parse ({where}{exc})") from None
+    if root.getroottree().docinfo.doctype:
+        part = f"'s part {name[:200]!r}" if name else ""
+        raise ApiError("invalid_document", f"the {kind} file{part} declares a DTD (<!DOCTYPE ...>), which it may not")
     return root
 
 
