@@ -9,6 +9,7 @@ import contextlib
 import io
 import re
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ def test_each_format_gives_back_what_it_took_when_nothing_is_translated() -> Non
 @pytest.mark.parametrize(
     ("name", "data", "code", "needle"),
     [
-        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".txt, .html, .htm, .srt, .vtt, .xlf, .xliff, .docx"),
+        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".srt, .vtt, .xlf, .xliff, .epub, .docx, .pptx"),
         ("notes", b"A dog.", "unsupported_document", "'notes'"),
         ("latin1.txt", "Caf\xe9".encode("latin-1"), "invalid_document", "not UTF-8 text (byte 3)"),
         ("a.srt", b"1\nA dog without a time.\n", "invalid_document", "subtitle 1 has no timing line"),
@@ -147,6 +148,63 @@ def test_xliff_fills_the_targets_it_lacks_with_its_inline_codes_in_place() -> No
     assert again.segments == []
 
 
+def book(chapters: dict[str, str] | None = None) -> bytes:
+    """An EPUB 3 book: its spine reads ch2 before ch1; a nav document, a style sheet and a picture beside them."""
+    chapters = chapters or {
+        "ch1.xhtml": "<h1>A dog</h1><p>A man in a <em>red shirt</em> rides a bike.</p>",
+        "ch2.xhtml": "<p>Two dogs &amp; a cat.</p>",
+        "nav.xhtml": '<nav epub:type="toc"><ol><li><a href="ch1.xhtml">A dog</a></li></ol></nav>',
+    }
+    page = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml" '
+        'xmlns:epub="http://www.idpf.org/2007/ops"><head><title>Book</title></head><body>{}</body></html>'
+    )
+    opf = (
+        '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0"><manifest>'
+        '<item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/>'
+        '<item id="c1" href="ch1.xhtml" media-type="application/xhtml+xml"/>'
+        '<item id="c2" href="ch2.xhtml" media-type="application/xhtml+xml"/>'
+        '<item id="css" href="style.css" media-type="text/css"/></manifest>'
+        '<spine><itemref idref="c2"/><itemref idref="c1"/></spine></package>'
+    )
+    container = (
+        '<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+        '<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
+        "</rootfiles></container>"
+    )
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("mimetype", "application/epub+zip", compress_type=zipfile.ZIP_STORED)
+        z.writestr("META-INF/container.xml", container)
+        z.writestr("OEBPS/content.opf", opf)
+        z.writestr("OEBPS/style.css", "p { color: red }")
+        for name, body in chapters.items():
+            z.writestr(f"OEBPS/{name}", page.format(body))
+    return out.getvalue()
+
+
+def test_an_epub_is_read_in_its_spines_order_and_rebuilt_around_its_translations() -> None:
+    parsed = documents.parse("book.epub", book())
+    # Each document's title, then its prose: the spine's order, then the nav document.
+    assert parsed.segments == [
+        "Book", "Two dogs &amp; a cat.",
+        "Book", "A dog", "A man in a <em>red shirt</em> rides a bike.",
+        "Book", '<a href="ch1.xhtml">A dog</a>',
+    ]  # fmt: skip
+    same = zipfile.ZipFile(io.BytesIO(parsed.rebuild(parsed.segments)))
+    original = zipfile.ZipFile(io.BytesIO(book()))
+    assert [i.filename for i in same.infolist()] == [i.filename for i in original.infolist()]
+    assert same.infolist()[0].compress_type == zipfile.ZIP_STORED  # the mimetype first, and stored
+    assert all(same.read(n) == original.read(n) for n in original.namelist())
+    german = ["Buch", "Zwei Hunde &amp; eine Katze.", "Buch", "Ein Hund", "Ein Mann in einem <em>roten Hemd</em>.",
+              "Buch", '<a href="ch1.xhtml">Ein Hund</a>']  # fmt: skip
+    out = zipfile.ZipFile(io.BytesIO(parsed.rebuild(german)))
+    assert "<p>Ein Mann in einem <em>roten Hemd</em>.</p>" in out.read("OEBPS/ch1.xhtml").decode()
+    assert out.read("OEBPS/style.css") == b"p { color: red }"
+    with pytest.raises(ApiError, match=re.escape("not an EPUB book: it has no META-INF/container.xml")):
+        documents.parse("a.epub", word())
+
+
 def test_the_page_offers_every_format_documents_read() -> None:
     page = (Path(documents.__file__).parent.parent / "api" / "ui" / "index.html").read_text()
     offered = re.search(r'<input type="file" id="file" name="file" accept="([^"]*)"', page)
@@ -194,6 +252,7 @@ def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs
         ("film.vtt", VTT.encode()),
         ("app.xlf", XLIFF12.encode()),
         ("app.xliff", XLIFF2.encode()),
+        ("book.epub", book()),
     ):
         parsed = documents.parse(name, data)
         want = parsed.rebuild(on_v1(client, parsed.segments, **({"tag_handling": "html"} if parsed.html else {})))
@@ -225,7 +284,7 @@ def test_documents_are_refused_by_name_and_read_only_with_their_key(client: http
 
     translator = deepl.Translator("any-key", server_url=server)
     with pytest.raises(
-        deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .vtt, .xlf, .xliff, .docx, .pptx")
+        deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .vtt, .xlf, .xliff, .epub, .docx")
     ):
         translator.translate_document_upload(b"%PDF-1.7", target_lang="DE", filename="report.pdf")
     with pytest.raises(deepl.DeepLException, match="a document comes back in its own format"):

@@ -11,6 +11,7 @@ everything that is not prose kept as it came.
 - WebVTT subtitles (.vtt): as SubRip's, a cue's identifier, timing and settings kept; the header, NOTE,
   STYLE and REGION blocks stay as written. Cue text is already markup in WebVTT (<v Speaker>, <c.class>,
   <i>, &amp;): it is translated as it is and written back as the translation gives it.
+- EPUB books (.epub): each XHTML content document in reading order, as HTML (service/text/epub_text.py).
 - XLIFF (.xlf, .xliff; 1.2 and 2.x): each untranslated segment's source, its inline codes carried over,
   written as the segment's target (service/text/xliff_text.py).
 - Word, PowerPoint and Excel (.docx, .pptx, .xlsx): each paragraph (each text cell) is a segment, its
@@ -33,7 +34,7 @@ import zipfile
 from pathlib import PurePath
 
 from service.errors import ApiError
-from service.text.html_text import HtmlDocument, HtmlLimitError, HtmlSyntaxError, Run
+from service.text.html_text import HtmlDocument, HtmlLimitError, HtmlSyntaxError
 from service.text.parsed import Parsed
 
 FORMATS = {
@@ -44,6 +45,7 @@ FORMATS = {
     "vtt": "text/vtt",
     "xlf": "application/x-xliff+xml",
     "xliff": "application/x-xliff+xml",
+    "epub": "application/epub+zip",
     "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
     "pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
     "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
@@ -93,6 +95,10 @@ def parse(filename: str, data: bytes) -> Parsed:
         from service.text.ooxml_text import office_document  # lxml: loaded for Office documents only
 
         parsed = office_document(kind, unzipped_safely(filename, data))
+    elif kind == "epub":
+        from service.text.epub_text import epub_document
+
+        parsed = epub_document(unzipped_safely(filename, data))
     elif kind in ("xlf", "xliff"):
         from service.text.xliff_text import xliff_document  # lxml, as Office documents
 
@@ -158,19 +164,9 @@ def _html(text: str, bom: str) -> Parsed:
         doc = HtmlDocument(text)
     except (HtmlLimitError, HtmlSyntaxError) as exc:
         raise ApiError("invalid_document", f"the HTML document: {exc}") from None
-    runs = [p for p in doc.parts if isinstance(p, Run) and not p.blank]
-
-    def rebuild(translations: list[str]) -> bytes:
-        done = dict(zip(map(id, runs), translations, strict=True))
-        out = []
-        for part in doc.parts:
-            if isinstance(part, str):
-                out.append(part)
-            else:
-                out.append(done.get(id(part)) or "".join(part.original))
-        return (bom + "".join(out)).encode()
-
-    return Parsed(["".join(run.original) for run in runs], True, rebuild)
+    return Parsed(
+        ["".join(run.original) for run in doc.runs], True, lambda done: (bom + doc.with_fragments(done)).encode()
+    )
 
 
 _CUE_TIMING = re.compile(r"^\s*\d\d:\d\d:\d\d[,.]\d{3}\s*-->\s*\d\d:\d\d:\d\d[,.]\d{3}")

@@ -336,6 +336,12 @@ class HtmlDocument:
         """Per run to translate: whether it holds inline markup that must be carried over."""
         return [bool(run.elements) for run in self.runs]
 
+    def with_fragments(self, fragments: list[str]) -> str:
+        """The document with each run to translate replaced by a fragment of markup (a document's translated
+        segment), or as it came where the fragment is empty."""
+        done = dict(zip(map(id, self.runs), fragments, strict=True))
+        return "".join(p if isinstance(p, str) else done.get(id(p)) or "".join(p.original) for p in self.parts)
+
     def render(self, translations: list[str], links: list[list[Link]] | None = None) -> str:
         """The fragment with each run's text replaced by its translation; links[i] (run i's alignment,
         target spans in translations[i], source spans in texts[i]) place its inline elements."""

@@ -253,12 +253,12 @@ def office_document(kind: str, data: bytes) -> Parsed:
                 f"its text parts unpack to {size} bytes of XML; a document holds at most {MAX_XML_BYTES}",
             )
         budget = [MAX_ELEMENTS]
-        return z, {n: parse_bounded(kind, n, _member(kind, z, n), budget) for n in texts}
+        return z, {n: parse_bounded(kind, n, zip_member(kind, z, n), budget) for n in texts}
 
     z, parts = read()
     for info in z.infolist():  # every other member unpacks too (CRC-32 checked), or the rebuild would fail later
         if info.filename not in parts:
-            _member(kind, z, info.filename)
+            zip_member(kind, z, info.filename)
     segments = [p.fragment() for p in _paragraphs(parts, d)]
 
     def rebuild(translations: list[str]) -> bytes:
@@ -277,7 +277,7 @@ def office_document(kind: str, data: bytes) -> Parsed:
     return Parsed(segments, True, rebuild)
 
 
-def _member(kind: str, z: zipfile.ZipFile, name: str) -> bytes:
+def zip_member(kind: str, z: zipfile.ZipFile, name: str) -> bytes:
     """A zip member's bytes, or ApiError invalid_document naming it."""
     try:
         return z.read(name)
