@@ -83,7 +83,7 @@ def test_each_format_gives_back_what_it_took_when_nothing_is_translated() -> Non
 @pytest.mark.parametrize(
     ("name", "data", "code", "needle"),
     [
-        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".srt, .vtt, .xlf, .xliff, .epub, .docx, .pptx"),
+        ("report.pdf", b"%PDF-1.7", "unsupported_document", ".srt, .vtt, .xlf, .xliff, .epub, .odt, .odp, .ods"),
         ("notes", b"A dog.", "unsupported_document", "'notes'"),
         ("latin1.txt", "Caf\xe9".encode("latin-1"), "invalid_document", "not UTF-8 text (byte 3)"),
         ("a.srt", b"1\nA dog without a time.\n", "invalid_document", "subtitle 1 has no timing line"),
@@ -205,6 +205,81 @@ def test_an_epub_is_read_in_its_spines_order_and_rebuilt_around_its_translations
         documents.parse("a.epub", word())
 
 
+ODF_NS = (
+    'xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
+    'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
+    'xmlns:table="urn:oasis:names:tc:opendocument:xmlns:table:1.0" '
+    'xmlns:draw="urn:oasis:names:tc:opendocument:xmlns:drawing:1.0" xmlns:xlink="http://www.w3.org/1999/xlink"'
+)
+
+
+def open_document(kind: str, body: str, styles: str = "") -> bytes:
+    """An OpenDocument file as office suites write one: the mimetype first and stored, then its XML parts."""
+    named = {"odt": "text", "odp": "presentation", "ods": "spreadsheet"}[kind]
+    content = f"<office:document-content {ODF_NS}><office:body>{body}</office:body></office:document-content>"
+    style = f"<office:document-styles {ODF_NS}>{styles}</office:document-styles>"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("mimetype", f"application/vnd.oasis.opendocument.{named}", compress_type=zipfile.ZIP_STORED)
+        z.writestr("content.xml", '<?xml version="1.0"?>' + content)
+        z.writestr("styles.xml", '<?xml version="1.0"?>' + style)
+        z.writestr("META-INF/manifest.xml", "<manifest/>")
+    return out.getvalue()
+
+
+ODT_BODY = (
+    '<office:text><text:h>A dog</text:h><text:p>A man in a <text:span text:style-name="T1">red shirt</text:span>'
+    '<text:s text:c="2"/>rides a <text:a xlink:href="https://example.com">bike</text:a>.'
+    "<text:note><text:note-body><text:p>Two dogs play.</text:p></text:note-body></text:note></text:p>"
+    "<text:p> </text:p></office:text>"
+)
+
+
+def test_opendocument_paragraphs_keep_their_spans_links_notes_and_numbers() -> None:
+    from lxml import etree
+
+    header = "<office:master-styles><text:p>A report.</text:p></office:master-styles>"
+    odt = documents.parse("a.odt", open_document("odt", ODT_BODY, header))
+    assert odt.segments == [
+        "A dog",
+        'A man in a <span data-x="0">red shirt</span><img data-x="1">rides a <span data-x="2">bike</span>.'
+        '<img data-x="3">',
+        "Two dogs play.",
+        "A report.",  # styles.xml's header, after the body
+    ]
+    same = zipfile.ZipFile(io.BytesIO(odt.rebuild(odt.segments)))
+    assert same.infolist()[0].filename == "mimetype" and same.infolist()[0].compress_type == zipfile.ZIP_STORED
+    german = [
+        "Ein Hund",
+        'Ein Mann in einem <span data-x="0">roten Hemd</span><img data-x="1">fährt <span data-x="2">Rad</span>.'
+        '<img data-x="3">',
+        "Zwei Hunde spielen.",
+        "Ein Bericht.",
+    ]
+    out = zipfile.ZipFile(io.BytesIO(odt.rebuild(german)))
+    content = out.read("content.xml").decode()
+    assert (
+        'Ein Mann in einem <text:span text:style-name="T1">roten Hemd</text:span><text:s text:c="2"/>fährt '
+        '<text:a xlink:href="https://example.com">Rad</text:a>.<text:note><text:note-body>'
+        "<text:p>Zwei Hunde spielen.</text:p></text:note-body></text:note>"
+    ) in content
+    assert "<text:p>Ein Bericht.</text:p>" in out.read("styles.xml").decode()
+    etree.fromstring(out.read("content.xml"))  # well formed
+    sheet = (
+        '<office:spreadsheet><table:table><table:table-row><table:table-cell office:value-type="string">'
+        '<text:p>A red bike</text:p></table:table-cell><table:table-cell office:value-type="float" office:value="3.5">'
+        "<text:p>3.5</text:p></table:table-cell></table:table-row></table:table></office:spreadsheet>"
+    )
+    assert documents.parse("a.ods", open_document("ods", sheet)).segments == ["A red bike"]
+    slide = (
+        "<office:presentation><draw:page><draw:frame><draw:text-box><text:p>Two dogs play in the snow.</text:p>"
+        "</draw:text-box></draw:frame></draw:page></office:presentation>"
+    )
+    assert documents.parse("a.odp", open_document("odp", slide)).segments == ["Two dogs play in the snow."]
+    with pytest.raises(ApiError, match=re.escape("not an OpenDocument .odt file")):
+        documents.parse("a.odt", open_document("ods", sheet))
+
+
 def test_the_page_offers_every_format_documents_read() -> None:
     page = (Path(documents.__file__).parent.parent / "api" / "ui" / "index.html").read_text()
     offered = re.search(r'<input type="file" id="file" name="file" accept="([^"]*)"', page)
@@ -253,6 +328,7 @@ def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs
         ("app.xlf", XLIFF12.encode()),
         ("app.xliff", XLIFF2.encode()),
         ("book.epub", book()),
+        ("report.odt", open_document("odt", ODT_BODY)),
     ):
         parsed = documents.parse(name, data)
         want = parsed.rebuild(on_v1(client, parsed.segments, **({"tag_handling": "html"} if parsed.html else {})))
@@ -284,7 +360,7 @@ def test_documents_are_refused_by_name_and_read_only_with_their_key(client: http
 
     translator = deepl.Translator("any-key", server_url=server)
     with pytest.raises(
-        deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .vtt, .xlf, .xliff, .epub, .docx")
+        deepl.DeepLException, match=re.escape("documents are .txt, .html, .htm, .srt, .vtt, .xlf, .xliff, .epub, .odt")
     ):
         translator.translate_document_upload(b"%PDF-1.7", target_lang="DE", filename="report.pdf")
     with pytest.raises(deepl.DeepLException, match="a document comes back in its own format"):

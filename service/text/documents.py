@@ -11,6 +11,8 @@ everything that is not prose kept as it came.
 - WebVTT subtitles (.vtt): as SubRip's, a cue's identifier, timing and settings kept; the header, NOTE,
   STYLE and REGION blocks stay as written. Cue text is already markup in WebVTT (<v Speaker>, <c.class>,
   <i>, &amp;): it is translated as it is and written back as the translation gives it.
+- OpenDocument text, presentations and spreadsheets (.odt, .odp, .ods): each paragraph, its spans and links
+  carried over, as Office documents' (service/text/odf_text.py).
 - EPUB books (.epub): each XHTML content document in reading order, as HTML (service/text/epub_text.py).
 - XLIFF (.xlf, .xliff; 1.2 and 2.x): each untranslated segment's source, its inline codes carried over,
   written as the segment's target (service/text/xliff_text.py).
@@ -46,6 +48,9 @@ FORMATS = {
     "xlf": "application/x-xliff+xml",
     "xliff": "application/x-xliff+xml",
     "epub": "application/epub+zip",
+    "odt": "application/vnd.oasis.opendocument.text",
+    "odp": "application/vnd.oasis.opendocument.presentation",
+    "ods": "application/vnd.oasis.opendocument.spreadsheet",
     "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
     "pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
     "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
@@ -95,6 +100,10 @@ def parse(filename: str, data: bytes) -> Parsed:
         from service.text.ooxml_text import office_document  # lxml: loaded for Office documents only
 
         parsed = office_document(kind, unzipped_safely(filename, data))
+    elif kind in ("odt", "odp", "ods"):
+        from service.text.odf_text import odf_document
+
+        parsed = odf_document(kind, unzipped_safely(filename, data))
     elif kind == "epub":
         from service.text.epub_text import epub_document
 

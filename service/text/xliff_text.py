@@ -14,21 +14,18 @@ segment). Everything else (notes, metadata, <ignorable>, the file's own markup) 
 
 from __future__ import annotations
 
-import copy
-import html
-import re
 from typing import Any
 
 from lxml import etree
 
 from service.errors import ApiError
+from service.text.inline_xml import InlineXml, local_name
 from service.text.ooxml_text import MAX_ELEMENTS, MAX_XML_BYTES, parse_bounded
 from service.text.parsed import Parsed
 
 V12 = "{urn:oasis:names:tc:xliff:document:1.2}"
 V2 = "{urn:oasis:names:tc:xliff:document:2.0}"
 TEXT_CODES = {"g", "mrk", "pc"}  # inline elements whose content is text to translate
-_TOKEN = re.compile(r"<(/?)(span|img)(?: data-x=\"(\d+)\")?\s*/?>|([^<]+)")
 
 
 class _Segment:
@@ -36,44 +33,13 @@ class _Segment:
 
     def __init__(self, holder: Any, source: Any, target: Any, ns: str) -> None:
         self.holder, self.source, self.target, self.ns = holder, source, target, ns
-        self.codes: list[Any] = []
-        self.fragment = self._fragment(source)
-
-    def _fragment(self, element: Any) -> str:
-        out = [html.escape(element.text or "", quote=False)]
-        for child in element:
-            i = len(self.codes)
-            self.codes.append(child)
-            local = etree.QName(child).localname if isinstance(child.tag, str) else ""
-            if local in TEXT_CODES:
-                out.append(f'<span data-x="{i}">{self._fragment(child)}</span>')
-            else:
-                out.append(f'<img data-x="{i}">')
-            out.append(html.escape(child.tail or "", quote=False))
-        return "".join(out)
+        self.inline = InlineXml(source, lambda e: local_name(e) in TEXT_CODES)
+        self.fragment = self.inline.fragment
 
     def write(self, translated: str) -> None:
         """The translation as the segment's target (in place of a blank one, or after the source)."""
         target = etree.Element(f"{self.ns}target", attrib=dict(self.target.attrib) if self.target is not None else {})
-        open_: list[Any] = [target]
-        for m in _TOKEN.finditer(translated):
-            closing, tag, number, text = m.groups()
-            if text is not None:
-                _append_text(open_[-1], html.unescape(text))
-            elif tag == "img" and number is not None:
-                code = copy.deepcopy(self.codes[int(number)])
-                code.tail = None
-                open_[-1].append(code)
-            elif tag == "span" and closing:
-                if len(open_) > 1:
-                    open_.pop()
-            elif tag == "span" and number is not None:
-                code = copy.deepcopy(self.codes[int(number)])
-                code.text, code.tail = None, None
-                for child in list(code):
-                    code.remove(child)
-                open_[-1].append(code)
-                open_.append(code)
+        self.inline.fill(target, translated)
         if self.ns == V12:
             target.set("state", "translated")
         else:
@@ -84,13 +50,6 @@ class _Segment:
         else:
             target.tail = self.source.tail
             self.source.addnext(target)
-
-
-def _append_text(parent: Any, text: str) -> None:
-    if len(parent):
-        parent[-1].tail = (parent[-1].tail or "") + text
-    else:
-        parent.text = (parent.text or "") + text
 
 
 def _words(element: Any) -> bool:
