@@ -1,4 +1,4 @@
-"""Hostile Office documents (service/text/ooxml_text.py, service/text/documents.py): every malformed file a named
+"""Hostile documents (service/text/ooxml_text.py, service/text/documents.py): every malformed file a named
 4xx, budgets that refuse an amplifying file before its XML is parsed whole, and no pass quadratic in a
 paragraph's runs; a seeded mutation run over valid files (longer: `make fuzz`)."""
 
@@ -140,12 +140,21 @@ def test_a_corrupt_deflate_stream_and_overlapping_members_are_named_400s() -> No
 
 
 def mutations(seed: int, count: int) -> list[tuple[str, bytes]]:
-    """Valid .docx, .pptx and .xlsx files (tests/test_documents.py's) with bytes flipped, runs of bytes
-    zeroed, members duplicated or truncated, headers' methods and flags changed: `count` of them."""
-    from tests.test_documents import slides, word, workbook
+    """Valid Office, OpenDocument, EPUB, XLIFF and WebVTT files (tests/test_documents.py's) with bytes flipped,
+    runs of bytes zeroed, members duplicated or truncated, headers' methods and flags changed: `count` of them."""
+    from tests.test_documents import ODT_BODY, VTT, XLIFF2, XLIFF12, book, open_document, slides, word, workbook
 
     rng = random.Random(seed)
-    files = [("a.docx", word()), ("a.pptx", slides()), ("a.xlsx", workbook())]
+    files = [
+        ("a.docx", word()),
+        ("a.pptx", slides()),
+        ("a.xlsx", workbook()),
+        ("a.odt", open_document("odt", ODT_BODY)),
+        ("a.epub", book()),
+        ("a.xlf", XLIFF12.encode()),
+        ("a.xliff", XLIFF2.encode()),
+        ("a.vtt", VTT.encode()),
+    ]
     out = []
     for _ in range(count):
         name, data = rng.choice(files)
@@ -175,7 +184,7 @@ FUZZ_SEED = int(os.environ.get("BEAMSERVE_FUZZ_SEED", "20261128"))
 FUZZ_CASES = int(os.environ.get("BEAMSERVE_FUZZ_CASES", "300"))
 
 
-def test_mutated_office_files_read_or_are_refused_by_name() -> None:
+def test_mutated_files_read_or_are_refused_by_name() -> None:
     """Every mutation parses and rebuilds, or is refused with a named code: no other exception escapes."""
     for name, data in mutations(FUZZ_SEED, FUZZ_CASES):
         try:

@@ -132,7 +132,7 @@ def unzipped_safely(filename: str, data: bytes) -> bytes:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             parts = z.infolist()
-    except (zipfile.BadZipFile, ValueError) as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, ValueError, OSError, EOFError) as exc:
         raise ApiError("invalid_document", f"{filename!r} is not a {extension(filename)} file ({exc})") from None
     unpacked = sum(p.file_size for p in parts)
     bomb = next(

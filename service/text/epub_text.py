@@ -54,6 +54,8 @@ def epub_document(data: bytes) -> Parsed:
     except (zipfile.BadZipFile, ValueError) as exc:
         raise ApiError("invalid_document", f"the epub file's zip does not read ({exc})") from None
     paths = _documents(z)
+    for info in z.infolist():  # every member unpacks (CRC-32 checked), or the rebuild would fail later
+        zip_member("epub", z, info.filename)
     size = sum(z.getinfo(p).file_size for p in paths)
     if size > MAX_XML_BYTES:
         raise ApiError(
