@@ -104,14 +104,9 @@ def test_libretranslate_frontend_settings(client: httpx.Client) -> None:
     settings = client.get("/frontend/settings").json()
     assert settings["charLimit"] == 2000 and settings["keyRequired"] is False
     assert settings["filesTranslation"] is True and settings["supportedFilesFormat"] == [
-        ".docx",
-        ".htm",
-        ".html",
-        ".pptx",
-        ".srt",
-        ".txt",
+        ".docx", ".epub", ".htm", ".html", ".odp", ".ods", ".odt", ".pptx", ".srt", ".txt", ".vtt", ".xlf", ".xliff",
         ".xlsx",
-    ]
+    ]  # fmt: skip
     assert settings["language"]["source"]["code"] == "auto" and settings["language"]["target"]["code"] == "de"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -207,8 +208,8 @@ def test_a_key_reaches_only_its_own_glossaries_and_pairs_must_match(
 ) -> None:
     async def check() -> None:
         glossaries = Glossaries(SqliteRecords(tmp_path / "records.sqlite3"))
-        made = await glossaries.create(new_glossary("p", "en", "de", {"bike": "Velo"}, owner="alice"))
-        assert (await glossaries.get(made.glossary_id, "alice")).entries == {"bike": "Velo"}
+        made = await glossaries.create(new_glossary("p", {"en-de": {"bike": "Velo"}}, owner="alice"))
+        assert (await glossaries.get(made.glossary_id, "alice")).dictionaries == {"en-de": {"bike": "Velo"}}
         near = made.glossary_id[:-1] + ("1" if made.glossary_id.endswith("0") else "0")  # one character off
         for who, gid in (("bob", made.glossary_id), ("alice", "not-an-id"), ("alice", near)):
             with pytest.raises(ApiError) as err:
@@ -221,7 +222,7 @@ def test_a_key_reaches_only_its_own_glossaries_and_pairs_must_match(
         assert terms is await glossaries.terms({"bike": "Velo"}, "en", "de", "bob")  # compiled once per content
         monkeypatch.setattr(glossary_store, "MAX_GLOSSARIES", 1)
         with pytest.raises(ApiError) as err:
-            await glossaries.create(new_glossary("q", "en", "de", {"car": "Auto"}, owner="alice"))
+            await glossaries.create(new_glossary("q", {"en-de": {"car": "Auto"}}, owner="alice"))
         assert err.value.code == "too_many_glossaries"
         await glossaries.delete(made.glossary_id, "alice")
         assert await glossaries.listing("alice") == []
@@ -249,15 +250,15 @@ def test_a_listing_reads_each_glossary_s_info_never_its_entries(tmp_path: Path) 
         glossaries = Glossaries(store)  # type: ignore[arg-type]
         big = {f"term{i}": f"Begriff{i}" for i in range(glossary.MAX_ENTRIES)}
         made = [
-            await glossaries.create(new_glossary(f"g{i}", "en", "de", big if i < 2 else {"a": "b"}, "alice"))
+            await glossaries.create(new_glossary(f"g{i}", {"en-de": big if i < 2 else {"a": "b"}}, "alice"))
             for i in range(5)
         ]
         # One stored as a server without info records stored it: listed, and given its info record once.
-        old = new_glossary("old", "en", "fr", {"bike": "vélo"}, "alice")
+        old = new_glossary("old", {"en-fr": {"bike": "vélo"}}, "alice")
         await store.put(glossary_store.KIND, old.glossary_id, "alice", old.dumps().encode())
         listed = await glossaries.listing("alice")
         assert [g["glossary_id"] for g in listed] == [g.glossary_id for g in [*made, old]]
-        assert listed[0] == made[0].info() and listed[0]["entry_count"] == glossary.MAX_ENTRIES
+        assert listed[0] == made[0].info() and listed[0]["dictionaries"][0]["entry_count"] == glossary.MAX_ENTRIES
         assert store.read[glossary_store.KIND] == 1  # the entries, read once to make the missing info
         store.read.clear()
         assert await glossaries.listing("alice") == listed and await glossaries.listing("bob") == []
@@ -327,7 +328,7 @@ def test_the_official_deepl_client_creates_uses_and_deletes_a_glossary(server: s
     assert "<b>Velo</b>" in html, html
     from_csv = translator.create_glossary_from_csv("csv", "EN", "FR", csv_data="bike,vélo\nman,monsieur\n")
     assert translator.get_glossary_entries(from_csv) == {"bike": "vélo", "man": "monsieur"}
-    with pytest.raises(deepl.DeepLException, match="is for en -> fr; the request is en -> de"):
+    with pytest.raises(deepl.DeepLException, match="is for en -> fr; it has no dictionary for en -> de"):
         translator.translate_text(BIKE, source_lang="EN", target_lang="DE", glossary=from_csv.glossary_id)
     # DeepL's rule: a glossary needs source_lang.
     r = httpx.post(
@@ -340,6 +341,72 @@ def test_the_official_deepl_client_creates_uses_and_deletes_a_glossary(server: s
         translator.get_glossary(made.glossary_id)
     with pytest.raises(deepl.DeepLException, match=r"Bad request.*line 1"):
         translator.create_glossary_from_csv("bad", "EN", "DE", csv_data="bike;Velo\n")
+
+
+def test_the_official_deepl_client_manages_multilingual_glossaries(server: str) -> None:
+    import deepl
+    from deepl.api_data import MultilingualGlossaryDictionaryEntries as Dictionary
+    from deepl.util import convert_tsv_to_dict
+
+    client = deepl.DeepLClient("any-key", server_url=server)
+    made = client.create_multilingual_glossary(
+        "shop", [Dictionary("EN", "DE", {"bike": "Velo"}), Dictionary("EN", "FR", {"bike": "bécane"})]
+    )
+    pairs = [(d.source_lang, d.target_lang, d.entry_count) for d in made.dictionaries]
+    assert pairs == [("EN", "DE", 1), ("EN", "FR", 1)]
+    got = client.get_multilingual_glossary(made.glossary_id)
+    assert (got.name, got.creation_time) == ("shop", made.creation_time)
+    assert made.glossary_id in [g.glossary_id for g in client.list_multilingual_glossaries()]
+    # Each translation takes its own pair's dictionary.
+    assert "Velo" in client.translate_text(BIKE, source_lang="EN", target_lang="DE", glossary=made).text
+    assert "bécane" in client.translate_text(BIKE, source_lang="EN", target_lang="FR", glossary=made.glossary_id).text
+    # v2 cannot name a glossary of two pairs; its listing leaves it out.
+    with pytest.raises(deepl.DeepLException, match="holds 2 dictionaries"):
+        client.get_glossary(made.glossary_id)
+    assert made.glossary_id not in [g.glossary_id for g in client.list_glossaries()]
+    # Edits: merged entries, a replaced dictionary, a new name, a dictionary removed.
+    client.update_multilingual_glossary_dictionary(made, Dictionary("EN", "DE", {"bike": "Rad", "helmet": "Helm"}))
+    (de,) = client.get_multilingual_glossary_entries(made, "EN", "DE").dictionaries
+    assert convert_tsv_to_dict(de.entries) == {"bike": "Rad", "helmet": "Helm"}
+    replaced = client.replace_multilingual_glossary_dictionary(made, Dictionary("EN", "FR", {"man": "monsieur"}))
+    assert (replaced.source_lang, replaced.target_lang, replaced.entry_count) == ("EN", "FR", 1)
+    assert client.update_multilingual_glossary_name(made, "store").name == "store"
+    client.delete_multilingual_glossary_dictionary(made, source_lang="EN", target_lang="FR")
+    left = client.get_multilingual_glossary(made.glossary_id)
+    assert [(d.source_lang, d.target_lang, d.entry_count) for d in left.dictionaries] == [("EN", "DE", 2)]
+    assert client.get_glossary(made.glossary_id).entry_count == 2  # one pair again: v2 reads it
+    with pytest.raises(deepl.DeepLException, match="no dictionary for en -> fr"):
+        client.get_multilingual_glossary_entries(made, "EN", "FR")
+    with pytest.raises(deepl.DeepLException, match="one dictionary: delete the glossary"):
+        client.delete_multilingual_glossary_dictionary(made, source_lang="EN", target_lang="DE")
+    with pytest.raises(deepl.DeepLException, match="no model for"):
+        client.create_multilingual_glossary("x", [Dictionary("EN", "JA", {"bike": "jitensha"})])
+    # A glossary made through v2 is one dictionary through v3.
+    v2 = client.create_glossary("old", "EN", "DE", {"car": "Auto"})
+    (one,) = client.get_multilingual_glossary(v2.glossary_id).dictionaries
+    assert (one.source_lang, one.target_lang, one.entry_count) == ("EN", "DE", 1)
+    for g in (made.glossary_id, v2.glossary_id):
+        client.delete_multilingual_glossary(g)
+    with pytest.raises(deepl.GlossaryNotFoundException):
+        client.get_multilingual_glossary(made.glossary_id)
+
+
+def test_a_glossary_stored_with_one_pairs_fields_reads_as_one_dictionary(tmp_path: Path) -> None:
+    async def check() -> None:
+        store = SqliteRecords(tmp_path / "records.sqlite3")
+        old = {"glossary_id": "0" * 8 + "-0000-4000-8000-" + "0" * 12, "name": "old", "source": "en", "target": "de",
+               "entries": {"bike": "Velo"}, "owner": "alice", "created": 1.5}  # fmt: skip
+        info = {"glossary_id": old["glossary_id"], "name": "old", "ready": True, "source_lang": "en",
+                "target_lang": "de", "creation_time": "1970-01-01T00:00:01.500Z", "entry_count": 1}  # fmt: skip
+        await store.put(glossary_store.KIND, str(old["glossary_id"]), "alice", json.dumps(old).encode())
+        await store.put(glossary_store.INFO_KIND, str(old["glossary_id"]), "alice", json.dumps(info).encode())
+        glossaries = Glossaries(store)
+        found = await glossaries.get(str(old["glossary_id"]), "alice")
+        assert found.dictionaries == {"en-de": {"bike": "Velo"}}
+        assert await glossaries.listing("alice") == [found.info()]
+        assert glossary.v2_info(found.info()) == info
+
+    asyncio.run(check())
 
 
 def test_v1_takes_a_glossary_id_or_its_own_terms(client: httpx.Client, server: str) -> None:
@@ -383,7 +450,7 @@ def test_health_answers_at_once_while_a_key_s_largest_listing_runs(server: str) 
         glossaries = Glossaries(open_records(str(SETTINGS["records_storage"])))
         big = {f"term{i}": f"Begriff{i}" for i in range(glossary.MAX_ENTRIES)}
         made = [
-            await glossaries.create(new_glossary(f"g{i}", "en", "de", big if i < 3 else {"a": "b"}, "anonymous"))
+            await glossaries.create(new_glossary(f"g{i}", {"en-de": big if i < 3 else {"a": "b"}}, "anonymous"))
             for i in range(
                 glossary_store.MAX_GLOSSARIES - len(httpx.get(f"{server}/v2/glossaries").json()["glossaries"])
             )

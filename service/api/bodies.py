@@ -83,7 +83,12 @@ async def read_body(request: Request, field: Callable[[str, list[str]], Any]) ->
     return {key: field(key, [str(v) for v in form.getlist(key)]) for key in form}
 
 
-def multipart_body(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
-    """A route's `openapi_extra` for a multipart/form-data upload of these fields (a file among them)."""
+def multipart_body(
+    required: list[str], properties: dict[str, Any], dependent: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
+    """A route's `openapi_extra` for a multipart/form-data upload of these fields (a file among them); `dependent`:
+    the fields another one needs beside it (JSON Schema's dependentRequired)."""
     schema = {"type": "object", "required": required, "additionalProperties": False, "properties": properties}
+    if dependent:
+        schema["dependentRequired"] = dependent
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}

@@ -5,7 +5,7 @@ character quota). Options beamserve cannot honour are refused by name, never ign
 """
 
 from pathlib import PurePath
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -15,7 +15,7 @@ from service.schemas import TranslateRequest, TranslateResponse
 from service.text.documents import FILE_FIELD, FORMATS
 from service.text.languages import name
 
-PREFIX = "/v2/"  # where errors are answered in DeepL's shape
+PREFIXES = ("/v2/", "/v3/")  # where errors are answered in DeepL's shape
 UNLIMITED = 10**12  # the character_limit DeepL reports for a key without one
 # Error codes DeepL's clients know by another status: overload is "too many requests" (they back off),
 # a used-up character quota is 456, and any key problem is 403 (its clients read 401 as an unknown error).
@@ -159,12 +159,47 @@ class DeepLGlossaryRequest(BaseModel):
     entries_format: Literal["tsv", "csv"] = "tsv"
 
 
+class DeepLDictionary(BaseModel):
+    """One dictionary of a v3 glossary: a language pair's entries (PUT /v3/glossaries/{id}/dictionaries's body)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source_lang: str = Field(min_length=2, max_length=16, examples=["EN"])
+    target_lang: str = Field(min_length=2, max_length=16, examples=["DE"])
+    entries: str = Field(description="one entry per line: source<TAB>target (tsv) or source,target (csv)")
+    entries_format: Literal["tsv", "csv"] = "tsv"
+
+
+class DeepLGlossaryV3Request(BaseModel):
+    """The body of DeepL's POST /v3/glossaries."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="the glossary's name")
+    dictionaries: list[DeepLDictionary] = Field(min_length=1)
+
+
+class DeepLGlossaryPatch(BaseModel):
+    """The body of DeepL's PATCH /v3/glossaries/{id}: a new name, and dictionaries whose entries are merged into
+    the glossary's (a new pair's dictionary added)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    dictionaries: list[DeepLDictionary] | None = None
+
+
 GLOSSARY_OPENAPI = openapi_body(DeepLGlossaryRequest)
+GLOSSARY_V3_OPENAPI = openapi_body(DeepLGlossaryV3Request)
+GLOSSARY_PATCH_OPENAPI = openapi_body(DeepLGlossaryPatch)
+DICTIONARY_OPENAPI = openapi_body(DeepLDictionary)
+Body = TypeVar("Body", bound=BaseModel)
 
 
-def glossary_request(body: dict[str, Any]) -> DeepLGlossaryRequest:
+def body_of(model: type[Body], body: dict[str, Any]) -> Body:
+    """A glossary route's body as `model` reads it; ApiError invalid_request in DeepL's words where it does not."""
     try:
-        return DeepLGlossaryRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         problems = message({"detail": exc.errors()})
         raise ApiError("invalid_request", f"Value for a parameter is not valid: {problems}") from None
@@ -183,6 +218,7 @@ DOCUMENT_OPENAPI = multipart_body(
         "output_format": {"enum": sorted(FORMATS), "description": "the file's own"},
         "filename": {"type": "string", "description": "the name whose extension says the format"},
     },
+    dependent={"glossary_id": ["source_lang"]},  # DeepL's rule: a glossary needs the source named
 )
 
 

@@ -42,13 +42,10 @@ class DeepLRoutes(RouteBase):
         """DeepL-compatible: a glossary from tsv or csv entries, for a served pair, owned by the calling key."""
         client = self._client(request)
         async with self._billed(client, 0):
-            body = deepl.glossary_request(await read_body(request, deepl.form_field))
-            source = self.router.pairs.code(deepl.code_of(body.source_lang))
-            target = self.router.pairs.code(deepl.code_of(body.target_lang))
-            self.router.pairs.check(source, target)  # a glossary is for a pair served
-            entries = glossary.parse_entries(body.entries, body.entries_format)
-            made = await self.glossaries.create(glossary.new_glossary(body.name, source, target, entries, client.id))
-        return JSONResponse(made.info(), status_code=201)
+            body = deepl.body_of(deepl.DeepLGlossaryRequest, await read_body(request, deepl.form_field))
+            pair, entries = self._dictionary(body)
+            made = await self.glossaries.create(glossary.new_glossary(body.name, {pair: entries}, client.id))
+        return JSONResponse(glossary.v2_info(made.info()), status_code=201)
 
     @app.post("/v2/document", responses=DEEPL_TRANSLATE_ERRORS, openapi_extra=deepl.DOCUMENT_OPENAPI)
     async def deepl_document(self, request: Request) -> dict[str, str]:
@@ -84,26 +81,47 @@ class DeepLRoutes(RouteBase):
     ) -> dict[str, Any]:
         """DeepL-compatible: the calling key's glossaries, oldest first (all of them, as DeepL's clients
         expect; `offset` and `limit` page them)."""
-        listed = await self.glossaries.listing(self._client(request).id)
-        return {"glossaries": listed[offset : offset + limit]}
+        listed = [g for g in map(glossary.v2_info, await self.glossaries.listing(self._client(request).id)) if g]
+        return {"glossaries": listed[offset : offset + limit]}  # a glossary of several pairs is v3's alone
 
-    @app.get("/v2/glossaries/{glossary_id}", responses=errors(DeepLError, 403, 404, 503))
+    @app.get("/v2/glossaries/{glossary_id}", responses=errors(DeepLError, 400, 403, 404, 503))
     async def deepl_glossary(self, glossary_id: str, request: Request) -> dict[str, Any]:
-        return (await self.glossaries.get(glossary_id, self._client(request).id)).info()
+        return self._v2_info(await self.glossaries.get(glossary_id, self._client(request).id))
 
-    @app.get("/v2/glossaries/{glossary_id}/entries", responses=errors(DeepLError, 403, 404, 415, 503))
+    @app.get("/v2/glossaries/{glossary_id}/entries", responses=errors(DeepLError, 400, 403, 404, 415, 503))
     async def deepl_glossary_entries(self, glossary_id: str, request: Request) -> Response:
         """The entries as tab-separated values, the one format DeepL answers them in."""
         accept = request.headers.get("accept", "*/*")
         if not any(t in accept for t in ("text/tab-separated-values", "*/*", "text/*")):
             raise ApiError("unsupported_media_type", "the entries are answered as text/tab-separated-values")
         found = await self.glossaries.get(glossary_id, self._client(request).id)
-        return Response(found.tsv(), media_type="text/tab-separated-values; charset=utf-8")
+        self._v2_info(found)
+        (entries,) = found.dictionaries.values()
+        return Response(glossary.tsv(entries), media_type="text/tab-separated-values; charset=utf-8")
 
     @app.delete("/v2/glossaries/{glossary_id}", status_code=204, responses=errors(DeepLError, 403, 404, 503))
     async def deepl_delete_glossary(self, glossary_id: str, request: Request) -> Response:
         await self.glossaries.delete(glossary_id, self._client(request).id)
         return Response(status_code=204)
+
+    def _dictionary(self, body: deepl.DeepLGlossaryRequest | deepl.DeepLDictionary) -> tuple[str, dict[str, str]]:
+        """A dictionary's pair (served codes) and entries; ApiError for a pair not served or entries that do not
+        read."""
+        source = self.router.pairs.code(deepl.code_of(body.source_lang))
+        target = self.router.pairs.code(deepl.code_of(body.target_lang))
+        self.router.pairs.check(source, target)  # a glossary is for a pair served
+        return f"{source}-{target}", glossary.parse_entries(body.entries, body.entries_format)
+
+    @staticmethod
+    def _v2_info(found: glossary.Glossary) -> dict[str, Any]:
+        info = glossary.v2_info(found.info())
+        if info is None:
+            raise ApiError(
+                "invalid_glossary",
+                f"glossary {found.glossary_id} holds {len(found.dictionaries)} dictionaries: "
+                f"read it at /v3/glossaries/{found.glossary_id}",
+            )
+        return info
 
     @app.get("/v2/glossary-language-pairs")
     async def deepl_glossary_pairs(self) -> dict[str, list[dict[str, str]]]:

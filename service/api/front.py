@@ -211,7 +211,7 @@ def _frontend(limits: Limits) -> str:
         + "    http-request set-header x-request-id %[unique-id] if !{ req.hdr(x-request-id) -m found }\n"
         "    http-request set-var(txn.request_id) req.hdr(x-request-id)\n"
         "    http-request set-var(txn.api) str(beamserve)\n"
-        f"    http-request set-var(txn.api) str(deepl) if {{ path_beg {deepl.PREFIX} }}\n"
+        f"    http-request set-var(txn.api) str(deepl) if {{ path_beg {' '.join(deepl.PREFIXES)} }}\n"
         f"    http-request set-var(txn.api) str(libretranslate) if {{ path {libre} }}\n"
         "    http-request set-var(txn.code_key) str(error)\n"
         "    http-request set-var(txn.detail_key) str(detail)\n"

@@ -14,7 +14,7 @@ from ray import serve
 from service import local_ray
 from service.api import api_docs, openapi, ui
 from service.api.bodies import json_response, openapi_body, parse_json
-from service.api.deepl_routes import DeepLRoutes
+from service.api.deepl_glossary_routes import DeepLGlossaryRoutes
 from service.api.http import app
 from service.api.keys import KeyLimits, Keys, load_keys
 from service.api.libretranslate_routes import LibreTranslateRoutes
@@ -55,7 +55,7 @@ def held_here(entries: list[dict[str, Any]], settings: Settings) -> list[Any]:
 
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
-class Gateway(DeepLRoutes, LibreTranslateRoutes):
+class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
     """HTTP ingress: the routes, their keys and limits, draining; its PairRouter translates (by source and
     target, on the pair's deployment or a model this process holds)."""
 

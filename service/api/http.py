@@ -268,7 +268,7 @@ app.add_middleware(Ingress)
 
 def shape_error(path: str, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """An error as the clients of the route's API read it: DeepL's, LibreTranslate's, or beamserve's."""
-    if path.startswith(deepl.PREFIX):
+    if path.startswith(deepl.PREFIXES):
         return deepl.error(status, body)
     return libretranslate.error(path, status, body)
 

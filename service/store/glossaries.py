@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import OrderedDict
+from typing import Any
 
 import orjson
 
 from service.errors import ApiError
 from service.store.records import Records
-from service.text.glossary import MAX_GLOSSARIES, Glossary, Terms, checked, digest
+from service.text.glossary import MAX_GLOSSARIES, Glossary, Terms, checked, digest, v3_info
 
 KIND = "glossary"
-# Each glossary's DeepL object (Glossary.info(), a few hundred bytes) as a record of its own: a listing reads
+# Each glossary's DeepL v3 object (Glossary.info(), a few hundred bytes) as a record of its own: a listing reads
 # these, never the entries (a key's thousand glossaries of ten thousand entries are about 3 GB).
 INFO_KIND = "glossary_info"
 ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # a glossary id: a UUID
@@ -42,11 +43,18 @@ class Glossaries:
             raise ApiError("glossary_not_found", f"no glossary {glossary_id[:64]!r}")
         return Glossary.loads(found.body)
 
-    async def listing(self, owner: str) -> list[dict[str, object]]:
-        """The owner's glossaries as DeepL's objects, oldest first, from their info records alone. Glossaries
-        stored without one (by a server before INFO_KIND) get theirs here: that one listing reads the
-        entries, parsed off the event loop."""
-        infos = [orjson.loads(b) for b in await self.records.owned(INFO_KIND, owner)]
+    async def update(self, glossary: Glossary) -> Glossary:
+        """A glossary of the owner's changed (its name, its dictionaries): stored in place of the old."""
+        await self.records.put(KIND, glossary.glossary_id, glossary.owner, glossary.dumps().encode())
+        await self._put_info(glossary)
+        return glossary
+
+    async def listing(self, owner: str) -> list[dict[str, Any]]:
+        """The owner's glossaries as DeepL's v3 objects, oldest first, from their info records alone (a v2
+        object stored by an earlier server read as one dictionary's). Glossaries stored without one (by a
+        server before INFO_KIND) get theirs here: that one listing reads the entries, parsed off the event
+        loop."""
+        infos = [v3_info(orjson.loads(b)) for b in await self.records.owned(INFO_KIND, owner)]
         if len(infos) < await self.records.count(KIND, owner):
             bodies = await self.records.owned(KIND, owner)
             listed = {info["glossary_id"] for info in infos}
@@ -75,10 +83,13 @@ class Glossaries:
             entries = checked(given)
         else:
             glossary = await self.get(given, owner)
-            if (glossary.source, glossary.target) != (source, target):
-                own, asked = f"{glossary.source} -> {glossary.target}", f"{source} -> {target}"
-                raise ApiError("glossary_mismatch", f"glossary {given} is for {own}; the request is {asked}")
-            entries = glossary.entries
+            dictionary = glossary.dictionary(source, target)
+            if dictionary is None:
+                own = ", ".join(pair.replace("-", " -> ") for pair in glossary.dictionaries)
+                raise ApiError(
+                    "glossary_mismatch", f"glossary {given} is for {own}; it has no dictionary for {source} -> {target}"
+                )
+            entries = dictionary
         key = digest(entries)
         if (found := self._terms.get(key)) is not None:
             self._terms.move_to_end(key)

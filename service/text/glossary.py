@@ -1,6 +1,7 @@
 """Glossaries: term pairs every translation must follow (DeepL's glossaries, `glossary` on /v1).
 
-A glossary has one source and one target language and at most MAX_ENTRIES entries. A source term is
+A glossary holds one or more dictionaries (DeepL's v3; a v2 glossary is one), each for a language pair in one
+direction with at most MAX_ENTRIES entries; a translation uses its pair's dictionary. A source term is
 found in a text as whole words (no match inside a longer word). The rules, in order:
 
 - Case: a term written with a capital letter matches only as written ("Apple" the company, not
@@ -30,6 +31,7 @@ import unicodedata
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from service.errors import ApiError
 from service.text.html_text import Element, HtmlDocument
@@ -39,57 +41,114 @@ MAX_ENTRIES_CHARS = 1_000_000  # characters of one glossary's entries, as sent
 MAX_TERM_CHARS = 1024  # one term (DeepL's limit, in characters here)
 MAX_NAME_CHARS = 1024
 MAX_GLOSSARIES = 1000  # glossaries of one API key
+MAX_DICTIONARIES = 50  # dictionaries (language pairs) of one glossary
+MAX_ALL_ENTRIES = 5 * MAX_ENTRIES  # entries of one glossary's dictionaries together
 TERM_BYTES = 200  # the memory an entry of compiled Terms holds beside its characters
 FORMATS = ("tsv", "csv")
 
 
 @dataclass(frozen=True)
 class Glossary:
-    """A glossary as stored: its entries and who owns it (the API key's client id)."""
+    """A glossary as stored: its dictionaries (DeepL's v3 glossaries hold several, each for a language pair in
+    one direction; a v2 glossary is one) and who owns it (the API key's client id)."""
 
     glossary_id: str
     name: str
-    source: str
-    target: str
-    entries: dict[str, str]
+    dictionaries: dict[str, dict[str, str]]  # "en-de" -> entries, in the order added
     owner: str
     created: float = field(default_factory=time.time)
 
-    @property
-    def pair(self) -> str:
-        return f"{self.source}-{self.target}"
+    def dictionary(self, source: str, target: str) -> dict[str, str] | None:
+        return self.dictionaries.get(f"{source}-{target}")
 
-    def info(self) -> dict[str, object]:
-        """DeepL's glossary object (GET /v2/glossaries/{id}): ready at once, entries not included."""
+    def info(self) -> dict[str, Any]:
+        """DeepL's v3 glossary object (GET /v3/glossaries/{id}): its dictionaries' pairs and sizes, no entries."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.created))
         return {
             "glossary_id": self.glossary_id,
             "name": self.name,
-            "ready": True,
-            "source_lang": self.source,
-            "target_lang": self.target,
             "creation_time": f"{stamp}.{int(self.created % 1 * 1000):03d}Z",
-            "entry_count": len(self.entries),
+            "dictionaries": [_dictionary_info(pair, entries) for pair, entries in self.dictionaries.items()],
         }
-
-    def tsv(self) -> str:
-        return "".join(f"{s}\t{t}\n" for s, t in self.entries.items())
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
 
     @classmethod
     def loads(cls, text: str | bytes) -> Glossary:
-        return cls(**json.loads(text))
+        """A stored glossary; one stored with a single pair's fields (source, target, entries) reads as one
+        dictionary."""
+        fields = json.loads(text)
+        if "dictionaries" not in fields:
+            fields["dictionaries"] = {f"{fields.pop('source')}-{fields.pop('target')}": fields.pop("entries")}
+        return cls(**fields)
 
 
-def new_glossary(name: str, source: str, target: str, entries: dict[str, str], owner: str) -> Glossary:
+def _dictionary_info(pair: str, entries: dict[str, str]) -> dict[str, Any]:
+    source, target = pair.split("-")
+    return {"source_lang": source, "target_lang": target, "entry_count": len(entries)}
+
+
+def v3_info(info: dict[str, Any]) -> dict[str, Any]:
+    """A glossary's v3 object from a stored one of either version (a v2 object names one pair)."""
+    if "dictionaries" in info:
+        return info
+    pair = f"{info['source_lang']}-{info['target_lang']}"
+    return {
+        "glossary_id": info["glossary_id"],
+        "name": info["name"],
+        "creation_time": info["creation_time"],
+        "dictionaries": [{**_dictionary_info(pair, {}), "entry_count": info["entry_count"]}],
+    }
+
+
+def v2_info(info: dict[str, Any]) -> dict[str, Any] | None:
+    """DeepL's v2 object of a glossary with one dictionary (GET /v2/glossaries/{id}: ready at once); None for one
+    with several, which v2 cannot name."""
+    info = v3_info(info)
+    if len(info["dictionaries"]) != 1:
+        return None
+    (one,) = info["dictionaries"]
+    return {
+        "glossary_id": info["glossary_id"],
+        "name": info["name"],
+        "ready": True,
+        "source_lang": one["source_lang"],
+        "target_lang": one["target_lang"],
+        "creation_time": info["creation_time"],
+        "entry_count": one["entry_count"],
+    }
+
+
+def tsv(entries: dict[str, str]) -> str:
+    return "".join(f"{s}\t{t}\n" for s, t in entries.items())
+
+
+def checked_name(name: str) -> str:
     if not name.strip():
         raise ApiError("invalid_glossary", "the glossary's name is empty")
     _check_unicode(name, "the glossary's name")
     if len(name) > MAX_NAME_CHARS:
         raise ApiError("invalid_glossary", f"the glossary's name has {len(name)} characters; at most {MAX_NAME_CHARS}")
-    return Glossary(str(uuid.uuid4()), name, source, target, checked(entries), owner)
+    return name
+
+
+def checked_dictionaries(dictionaries: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Each dictionary's entries checked (`checked`), and the glossary within MAX_DICTIONARIES and MAX_ALL_ENTRIES."""
+    if not dictionaries:
+        raise ApiError("invalid_glossary", "a glossary holds at least one dictionary")
+    if len(dictionaries) > MAX_DICTIONARIES:
+        raise ApiError(
+            "invalid_glossary", f"{len(dictionaries)} dictionaries; a glossary holds at most {MAX_DICTIONARIES}"
+        )
+    total = sum(map(len, dictionaries.values()))
+    if total > MAX_ALL_ENTRIES:
+        raise ApiError("invalid_glossary", f"{total} entries in all; a glossary holds at most {MAX_ALL_ENTRIES}")
+    return {pair: checked(entries) for pair, entries in dictionaries.items()}
+
+
+def new_glossary(name: str, dictionaries: dict[str, dict[str, str]], owner: str) -> Glossary:
+    return Glossary(str(uuid.uuid4()), checked_name(name), checked_dictionaries(dictionaries), owner)
 
 
 # Characters that show nothing by themselves: format characters (ZWJ, a BOM), spaces, combining marks,
