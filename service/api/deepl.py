@@ -147,18 +147,6 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
     return deepl, req
 
 
-class DeepLGlossaryRequest(BaseModel):
-    """The body of DeepL's POST /v2/glossaries (JSON or a form)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(description="the glossary's name")
-    source_lang: str = Field(min_length=2, max_length=16, examples=["EN"])
-    target_lang: str = Field(min_length=2, max_length=16, examples=["DE"])
-    entries: str = Field(description="one entry per line: source<TAB>target (tsv) or source,target (csv)")
-    entries_format: Literal["tsv", "csv"] = "tsv"
-
-
 class DeepLDictionary(BaseModel):
     """One dictionary of a v3 glossary: a language pair's entries (PUT /v3/glossaries/{id}/dictionaries's body)."""
 
@@ -168,6 +156,12 @@ class DeepLDictionary(BaseModel):
     target_lang: str = Field(min_length=2, max_length=16, examples=["DE"])
     entries: str = Field(description="one entry per line: source<TAB>target (tsv) or source,target (csv)")
     entries_format: Literal["tsv", "csv"] = "tsv"
+
+
+class DeepLGlossaryRequest(DeepLDictionary):
+    """The body of DeepL's POST /v2/glossaries (JSON or a form): a glossary of one dictionary, and its name."""
+
+    name: str = Field(description="the glossary's name")
 
 
 class DeepLGlossaryV3Request(BaseModel):

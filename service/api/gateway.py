@@ -5,6 +5,7 @@ Each route validates and answers; service/routing/pair_router.py does the transl
 No `from __future__ import annotations` (service/api/http.py says why).
 """
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import Request, Response
@@ -50,7 +51,11 @@ def held_here(entries: list[dict[str, Any]], settings: Settings) -> list[Any]:
         return []
     from service.engine.served_model import ServedModel
 
-    return [ServedModel(e, settings.for_entry(e)) for e in (ModelEntry.model_validate(x) for x in entries)]
+    models = [ModelEntry.model_validate(x) for x in entries]
+    # Engines in processes of their own load side by side (each replica's wait is for its host); engines in
+    # this process load one after the other, as Translator.load wants.
+    with ThreadPoolExecutor(len(models) if settings.engine_process else 1) as pool:
+        return list(pool.map(lambda e: ServedModel(e, settings.for_entry(e)), models))
 
 
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
