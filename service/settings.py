@@ -46,8 +46,8 @@ class Settings(BaseSettings):
     static_slots: bool | None = None
     compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/kernels/compute_type.py); not with dtype
     # Each model's engine in a process of its own (service/engine/engine_process.py), away from the GIL of the
-    # replica's event loop; false: a thread of the replica's process.
-    engine_process: bool = True
+    # replica's event loop; false: a thread of the replica's process. Unset: uses_engine_process.
+    engine_process: bool | None = None
     # Serve's logging_config for `beamserve serve` (the Serve config sets its own): JSON lines in each
     # replica's log file under Ray's logs directory, one summary per request (service/request_log.py).
     log_encoding: Literal["JSON", "TEXT"] = "JSON"
@@ -111,6 +111,11 @@ class Settings(BaseSettings):
         """static_slots, or unset: on a GPU, where replaying the step's graphs decodes faster than the eager
         decoder; off on a CPU, where the static state decodes slower (docs/benchmarks.md has both)."""
         return self.static_slots if self.static_slots is not None else device_type == "cuda"
+
+    def uses_engine_process(self, entry: ModelEntry) -> bool:
+        """engine_process, or unset: for every model but a pooled one, which loads on demand (a process would add
+        its start, about 2 s, to each load) and sees little traffic (docs/operations.md)."""
+        return self.engine_process if self.engine_process is not None else not entry.pool
 
     def uses_colocation(self, entries: list[ModelEntry]) -> bool:
         """colocate, or unset: when the registry's one model is not pooled. Beside its decoding, a decoded

@@ -54,7 +54,8 @@ def held_here(entries: list[dict[str, Any]], settings: Settings) -> list[Any]:
     models = [ModelEntry.model_validate(x) for x in entries]
     # Engines in processes of their own load side by side (each replica's wait is for its host); engines in
     # this process load one after the other, as Translator.load wants.
-    with ThreadPoolExecutor(len(models) if settings.engine_process else 1) as pool:
+    apart = all(settings.uses_engine_process(e) for e in models)
+    with ThreadPoolExecutor(len(models) if apart else 1) as pool:
         return list(pool.map(lambda e: ServedModel(e, settings.for_entry(e)), models))
 
 

@@ -77,28 +77,30 @@ class EngineProcess:
         _STARTED.add(self)
 
     def _start(self) -> None:
-        self.started = time.monotonic()
-        self.problem: str | None = None  # the host's last word on its engine's health
-        self.state = EngineState(0, 0, tuple(vars(BatchStats()).values()), 0)
+        """Start a host and wait for it; it replaces the last one only once ready, so that a call arriving
+        meanwhile finds the last one gone and waits for this start (`_restart`'s lock)."""
         ours, theirs = socket.socketpair()
         # The host imports what this process imports, from where this process found it (a Ray worker's
         # working directory included).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self.process = subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-m", "service.engine.engine_host", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             env=env,
         )
         theirs.close()
-        self.conn = Connection(ours.detach())
-        self.conn.send(replace(self.spec, config=self.config))  # the knobs as reconfigured since
+        conn = Connection(ours.detach())
         try:
-            self.facts, self.state = _ready(self.process, self.conn)
-        except EngineProcessError:
-            if self.process.poll() is None:
-                self._kill()
-            self.conn.close()
+            conn.send(replace(self.spec, config=self.config))  # the knobs as reconfigured since
+            facts, state = _ready(process, conn)
+        except BaseException:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            conn.close()
             raise
+        self.problem: str | None = None  # the host's last word on its engine's health
+        self.process, self.conn, self.facts, self.state = process, conn, facts, state
 
     @property
     def queued(self) -> int:

@@ -56,7 +56,7 @@ class ServedModel:
         source, target = entry.pairs[0].split("-")
         warm = (self._source(target, WARMUP), entry.language_tokens.get(source) if entry.language_tokens else None)
         self.engine: Engine | EngineProcess
-        if s.engine_process:
+        if s.uses_engine_process(entry):
             spec = HostSpec(
                 entry.path, str(device), s.dtype, s.compute_type, threads, config, s.max_decoding_length,
                 static_slots, warm, HEALTH_STALL_S,
