@@ -114,6 +114,27 @@ def test_a_host_that_dies_fails_its_calls_and_the_next_call_starts_another() -> 
         e.close()
 
 
+def test_calls_that_arrive_while_a_host_restarts_wait_for_it() -> None:
+    e = EngineProcess(spec())
+    ids = Translator.load("en-de", "cpu").encode("Two dogs play in the snow.")
+
+    async def many_after_a_death() -> list[object]:
+        alone = await e.translate([ids], DecodeOptions(), 60)
+        os.kill(e.process.pid, signal.SIGKILL)
+        e.process.wait()
+        first = asyncio.ensure_future(e.translate([ids], DecodeOptions(), 60))  # starts the restart
+        await asyncio.sleep(0.3)  # the start under way: the host is loading its model
+        later = asyncio.gather(*(e.translate([ids], DecodeOptions(), 60) for _ in range(3)))
+        return [alone, *await asyncio.wait_for(asyncio.gather(first, later), 60)]
+
+    try:
+        answers = asyncio.run(many_after_a_death())
+        alone, first, later = answers
+        assert first == alone and later == [alone] * 3 and len(e.restarts) == 1
+    finally:
+        e.close()
+
+
 def test_past_its_restarts_a_dead_host_fails_the_health_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_process, "RESTARTS", 0)
     e = EngineProcess(spec())
