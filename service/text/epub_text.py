@@ -13,7 +13,7 @@ import zipfile
 
 from service.errors import ApiError
 from service.text.html_text import HtmlDocument, HtmlLimitError, HtmlSyntaxError
-from service.text.ooxml_text import MAX_ELEMENTS, MAX_XML_BYTES, parse_bounded, zip_member
+from service.text.ooxml_text import MAX_ELEMENTS, MAX_XML_BYTES, check_members, parse_bounded, rezipped, zip_member
 from service.text.parsed import Parsed
 
 CONTAINER = "META-INF/container.xml"
@@ -54,8 +54,6 @@ def epub_document(data: bytes) -> Parsed:
     except (zipfile.BadZipFile, ValueError) as exc:
         raise ApiError("invalid_document", f"the epub file's zip does not read ({exc})") from None
     paths = _documents(z)
-    for info in z.infolist():  # every member unpacks (CRC-32 checked), or the rebuild would fail later
-        zip_member("epub", z, info.filename)
     size = sum(z.getinfo(p).file_size for p in paths)
     if size > MAX_XML_BYTES:
         raise ApiError(
@@ -72,6 +70,7 @@ def epub_document(data: bytes) -> Parsed:
         except (HtmlLimitError, HtmlSyntaxError) as exc:
             raise ApiError("invalid_document", f"the epub file's {path[:200]!r}: {exc}") from None
         books.append((path, doc))
+    check_members("epub", z, read=paths)
     segments = ["".join(run.original) for _, doc in books for run in doc.runs]
 
     def rebuild(translations: list[str]) -> bytes:
@@ -80,11 +79,6 @@ def epub_document(data: bytes) -> Parsed:
         for path, doc in books:
             written[path] = doc.with_fragments(translations[at : at + len(doc.runs)]).encode()
             at += len(doc.runs)
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w") as new:
-            for info in z.infolist():  # in their order: the mimetype stays first, and stored
-                body = written.get(info.filename)
-                new.writestr(info, body if body is not None else z.read(info), compress_type=info.compress_type)
-        return out.getvalue()
+        return rezipped(z, written)
 
     return Parsed(segments, True, rebuild)

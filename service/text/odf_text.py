@@ -20,7 +20,7 @@ from lxml import etree
 
 from service.errors import ApiError
 from service.text.inline_xml import InlineXml
-from service.text.ooxml_text import MAX_ELEMENTS, MAX_XML_BYTES, parse_bounded, zip_member
+from service.text.ooxml_text import MAX_ELEMENTS, MAX_XML_BYTES, check_members, parse_bounded, rezipped, zip_member
 from service.text.parsed import Parsed
 
 TEXT = "{urn:oasis:names:tc:opendocument:xmlns:text:1.0}"
@@ -82,9 +82,8 @@ def odf_document(kind: str, data: bytes) -> Parsed:
         paragraphs = [p for n in parts for p in trees[n].iter(*PARAGRAPHS) if _translated(p)]
         return z, trees, paragraphs
 
-    z, _, paragraphs = read()
-    for info in z.infolist():  # every member unpacks (CRC-32 checked), or the rebuild would fail later
-        zip_member(kind, z, info.filename)
+    z, trees, paragraphs = read()
+    check_members(kind, z, read=trees)
     segments = [InlineXml(p, _holds_text).fragment for p in paragraphs]
 
     def rebuild(translations: list[str]) -> bytes:
@@ -99,13 +98,6 @@ def odf_document(kind: str, data: bytes) -> Parsed:
                 p.remove(child)
             p.text = None
             pieces.fill(p, translated)
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w") as new:
-            for info in z.infolist():  # in their order: the mimetype stays first, and stored
-                body = z.read(info)
-                if info.filename in trees:
-                    body = etree.tostring(trees[info.filename], xml_declaration=True, encoding="UTF-8")
-                new.writestr(info, body, compress_type=info.compress_type)
-        return out.getvalue()
+        return rezipped(z, {n: etree.tostring(t, xml_declaration=True, encoding="UTF-8") for n, t in trees.items()})
 
     return Parsed(segments, True, rebuild)

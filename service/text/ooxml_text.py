@@ -25,6 +25,7 @@ import re
 import zipfile
 import zlib
 from collections import Counter
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,25 +257,37 @@ def office_document(kind: str, data: bytes) -> Parsed:
         return z, {n: parse_bounded(kind, n, zip_member(kind, z, n), budget) for n in texts}
 
     z, parts = read()
-    for info in z.infolist():  # every other member unpacks too (CRC-32 checked), or the rebuild would fail later
-        if info.filename not in parts:
-            zip_member(kind, z, info.filename)
+    check_members(kind, z, read=parts)
     segments = [p.fragment() for p in _paragraphs(parts, d)]
 
     def rebuild(translations: list[str]) -> bytes:
         z, parts = read()  # afresh: the same paragraphs, in the same order
         for paragraph, translated in zip(_paragraphs(parts, d), translations, strict=True):
             paragraph.rebuild(translated)
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w") as new:
-            for info in z.infolist():
-                body = z.read(info)
-                if info.filename in parts:
-                    body = etree.tostring(parts[info.filename], xml_declaration=True, encoding="UTF-8", standalone=True)
-                new.writestr(info, body, compress_type=info.compress_type)
-        return out.getvalue()
+        return rezipped(
+            z, {n: etree.tostring(t, xml_declaration=True, encoding="UTF-8", standalone=True) for n, t in parts.items()}
+        )
 
     return Parsed(segments, True, rebuild)
+
+
+def check_members(kind: str, z: zipfile.ZipFile, read: Collection[str] = ()) -> None:
+    """Every member but those already `read` unpacks (CRC-32 checked), or ApiError invalid_document names the first
+    that does not: found as the file is read, not as its translation is written."""
+    for info in z.infolist():
+        if info.filename not in read:
+            zip_member(kind, z, info.filename)
+
+
+def rezipped(z: zipfile.ZipFile, written: Mapping[str, bytes]) -> bytes:
+    """The zip again: the `written` members' new bytes, every other member byte for byte, all in their order and
+    with their compression (an OpenDocument's or EPUB's mimetype stays first and stored)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as new:
+        for info in z.infolist():
+            body = written.get(info.filename)
+            new.writestr(info, body if body is not None else z.read(info), compress_type=info.compress_type)
+    return out.getvalue()
 
 
 def zip_member(kind: str, z: zipfile.ZipFile, name: str) -> bytes:
