@@ -9,23 +9,17 @@ No `from __future__ import annotations` (service/api/http.py says why).
 from dataclasses import replace
 from typing import Any
 
-from fastapi import Query, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from service.api import deepl
 from service.api.bodies import read_body
-from service.api.deepl_routes import DeepLRoutes
+from service.api.deepl_routes import DeepLRoutes, lang, page_limit, page_offset
 from service.api.http import app
 from service.api.route_base import DEEPL_ERRORS
 from service.errors import ApiError
 from service.schemas import DeepLError, errors
 from service.text import glossary
-from service.text.glossary import MAX_GLOSSARIES
-
-
-def lang() -> Any:
-    """A language query parameter (a Query object of its own: FastAPI binds each to one parameter)."""
-    return Query(min_length=2, max_length=16, examples=["EN"])
 
 
 class DeepLGlossaryRoutes(DeepLRoutes):
@@ -43,8 +37,8 @@ class DeepLGlossaryRoutes(DeepLRoutes):
     async def deepl_glossaries_v3(
         self,
         request: Request,
-        offset: int = Query(0, ge=0, description="beamserve's: glossaries skipped, oldest first"),
-        limit: int = Query(MAX_GLOSSARIES, ge=1, le=MAX_GLOSSARIES, description="beamserve's: at most this many"),
+        offset: int = page_offset(),
+        limit: int = page_limit(),
     ) -> dict[str, Any]:
         """DeepL-compatible: the calling key's glossaries, oldest first, each with its dictionaries' pairs and sizes."""
         listed = await self.glossaries.listing(self._client(request).id)

@@ -18,6 +18,24 @@ from service.schemas import DeepLError, errors
 from service.text import documents, glossary
 from service.text.glossary import MAX_GLOSSARIES
 
+# Query parameters, the same on every route that takes them; a Query object each, as FastAPI binds one to one
+# parameter.
+
+
+def page_offset() -> Any:
+    """A glossary listing's `offset` (beamserve's; DeepL's listings are whole)."""
+    return Query(0, ge=0, description="beamserve's: glossaries skipped, oldest first")
+
+
+def page_limit() -> Any:
+    """A glossary listing's `limit` (beamserve's)."""
+    return Query(MAX_GLOSSARIES, ge=1, le=MAX_GLOSSARIES, description="beamserve's: at most this many")
+
+
+def lang() -> Any:
+    """A language query parameter."""
+    return Query(min_length=2, max_length=16, examples=["EN"])
+
 
 class DeepLRoutes(RouteBase):
     @app.post(
@@ -76,8 +94,8 @@ class DeepLRoutes(RouteBase):
     async def deepl_glossaries(
         self,
         request: Request,
-        offset: int = Query(0, ge=0, description="beamserve's: glossaries skipped, oldest first"),
-        limit: int = Query(MAX_GLOSSARIES, ge=1, le=MAX_GLOSSARIES, description="beamserve's: at most this many"),
+        offset: int = page_offset(),
+        limit: int = page_limit(),
     ) -> dict[str, Any]:
         """DeepL-compatible: the calling key's glossaries, oldest first (all of them, as DeepL's clients
         expect; `offset` and `limit` page them)."""

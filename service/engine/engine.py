@@ -65,6 +65,8 @@ class RequestTiming:
     decode_s: float = 0.0
 
     def measure(self, items: list[WorkItem]) -> None:
+        if not items:  # a request of blank texts: nothing waited or decoded
+            return
         starts = [it.started if it.started is not None else it.enqueued for it in items]
         ends = [it.finished if it.finished is not None else s for it, s in zip(items, starts, strict=True)]
         self.queue_wait_s = max(s - it.enqueued for it, s in zip(items, starts, strict=True))
@@ -300,7 +302,7 @@ class Engine:
         except BaseException:
             request.cancel()
             raise
-        if timing is not None and request.items:
+        if timing is not None:
             timing.measure(request.items)
         return hyps
 

@@ -250,8 +250,7 @@ class Host:
         result = future.result()
         if request is not None:  # a translation: plain (tokens, score) pairs, and the request's timing
             timing = RequestTiming()
-            if request.items:
-                timing.measure(request.items)
+            timing.measure(request.items)
             result = ([[(h.tokens, h.score) for h in hs] for hs in result], timing.queue_wait_s, timing.decode_s)
         self.send(("done", rid, result, self.state()))
 

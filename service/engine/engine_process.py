@@ -184,11 +184,13 @@ class EngineProcess:
             await asyncio.to_thread(self._start)
 
     def _ended(self) -> int:
-        """The exit code of a host whose socket has closed (killed if it lingers)."""
+        """The host's exit code once it has exited, killed past CLOSE_S (a host told to close, or whose socket has
+        closed)."""
         try:
             return self.process.wait(timeout=CLOSE_S)
         except subprocess.TimeoutExpired:
-            self._kill()
+            logger.warning("the engine's process did not stop within %.0fs: killed", CLOSE_S)
+            self.process.kill()
             return self.process.wait()
 
     def _restartable(self) -> bool:
@@ -281,21 +283,13 @@ class EngineProcess:
         """Stop the host (it withdraws what it still holds) and wait for it, killing it past CLOSE_S; from any
         thread."""
         self._send(("close",), quiet=True)
-        try:
-            self.process.wait(timeout=CLOSE_S)
-        except subprocess.TimeoutExpired:
-            logger.warning("the engine's process did not stop within %.0fs: killed", CLOSE_S)
-            self._kill()
+        self._ended()
         self.closed = True  # never started again
         loop = self._loop
         if loop is None or loop.is_closed():
             self._detach("the engine is closed")
         else:
             loop.call_soon_threadsafe(self._detach, "the engine is closed")
-
-    def _kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
 
 
 def _ready(process: subprocess.Popen[bytes], conn: Connection) -> tuple[ModelFacts, EngineState]:
