@@ -19,7 +19,7 @@ from service.engine.engine import Engine
 from service.engine.engine_host import HostSpec
 from service.engine.engine_process import EngineProcess, EngineProcessError
 from service.engine.scheduler import RequestTooLargeError
-from tests.conftest import read_lines
+from tests.conftest import read_lines, until
 
 # Translations, not admission: the work queued ahead never refuses a request here.
 CONFIG = BatchingConfig(decode_slots=64, max_queue=256, max_queue_wait_s=math.inf)
@@ -39,6 +39,12 @@ def hosted() -> Iterator[EngineProcess]:
     e = EngineProcess(spec())
     yield e
     e.close()
+
+
+async def working(engine: EngineProcess) -> bool:
+    """Whether the host's engine holds sentences, queued or decoding, as of now."""
+    await engine.refresh()
+    return bool(engine.queued or engine.active)
 
 
 def test_answers_are_the_in_process_engines_token_for_token(hosted: EngineProcess, reference: Translator) -> None:
@@ -73,7 +79,7 @@ def test_a_cancelled_call_withdraws_its_sentences_in_the_host(hosted: EngineProc
 
     async def cancel_one() -> None:
         task = asyncio.ensure_future(hosted.translate([ids] * 30, DecodeOptions(beam_size=8), 60))
-        await asyncio.sleep(0.02)
+        await until(lambda: working(hosted), "the request in the host's engine")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -99,7 +105,7 @@ def test_a_host_that_dies_fails_its_calls_and_the_next_call_starts_another() -> 
     async def die_mid_call() -> tuple[object, object]:
         first = await e.translate([ids], DecodeOptions(), 60)
         task = asyncio.ensure_future(e.translate([ids] * 64, DecodeOptions(beam_size=8), 60))
-        await asyncio.sleep(0.05)
+        await until(lambda: working(e), "the request in the host's engine")
         os.kill(e.process.pid, signal.SIGKILL)
         with pytest.raises(EngineProcessError, match="exited"):  # replica_unavailable: the gateway asks again
             await asyncio.wait_for(task, 30)
@@ -123,7 +129,7 @@ def test_calls_that_arrive_while_a_host_restarts_wait_for_it() -> None:
         os.kill(e.process.pid, signal.SIGKILL)
         e.process.wait()
         first = asyncio.ensure_future(e.translate([ids], DecodeOptions(), 60))  # starts the restart
-        await asyncio.sleep(0.3)  # the start under way: the host is loading its model
+        await until(lambda: e.restarts, "the restart under way")  # a new host is loading its model
         later = asyncio.gather(*(e.translate([ids], DecodeOptions(), 60) for _ in range(3)))
         return [alone, *await asyncio.wait_for(asyncio.gather(first, later), 60)]
 
