@@ -1,7 +1,8 @@
 """beamserve's C kernels (model/kernels/csrc: the int8 row passes and GEMM, a decode step's attention, log-softmax and
-candidate ranking), built as plain shared libraries beside the package: on x86-64 once for the baseline
-and once each for the x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) levels, of which model/kernels/native.py
-loads the best this CPU runs.
+candidate ranking), built as one plain shared library beside the package (model.kernels._native): on x86-64
+every source is compiled for the baseline and for the x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) levels,
+each build's functions named by its level (csrc/level.h), and csrc/dispatch.c says which level this CPU runs,
+whose functions model/kernels/native.py binds.
 
 Without a C compiler the build goes on without them, says so in a block on stderr, and the model computes with
 PyTorch's ops (model/kernels/native.py says which runs); with BEAMSERVE_REQUIRE_KERNELS=1 (`make test`, the
@@ -30,21 +31,30 @@ SOURCES = [
 # No contraction of a separate multiply and add into one rounding: the int8 passes must match PyTorch's
 # bits, and the decode-step kernels' bits must not depend on the CPU.
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
-LEVELS = ["x86-64-v3", "x86-64-v4"] if platform.machine() in ("x86_64", "AMD64") else []
-
-
-def library(name: str, flags: list[str]) -> Extension:
-    return Extension(
-        name,
-        sources=SOURCES,
-        depends=["model/kernels/csrc/vec16.h", "model/kernels/csrc/quantize.h"],
-        extra_compile_args=FLAGS + flags,
-        optional=not REQUIRED,
-    )
+X86 = platform.machine() in ("x86_64", "AMD64")
+# (BEAMSERVE_LEVEL, compiler flags) of each build in the library.
+LEVELS = [(1, []), (3, ["-march=x86-64-v3"]), (4, ["-march=x86-64-v4"])] if X86 else [(1, [])]
+DEPENDS = ["model/kernels/csrc/vec16.h", "model/kernels/csrc/quantize.h", "model/kernels/csrc/level.h"]
+NAME = "model.kernels._native"
 
 
 class BuildKernels(build_ext):
-    """build_ext that says, in a block a person sees in pip's output, which kernel libraries did not build."""
+    """build_ext that compiles the kernel sources once per level into the one library, and says, in a block a person
+    sees in pip's output, when it did not build."""
+
+    def build_extension(self, ext: Extension) -> None:
+        objects = []
+        for level, flags in LEVELS:
+            objects += self.compiler.compile(
+                SOURCES,
+                output_dir=os.path.join(self.build_temp, f"v{level}"),
+                macros=[("BEAMSERVE_LEVEL", str(level))],
+                extra_postargs=FLAGS + flags,
+                depends=DEPENDS,
+                debug=self.debug,
+            )
+        ext.extra_objects = objects
+        super().build_extension(ext)
 
     def run(self) -> None:
         super().run()
@@ -62,6 +72,13 @@ class BuildKernels(build_ext):
 
 setup(
     cmdclass={"build_ext": BuildKernels},
-    ext_modules=[library("model.kernels._native", [])]
-    + [library(f"model.kernels._native_{level[-2:]}", [f"-march={level}"]) for level in LEVELS]
+    ext_modules=[
+        Extension(
+            NAME,
+            sources=["model/kernels/csrc/dispatch.c"],
+            define_macros=[("BEAMSERVE_X86_LEVELS", "1")] if X86 else [],
+            extra_compile_args=FLAGS,
+            optional=not REQUIRED,
+        )
+    ],
 )

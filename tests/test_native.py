@@ -6,7 +6,6 @@ beam's positions from its cache lineage as from copied rows."""
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import math
 import os
 import platform
@@ -41,9 +40,12 @@ def test_the_kernels_are_built_where_the_install_had_a_c_compiler_and_run_where_
         pytest.skip("setup.py builds the kernels where there is a C compiler; this check reads Linux's cpuinfo")
     if native.ENV in os.environ:
         pytest.skip(f"{native.ENV} chooses the build")
-    assert native.built() and native.steps() and native.in_use().startswith(f"{native.BUILD} (")
+    assert native.built() and native.steps() and native.in_use().startswith(f"{native.MODULE} (")
     flags = set(Path("/proc/cpuinfo").read_text().split())
-    if platform.machine() == "x86_64":
+    if platform.machine() == "x86_64":  # the library binds the best level this CPU runs
+        v4, v3 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}, {"avx2", "fma", "bmi1", "bmi2", "movbe"}
+        best = 4 if v4 | v3 <= flags else 3 if v3 <= flags else 1
+        assert best == native.LEVEL
         assert native.quantizes() == ({"avx512f", "avx512bw"} <= flags)
         assert native.scales_back() == ({"avx2", "fma", "bmi2", "movbe"} <= flags)
 
@@ -226,16 +228,12 @@ def test_translations_with_the_step_kernels_match_pytorchs_and_the_lineage_cache
     assert Translator.load("en-de", "cpu", compute_type=compute_type).digest != digest
 
 
-X86_BUILDS = {
-    "model.kernels._native": 1,
-    "model.kernels._native_v3": 3,
-    "model.kernels._native_v4": 4,
-}  # 4, 8 and 16 floats a register
+X86_LEVELS = [1, 3, 4]  # the builds in the library: 4, 8 and 16 floats a register
 
 
 @steps
 def test_the_kernels_refuse_what_their_buffers_cannot_hold_themselves_and_under_python_o() -> None:
-    lib = _built(str(native.BUILD))
+    lib = _built(native.LEVEL or 1)
     lp, run = torch.randn(2, 4, 100), torch.zeros(2, 4)
     out = torch.empty(2, 80), torch.empty(2, 80, dtype=torch.int64), torch.empty(2, 80, dtype=torch.int64)
     # The C functions check before they touch memory: 65 candidates, or a head wider than 256 floats.
@@ -319,14 +317,14 @@ def _step_cases() -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
     return cases, [torch.randn(7, V, generator=g) * 5 for V in (8000, 33, 1)]
 
 
-def _built(module: str) -> ctypes.CDLL:
-    """setup.py's build of module (installed beside the package), its functions declared."""
-    spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.origin is not None, f"setup.py did not build {module}"
-    return native.declared(ctypes.CDLL(spec.origin))
+def _built(level: int) -> native.Kernels:
+    """The library's build of an x86-64 level (setup.py's, installed beside the package), its functions bound."""
+    lib = native.library()
+    assert lib is not None, "setup.py did not build the library"
+    return native.Kernels(lib, level)
 
 
-def _assert_same_bits(library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+def _assert_same_bits(library: native.Kernels, monkeypatch: pytest.MonkeyPatch) -> None:
     """library's attention, log-softmax and int8 GEMM give the loaded build's bits on fixed random inputs."""
     cases, logits = _step_cases()
     loaded = [native.attend(*case) for case in cases]
@@ -343,13 +341,13 @@ def _assert_same_bits(library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @steps
-@pytest.mark.parametrize("module", list(X86_BUILDS))
-def test_the_step_kernels_give_the_same_bits_in_every_build(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("level", X86_LEVELS)
+def test_the_step_kernels_give_the_same_bits_in_every_build(level: int, monkeypatch: pytest.MonkeyPatch) -> None:
     if platform.machine() != "x86_64" or not shutil.which("cc"):
         pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
-    library = _built(module)
-    if library.beamserve_cpu_level() < X86_BUILDS[module]:
-        pytest.skip(f"this CPU does not run {module}")
+    library = _built(level)
+    if library.beamserve_cpu_level() < level:
+        pytest.skip(f"this CPU does not run x86-64-v{level}")
     _assert_same_bits(library, monkeypatch)
 
 
@@ -366,30 +364,27 @@ def test_clang_builds_every_library_and_its_build_gives_the_same_bits(
     build = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib")]
     env = {**os.environ, "CC": "clang"}
     subprocess.run([*build, "--build-temp", str(tmp_path / "tmp")], cwd=root, env=env, check=True, capture_output=True)
-    built = {path.name.split(".")[0]: path for path in (tmp_path / "lib" / "model" / "kernels").glob("_native*.so")}
-    expected = {"_native", "_native_v3", "_native_v4"} if platform.machine() == "x86_64" else {"_native"}
-    assert set(built) == expected, "clang did not build every library setup.py names"
-    # Each library this CPU runs computes the bits of GCC's build of its level.
-    for module, path in built.items():
-        library = native.declared(ctypes.CDLL(str(path)))
-        if library.beamserve_cpu_level() < X86_BUILDS.get(f"model.kernels.{module}", 1):
+    built = list((tmp_path / "lib" / "model" / "kernels").glob("_native*.so"))
+    assert len(built) == 1, "clang did not build the library setup.py names"
+    clangs = ctypes.CDLL(str(built[0]))
+    # Each level this CPU runs computes the bits of GCC's build of that level.
+    for level in X86_LEVELS if platform.machine() == "x86_64" else [1]:
+        library = native.Kernels(clangs, level)
+        if library.beamserve_cpu_level() < level:
             continue
         with monkeypatch.context() as patch:
-            patch.setattr(native, "_LIB", _built(f"model.kernels.{module}"))
+            patch.setattr(native, "_LIB", _built(level))
             _assert_same_bits(library, patch)
 
 
-@pytest.mark.parametrize(
-    ("setting", "build"),
-    [("x86-64-v3", "model.kernels._native_v3"), ("x86-64", "model.kernels._native"), ("0", "None")],
-)
-def test_the_setting_loads_the_build_a_cpu_of_that_level_would(setting: str, build: str) -> None:
+@pytest.mark.parametrize(("setting", "level"), [("x86-64-v3", "3"), ("x86-64-v2", "1"), ("x86-64", "1"), ("0", "None")])
+def test_the_setting_binds_the_level_a_cpu_of_that_level_would(setting: str, level: str) -> None:
     if platform.machine() != "x86_64" or not native.built() or native.ENV in os.environ:
         pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
     env = {**os.environ, native.ENV: setting}
-    code = "from model.kernels import native; print(native.BUILD)"
+    code = "from model.kernels import native; print(native.LEVEL)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == build
+    assert out.stdout.strip() == level
     env[native.ENV] = "avx2"
     failed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert failed.returncode != 0 and "expected 0, 1 or one of x86-64" in failed.stderr

@@ -14,10 +14,11 @@ and batch, within float32 rounding of PyTorch's; a model that decodes with them 
 (Translator.digest), as its scores differ in the last bits from a replica's without the library. The
 candidate ranking (csrc/search.c) gives search.top_candidates's exact answer in one pass.
 
-`pip install` compiles the library (setup.py; optional: without a C compiler the install goes on without
-it), on x86-64 once per level: the baseline (SSE2), x86-64-v3 (AVX2) and x86-64-v4 (AVX-512), the best
-this CPU runs loaded. BEAMSERVE_NATIVE_KERNELS=0 turns it off; =x86-64-v3 (or another level) loads the
-build a CPU of that level would, to measure it. The kernels run on the calling thread: a one-thread pass
+`pip install` compiles the library (setup.py; without a C compiler the install goes on without it and says
+so), on x86-64 each kernel once per level in the one library: the baseline (SSE2), x86-64-v3 (AVX2) and
+x86-64-v4 (AVX-512); the library says which this CPU runs (csrc/dispatch.c) and that level's functions are
+bound (`Kernels`). BEAMSERVE_NATIVE_KERNELS=0 turns it off; =x86-64-v3 (or another level) binds the level a
+CPU of that level would, to measure it. The kernels run on the calling thread: a one-thread pass
 still beats PyTorch's passes spread over threads (docs/benchmarks.md, "Compute types on CPU").
 """
 
@@ -26,115 +27,104 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+from typing import Any
 
 import torch
 
 ENV = "BEAMSERVE_NATIVE_KERNELS"
 LEVELS = {"x86-64": 1, "x86-64-v2": 2, "x86-64-v3": 3, "x86-64-v4": 4}
-# The library's builds beside the baseline one, best first: (x86-64 level, module).
-LEVEL_BUILDS = ((4, "model.kernels._native_v4"), (3, "model.kernels._native_v3"))
+MODULE = "model.kernels._native"
+
+# Each kernel's C types (csrc/*.c), "result:arguments", by its name without the level: v void, p a pointer,
+# q int64_t, i int, f float.
+SIGNATURES = {
+    "beamserve_quantize_rows": "v:pqqqpp",
+    "beamserve_scale_back": "v:pqqpppp",
+    "beamserve_int8_gemm": "v:pqqqpqp",
+    "beamserve_vectorised": "i:",
+    "beamserve_cpu_level": "i:",
+    "beamserve_attend": "i:pppqqqqqqqqpqpqqqqfp",
+    "beamserve_self_attend_step": "i:pqqqqppqqqqqpqpqqqqfp",
+    "beamserve_log_softmax": "v:pqqq",
+    "beamserve_scale_back_log_softmax": "v:pqqpppp",
+    "beamserve_top_candidates": "i:ppqqqqppp",
+    "beamserve_beam_step": "i:pqqqppppppqpppqippp",
+    "beamserve_beam_advance": "i:pqqqppppppqpqppfqipqqqqpppp",
+    "beamserve_self_sublayer": "i:ppqppppqp",
+    "beamserve_cross_sublayer": "i:ppqpppppqqqqp",
+    "beamserve_linear_forward": "i:ppqpp",
+    "beamserve_layer_norm": "v:pqqppfp",
+    "beamserve_decoder_segment": "i:ppppppqppqqqqqqppp",
+    "beamserve_encoder_segment": "i:pppqqqppqqqqfqqppp",
+    "beamserve_embed": "i:pqpqqfpqp",
+    "beamserve_vnni": "i:",
+    "beamserve_f32_gemm": "i:",
+    "beamserve_f32_packed_floats": "q:qq",
+    "beamserve_f32_pack": "v:pqqp",
+    "beamserve_f32_linear": "i:pqqqpqppqpq",
+    "beamserve_vnni_packed_bytes": "q:qq",
+    "beamserve_vnni_pack": "v:pqqpp",
+    "beamserve_vnni_int8_gemm": "i:pqqqppqp",
+    "beamserve_vnni_linear": "i:pqqqppqpppqpq",
+}
+CTYPES: dict[str, Any] = {
+    "v": None, "p": ctypes.c_void_p, "q": ctypes.c_int64, "i": ctypes.c_int, "f": ctypes.c_float
+}  # fmt: skip
 
 
-def _load() -> tuple[ctypes.CDLL, str] | None:
-    """The best build this CPU runs, or the one BEAMSERVE_NATIVE_KERNELS names (`x86-64-v3`, `x86-64`: what a
-    CPU of that level computes, for measurements and tests), and its module; None where turned off (`0`)
-    or not built."""
+class Kernels:
+    """One level's build of the library (csrc/level.h): each kernel under its plain name, its C types declared."""
+
+    def __init__(self, lib: ctypes.CDLL, level: int) -> None:
+        self.level = level
+        for name, signature in SIGNATURES.items():
+            fn = lib[f"{name}_v{level}"]  # a function object of its own: another level's keeps its own types
+            result, args = signature.split(":")
+            fn.restype, fn.argtypes = CTYPES[result], [CTYPES[a] for a in args]
+            setattr(self, name, fn)
+
+    def __getattr__(self, name: str) -> Any:  # the kernels set above; for the type checker
+        raise AttributeError(f"the C kernels have no {name}")
+
+
+def _load() -> Kernels | None:
+    """The level of the library this CPU runs, at most the one BEAMSERVE_NATIVE_KERNELS names (`x86-64-v3`,
+    `x86-64`: what a CPU of that level computes, for measurements and tests); None where turned off (`0`) or not
+    built."""
     setting = os.environ.get(ENV, "1")
     if setting == "0":
         return None
-    baseline = _open("model.kernels._native")
-    if baseline is None:
+    if setting != "1" and setting not in LEVELS:
+        raise ValueError(f"{ENV}={setting!r}: expected 0, 1 or one of {', '.join(LEVELS)}")
+    lib = library()
+    if lib is None:
         return None
-    level = baseline.beamserve_cpu_level()
-    if setting != "1":
-        if setting not in LEVELS:
-            raise ValueError(f"{ENV}={setting!r}: expected 0, 1 or one of {', '.join(LEVELS)}")
-        level = min(level, LEVELS[setting])
-    for least, module in LEVEL_BUILDS:
-        lib = _open(module) if level >= least else None
-        if lib is not None:
-            return lib, module
-    return baseline, "model.kernels._native"
-
-
-def _open(module: str) -> ctypes.CDLL | None:
     try:
-        spec = importlib.util.find_spec(module)
+        return Kernels(lib, lib.beamserve_level(LEVELS.get(setting, 4)))
+    except AttributeError:  # a library built from other sources than these (an install not rebuilt)
+        return None
+
+
+def library() -> ctypes.CDLL | None:
+    """The library setup.py built beside the package, or None (no C compiler, or not loadable here)."""
+    try:
+        spec = importlib.util.find_spec(MODULE)
     except (ImportError, ValueError):
         return None
-    if spec is None or spec.origin is None:  # built without it (no C compiler, another architecture)
+    if spec is None or spec.origin is None:
         return None
     try:
-        return declared(ctypes.CDLL(spec.origin))
-    except (OSError, AttributeError):
+        lib = ctypes.CDLL(spec.origin)
+        level = lib.beamserve_level
+    except (OSError, AttributeError):  # not loadable here, or built from other sources
         return None
-
-
-def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """lib with its functions' argument and result types declared."""
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.beamserve_quantize_rows.argtypes = [p, i64, i64, i64, p, p]
-    lib.beamserve_quantize_rows.restype = None
-    lib.beamserve_scale_back.argtypes = [p, i64, i64, p, p, p, p]
-    lib.beamserve_scale_back.restype = None
-    lib.beamserve_int8_gemm.argtypes, lib.beamserve_int8_gemm.restype = [p, i64, i64, i64, p, i64, p], None
-    lib.beamserve_vectorised.argtypes, lib.beamserve_vectorised.restype = [], ctypes.c_int
-    lib.beamserve_cpu_level.argtypes, lib.beamserve_cpu_level.restype = [], ctypes.c_int
-    lib.beamserve_attend.argtypes = [
-        p, p, p, i64, i64, i64, i64, i64, i64, i64, i64, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p
-    ]  # fmt: skip
-    lib.beamserve_attend.restype = ctypes.c_int
-    lib.beamserve_self_attend_step.argtypes = [
-        p, i64, i64, i64, i64, p, p, i64, i64, i64, i64, i64, p, i64, p, i64, i64, i64, i64, ctypes.c_float, p
-    ]  # fmt: skip
-    lib.beamserve_self_attend_step.restype = ctypes.c_int
-    lib.beamserve_log_softmax.argtypes, lib.beamserve_log_softmax.restype = [p, i64, i64, i64], None
-    lib.beamserve_scale_back_log_softmax.argtypes = [p, i64, i64, p, p, p, p]
-    lib.beamserve_scale_back_log_softmax.restype = None
-    lib.beamserve_top_candidates.argtypes = [p, p, i64, i64, i64, i64, p, p, p]
-    lib.beamserve_top_candidates.restype = ctypes.c_int
-    lib.beamserve_beam_step.argtypes = [
-        p, i64, i64, i64, p, p, p, p, p, p, i64, p, p, p, i64, ctypes.c_int, p, p, p
-    ]  # fmt: skip
-    lib.beamserve_beam_step.restype = ctypes.c_int
-    lib.beamserve_beam_advance.argtypes = [
-        p, i64, i64, i64, p, p, p, p, p, p, i64, p, i64, p, p, ctypes.c_float, i64, ctypes.c_int, p, i64, i64, i64,
-        i64, p, p, p, p,
-    ]  # fmt: skip
-    lib.beamserve_beam_advance.restype = ctypes.c_int
-    lib.beamserve_self_sublayer.argtypes = [p, p, i64, p, p, p, p, i64, p]
-    lib.beamserve_self_sublayer.restype = ctypes.c_int
-    lib.beamserve_cross_sublayer.argtypes = [p, p, i64, p, p, p, p, p, i64, i64, i64, i64, p]
-    lib.beamserve_cross_sublayer.restype = ctypes.c_int
-    lib.beamserve_linear_forward.argtypes, lib.beamserve_linear_forward.restype = [p, p, i64, p, p], ctypes.c_int
-    lib.beamserve_layer_norm.argtypes = [p, i64, i64, p, p, ctypes.c_float, p]
-    lib.beamserve_layer_norm.restype = None
-    lib.beamserve_decoder_segment.argtypes = [p, p, p, p, p, p, i64, p, p, i64, i64, i64, i64, i64, i64, p, p, p]
-    lib.beamserve_decoder_segment.restype = ctypes.c_int
-    lib.beamserve_encoder_segment.argtypes = [
-        p, p, p, i64, i64, i64, p, p, i64, i64, i64, i64, ctypes.c_float, i64, i64, p, p, p
-    ]  # fmt: skip
-    lib.beamserve_encoder_segment.restype = ctypes.c_int
-    lib.beamserve_embed.argtypes = [p, i64, p, i64, i64, ctypes.c_float, p, i64, p]
-    lib.beamserve_embed.restype = ctypes.c_int
-    lib.beamserve_vnni.argtypes, lib.beamserve_vnni.restype = [], ctypes.c_int
-    lib.beamserve_f32_gemm.argtypes, lib.beamserve_f32_gemm.restype = [], ctypes.c_int
-    lib.beamserve_f32_packed_floats.argtypes, lib.beamserve_f32_packed_floats.restype = [i64, i64], i64
-    lib.beamserve_f32_pack.argtypes, lib.beamserve_f32_pack.restype = [p, i64, i64, p], None
-    lib.beamserve_f32_linear.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, p, i64]
-    lib.beamserve_f32_linear.restype = ctypes.c_int
-    lib.beamserve_vnni_packed_bytes.argtypes, lib.beamserve_vnni_packed_bytes.restype = [i64, i64], i64
-    lib.beamserve_vnni_pack.argtypes, lib.beamserve_vnni_pack.restype = [p, i64, i64, p, p], None
-    lib.beamserve_vnni_int8_gemm.argtypes = [p, i64, i64, i64, p, p, i64, p]
-    lib.beamserve_vnni_int8_gemm.restype = ctypes.c_int
-    lib.beamserve_vnni_linear.argtypes = [p, i64, i64, i64, p, p, i64, p, p, p, i64, p, i64]
-    lib.beamserve_vnni_linear.restype = ctypes.c_int
+    level.argtypes, level.restype = [ctypes.c_int], ctypes.c_int
     return lib
 
 
 _LOADED = _load()
-_LIB = None if _LOADED is None else _LOADED[0]
-BUILD = None if _LOADED is None else _LOADED[1]  # the build loaded: model.kernels._native_v4, ... (None: none)
+_LIB = _LOADED
+LEVEL = None if _LOADED is None else _LOADED.level  # the x86-64 level of the kernels bound (1: the baseline)
 # Which kernels beat PyTorch's vectorised operators on this CPU: a kernel the compiler leaves scalar here
 # (the quantisation without AVX-512, the scale-back without a vector fused multiply-add) would be slower.
 _VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
@@ -148,8 +138,7 @@ def in_use() -> str:
         if os.environ.get(ENV) == "0":
             return f"none ({ENV}=0)"
         return "none (turned off)" if _LOADED is not None else "none (not built: the install had no C compiler)"
-    level = {module: f"x86-64-v{least}" for least, module in LEVEL_BUILDS}.get(str(BUILD), "baseline")
-    return f"{BUILD} ({level})"
+    return f"{MODULE} ({'baseline' if LEVEL == 1 else f'x86-64-v{LEVEL}'})"
 
 
 def turn_off() -> None:
@@ -195,7 +184,7 @@ def scales_back() -> bool:
     return _LIB is not None and bool(_VECTORISED & 2)
 
 
-def _lib() -> ctypes.CDLL:
+def _lib() -> Kernels:
     if _LIB is None:
         raise RuntimeError("the C kernels are not loaded")
     return _LIB

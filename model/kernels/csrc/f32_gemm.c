@@ -8,6 +8,7 @@
  *
  * The weight is packed once: panels of 16 columns, each K rows of 16 floats, so one load feeds one FMA for
  * 16 outputs. AVX-512 only: other builds report no kernel (-1) and oneDNN serves. */
+#include "level.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

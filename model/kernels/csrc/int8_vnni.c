@@ -10,6 +10,7 @@
  * The packed weight: panels of 16 output columns; in a panel, groups of 4 along K, each group 64 bytes (the
  * 4 values of column 0, then of column 1, ...), so one load feeds one vpdpbusd for 16 columns. Zeros pad N
  * to a whole panel and K to a whole group. */
+#include "level.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,6 +6,7 @@
  * reduction trees, no contraction, its own exp and log). The candidate ranking gives exactly
  * search.top_candidates's answer: the same float additions, and equal scores ranked by beam, then token.
  */
+#include "level.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,6 +5,7 @@
  * Each call is the composition of the library's own kernels, in the order the step makes them one by one, so the
  * bits are theirs. A weight and a cache are handed over as structs built once (model/kernels/native.py), so a call
  * marshals a few pointers rather than thirty numbers. */
+#include "level.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
