@@ -4,18 +4,20 @@
     python loadtests/bench_latency.py --compute-types int8 --sentences 100 --saturation-s 20
 
 For each compute type, on the same test sentences (test_2016_flickr, uncached, beam 4):
-- in process: `Translator.translate` of each sentence alone, its wall time (p50, p95), and the
-  offline rate at batch 64 (sentences/s); and the server's engine without the server (`Engine.translate`
-  in one process): each sentence alone (p50), the rate with --concurrency sentences in flight, and that
-  rate again with --loop-work-ms of Python run on the event loop after each answer, as a gateway
-  parses, tokenizes and answers a request on the loop the engine's thread shares the GIL with;
-- served: `beamserve serve --models en-de` (HAProxy in front, the model in the ingress) with the same
-  compute type and intra-op threads, once per --engines placement (`process`: the engine in its own
-  process, the default; `thread`: a thread of the ingress's process, BEAMSERVE_ENGINE_PROCESS=0),
-  each sentence a request on one keep-alive connection, the next sent when the last is answered: the
-  request's wall time at the client, and its Server-Timing (the engine's queue wait and decoding, the
-  gateway's total), so the difference from in-process decoding is split between the engine's
-  decoding, its queue and the path around it;
+- in process (loadtests/latency_worker.py, a process as a replica's): the offline rate at batch 64
+  (sentences/s); and the server's engine without the server (`Engine.translate`): the rate with
+  --concurrency sentences in flight, and that rate again with --loop-work-ms of Python run on the event
+  loop after each answer, as a gateway parses, tokenizes and answers a request on the loop the engine's
+  thread shares the GIL with;
+- one at a time: `beamserve serve --models en-de` (HAProxy in front) with the same compute type and
+  intra-op threads, once per --engines placement (`process`: the engine in its own process, the
+  default; `thread`: a thread of the ingress's process, BEAMSERVE_ENGINE_PROCESS=0), each sentence a
+  request on one keep-alive connection, the next sent when the last is answered; beside it, in each of
+  --rounds rounds, the same sentences through `Translator.translate` and the engine alone in the
+  in-process worker, so that the served and the in-process times meet the machine in the same state.
+  Each sentence's best of the rounds; the request's wall time at the client and its Server-Timing (the
+  engine's queue wait and decoding, the gateway's total), so the difference from in-process decoding
+  is split between the engine's decoding, its queue and the path around it;
 - saturated: --concurrency connections sending one sentence a request for --saturation-s seconds:
   sentences/s answered 200 against the offline rate, and how many requests were refused (the load
   generator shares the machine's cores: its CPU time is reported beside it).
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -39,97 +43,42 @@ from harness import Server, quantile, test_sentences  # noqa: E402
 from reports import emit  # noqa: E402
 
 
-def in_process(
-    compute_type: str,
-    threads: int,
-    alone: list[str],
-    batched: list[str],
-    rounds: int,
-    concurrency: int,
-    loop_work_s: float,
-) -> dict[str, float]:
-    """Each of `alone` through Translator.translate by itself (the best of `rounds` per sentence), and the rate
-    over `batched` at batch 64; then the same through the server's engine (service/engine/engine.py) without the
-    server: each of `alone` alone, and `batched` with `concurrency` sentences in flight, without and with
-    `loop_work_s` of Python on the event loop after each answer. In a fresh process, as a replica's model is."""
-    code = f"""
-import asyncio, json, sys, time
-from model import DecodeOptions, Translator
-from service.engine.engine import Engine
-from service.batching import BatchingConfig
-tr = Translator.load("en-de", "cpu", compute_type={compute_type!r}, num_threads={threads})
-texts, batched = json.loads(sys.stdin.read())
-for t in texts[:8]:
-    tr.translate([t], beam_size=4)
-each = []
-for t in texts:
-    best = float("inf")
-    for _ in range({rounds}):
-        start = time.perf_counter()
-        tr.translate([t], beam_size=4)
-        best = min(best, time.perf_counter() - start)
-    each.append(best)
-tr.translate(batched[:64], beam_size=4, max_batch_size=64)
-start = time.perf_counter()
-for i in range(0, len(batched), 64):
-    tr.translate(batched[i:i + 64], beam_size=4, max_batch_size=64)
-rate = len(batched) / (time.perf_counter() - start)
-engine, opts = Engine(tr, BatchingConfig(max_queue_wait_s=3600)), DecodeOptions(beam_size=4)
-alone_ids, batched_ids = [tr.encode(t) for t in texts], [tr.encode(t) for t in batched]
+class InProcess:
+    """The model and the server's engine in a process of their own (loadtests/latency_worker.py), as a replica holds
+    them, timed when asked: their one-at-a-time passes alternate with the server's, so both meet the machine as it
+    is then (two cores shared with other work measure a millisecond or two apart from one minute to the next)."""
 
-async def engine_runs():
-    for ids in alone_ids[:8]:
-        await engine.translate([ids], opts, 60)
-    engine_each = []
-    for ids in alone_ids:
-        best = float("inf")
-        for _ in range({rounds}):
-            start = time.perf_counter()
-            await engine.translate([ids], opts, 60)
-            best = min(best, time.perf_counter() - start)
-        engine_each.append(best)
+    def __init__(self, compute_type: str, threads: int, alone: list[str], batched: list[str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(REPO / "loadtests" / "latency_worker.py"), compute_type, str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        self._write([alone, batched])
+        self._read()  # loaded and warm
 
-    async def saturated(work_s):
-        left = iter(batched_ids)
+    def _write(self, message: object) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
 
-        async def client():
-            for ids in left:
-                await engine.translate([ids], opts, 600)
-                until = time.thread_time() + work_s  # Python holding the GIL, as a gateway's does
-                while time.thread_time() < until:
-                    pass
+    def _read(self) -> Any:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"loadtests/latency_worker.py exited with code {self.process.wait()}")
+        return json.loads(line)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range({concurrency})))
-        return len(batched_ids) / (time.perf_counter() - start)
+    def ask(self, command: object) -> Any:
+        self._write(command)
+        return self._read()
 
-    return engine_each, await saturated(0.0), await saturated({loop_work_s})
-
-engine_each, engine_rate, engine_loaded = asyncio.run(engine_runs())
-engine.close()
-print(json.dumps({{"each": each, "rate": rate, "engine_each": engine_each, "engine_rate": engine_rate,
-                  "engine_loaded": engine_loaded}}))
-"""
-    import json
-
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        input=json.dumps([alone, batched]),
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=True,
-    )
-    found = json.loads(out.stdout.strip().splitlines()[-1])
-    each, engine_each = found["each"], found["engine_each"]
-    return {
-        "p50": quantile(each, 0.5),
-        "p95": quantile(each, 0.95),
-        "rate": found["rate"],
-        "engine p50": quantile(engine_each, 0.5),
-        "engine rate": found["engine_rate"],
-        "engine loaded": found["engine_loaded"],
-    }
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 def body(text: str) -> dict[str, object]:
@@ -146,40 +95,45 @@ def timings(header: str) -> dict[str, float]:
     return out
 
 
-async def one_at_a_time(port: int, sentences: list[str], rounds: int) -> dict[str, float]:
-    """Each sentence a request on one keep-alive connection, the best of `rounds` per sentence; its Server-Timing.
-    The client is http_load's (a prebuilt request, the answer's head parsed): its own time is a small part of
-    the wall time, on cores it shares with the server."""
-    walls: list[float] = []
-    parts: dict[str, list[float]] = {"queue": [], "decode": [], "total": []}
-    wire = [http_load.request_bytes("/v1/translate", body(t), port=port) for t in sentences]
+async def served_pass(port: int, wire: list[bytes]) -> list[tuple[float, dict[str, float]]]:
+    """Each prebuilt request in turn on one keep-alive connection: its wall time at the client and its Server-Timing.
+    The client is http_load's (a prebuilt request, the answer's head parsed): its own time is a small part of the
+    wall time, on cores it shares with the server."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-    async def ask(request: bytes) -> tuple[float, dict[str, str]]:
-        start = time.perf_counter()
-        writer.write(request)
-        status, _, answer, headers = await http_load.read_answer(reader, True)
-        wall = time.perf_counter() - start
-        if status != 200:
-            raise SystemExit(f"{status}: {answer[:200]!r}")
-        return wall, headers
-
+    out = []
     try:
-        for request in wire[:8]:
-            await ask(request)
         for request in wire:
-            best, best_timing = float("inf"), {}
-            for _ in range(rounds):
-                wall, headers = await ask(request)
-                if wall < best:
-                    best, best_timing = wall, timings(headers.get("server-timing", ""))
-            walls.append(best)
-            for name in parts:
-                parts[name].append(best_timing.get(name, float("nan")))
+            start = time.perf_counter()
+            writer.write(request)
+            status, _, answer, headers = await http_load.read_answer(reader, True)
+            wall = time.perf_counter() - start
+            if status != 200:
+                raise SystemExit(f"{status}: {answer[:200]!r}")
+            out.append((wall, timings(headers.get("server-timing", ""))))
     finally:
         writer.close()
+    return out
+
+
+def one_at_a_time(port: int, sentences: list[str], rounds: int, local: InProcess) -> dict[str, float]:
+    """Each sentence alone, `rounds` times, through the server, Translator.translate and the engine without the
+    server, the three passes one after the other in each round; each sentence's best of each (the served one with
+    its Server-Timing), as p50s in seconds."""
+    wire = [http_load.request_bytes("/v1/translate", body(t), port=port) for t in sentences]
+    asyncio.run(served_pass(port, wire[:8]))  # warm
+    served: list[tuple[float, dict[str, float]]] = [(float("inf"), {})] * len(wire)
+    alone, engine = [float("inf")] * len(wire), [float("inf")] * len(wire)
+    for _ in range(rounds):
+        now = asyncio.run(served_pass(port, wire))
+        served = [min(pair, key=lambda x: x[0]) for pair in zip(served, now, strict=True)]
+        alone = [min(pair) for pair in zip(alone, local.ask("alone"), strict=True)]
+        engine = [min(pair) for pair in zip(engine, local.ask("engine"), strict=True)]
+    walls = [wall for wall, _ in served]
     out = {"p50": quantile(walls, 0.5), "p95": quantile(walls, 0.95)}
-    out |= {f"{name} p50": statistics.median(v) for name, v in parts.items()}
+    out |= {"in-process p50": quantile(alone, 0.5), "in-process p95": quantile(alone, 0.95)}
+    out |= {"engine p50": quantile(engine, 0.5)}
+    for name in ("queue", "decode", "total"):
+        out[f"{name} p50"] = statistics.median(t.get(name, float("nan")) for _, t in served)
     return out
 
 
@@ -197,6 +151,39 @@ async def saturated(port: int, sentences: list[str], concurrency: int, seconds: 
         "sent": len(answers),
         "client_cpu": (time.process_time() - cpu) / wall,
     }
+
+
+def row(
+    ct: str,
+    engine: str,
+    args: argparse.Namespace,
+    alone: list[str],
+    sentences: list[str],
+    local: InProcess,
+    rates: dict[str, float],
+) -> str:
+    """One server's row: its engine placed as `engine` says, timed one at a time beside `local`, then saturated."""
+    env = {
+        "BEAMSERVE_THREADS": str(args.threads),
+        "BEAMSERVE_COMPUTE_TYPE": ct,
+        "BEAMSERVE_ENGINE_PROCESS": str(int(engine == "process")),
+    }
+    server = Server("beamserve", "haproxy", env)
+    try:
+        served = one_at_a_time(server.port, alone, args.rounds, local)
+        full = asyncio.run(saturated(server.port, sentences, args.concurrency, args.saturation_s))
+    finally:
+        server.stop()
+    ms, local_p50 = 1000, served["in-process p50"]
+    return (
+        f"| {ct} | {'own process' if engine == 'process' else 'thread of the gateway'} "
+        f"| {local_p50 * ms:.1f} / {served['in-process p95'] * ms:.1f} | {served['engine p50'] * ms:.1f} "
+        f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f} | {(served['p50'] - local_p50) * ms:+.1f} "
+        f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
+        f"| {rates['rate']:.1f} | {rates['engine_rate']:.1f} | {rates['engine_loaded']:.1f} "
+        f"| {full['rate']:.1f} | {full['rate'] / rates['rate']:.2f} "
+        f"| {full['refused']:.0f} of {full['sent']:.0f} | {full['client_cpu']:.2f} cores |"
+    )
 
 
 def main() -> None:
@@ -235,32 +222,15 @@ def main() -> None:
     ]
     for ct in args.compute_types.split(","):
         print(f"{ct}: in process", flush=True)
-        local = in_process(ct, args.threads, alone, sentences, args.rounds, args.concurrency, args.loop_work_ms / 1000)
-        for engine in args.engines.split(","):
-            print(f"{ct}: served, the engine in its own {engine}", flush=True)
-            env = {
-                "BEAMSERVE_THREADS": str(args.threads),
-                "BEAMSERVE_COMPUTE_TYPE": ct,
-                "BEAMSERVE_ENGINE_PROCESS": str(int(engine == "process")),
-            }
-            server = Server("beamserve", "haproxy", env)
-            try:
-                served = asyncio.run(one_at_a_time(server.port, alone, args.rounds))
-                full = asyncio.run(saturated(server.port, sentences, args.concurrency, args.saturation_s))
-            finally:
-                server.stop()
-            ms = 1000
-            lines.append(
-                f"| {ct} | {'own process' if engine == 'process' else 'thread of the gateway'} "
-                f"| {local['p50'] * ms:.1f} / {local['p95'] * ms:.1f} | {local['engine p50'] * ms:.1f} "
-                f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f} | {(served['p50'] - local['p50']) * ms:+.1f} "
-                f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
-                f"| {local['rate']:.1f} | {local['engine rate']:.1f} | {local['engine loaded']:.1f} "
-                f"| {full['rate']:.1f} "
-                f"| {full['rate'] / local['rate']:.2f} "
-                f"| {full['refused']:.0f} of {full['sent']:.0f} | {full['client_cpu']:.2f} cores |"
-            )
-            print(lines[-1], flush=True)
+        local = InProcess(ct, args.threads, alone, sentences)
+        try:
+            rates = local.ask(["rates", args.concurrency, args.loop_work_ms / 1000])
+            for engine in args.engines.split(","):
+                print(f"{ct}: served, the engine in its own {engine}", flush=True)
+                lines.append(row(ct, engine, args, alone, sentences, local, rates))
+                print(lines[-1], flush=True)
+        finally:
+            local.close()
     emit("\n".join(lines), args.out)
 
 
