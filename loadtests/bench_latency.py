@@ -95,21 +95,39 @@ def timings(header: str) -> dict[str, float]:
     return out
 
 
-async def served_pass(port: int, wire: list[bytes]) -> list[tuple[float, dict[str, float]]]:
-    """Each prebuilt request in turn on one keep-alive connection: its wall time at the client and its Server-Timing.
-    The client is http_load's (a prebuilt request, the answer's head parsed): its own time is a small part of the
-    wall time, on cores it shares with the server."""
+async def served_pass(port: int, wire: list[bytes], reconnects: list[str]) -> list[tuple[float, dict[str, float]]]:
+    """Each prebuilt request in turn on a keep-alive connection: its wall time at the client and its Server-Timing.
+    Where the server closes the connection (an answer saying so, as HAProxy's do while it reloads, or a kept-alive
+    connection closed as the next request went out, which HTTP lets a server do and a client then sends the request
+    again) the request goes again on a new one, and `reconnects` says so. The client is http_load's (a prebuilt
+    request, the answer's head parsed): its own time is a small part of the wall time, on cores it shares with the
+    server."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    out = []
+    out, used = [], False
     try:
-        for request in wire:
+        for i, request in enumerate(wire):
             start = time.perf_counter()
             writer.write(request)
-            status, _, answer, headers = await http_load.read_answer(reader, True)
+            try:
+                status, closes, answer, headers = await http_load.read_answer(reader, True)
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial or not used:
+                    raise
+                reconnects.append(f"request {i}: the kept-alive connection closed before an answer")
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                start = time.perf_counter()
+                writer.write(request)
+                status, closes, answer, headers = await http_load.read_answer(reader, True)
             wall = time.perf_counter() - start
             if status != 200:
                 raise SystemExit(f"{status}: {answer[:200]!r}")
             out.append((wall, timings(headers.get("server-timing", ""))))
+            used = not closes
+            if closes:
+                reconnects.append(f"request {i}: the answer closed the connection")
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
     finally:
         writer.close()
     return out
@@ -118,13 +136,14 @@ async def served_pass(port: int, wire: list[bytes]) -> list[tuple[float, dict[st
 def one_at_a_time(port: int, sentences: list[str], rounds: int, local: InProcess) -> dict[str, float]:
     """Each sentence alone, `rounds` times, through the server, Translator.translate and the engine without the
     server, the three passes one after the other in each round; each sentence's best of each (the served one with
-    its Server-Timing), as p50s in seconds."""
+    its Server-Timing), as p50s in seconds; and how many requests went again on a new connection."""
     wire = [http_load.request_bytes("/v1/translate", body(t), port=port) for t in sentences]
-    asyncio.run(served_pass(port, wire[:8]))  # warm
+    reconnects: list[str] = []
+    asyncio.run(served_pass(port, wire[:8], reconnects))  # warm
     served: list[tuple[float, dict[str, float]]] = [(float("inf"), {})] * len(wire)
     alone, engine = [float("inf")] * len(wire), [float("inf")] * len(wire)
     for _ in range(rounds):
-        now = asyncio.run(served_pass(port, wire))
+        now = asyncio.run(served_pass(port, wire, reconnects))
         served = [min(pair, key=lambda x: x[0]) for pair in zip(served, now, strict=True)]
         alone = [min(pair) for pair in zip(alone, local.ask("alone"), strict=True)]
         engine = [min(pair) for pair in zip(engine, local.ask("engine"), strict=True)]
@@ -134,6 +153,9 @@ def one_at_a_time(port: int, sentences: list[str], rounds: int, local: InProcess
     out |= {"engine p50": quantile(engine, 0.5)}
     for name in ("queue", "decode", "total"):
         out[f"{name} p50"] = statistics.median(t.get(name, float("nan")) for _, t in served)
+    for said in reconnects:
+        print(f"  a new connection: {said}", flush=True)
+    out["reconnects"] = len(reconnects)
     return out
 
 
@@ -175,10 +197,11 @@ def row(
     finally:
         server.stop()
     ms, local_p50 = 1000, served["in-process p50"]
+    again = f" ({served['reconnects']:.0f} sent again on a new connection)" if served["reconnects"] else ""
     return (
         f"| {ct} | {'own process' if engine == 'process' else 'thread of the gateway'} "
         f"| {local_p50 * ms:.1f} / {served['in-process p95'] * ms:.1f} | {served['engine p50'] * ms:.1f} "
-        f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f} | {(served['p50'] - local_p50) * ms:+.1f} "
+        f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f}{again} | {(served['p50'] - local_p50) * ms:+.1f} "
         f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
         f"| {rates['rate']:.1f} | {rates['engine_rate']:.1f} | {rates['engine_loaded']:.1f} "
         f"| {full['rate']:.1f} | {full['rate'] / rates['rate']:.2f} "
