@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 import weakref
@@ -17,7 +18,7 @@ from model.decode.align import Link, attention_alignment
 from model.decode.decoding import generate, pad_batch
 from model.decode.search import Hypothesis, SearchOptions
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
-from model.io import checkpoint, model_card
+from model.io import checkpoint, generation, model_card
 from model.io.codec import TextCodec
 from model.io.tokenizer import LanguageError, Tokenizer
 from model.kernels import compute_type as compute
@@ -29,6 +30,8 @@ from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
 from model.shipped import hub_revision, resolve_model_path
 from model.workers import WorkerPool
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DecodeOptions",
@@ -67,6 +70,10 @@ class Translator:
         self.load_seconds = 0.0
         self.licence: str | None = None  # as the model card names it (model/io/model_card.py)
         self.revision: str | None = None  # the hub commit of a model loaded from the Hugging Face cache
+        # What translate() decodes with where its caller gives no option: the model's generation_config.json over
+        # beamserve's own (model/io/generation.py).
+        self.generation = generation.Generation()
+        self.defaults = DecodeOptions()
         self.pool: WorkerPool | None = None  # inter_threads > 1: batches decode in these processes
         # float32, int8, ... (model/kernels/compute_type.py); a model built here computes in its weights' dtype.
         self.compute_type = compute.named(self.dtype)
@@ -150,6 +157,16 @@ class Translator:
         if pool is not None:
             translator.pool = pool
             weakref.finalize(translator, pool.close)
+        found = generation.read(directory, model.cfg.pad_token_id)
+        translator.generation, translator.defaults = found, found.defaults()
+        if found.ignored:
+            logger.warning(
+                "%s: %s of its %s not applied (beamserve decodes by beam search, with no other penalty than the "
+                "length's)",
+                directory.name,
+                ", ".join(found.ignored),
+                generation.FILE,
+            )
         translator.licence = model_card.licence(directory)
         translator.revision = hub_revision(directory)
         translator.load_seconds = time.perf_counter() - start
@@ -214,7 +231,7 @@ class Translator:
         (model/decode/align.py); a pair with a blank side gets no links. Raises SourceError as `encode` does. A
         model with language tokens takes both languages, as `translate` does."""
         out: list[list[Link]] = [[] for _ in pairs]
-        eos, limit = self.tokenizer.eos_id, self.max_source_tokens
+        limit = self.max_source_tokens
         live = []
         for i, (source, target) in enumerate(pairs):
             if not source.strip() or not target.strip():
@@ -224,15 +241,15 @@ class Translator:
                 check_text(target)
             except SourceError as exc:
                 raise type(exc)(exc.reason, i) from None
-            src_ids, src_spans = self.tokenizer.spans(source, lang=src_lang)
+            src_ids, src_spans = self.tokenizer.source_spans(source, lang=src_lang)
             tgt_ids, tgt_spans = self.tokenizer.spans(target, target=True, lang=tgt_lang)
-            if max(len(src_ids) + 1, len(tgt_ids)) > limit:
+            if max(len(src_ids), len(tgt_ids)) > limit:
                 raise InputTooLongError(
-                    f"pair has {len(src_ids) + 1} source and {len(tgt_ids)} target tokens; "
+                    f"pair has {len(src_ids)} source and {len(tgt_ids)} target tokens; "
                     f"this model accepts at most {limit}",
                     i,
                 )
-            live.append((i, [*src_ids, eos], [*src_spans, (len(source), len(source))], tgt_ids, tgt_spans))
+            live.append((i, src_ids, src_spans, tgt_ids, tgt_spans))
         for start in range(0, len(live), batch_size):
             chunk = live[start : start + batch_size]
             best = attention_alignment(self.model, [c[1] for c in chunk], [c[3] for c in chunk])
@@ -253,7 +270,7 @@ class Translator:
         """Translate texts; options as a DecodeOptions or keyword arguments (beam_size=4, ...). A
         multilingual model that names languages by token (`languages`: NLLB, M2M100) needs the source
         and target language, `src_lang` and `tgt_lang` (Hugging Face's names); others take neither."""
-        opts = replace(options or DecodeOptions(), **kwargs)  # type: ignore[arg-type]
+        opts = replace(options or self.defaults, **kwargs)  # type: ignore[arg-type]
         opts.validate()
         if not self.tokenizer.languages and (src_lang or tgt_lang):
             raise LanguageError(

@@ -23,12 +23,13 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     from model.options import DecodeOptions, user_options
 
     hints = get_type_hints(DecodeOptions)
-    for f in user_options("cli"):
+    for f in user_options("cli"):  # unset (None): the model's default (its generation_config.json), else ours
         flag = "--" + f.name.replace("_", "-")
+        default = f"default: the model's, else {f.default}"
         if hints[f.name] is bool:
-            p.add_argument(flag, action="store_true", help=f.metadata["help"])
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=f"{f.metadata['help']} ({default})")
         else:
-            p.add_argument(flag, type=hints[f.name], default=f.default, help=f.metadata["help"])
+            p.add_argument(flag, type=hints[f.name], default=None, help=f"{f.metadata['help']} ({default})")
     p.add_argument("--src-lang", default=None, help="a model with language tokens (NLLB: eng_Latn; M2M100: en)")
     p.add_argument("--tgt-lang", default=None, help="the target's, as --src-lang")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
@@ -54,10 +55,16 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def decode_options(args: argparse.Namespace, base=None):  # type: ignore[no-untyped-def]
+    """The options given on the command line over `base` (a model's defaults; else beamserve's), checked."""
+    from dataclasses import replace
+
     from model.options import DecodeOptions, user_options
 
-    return DecodeOptions(**{f.name: getattr(args, f.name) for f in user_options("cli")})
+    given = {f.name: value for f in user_options("cli") if (value := getattr(args, f.name)) is not None}
+    opts = replace(base or DecodeOptions(), **given)
+    opts.validate()
+    return opts
 
 
 def _line_problem(source: str, exc: SourceError) -> str:
@@ -81,9 +88,9 @@ def _load(args: argparse.Namespace) -> Translator:
 def cmd_translate(args: argparse.Namespace) -> int:
     from model import InputTooLongError, SourceError
 
-    opts = _options(args)
-    opts.validate()  # before the model loads
+    decode_options(args)  # checked before the model loads
     tr = _load(args)
+    opts = decode_options(args, tr.defaults)
     if args.verbose:
         from model.kernels import native
 
@@ -109,7 +116,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     finally:
         tr.close()
     for r in results:
-        print(r.hypotheses[0] if args.num_hypotheses == 1 else " ||| ".join(r.hypotheses))
+        print(r.hypotheses[0] if opts.num_hypotheses == 1 else " ||| ".join(r.hypotheses))
     return 0
 
 
@@ -118,9 +125,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from model.train.data import read_text
     from model.train.evaluate import evaluate
 
-    opts = _options(args)
-    opts.validate()  # before the model loads
+    decode_options(args)  # checked before the model loads
     tr = _load(args)
+    opts = decode_options(args, tr.defaults)
     try:
         sources, references = read_text(Path(args.src)), read_text(Path(args.ref))
         ev, hyps = evaluate(tr, sources, references, opts, src_lang=args.src_lang, tgt_lang=args.tgt_lang)

@@ -163,6 +163,9 @@ class ModelInfo(BaseModel):
     digest: str | None = None  # the model's content digest (weights, vocabulary, compute type)
     kernels: str | None = None  # beamserve's C kernels in use: the build and its x86-64 level, or why none
     max_source_tokens: int | None = None
+    # The decoding options the model's generation_config.json sets, which a request that gives none decodes with
+    # (num_hypotheses aside: the answer's shape is the request's).
+    defaults: dict[str, object] | None = None
     license: str | None = None  # as the model card names it; None where it names none
     non_commercial: bool | None = None  # the licence forbids commercial use (CC-BY-NC-4.0: NLLB-200's weights)
     revision: str | None = None  # the Hugging Face hub commit, for a model loaded from the Hugging Face cache

@@ -287,3 +287,43 @@ def test_the_command_line_takes_the_languages(nllb_dir: Path, ours: Translator, 
     assert done.stdout.splitlines() == [r.hypotheses[0] for r in want]
     refused = run("--src-lang", "eng_Latn")
     assert refused.returncode == 2 and "name the target language (tgt_lang)" in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def legacy_dir(nllb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The NLLB model with its tokenizer config's legacy_behaviour on: each source's language token after its </s>."""
+    out = tmp_path_factory.mktemp("legacy") / "nllb"
+    shutil.copytree(nllb_dir, out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**config, "legacy_behaviour": True}))
+    return out
+
+
+def test_nllb_s_legacy_behaviour_puts_the_language_last_as_hugging_face(
+    legacy_dir: Path, ours: Translator, texts: list[str]
+) -> None:
+    model = transformers.M2M100ForConditionalGeneration.from_pretrained(legacy_dir).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(legacy_dir, src_lang="eng_Latn")
+    legacy = Translator.load(legacy_dir, "cpu")
+    lang = legacy.tokenizer.language_id("eng_Latn")
+    for text in texts:
+        ids = legacy.tokenizer.encode(text, "eng_Latn")
+        assert ids == tok(text).input_ids and ids[-2:] == [EOS, lang]
+        assert ids[:-1] == ours.tokenizer.encode(text, "eng_Latn")[1:]  # the same pieces, the language moved
+    assert legacy.digest != ours.digest  # the same weights encode otherwise: a cache keeps the two apart
+    enc = tok(texts, return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = model.generate(
+            **enc, forced_bos_token_id=tok.convert_tokens_to_ids("deu_Latn"), num_beams=4, max_new_tokens=30,
+            do_sample=False, output_scores=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    mine = legacy.translate(
+        texts, beam_size=4, max_decoding_length=30, max_length_ratio=None, src_lang="eng_Latn", tgt_lang="deu_Latn"
+    )
+    assert [r.token_ids for r in mine] == generated(out, 1)
+    assert [r.scores[0] for r in mine] == pytest.approx(out.sequences_scores.tolist(), abs=1e-4)
+    # Truncation keeps the ending, and alignment reads the source as it is encoded.
+    cut = legacy.encode(" ".join(texts * 40), truncate=True, lang="eng_Latn")
+    assert len(cut) == legacy.max_source_tokens and cut[-2:] == [EOS, lang]
+    [links] = legacy.align([(texts[0], mine[0].hypotheses[0])], src_lang="eng_Latn", tgt_lang="deu_Latn")
+    assert links

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from model.options import DecodeOptions, user_options
-from service.cli import build_parser
+from service.cli import build_parser, decode_options
 from service.schemas import TranslateRequest
 
 from .conftest import REPO
@@ -25,10 +25,14 @@ def test_api_schema_offers_each_api_option_with_its_default_and_description() ->
     assert "max_batch_size" not in fields and "truncate" not in fields  # the server's, not a client's
 
 
-def test_cli_offers_each_cli_option_with_its_default() -> None:
+def test_cli_offers_each_cli_option_and_a_flag_not_given_takes_the_model_s_default() -> None:
     args = build_parser().parse_args(["translate", "--model", "en-de"])
     for f in user_options("cli"):
-        assert getattr(args, f.name) == f.default, f.name
+        assert getattr(args, f.name) is None, f.name  # unset: the model's (generation_config.json), else ours
+    model = DecodeOptions(beam_size=2, early_stopping=True, length_penalty=0.6)
+    assert decode_options(args) == DecodeOptions() and decode_options(args, model) == model
+    args = build_parser().parse_args(["translate", "--model", "en-de", "--beam-size", "3", "--no-early-stopping"])
+    assert decode_options(args, model) == DecodeOptions(beam_size=3, early_stopping=False, length_penalty=0.6)
     args = build_parser().parse_args(["translate", "--model", "en-de", "--beam-size", "2", "--early-stopping"])
     assert args.beam_size == 2 and args.early_stopping is True
 

@@ -155,6 +155,8 @@ def german_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     torch.manual_seed(23)  # weights of its own, not the multilingual model's
     transformers.MarianMTModel(config).save_pretrained(path)
     (path / "README.md").write_text("---\nlanguage:\n- de\n- en\nlicense: cc-by-nc-4.0\n---\n\n# A test model\n")
+    generation = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**generation, "num_beams": 2}))  # not beamserve's 4
     return path
 
 
@@ -254,6 +256,24 @@ def test_one_nllb_entry_serves_each_pair_through_its_language_tokens(served: str
     html = {"texts": ["A <b>man</b> runs."], "source": "ko", "target": "zh", "tag_handling": "html"}
     r = httpx.post(f"{served}/v1/translate", json=html, timeout=60)
     assert r.status_code == 200 and r.json()["translations"][0]["text"].count("<b>") == 1, r.text
+
+
+@pytest.mark.slow
+def test_a_request_without_options_decodes_with_the_model_s_generation_config(served: str, german_dir: Path) -> None:
+    models = {m["name"]: m for m in httpx.get(f"{served}/v1/models", timeout=10).json()["models"]}
+    assert models["de-en"]["defaults"] == {"beam_size": 2} and models["en-de"]["defaults"] == {}
+    local = Translator.load(german_dir, "cpu")
+    texts = ["Ein Hund rennt im Park.", "Zwei Männer sitzen auf einer Bank.", "Eine Frau liest ein Buch."]
+    body = {"texts": texts, "source": "de", "target": "en", "split_sentences": False, "cache": False}
+    scores = {}
+    for given in ({}, {"beam_size": 4}):  # the model's beam, then the request's
+        r = httpx.post(f"{served}/v1/translate", json={**body, **given}, timeout=60)
+        assert r.status_code == 200, r.text
+        expected = local.translate(texts, **given)
+        assert [t["text"] for t in r.json()["translations"]] == [e.hypotheses[0] for e in expected]
+        scores[str(given)] = [t["score"] for t in r.json()["translations"]]
+        assert scores[str(given)] == pytest.approx([e.scores[0] for e in expected], abs=1e-4)
+    assert scores["{}"] != scores["{'beam_size': 4}"]  # the two beams decode apart: the model's default was used
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ class TextCodec:
         if len(ids) > limit:
             if not truncate:
                 raise InputTooLongError(f"source has {len(ids)} tokens; this model accepts at most {limit}")
-            ids = [*ids[: limit - 1], self.tokenizer.eos_id]
+            ids = self.tokenizer.truncated(ids, limit)
         return ids
 
     def decode(self, ids: list[int]) -> str:

@@ -52,7 +52,9 @@ def load(directory: Path) -> Tokenizer:
     if not languages:
         raise ValueError(f"{directory}: a fairseq vocabulary without language tokens (eng_Latn or __en__)")
     model = directory / SPM
-    return Tokenizer(model, model, vocab, languages=languages, specials=SPECIALS)
+    config = directory / "tokenizer_config.json"
+    legacy = config.is_file() and bool(json.loads(config.read_text(encoding="utf-8")).get("legacy_behaviour"))
+    return Tokenizer(model, model, vocab, languages=languages, specials=SPECIALS, language_last=legacy)
 
 
 def language_tokens(vocab: dict[str, int]) -> dict[str, int]:

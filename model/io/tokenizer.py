@@ -29,6 +29,7 @@ class Tokenizer:
         *,
         languages: dict[str, int] | None = None,
         specials: tuple[str, ...] = SPECIAL,
+        language_last: bool = False,
     ) -> None:
         self.source = spm.SentencePieceProcessor(model_file=str(source_spm))
         self.target = spm.SentencePieceProcessor(model_file=str(target_spm))
@@ -42,6 +43,8 @@ class Tokenizer:
         # A fairseq model's language tokens by language code ("eng_Latn", "de"): one before every source
         # sentence, and one forced as the first generated token; {} for Marian's layout.
         self.languages = languages or {}
+        # NLLB's legacy_behaviour (its tokenizer config): a source's language token after its </s>, not before it.
+        self.language_last = language_last and bool(self.languages)
         # Dropped from decoded text: the specials of both vocabularies (they share </s> and <unk>).
         self.special_ids = {v[s] for v in (vocab, self.target_vocab) for s in specials if s in v}
         self.special_ids |= set(self.languages.values())
@@ -63,7 +66,8 @@ class Tokenizer:
         """What decides how text becomes ids and back: both SentencePiece models and the vocabularies."""
         vocabs = [self.vocab, *([self.target_vocab] if self.separate else [])]
         dumped = b"".join(json.dumps(v, sort_keys=True, ensure_ascii=False).encode() for v in vocabs)
-        return self.source.serialized_model_proto() + self.target.serialized_model_proto() + dumped
+        order = b"language last" if self.language_last else b""
+        return self.source.serialized_model_proto() + self.target.serialized_model_proto() + dumped + order
 
     def language_id(self, code: str) -> int:
         """The token of language `code` in a fairseq multilingual vocabulary; LanguageError names the codes."""
@@ -75,17 +79,31 @@ class Tokenizer:
 
     def encode(self, text: str, lang: str | None = None) -> list[int]:
         """Source text -> ids ending in </s>; a leading >>xx<< language code stays one token. A fairseq
-        multilingual model's sources start with their language's token: `lang` names it."""
+        multilingual model's sources start with their language's token (`lang` names it), or end with it after
+        their </s> (`language_last`)."""
         if self.languages:
             if lang is None:
                 raise LanguageError("this model translates from many languages: name the source language")
-            ids = self.source.encode(text, out_type=str)
-            return [self.language_id(lang), *(self.vocab.get(p, self.unk_id) for p in ids), self.eos_id]
+            ids = [self.vocab.get(p, self.unk_id) for p in self.source.encode(text, out_type=str)]
+            if self.language_last:
+                return [*ids, self.eos_id, self.language_id(lang)]
+            return [self.language_id(lang), *ids, self.eos_id]
         code: list[str] = []
         if text.startswith(">>") and (end := text.find("<<")) != -1:
             code, text = [text[: end + 2]], text[end + 2 :]
         pieces = code + self.source.encode(text, out_type=str)
         return [self.vocab.get(p, self.unk_id) for p in pieces] + [self.eos_id]
+
+    def truncated(self, ids: list[int], limit: int) -> list[int]:
+        """A source's `encode` ids cut to `limit`, their ending kept (</s>, and a last language token)."""
+        end = 2 if self.language_last else 1
+        return [*ids[: limit - end], *ids[-end:]]
+
+    def source_spans(self, text: str, lang: str | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+        """`spans` of a source, ended as `encode` ends it, each end token with an empty span at the text's end."""
+        ids, spans = self.spans(text, lang=lang)
+        end = [self.eos_id, self.language_id(lang or "")] if self.language_last else [self.eos_id]
+        return ids + end, spans + [(len(text), len(text))] * len(end)
 
     def decode(self, ids: list[int]) -> str:
         """Target ids -> detokenized text; special tokens are dropped."""
@@ -112,7 +130,8 @@ class Tokenizer:
         if self.languages:
             if lang is None:
                 raise LanguageError("this model translates between many languages: name the language")
-            ids, spans = [self.language_id(lang)], [(0, 0)]
+            first = target or not self.language_last  # a legacy source's comes last (source_spans)
+            ids, spans = ([self.language_id(lang)], [(0, 0)]) if first else ([], [])
         for piece in proto.pieces:
             ids.append(vocab.get(piece.piece, unk))
             begin, end = chars[piece.begin], chars[piece.end]

@@ -107,8 +107,8 @@ def request_of(body: dict[str, Any], max_beam_size: int) -> TranslateRequest:
                 "texts": texts,
                 "source": source,
                 "target": target,
-                "beam_size": max(4, extra + 1),
-                "num_hypotheses": extra + 1,
+                # alternatives: that many more hypotheses, from a beam at least as wide; none: the model's beam
+                **({"beam_size": max(4, extra + 1), "num_hypotheses": extra + 1} if extra else {}),
                 "tag_handling": "html" if body.get("format") == "html" else None,
             }
         )

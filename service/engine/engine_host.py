@@ -74,6 +74,7 @@ class ModelFacts:
     kernels: str  # model/kernels/native.py's in_use()
     kernels_built: bool
     allocator: str  # the malloc of the process holding the model
+    defaults: dict[str, Any]  # the decoding options the model's generation_config.json sets (model/io/generation.py)
 
     @property
     def device_type(self) -> str:
@@ -93,6 +94,7 @@ class ModelFacts:
             kernels=native.in_use(),
             kernels_built=native.built(),
             allocator=allocator.in_use(),
+            defaults=dict(tr.generation.options),
         )
 
 

@@ -241,6 +241,7 @@ class ServedModel:
             "compute_type": facts.compute_type,
             "digest": facts.digest,
             "max_source_tokens": facts.max_source_tokens,
+            "defaults": facts.defaults,
             "license": facts.licence,
             "revision": facts.revision,
             "non_commercial": model_card.non_commercial(facts.licence),

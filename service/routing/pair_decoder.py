@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
 from model.decode.confidence import confidence
 from model.options import DecodeOptions
@@ -19,7 +20,7 @@ from service.routing.cache import Entry, TranslationCache
 from service.routing.pair_client import Links, PairClient
 from service.routing.served_pairs import ServedPairs
 
-INFO_TIMEOUT_S = 10.0  # a pair's info(), asked once for its model's digest (the cache's key)
+INFO_TIMEOUT_S = 10.0  # a pair's info(), asked once for its model's digest (the cache's key) and decoding defaults
 
 
 class PairDecoder:
@@ -35,7 +36,7 @@ class PairDecoder:
             for key, names in served_by.items()
         }
         self.admission = {pair: shared[id(client.handle)] for pair, client in clients.items()}
-        self.digests: dict[str, str] = {}  # each pair's model content digest, asked once
+        self.infos: dict[str, dict[str, Any]] = {}  # each pair's model's info, asked once: its digest and defaults
 
     async def decode(
         self, pair: str, sentences: list[str], opts: DecodeOptions, timeout: float, *, cache: bool, pieces: bool = False
@@ -112,6 +113,17 @@ class PairDecoder:
         return out
 
     async def _digest(self, pair: str) -> str:
-        if pair not in self.digests:
-            self.digests[pair] = (await self.clients[pair].info(INFO_TIMEOUT_S))["digest"]
-        return self.digests[pair]
+        return str((await self._info(pair))["digest"])
+
+    async def model_defaults(self, pair: str) -> dict[str, Any]:
+        """The decoding options the pair's model's generation_config.json sets (none for a pair through the
+        pivot: two models decode it)."""
+        if pair in self.served.pivoted:
+            return {}
+        found: dict[str, Any] = (await self._info(pair)).get("defaults") or {}
+        return found
+
+    async def _info(self, pair: str) -> dict[str, Any]:
+        if pair not in self.infos:
+            self.infos[pair] = await self.clients[pair].info(INFO_TIMEOUT_S)
+        return self.infos[pair]

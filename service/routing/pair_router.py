@@ -153,7 +153,8 @@ class PairRouter:
         if req.tag_handling == "html":  # parsed first: markup past the limits is refused before anything else
             ignore = frozenset(t.strip().lower() for t in req.ignore_tags or [])
             docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
-        pair, opts = self._check(req)
+        pair = self._check(req)
+        opts = self.checks.options(req, await self.decoder.model_defaults(pair))
         ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache, terms, pieces)
         if docs is not None:
             out, renders = await self._html(ask, docs)
@@ -185,8 +186,8 @@ class PairRouter:
             return req
         return req.model_copy(update={"source": source, "target": target})
 
-    def _check(self, req: TranslateRequest) -> tuple[str, DecodeOptions]:
-        """The pair and decoding options of a request, within the server's limits; ApiError otherwise."""
+    def _check(self, req: TranslateRequest) -> str:
+        """The pair of a request, its texts within the server's limits; ApiError otherwise."""
         pair = f"{req.source}-{req.target}"
         summary = request_log.current()
         summary.metric_pair = pair if self.pairs.serves(pair) else "unknown"
@@ -200,7 +201,7 @@ class PairRouter:
                 retry_after(RETRY_AFTER_S["pair_unavailable"]),
             )
         self.checks.texts(req.texts)
-        return pair, self.checks.options(req)
+        return pair
 
     async def infos(self) -> list[dict[str, Any]]:
         """Per pair, its model replica's info() (see PairModel.info) with the pair's name, source and

@@ -3,7 +3,9 @@ max_beam_size, max_decoding_length, request_timeout_s): ApiError for what is ove
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from model.errors import InvalidTextError, check_text
 from model.options import DecodeOptions, user_options
@@ -17,7 +19,7 @@ OPTIONS_KEPT = 1024  # combinations of decoding options remembered as checked
 class RequestChecks:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._checked: dict[tuple[tuple[str, object], ...], DecodeOptions] = {}
+        self._checked: dict[tuple[tuple[tuple[str, object], ...], ...], DecodeOptions] = {}
 
     def count(self, texts: list[str]) -> None:
         """ApiError too_many_texts for more texts than a request may hold."""
@@ -38,17 +40,30 @@ class RequestChecks:
             except InvalidTextError as exc:
                 raise ApiError("invalid_text", f"texts[{i}]: {exc}") from None
 
-    def options(self, req: TranslateRequest) -> DecodeOptions:
-        """The request's decoding options within the server's limits; ApiError 422 otherwise. Requests
-        repeat a few combinations: each is checked once (OPTIONS_KEPT remembered)."""
-        given = tuple((f.name, v) for f in user_options("api") if (v := getattr(req, f.name)) is not None)
-        found = self._checked.get(given)
+    def options(self, req: TranslateRequest, defaults: Mapping[str, Any] | None = None) -> DecodeOptions:
+        """The request's decoding options over the model's `defaults` (its generation_config.json's, as
+        PairDecoder.model_defaults gives them; the beam within max_beam_size, the n-best the request's alone),
+        within the server's limits; ApiError 422 otherwise. Requests repeat a few combinations: each is checked
+        once (OPTIONS_KEPT remembered)."""
+        named = req.model_fields_set  # what the request gave: the rest is the model's, else beamserve's default
+        given = tuple(
+            (f.name, v) for f in user_options("api") if f.name in named and (v := getattr(req, f.name)) is not None
+        )
+        base = tuple(sorted((defaults or {}).items()))
+        found = self._checked.get((given, base))
         if found is None:
-            found = self._within_limits(DecodeOptions(**dict(given)))
+            found = self._within_limits(DecodeOptions(**{**self._base(base), **dict(given)}))
             if len(self._checked) >= OPTIONS_KEPT:
                 self._checked.clear()
-            self._checked[given] = found
+            self._checked[(given, base)] = found
         return found
+
+    def _base(self, defaults: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+        offered = {f.name for f in user_options("api")} - {"num_hypotheses"}
+        base = {name: value for name, value in defaults if name in offered}
+        if base.get("beam_size", 0) > self.settings.max_beam_size:  # the operator's limit over the model's default
+            base["beam_size"] = self.settings.max_beam_size
+        return base
 
     def _within_limits(self, opts: DecodeOptions) -> DecodeOptions:
         s = self.settings
