@@ -24,7 +24,7 @@ from .conftest import REPO, serving, wait_for
 
 NLLB = {  # languages no other entry serves; zt: Chinese in traditional script
     "name": "nllb",
-    "sources": ["ru", "zh", "ko"],
+    "sources": ["ru", "zh", "ko", "hi", "ar"],
     "targets": ["ru", "zh", "ko", "zt"],
     "language_tokens": {"zt": "zho_Hant"},
 }
@@ -199,7 +199,8 @@ def served(
 @pytest.mark.slow
 def test_the_server_serves_what_the_registry_lists(served: str, multilingual_dir: Path, sources: list[str]) -> None:
     models = {m["name"]: m for m in httpx.get(f"{served}/v1/models", timeout=10).json()["models"]}
-    nllb_pairs = {"ru-zh", "ru-ko", "ru-zt", "zh-ru", "zh-ko", "zh-zt", "ko-ru", "ko-zh", "ko-zt"}
+    nllb_pairs = {f"{a}-{b}" for a in NLLB["sources"] for b in NLLB["targets"] if a != b}
+    assert len(nllb_pairs) == 17
     assert set(models) == {"en-de", "en-fr", "en-es", "de-en", "en-it", *nllb_pairs}
     assert (models["en-de"]["model"], models["en-de"]["compute_type"]) == ("en-de", "int8")  # its own setting
     assert models["en-fr"]["model"] == models["en-es"]["model"] == "en-multi"
@@ -256,6 +257,26 @@ def test_one_nllb_entry_serves_each_pair_through_its_language_tokens(served: str
     html = {"texts": ["A <b>man</b> runs."], "source": "ko", "target": "zh", "tag_handling": "html"}
     r = httpx.post(f"{served}/v1/translate", json=html, timeout=60)
     assert r.status_code == 200 and r.json()["translations"][0]["text"].count("<b>") == 1, r.text
+
+
+@pytest.mark.slow
+def test_a_hindi_and_an_arabic_paragraph_are_translated_sentence_by_sentence(served: str, nllb_dir: Path) -> None:
+    """Three sentences ended by the Devanagari danda, and by Arabic's full stop and question mark: each translated
+    on its own (service/text/sentences.py knows both scripts' marks), as the library translates each."""
+    local = Translator.load(nllb_dir, "cpu")
+    paragraphs = {
+        "hi": ["मैं घर जा रहा हूँ।", "आज मौसम अच्छा है।", "वह किताब पढ़ रही है।"],
+        "ar": ["ذهب الولد إلى المدرسة.", "هل تحب القهوة؟", "الجو جميل اليوم."],
+    }
+    codes = {"hi": "hin_Deva", "ar": "arb_Arab"}
+    for source, sentences in paragraphs.items():
+        body = {"texts": [" ".join(sentences)], "source": source, "target": "ru", "beam_size": 2}
+        r = httpx.post(f"{served}/v1/translate", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        each = local.translate(sentences, beam_size=2, src_lang=codes[source], tgt_lang="rus_Cyrl")
+        assert r.json()["translations"][0]["text"] == " ".join(e.hypotheses[0] for e in each)
+        whole = local.translate([" ".join(sentences)], beam_size=2, src_lang=codes[source], tgt_lang="rus_Cyrl")
+        assert whole[0].hypotheses[0] != r.json()["translations"][0]["text"]  # not decoded as one sentence
 
 
 @pytest.mark.slow
@@ -338,7 +359,7 @@ def test_the_broken_pair_fails_its_own_requests_with_503_at_once(served: str) ->
 @pytest.mark.slow
 def test_readyz_reports_each_pair_and_answers_fast(served: str) -> None:
     pairs = {"de-en": "ready", "en-de": "ready", "en-es": "ready", "en-fr": "ready", "en-it": "unavailable"}
-    pairs |= {f"{s}-{t}": "ready" for s in ("ru", "zh", "ko") for t in ("ru", "zh", "ko", "zt") if s != t}
+    pairs |= {f"{s}-{t}": "ready" for s in NLLB["sources"] for t in NLLB["targets"] if s != t}
     for _ in range(5):  # each within Kubernetes' default probe timeout (httpx raises past it)
         r = httpx.get(f"{served}/readyz", timeout=1.0)
         assert r.status_code == 200
