@@ -290,6 +290,36 @@ def cmd_healthcheck(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    """The API keys a server with api_keys_store reads (service/store/api_keys.py), in its records store."""
+    import asyncio
+
+    from service.settings import Settings
+    from service.store import api_keys
+    from service.store.records import open_records, storage_of
+
+    s = Settings()
+    records = open_records(args.store or storage_of(s.records_storage, s.limits_storage))
+    limits = {n: value for n in api_keys.LIMITS if (value := getattr(args, n, None)) is not None}
+    try:
+        if args.action == "list":
+            for k in asyncio.run(api_keys.listed(records)):
+                given = ", ".join(f"{n} {getattr(k, n)}" for n in api_keys.LIMITS if getattr(k, n)) or "the defaults"
+                print(f"{k.name}\t{k.digest[:16]}\t{given}")
+            return 0
+        if not args.name:
+            raise ValueError(f"keys {args.action} needs the key's name")
+        if args.action == "add":
+            print(asyncio.run(api_keys.add(records, args.name, limits)))  # shown once: the store keeps its digest
+        elif args.action == "rotate":
+            print(asyncio.run(api_keys.rotate(records, args.name)))
+        else:
+            asyncio.run(api_keys.revoke(records, args.name))
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="beamserve", description="Machine-translation server and tools.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -370,6 +400,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="the hub id, e.g. Helsinki-NLP/opus-mt-en-de")
     p.add_argument("--revision", help="a branch, tag or commit (default: main); pinned as ID@REVISION")
     p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser(
+        "keys",
+        help="add, list, revoke or rotate the API keys a server with BEAMSERVE_API_KEYS_STORE reads from its records",
+    )
+    p.add_argument("action", choices=["add", "list", "revoke", "rotate"])
+    p.add_argument("name", nargs="?", help="the key's name (add, revoke, rotate); add and rotate print the new key")
+    p.add_argument("--store", help="the records store (default: the server's, BEAMSERVE_RECORDS_STORAGE and the rest)")
+    for limit in ("requests_per_minute", "characters_per_day", "characters_per_month"):
+        p.add_argument("--" + limit.replace("_", "-"), type=int, help=f"add: the key's {limit.replace('_', ' ')}")
+    p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser(
         "quantize", help="write a model with int8 weights, which a replica loads without quantising (compute type int8)"

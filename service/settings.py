@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     # API keys and their limits (service/api/keys.py): off unless api_keys or api_keys_file is set.
     api_keys: str = ""  # comma-separated keys, each with the key_* limits below
     api_keys_file: str = ""  # a JSON list of {"key", "name", and any of the key_* limits without key_}
+    # The keys `beamserve keys` adds, revokes and rotates in the records store (records_storage), read by every
+    # gateway replica within a second of a change; on: every request needs a key.
+    api_keys_store: bool = False
     key_requests_per_minute: int = 0  # 0: no limit
     key_characters_per_day: int = 0
     key_characters_per_month: int = 0  # a 30-day window

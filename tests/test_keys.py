@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import serving, wait_for
+from .conftest import REPO, serving, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +46,7 @@ def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     env = {
         "BEAMSERVE_MODELS": "en-de",
         "BEAMSERVE_API_KEYS_FILE": str(keys_file),
+        "BEAMSERVE_API_KEYS_STORE": "1",  # and the keys `beamserve keys` keeps in the records store (the Redis)
         "BEAMSERVE_LIMITS_STORAGE": redis_url,
         "BEAMSERVE_GATEWAY_REPLICAS": "2",
         "BEAMSERVE_CORS_ORIGINS": "https://app.example",
@@ -55,6 +57,41 @@ def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     }
     with serving(env) as running:
         yield running
+
+
+def test_a_key_added_with_the_cli_works_on_both_gateways_until_it_is_rotated_or_revoked(
+    keyed: tuple[str, subprocess.Popen[str]], redis_url: str
+) -> None:
+    """`beamserve keys` against the server's records store (its Redis): each gateway replica reads the keys again at
+    most half a second after its last read, so a change holds on both within a second, without a restart."""
+    url, _ = keyed
+
+    def keys(*args: str) -> str:
+        command = [sys.executable, "-m", "service.cli", "keys", *args, "--store", redis_url]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True, timeout=60).stdout
+
+    def statuses(key: str) -> set[int]:  # eight requests: Serve's proxy spreads them over the two gateway replicas
+        body = {"texts": [TEXT], "source": "en", "target": "de"}
+        return {httpx.post(f"{url}/v1/translate", json=body, headers=bearer(key)).status_code for _ in range(8)}
+
+    key = keys("add", "made-by-cli", "--characters-per-month", "5000").strip()
+    assert key.startswith("bs-") and statuses("bs-not-a-key") == {403}
+    wait_for(lambda: statuses(key) == {200}, "the added key accepted by both gateways", timeout_s=10)
+    listed = keys("list")
+    assert "made-by-cli" in listed and "characters_per_month 5000" in listed and key not in listed
+    usage = httpx.get(f"{url}/v2/usage", headers={"Authorization": f"DeepL-Auth-Key {key}"}).json()
+    assert usage["character_limit"] == 5000  # the key's own limit, counted as the file's keys are
+    rotated = keys("rotate", "made-by-cli").strip()
+    assert rotated != key
+    wait_for(lambda: statuses(rotated) == {200} and statuses(key) == {403}, "the rotation on both", timeout_s=10)
+    keys("revoke", "made-by-cli")
+    wait_for(lambda: statuses(rotated) == {403}, "the revocation on both gateways", timeout_s=10)
+    failed = subprocess.run(
+        [sys.executable, "-m", "service.cli", "keys", "revoke", "made-by-cli", "--store", redis_url],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert failed.returncode == 2 and "no key named 'made-by-cli'" in failed.stderr
+    assert statuses("delta-key") == {200}  # the file's keys are still served beside the store's
 
 
 def test_serve_s_python_proxy_is_still_a_front(keyed: tuple[str, subprocess.Popen[str]]) -> None:

@@ -26,7 +26,7 @@ class DeepLGlossaryRoutes(DeepLRoutes):
     @app.post("/v3/glossaries", status_code=201, responses=DEEPL_ERRORS, openapi_extra=deepl.GLOSSARY_V3_OPENAPI)
     async def deepl_create_glossary_v3(self, request: Request) -> JSONResponse:
         """DeepL-compatible: a glossary of dictionaries, each for a served pair, owned by the calling key."""
-        client = self._client(request)
+        client = await self._client(request)
         async with self._billed(client, 0):
             body = deepl.body_of(deepl.DeepLGlossaryV3Request, await read_body(request, deepl.form_field))
             dictionaries = dict(map(self._dictionary, body.dictionaries))
@@ -41,12 +41,12 @@ class DeepLGlossaryRoutes(DeepLRoutes):
         limit: int = page_limit(),
     ) -> dict[str, Any]:
         """DeepL-compatible: the calling key's glossaries, oldest first, each with its dictionaries' pairs and sizes."""
-        listed = await self.glossaries.listing(self._client(request).id)
+        listed = await self.glossaries.listing((await self._client(request)).id)
         return {"glossaries": listed[offset : offset + limit]}
 
     @app.get("/v3/glossaries/{glossary_id}", responses=errors(DeepLError, 403, 404, 503))
     async def deepl_glossary_v3(self, glossary_id: str, request: Request) -> dict[str, Any]:
-        return (await self.glossaries.get(glossary_id, self._client(request).id)).info()
+        return (await self.glossaries.get(glossary_id, (await self._client(request)).id)).info()
 
     @app.patch(
         "/v3/glossaries/{glossary_id}",
@@ -56,7 +56,7 @@ class DeepLGlossaryRoutes(DeepLRoutes):
     async def deepl_edit_glossary(self, glossary_id: str, request: Request) -> dict[str, Any]:
         """DeepL-compatible: a new name, and each dictionary given merged into the glossary's (its entries replacing
         those of the same source term, the rest kept; a new pair's added)."""
-        client = self._client(request)
+        client = await self._client(request)
         body = deepl.body_of(deepl.DeepLGlossaryPatch, await read_body(request, deepl.form_field))
         found = await self.glossaries.get(glossary_id, client.id)
         dictionaries = dict(found.dictionaries)
@@ -68,7 +68,7 @@ class DeepLGlossaryRoutes(DeepLRoutes):
 
     @app.delete("/v3/glossaries/{glossary_id}", status_code=204, responses=errors(DeepLError, 403, 404, 503))
     async def deepl_delete_glossary_v3(self, glossary_id: str, request: Request) -> Response:
-        await self.glossaries.delete(glossary_id, self._client(request).id)
+        await self.glossaries.delete(glossary_id, (await self._client(request)).id)
         return Response(status_code=204)
 
     @app.get("/v3/glossaries/{glossary_id}/entries", responses=errors(DeepLError, 400, 403, 404, 503))
@@ -89,7 +89,7 @@ class DeepLGlossaryRoutes(DeepLRoutes):
     )
     async def deepl_replace_dictionary(self, glossary_id: str, request: Request) -> dict[str, Any]:
         """DeepL-compatible: a pair's dictionary replaced by the entries given (added where the glossary has none)."""
-        client = self._client(request)
+        client = await self._client(request)
         body = deepl.body_of(deepl.DeepLDictionary, await read_body(request, deepl.form_field))
         found = await self.glossaries.get(glossary_id, client.id)
         pair, entries = self._dictionary(body)
@@ -116,7 +116,7 @@ class DeepLGlossaryRoutes(DeepLRoutes):
         self, glossary_id: str, request: Request, source_lang: str, target_lang: str
     ) -> tuple[glossary.Glossary, str]:
         """The caller's glossary and the pair named, which it has a dictionary for (else 404)."""
-        found = await self.glossaries.get(glossary_id, self._client(request).id)
+        found = await self.glossaries.get(glossary_id, (await self._client(request)).id)
         source = self.router.pairs.code(deepl.code_of(source_lang))
         target = self.router.pairs.code(deepl.code_of(target_lang))
         if found.dictionary(source, target) is None:

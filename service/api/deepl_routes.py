@@ -47,7 +47,7 @@ class DeepLRoutes(RouteBase):
     async def deepl_translate(self, request: Request) -> deepl.DeepLTranslateResponse:
         """DeepL-compatible (service/api/deepl.py): text list, target_lang, optional source_lang."""
         with self._accepting():
-            client = self._client(request)
+            client = await self._client(request)
             _, req = deepl.parse(await read_body(request, deepl.form_field))
             async with self._billed(client, sum(map(len, req.texts))) as bill:
                 terms = await self._terms(req, client)
@@ -58,7 +58,7 @@ class DeepLRoutes(RouteBase):
     @app.post("/v2/glossaries", status_code=201, responses=DEEPL_ERRORS, openapi_extra=deepl.GLOSSARY_OPENAPI)
     async def deepl_create_glossary(self, request: Request) -> JSONResponse:
         """DeepL-compatible: a glossary from tsv or csv entries, for a served pair, owned by the calling key."""
-        client = self._client(request)
+        client = await self._client(request)
         async with self._billed(client, 0):
             body = deepl.body_of(deepl.DeepLGlossaryRequest, await read_body(request, deepl.form_field))
             pair, entries = self._dictionary(body)
@@ -69,7 +69,7 @@ class DeepLRoutes(RouteBase):
     async def deepl_document(self, request: Request) -> dict[str, str]:
         """DeepL-compatible: a document (multipart `file`) to translate in the background; its id and key."""
         with self._accepting():
-            client = self._client(request)
+            client = await self._client(request)
             upload, fields = await self._document_form(request)
             filename = documents.safe_name(fields.get("filename") or upload.filename or "")
             req = deepl.document_request(fields, filename)
@@ -79,14 +79,14 @@ class DeepLRoutes(RouteBase):
     async def deepl_document_status(self, document_id: str, request: Request) -> dict[str, Any]:
         """DeepL-compatible: the document's status, queue_position while queued (beamserve's), seconds_remaining while
         translating, billed_characters once done."""
-        client = self._client(request)
+        client = await self._client(request)
         key = str((await read_body(request, deepl.form_field)).get("document_key", ""))
         return (await self.documents.status(document_id, key, client.id)).answer()
 
     @app.post("/v2/document/{document_id}/result", responses=errors(DeepLError, 400, 403, 404, 503))
     async def deepl_document_result(self, document_id: str, request: Request) -> Response:
         """DeepL-compatible: the translated document, once done (503 before)."""
-        client = self._client(request)
+        client = await self._client(request)
         key = str((await read_body(request, deepl.form_field)).get("document_key", ""))
         return download(*await self.documents.result(document_id, key, client.id))
 
@@ -99,12 +99,13 @@ class DeepLRoutes(RouteBase):
     ) -> dict[str, Any]:
         """DeepL-compatible: the calling key's glossaries, oldest first (all of them, as DeepL's clients
         expect; `offset` and `limit` page them)."""
-        listed = [g for g in map(glossary.v2_info, await self.glossaries.listing(self._client(request).id)) if g]
+        client = await self._client(request)
+        listed = [g for g in map(glossary.v2_info, await self.glossaries.listing(client.id)) if g]
         return {"glossaries": listed[offset : offset + limit]}  # a glossary of several pairs is v3's alone
 
     @app.get("/v2/glossaries/{glossary_id}", responses=errors(DeepLError, 400, 403, 404, 503))
     async def deepl_glossary(self, glossary_id: str, request: Request) -> dict[str, Any]:
-        return self._v2_info(await self.glossaries.get(glossary_id, self._client(request).id))
+        return self._v2_info(await self.glossaries.get(glossary_id, (await self._client(request)).id))
 
     @app.get("/v2/glossaries/{glossary_id}/entries", responses=errors(DeepLError, 400, 403, 404, 415, 503))
     async def deepl_glossary_entries(self, glossary_id: str, request: Request) -> Response:
@@ -112,14 +113,14 @@ class DeepLRoutes(RouteBase):
         accept = request.headers.get("accept", "*/*")
         if not any(t in accept for t in ("text/tab-separated-values", "*/*", "text/*")):
             raise ApiError("unsupported_media_type", "the entries are answered as text/tab-separated-values")
-        found = await self.glossaries.get(glossary_id, self._client(request).id)
+        found = await self.glossaries.get(glossary_id, (await self._client(request)).id)
         self._v2_info(found)
         (entries,) = found.dictionaries.values()
         return Response(glossary.tsv(entries), media_type="text/tab-separated-values; charset=utf-8")
 
     @app.delete("/v2/glossaries/{glossary_id}", status_code=204, responses=errors(DeepLError, 403, 404, 503))
     async def deepl_delete_glossary(self, glossary_id: str, request: Request) -> Response:
-        await self.glossaries.delete(glossary_id, self._client(request).id)
+        await self.glossaries.delete(glossary_id, (await self._client(request)).id)
         return Response(status_code=204)
 
     def _dictionary(self, body: deepl.DeepLGlossaryRequest | deepl.DeepLDictionary) -> tuple[str, dict[str, str]]:
@@ -148,7 +149,7 @@ class DeepLRoutes(RouteBase):
     @app.get("/v2/usage", response_model=deepl.DeepLUsage, responses=errors(DeepLError, 403, 500, 503))
     async def deepl_usage(self, request: Request) -> deepl.DeepLUsage:
         """DeepL-compatible: the key's characters in its current 30-day window, and its limit."""
-        used = await self.keys.usage(self.keys.client(request.headers))
+        used = await self.keys.usage(await self.keys.client(request.headers))
         limit = used.characters_month_limit or deepl.UNLIMITED
         return deepl.DeepLUsage(character_count=used.characters_month, character_limit=limit)
 

@@ -85,10 +85,13 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
             self.settings.key_characters_per_day,
             self.settings.key_characters_per_month,
         )
-        self.keys = Keys(
-            load_keys(self.settings.api_keys, self.settings.api_keys_file, limits), self.settings.limits_storage
-        )
         self.records = open_records(storage_of(self.settings.records_storage, self.settings.limits_storage))
+        self.keys = Keys(
+            load_keys(self.settings.api_keys, self.settings.api_keys_file, limits),
+            self.settings.limits_storage,
+            self.records if self.settings.api_keys_store else None,
+            limits,
+        )
         self.glossaries = Glossaries(self.records)
         self.documents = DocumentJobs(self.records, self.router, self._refund_owner)
         gateway_metrics()
@@ -125,7 +128,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
     )
     async def translate(self, request: Request) -> Response:
         with self._accepting():
-            client = self._client(request)
+            client = await self._client(request)
             req = parse_json(TranslateRequest, await request.body())
             async with self._billed(client, sum(map(len, req.texts))) as bill:
                 terms = await self._terms(req, client)
@@ -154,7 +157,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
     @app.get("/v1/usage", response_model=KeyUsage, responses=errors(ErrorResponse, 401, 403, 500, 503))
     async def usage(self, request: Request) -> KeyUsage:
         """The calling key's characters translated in its current day and 30-day windows, with its limits."""
-        return await self.keys.usage(self.keys.client(request.headers))
+        return await self.keys.usage(await self.keys.client(request.headers))
 
     @app.get("/languages", response_model=list[Language])
     async def languages(self) -> list[Language]:

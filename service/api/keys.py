@@ -1,5 +1,6 @@
 """API keys, per-key limits and usage. Off unless keys are configured (BEAMSERVE_API_KEYS, or
-BEAMSERVE_API_KEYS_FILE for keys with their own limits): a default server is for loopback use.
+BEAMSERVE_API_KEYS_FILE for keys with their own limits, or BEAMSERVE_API_KEYS_STORE for the keys `beamserve keys`
+keeps in the records store, service/store/api_keys.py): a default server is for loopback use.
 
 A key is read from `Authorization: Bearer <key>`, DeepL's `Authorization: DeepL-Auth-Key <key>`, or
 LibreTranslate's `api_key` body field. Limits are counted with the `limits` library: requests per
@@ -11,6 +12,7 @@ times a key's limits.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -28,8 +30,11 @@ from limits.storage import storage_from_string
 from service.error_codes import RETRY_AFTER_S
 from service.errors import ApiError, retry_after
 from service.schemas import KeyUsage
+from service.store import api_keys
+from service.store.records import Records
 
 UNLIMITED = 10**15  # the amount of a window that only counts
+REFRESH_S = 0.5  # a gateway reads the managed keys again at most this long after its last read
 
 
 @dataclass(frozen=True)
@@ -114,20 +119,32 @@ class LocalUsage:
 class Keys:
     """Identifies clients and keeps their limits and usage."""
 
-    def __init__(self, clients: dict[str, Client], storage: str) -> None:
+    def __init__(
+        self,
+        clients: dict[str, Client],
+        storage: str,
+        managed: Records | None = None,
+        defaults: KeyLimits = KeyLimits(),
+    ) -> None:
+        """clients: the keys of the environment or file; managed: the records store of the keys `beamserve keys`
+        manages (service/store/api_keys.py), read again at most REFRESH_S after the last read."""
         self.clients = clients
+        self.managed, self.defaults = managed, defaults
+        self.stored: dict[str, Client] = {}  # a managed key's digest -> its client
+        self._read_at = -REFRESH_S
+        self._reading: asyncio.Lock | None = None
         self.storage_uri = storage or "memory://"
         if "://" not in self.storage_uri:
             raise ValueError(f"limits storage {storage!r} is not a URI (redis://host:6379, valkey://..., memory://)")
         self._limits: tuple[MovingWindowRateLimiter, FixedWindowRateLimiter] | None = None
         # Keys off and no shared store: nothing to limit, the anonymous usage counted here.
-        self.local = LocalUsage() if not clients and self.storage_uri.startswith("memory://") else None
+        self.local = LocalUsage() if not self.enabled and self.storage_uri.startswith("memory://") else None
 
     @property
     def enabled(self) -> bool:
-        return bool(self.clients)
+        return bool(self.clients) or self.managed is not None
 
-    def client(self, headers: Mapping[str, str], body_key: object = None) -> Client:
+    async def client(self, headers: Mapping[str, str], body_key: object = None) -> Client:
         """The request's client; ApiError 401 without a key, 403 with one that is not known."""
         if not self.enabled:
             return ANONYMOUS
@@ -139,9 +156,28 @@ class Keys:
                 {"WWW-Authenticate": "Bearer"},
             )
         found = self.clients.get(key)
+        if found is None and self.managed is not None:  # the store's keys as of at most REFRESH_S ago
+            if time.monotonic() - self._read_at >= REFRESH_S:
+                await self._read_managed(self.managed)
+            found = self.stored.get(api_keys.digest(key))
         if found is None:
             raise ApiError("invalid_api_key", "the API key is not valid")
         return found
+
+    async def _read_managed(self, records: Records) -> None:
+        """The managed keys as the store holds them now (one read at a time; the requests meanwhile wait for it)."""
+        if self._reading is None:
+            self._reading = asyncio.Lock()
+        async with self._reading:
+            if time.monotonic() - self._read_at < REFRESH_S:  # read while this one waited
+                return
+            keys = await api_keys.listed(records)  # StoreUnavailableError: a 503 store_unavailable
+            self.stored = {k.digest: self._managed_client(k) for k in keys}
+            self._read_at = time.monotonic()
+
+    def _managed_client(self, key: api_keys.StoredKey) -> Client:
+        given = {n: getattr(key, n) for n in api_keys.LIMITS if getattr(key, n)}
+        return Client(f"key-{key.digest[:16]}", KeyLimits(**{**self.defaults.__dict__, **given}))
 
     def _limiters(self) -> tuple[MovingWindowRateLimiter, FixedWindowRateLimiter]:
         if self._limits is None:  # made on first use, inside the replica's event loop
@@ -159,10 +195,11 @@ class Keys:
 
     def client_of(self, client_id: str) -> Client:
         """The client with this id (a document's owner): its limits, for a refund; the defaults for one whose key
-        has gone from the keys file since."""
+        has gone from the keys file or the store since."""
         if not self.enabled:
             return ANONYMOUS
-        return next((c for c in self.clients.values() if c.id == client_id), Client(client_id))
+        known = [*self.clients.values(), *self.stored.values()]
+        return next((c for c in known if c.id == client_id), Client(client_id))
 
     async def charge(self, client: Client, characters: int) -> None:
         """Count one request and its characters against the client's limits; ApiError 429

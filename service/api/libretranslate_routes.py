@@ -36,7 +36,7 @@ class LibreTranslateRoutes(RouteBase):
 
     async def _libretranslate(self, request: Request) -> dict[str, Any]:
         body = await read_body(request, libretranslate.form_field)
-        client = self._client(request, body.get("api_key"))
+        client = await self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
         async with self._billed(client, sum(map(len, texts))) as bill:
             req = libretranslate.request_of(body, self.settings.max_beam_size)
@@ -49,7 +49,7 @@ class LibreTranslateRoutes(RouteBase):
         """LibreTranslate-compatible: q (a string or a list) -> each text's candidate languages, most
         likely first, with confidence in percent."""
         body = await read_body(request, libretranslate.form_field)
-        client = self._client(request, body.get("api_key"))
+        client = await self._client(request, body.get("api_key"))
         texts, single = libretranslate.texts_of(body)
         async with self._billed(client, 0):  # a request, no characters translated
             self.router.checks.count(texts)
@@ -71,7 +71,7 @@ class LibreTranslateRoutes(RouteBase):
         (a secret address: the document's id and key)."""
         with self._accepting():
             upload, fields = await self._document_form(request)
-            client = self._client(request, fields.get("api_key"))
+            client = await self._client(request, fields.get("api_key"))
             filename = documents.safe_name(upload.filename or "")
             req = libretranslate.file_request(fields)
             limit = self.settings.request_timeout_s

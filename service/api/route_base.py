@@ -79,12 +79,12 @@ class RouteBase:
         finally:
             self.in_flight -= 1
 
-    def _client(self, request: Request, body_key: object = None) -> Client:
+    async def _client(self, request: Request, body_key: object = None) -> Client:
         """The request's client, ApiError 401/403 while keys are on: asked before a body is validated, so
         a client without a valid key learns nothing of what the body would have needed."""
         if body_key is not None and not isinstance(body_key, str):
             raise ApiError("invalid_request", "api_key must be a string")
-        client = self.keys.client(request.headers, body_key)
+        client = await self.keys.client(request.headers, body_key)
         request_log.current().client = client.id
         return client
 
