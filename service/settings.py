@@ -78,6 +78,12 @@ class Settings(BaseSettings):
     key_requests_per_minute: int = 0  # 0: no limit
     key_characters_per_day: int = 0
     key_characters_per_month: int = 0  # a 30-day window
+    # Keys off: each client address's limits (LibreTranslate's per-client limits), 0: none. The address is the
+    # connection's, as the front saw it; where that is one of trusted_proxies (comma-separated addresses or
+    # networks: a load balancer, an ingress), the last address its X-Forwarded-For names that is not one of them.
+    address_requests_per_minute: int = 0
+    address_characters_per_day: int = 0
+    trusted_proxies: str = ""
     limits_storage: str = ""  # redis://host:6379 (or valkey://) shared by the gateway replicas; empty: each its own
     cors_origins: str = ""  # comma-separated origins browsers may call from ("*": any); empty: no CORS
     # The server's address as its clients reach it (https://translate.example.com), for the links it answers

@@ -149,7 +149,7 @@ class DeepLRoutes(RouteBase):
     @app.get("/v2/usage", response_model=deepl.DeepLUsage, responses=errors(DeepLError, 403, 500, 503))
     async def deepl_usage(self, request: Request) -> deepl.DeepLUsage:
         """DeepL-compatible: the key's characters in its current 30-day window, and its limit."""
-        used = await self.keys.usage(await self.keys.client(request.headers))
+        used = await self.keys.usage(await self._client(request))
         limit = used.characters_month_limit or deepl.UNLIMITED
         return deepl.DeepLUsage(character_count=used.characters_month, character_limit=limit)
 

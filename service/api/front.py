@@ -210,6 +210,14 @@ def _frontend(limits: Limits) -> str:
         + _undecodable_headers()
         + "    http-request set-header x-request-id %[unique-id] if !{ req.hdr(x-request-id) -m found }\n"
         "    http-request set-var(txn.request_id) req.hdr(x-request-id)\n"
+        # The client's address as this front sees it and the X-Forwarded-For it sent, under names of their own
+        # (service/api/client_address.py believes the second only from a trusted proxy); X-Forwarded-For itself
+        # goes, so that the gateway's HTTP server does not take a client's word for its address.
+        "    http-request set-header x-beamserve-peer %[src]\n"
+        "    http-request del-header x-beamserve-forwarded-for\n"
+        "    http-request set-header x-beamserve-forwarded-for %[req.fhdr(x-forwarded-for)]"
+        " if { req.fhdr(x-forwarded-for) -m found }\n"
+        "    http-request del-header x-forwarded-for\n"
         "    http-request set-var(txn.api) str(beamserve)\n"
         f"    http-request set-var(txn.api) str(deepl) if {{ path_beg {' '.join(deepl.PREFIXES)} }}\n"
         f"    http-request set-var(txn.api) str(libretranslate) if {{ path {libre} }}\n"

@@ -15,6 +15,7 @@ from ray import serve
 from service import local_ray
 from service.api import api_docs, openapi, ui
 from service.api.bodies import json_response, openapi_body, parse_json
+from service.api.client_address import trusted_networks
 from service.api.deepl_glossary_routes import DeepLGlossaryRoutes
 from service.api.http import app
 from service.api.keys import KeyLimits, Keys, load_keys
@@ -91,6 +92,8 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
             self.settings.limits_storage,
             self.records if self.settings.api_keys_store else None,
             limits,
+            KeyLimits(self.settings.address_requests_per_minute, self.settings.address_characters_per_day),
+            trusted_networks(self.settings.trusted_proxies),
         )
         self.glossaries = Glossaries(self.records)
         self.documents = DocumentJobs(self.records, self.router, self._refund_owner)
@@ -157,7 +160,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
     @app.get("/v1/usage", response_model=KeyUsage, responses=errors(ErrorResponse, 401, 403, 500, 503))
     async def usage(self, request: Request) -> KeyUsage:
         """The calling key's characters translated in its current day and 30-day windows, with its limits."""
-        return await self.keys.usage(await self.keys.client(request.headers))
+        return await self.keys.usage(await self._client(request))
 
     @app.get("/languages", response_model=list[Language])
     async def languages(self) -> list[Language]:

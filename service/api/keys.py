@@ -27,6 +27,7 @@ from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimite
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
+from service.api.client_address import Network, client_address
 from service.error_codes import RETRY_AFTER_S
 from service.errors import ApiError, retry_after
 from service.schemas import KeyUsage
@@ -125,11 +126,16 @@ class Keys:
         storage: str,
         managed: Records | None = None,
         defaults: KeyLimits = KeyLimits(),
+        per_address: KeyLimits = KeyLimits(),
+        trusted: tuple[Network, ...] = (),
     ) -> None:
         """clients: the keys of the environment or file; managed: the records store of the keys `beamserve keys`
-        manages (service/store/api_keys.py), read again at most REFRESH_S after the last read."""
+        manages (service/store/api_keys.py), read again at most REFRESH_S after the last read; per_address: while
+        keys are off, each client address's limits (service/api/client_address.py, `trusted` its proxies)."""
         self.clients = clients
         self.managed, self.defaults = managed, defaults
+        self.per_address = per_address if per_address != KeyLimits() else None
+        self.trusted = trusted
         self.stored: dict[str, Client] = {}  # a managed key's digest -> its client
         self._read_at = -REFRESH_S
         self._reading: asyncio.Lock | None = None
@@ -138,15 +144,19 @@ class Keys:
             raise ValueError(f"limits storage {storage!r} is not a URI (redis://host:6379, valkey://..., memory://)")
         self._limits: tuple[MovingWindowRateLimiter, FixedWindowRateLimiter] | None = None
         # Keys off and no shared store: nothing to limit, the anonymous usage counted here.
-        self.local = LocalUsage() if not self.enabled and self.storage_uri.startswith("memory://") else None
+        counted_here = not self.enabled and self.per_address is None and self.storage_uri.startswith("memory://")
+        self.local = LocalUsage() if counted_here else None
 
     @property
     def enabled(self) -> bool:
         return bool(self.clients) or self.managed is not None
 
-    async def client(self, headers: Mapping[str, str], body_key: object = None) -> Client:
-        """The request's client; ApiError 401 without a key, 403 with one that is not known."""
+    async def client(self, headers: Mapping[str, str], body_key: object = None, peer: str | None = None) -> Client:
+        """The request's client; ApiError 401 without a key, 403 with one that is not known. Keys off: anonymous,
+        or with per-address limits the address the request came from (`peer`: its connection's)."""
         if not self.enabled:
+            if self.per_address is not None:
+                return Client(f"address-{client_address(peer, headers, self.trusted)}", self.per_address)
             return ANONYMOUS
         key = presented_key(headers, body_key)
         if key is None:
@@ -197,7 +207,7 @@ class Keys:
         """The client with this id (a document's owner): its limits, for a refund; the defaults for one whose key
         has gone from the keys file or the store since."""
         if not self.enabled:
-            return ANONYMOUS
+            return ANONYMOUS if self.per_address is None else Client(client_id, self.per_address)
         known = [*self.clients.values(), *self.stored.values()]
         return next((c for c in known if c.id == client_id), Client(client_id))
 

@@ -84,7 +84,7 @@ class RouteBase:
         a client without a valid key learns nothing of what the body would have needed."""
         if body_key is not None and not isinstance(body_key, str):
             raise ApiError("invalid_request", "api_key must be a string")
-        client = await self.keys.client(request.headers, body_key)
+        client = await self.keys.client(request.headers, body_key, request.client.host if request.client else None)
         request_log.current().client = client.id
         return client
 
