@@ -160,7 +160,9 @@ def book(chapters: dict[str, str] | None = None) -> bytes:
         'xmlns:epub="http://www.idpf.org/2007/ops"><head><title>Book</title></head><body>{}</body></html>'
     )
     opf = (
-        '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0"><manifest>'
+        '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0" unique-identifier="id">'
+        '<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:identifier id="id">urn:uuid:0f1e2d3c</dc:identifier>'
+        "<dc:title>Book</dc:title><dc:language>en</dc:language></metadata><manifest>"
         '<item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/>'
         '<item id="c1" href="ch1.xhtml" media-type="application/xhtml+xml"/>'
         '<item id="c2" href="ch2.xhtml" media-type="application/xhtml+xml"/>'
@@ -223,8 +225,17 @@ def open_document(kind: str, body: str, styles: str = "") -> bytes:
         z.writestr("mimetype", f"application/vnd.oasis.opendocument.{named}", compress_type=zipfile.ZIP_STORED)
         z.writestr("content.xml", '<?xml version="1.0"?>' + content)
         z.writestr("styles.xml", '<?xml version="1.0"?>' + style)
-        z.writestr("META-INF/manifest.xml", "<manifest/>")
+        z.writestr("META-INF/manifest.xml", ODF_MANIFEST.format(named))
     return out.getvalue()
+
+
+ODF_MANIFEST = (
+    '<?xml version="1.0"?><manifest:manifest xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" '
+    'manifest:version="1.2"><manifest:file-entry manifest:full-path="/" '
+    'manifest:media-type="application/vnd.oasis.opendocument.{}"/>'
+    '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
+    '<manifest:file-entry manifest:full-path="styles.xml" manifest:media-type="text/xml"/></manifest:manifest>'
+)
 
 
 ODT_BODY = (
@@ -232,6 +243,16 @@ ODT_BODY = (
     '<text:s text:c="2"/>rides a <text:a xlink:href="https://example.com">bike</text:a>.'
     "<text:note><text:note-body><text:p>Two dogs play.</text:p></text:note-body></text:note></text:p>"
     "<text:p> </text:p></office:text>"
+)
+
+ODS_BODY = (
+    '<office:spreadsheet><table:table><table:table-row><table:table-cell office:value-type="string">'
+    '<text:p>A red bike</text:p></table:table-cell><table:table-cell office:value-type="float" office:value="3.5">'
+    "<text:p>3.5</text:p></table:table-cell></table:table-row></table:table></office:spreadsheet>"
+)
+ODP_BODY = (
+    "<office:presentation><draw:page><draw:frame><draw:text-box><text:p>Two dogs play in the snow.</text:p>"
+    "</draw:text-box></draw:frame></draw:page></office:presentation>"
 )
 
 
@@ -265,19 +286,10 @@ def test_opendocument_paragraphs_keep_their_spans_links_notes_and_numbers() -> N
     ) in content
     assert "<text:p>Ein Bericht.</text:p>" in out.read("styles.xml").decode()
     etree.fromstring(out.read("content.xml"))  # well formed
-    sheet = (
-        '<office:spreadsheet><table:table><table:table-row><table:table-cell office:value-type="string">'
-        '<text:p>A red bike</text:p></table:table-cell><table:table-cell office:value-type="float" office:value="3.5">'
-        "<text:p>3.5</text:p></table:table-cell></table:table-row></table:table></office:spreadsheet>"
-    )
-    assert documents.parse("a.ods", open_document("ods", sheet)).segments == ["A red bike"]
-    slide = (
-        "<office:presentation><draw:page><draw:frame><draw:text-box><text:p>Two dogs play in the snow.</text:p>"
-        "</draw:text-box></draw:frame></draw:page></office:presentation>"
-    )
-    assert documents.parse("a.odp", open_document("odp", slide)).segments == ["Two dogs play in the snow."]
+    assert documents.parse("a.ods", open_document("ods", ODS_BODY)).segments == ["A red bike"]
+    assert documents.parse("a.odp", open_document("odp", ODP_BODY)).segments == ["Two dogs play in the snow."]
     with pytest.raises(ApiError, match=re.escape("not an OpenDocument .odt file")):
-        documents.parse("a.odt", open_document("ods", sheet))
+        documents.parse("a.odt", open_document("ods", ODS_BODY))
 
 
 def test_the_page_offers_every_format_documents_read() -> None:
@@ -314,6 +326,30 @@ def document(translator: Any, data: bytes, **options: Any) -> bytes:
     return out.getvalue()
 
 
+def reopened(name: str, data: bytes) -> list[str]:
+    """What a library of the format's own reads of a file: webvtt-py's cues, translate-toolkit's XLIFF 1.2 and 2.x
+    targets, ebooklib's XHTML documents, odfpy's paragraphs and headings."""
+    import ebooklib
+    import webvtt
+    from ebooklib import epub
+    from odf import opendocument, teletype
+    from odf import text as odf_text
+    from translate.storage.xliff import xlifffile
+    from translate.storage.xliff2 import Xliff2File
+
+    suffix = name.rsplit(".", 1)[-1]
+    if suffix == "vtt":
+        return [cue.text for cue in webvtt.from_buffer(io.StringIO(data.decode("utf-8-sig")))]
+    if suffix in ("xlf", "xliff"):
+        store = xlifffile.parsestring(data) if suffix == "xlf" else Xliff2File.parsestring(data)
+        return [str(unit.target) for unit in store.units if unit.istranslatable()]
+    if suffix == "epub":
+        read = epub.read_epub(io.BytesIO(data), {"ignore_ncx": True})
+        return [item.get_content().decode() for item in read.get_items_of_type(ebooklib.ITEM_DOCUMENT)]
+    doc = opendocument.load(io.BytesIO(data))
+    return [teletype.extractText(p) for kind in (odf_text.H, odf_text.P) for p in doc.getElementsByType(kind)]
+
+
 def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs(
     client: httpx.Client, server: str
 ) -> None:
@@ -329,11 +365,16 @@ def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs
         ("app.xliff", XLIFF2.encode()),
         ("book.epub", book()),
         ("report.odt", open_document("odt", ODT_BODY)),
+        ("sheet.ods", open_document("ods", ODS_BODY)),
+        ("deck.odp", open_document("odp", ODP_BODY)),
     ):
         parsed = documents.parse(name, data)
         want = parsed.rebuild(on_v1(client, parsed.segments, **({"tag_handling": "html"} if parsed.html else {})))
         got = document(translator, data, target_lang="DE", filename=name)
         assert got == want, name
+        if name.endswith((".vtt", ".xlf", ".xliff", ".epub", ".odt", ".ods", ".odp")):  # by the format's own library
+            read, before = reopened(name, got), reopened(name, data)
+            assert len(read) == len(before) and read != before, name
     # A Word file (its zip's timestamps differ from one save to the next): its paragraphs and their runs.
     parsed = documents.parse("report.docx", word())
     want = parsed.rebuild(on_v1(client, parsed.segments, tag_handling="html"))
