@@ -408,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["add", "list", "revoke", "rotate"])
     p.add_argument("name", nargs="?", help="the key's name (add, revoke, rotate); add and rotate print the new key")
     p.add_argument("--store", help="the records store (default: the server's, BEAMSERVE_RECORDS_STORAGE and the rest)")
+    # api_keys.LIMITS, not imported here: that would load the records store for every command.
     for limit in ("requests_per_minute", "characters_per_day", "characters_per_month"):
         p.add_argument("--" + limit.replace("_", "-"), type=int, help=f"add: the key's {limit.replace('_', ' ')}")
     p.set_defaults(func=cmd_keys)

@@ -32,6 +32,12 @@ READ_ELSEWHERE = frozenset({
     "forced_bos_token_id", "transformers_version", "_from_model_config", "use_cache", "output_scores",
     "output_attentions", "output_hidden_states", "return_dict_in_generate", "max_time",
 })  # fmt: skip
+# generate's defaults of the keys beamserve does not apply: at these values they change nothing.
+NEUTRAL: dict[str, Any] = {
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "diversity_penalty": 0.0, "num_beam_groups": 1,
+    "renormalize_logits": False, "remove_invalid_values": False, "encoder_no_repeat_ngram_size": 0,
+    "num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
+}  # fmt: skip
 # Sampling's knobs: they change nothing unless do_sample is set (generate ignores them then too).
 SAMPLING = frozenset({"temperature", "top_k", "top_p", "typical_p", "min_p", "epsilon_cutoff", "eta_cutoff"})
 
@@ -99,13 +105,4 @@ def parse(config: dict[str, Any]) -> Generation:
 
 def _inert(key: str, value: Any) -> bool:
     """Whether a key's value is generate's default, which changes nothing (repetition_penalty 1.0, ...)."""
-    neutral = {
-        "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "diversity_penalty": 0.0, "num_beam_groups": 1,
-        "renormalize_logits": False, "remove_invalid_values": False, "bad_words_ids": None, "suppress_tokens": None,
-        "begin_suppress_tokens": None, "forced_decoder_ids": None, "encoder_no_repeat_ngram_size": 0,
-        "exponential_decay_length_penalty": None, "sequence_bias": None, "guidance_scale": None,
-        "penalty_alpha": None, "constraints": None, "force_words_ids": None, "low_memory": None,
-        "watermarking_config": None, "num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
-        "cache_implementation": None, "stop_strings": None,
-    }  # fmt: skip
-    return value is None or (key in neutral and value == neutral[key])
+    return value is None or (key in NEUTRAL and value == NEUTRAL[key])

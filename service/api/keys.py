@@ -13,12 +13,11 @@ times a key's limits.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -57,7 +56,12 @@ ANONYMOUS = Client("anonymous")  # every request while keys are off
 
 
 def _id(key: str) -> str:
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return _id_of(api_keys.digest(key))
+
+
+def _id_of(digest: str) -> str:
+    """A key's client id, from its SHA-256: what storage and logs name it by (a file's key, or a stored one)."""
+    return "key-" + digest[:16]
 
 
 def load_keys(keys: str, keys_file: str, defaults: KeyLimits) -> dict[str, Client]:
@@ -75,7 +79,7 @@ def load_keys(keys: str, keys_file: str, defaults: KeyLimits) -> dict[str, Clien
             if not isinstance(entry, dict) or not isinstance(entry.get("key"), str) or not entry["key"]:
                 raise ValueError(f"BEAMSERVE_API_KEYS_FILE {keys_file}: entry {i} has no key")
             given = {f: int(entry[f]) for f in KeyLimits.__dataclass_fields__ if entry.get(f) is not None}
-            limits = KeyLimits(**{**defaults.__dict__, **given})
+            limits = replace(defaults, **given)
             out[entry["key"]] = Client(str(entry.get("name") or _id(entry["key"])), limits)
     return out
 
@@ -187,7 +191,7 @@ class Keys:
 
     def _managed_client(self, key: api_keys.StoredKey) -> Client:
         given = {n: getattr(key, n) for n in api_keys.LIMITS if getattr(key, n)}
-        return Client(f"key-{key.digest[:16]}", KeyLimits(**{**self.defaults.__dict__, **given}))
+        return Client(_id_of(key.digest), replace(self.defaults, **given))
 
     def _limiters(self) -> tuple[MovingWindowRateLimiter, FixedWindowRateLimiter]:
         if self._limits is None:  # made on first use, inside the replica's event loop

@@ -18,6 +18,7 @@ from service.metrics import gateway_metrics
 from service.routing.admission import PairAdmission
 from service.routing.cache import Entry, TranslationCache
 from service.routing.pair_client import Links, PairClient
+from service.routing.request_checks import Defaults
 from service.routing.served_pairs import ServedPairs
 
 INFO_TIMEOUT_S = 10.0  # a pair's info(), asked once for its model's digest (the cache's key) and decoding defaults
@@ -37,6 +38,7 @@ class PairDecoder:
         }
         self.admission = {pair: shared[id(client.handle)] for pair, client in clients.items()}
         self.infos: dict[str, dict[str, Any]] = {}  # each pair's model's info, asked once: its digest and defaults
+        self.defaults: dict[str, Defaults] = {}  # each pair's model's defaults, as RequestChecks takes them
 
     async def decode(
         self, pair: str, sentences: list[str], opts: DecodeOptions, timeout: float, *, cache: bool, pieces: bool = False
@@ -115,13 +117,14 @@ class PairDecoder:
     async def _digest(self, pair: str) -> str:
         return str((await self._info(pair))["digest"])
 
-    async def model_defaults(self, pair: str) -> dict[str, Any]:
-        """The decoding options the pair's model's generation_config.json sets (none for a pair through the
-        pivot: two models decode it)."""
+    async def model_defaults(self, pair: str) -> Defaults:
+        """The decoding options the pair's model's generation_config.json sets, by name (none for a pair through
+        the pivot: two models decode it); a request's options are checked by them (RequestChecks.options)."""
         if pair in self.served.pivoted:
-            return {}
-        found: dict[str, Any] = (await self._info(pair)).get("defaults") or {}
-        return found
+            return ()
+        if pair not in self.defaults:
+            self.defaults[pair] = tuple(sorted(((await self._info(pair)).get("defaults") or {}).items()))
+        return self.defaults[pair]
 
     async def _info(self, pair: str) -> dict[str, Any]:
         if pair not in self.infos:

@@ -3,7 +3,6 @@ max_beam_size, max_decoding_length, request_timeout_s): ApiError for what is ove
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +13,7 @@ from service.schemas import TranslateRequest
 from service.settings import Settings
 
 OPTIONS_KEPT = 1024  # combinations of decoding options remembered as checked
+Defaults = tuple[tuple[str, Any], ...]  # a model's decoding defaults by option name, sorted (a key of the checks)
 
 
 class RequestChecks:
@@ -40,7 +40,7 @@ class RequestChecks:
             except InvalidTextError as exc:
                 raise ApiError("invalid_text", f"texts[{i}]: {exc}") from None
 
-    def options(self, req: TranslateRequest, defaults: Mapping[str, Any] | None = None) -> DecodeOptions:
+    def options(self, req: TranslateRequest, defaults: Defaults = ()) -> DecodeOptions:
         """The request's decoding options over the model's `defaults` (its generation_config.json's, as
         PairDecoder.model_defaults gives them; the beam within max_beam_size, the n-best the request's alone),
         within the server's limits; ApiError 422 otherwise. Requests repeat a few combinations: each is checked
@@ -49,16 +49,15 @@ class RequestChecks:
         given = tuple(
             (f.name, v) for f in user_options("api") if f.name in named and (v := getattr(req, f.name)) is not None
         )
-        base = tuple(sorted((defaults or {}).items()))
-        found = self._checked.get((given, base))
+        found = self._checked.get((given, defaults))
         if found is None:
-            found = self._within_limits(DecodeOptions(**{**self._base(base), **dict(given)}))
+            found = self._within_limits(DecodeOptions(**{**self._base(defaults), **dict(given)}))
             if len(self._checked) >= OPTIONS_KEPT:
                 self._checked.clear()
-            self._checked[(given, base)] = found
+            self._checked[(given, defaults)] = found
         return found
 
-    def _base(self, defaults: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    def _base(self, defaults: Defaults) -> dict[str, Any]:
         offered = {f.name for f in user_options("api")} - {"num_hypotheses"}
         base = {name: value for name, value in defaults if name in offered}
         if base.get("beam_size", 0) > self.settings.max_beam_size:  # the operator's limit over the model's default
