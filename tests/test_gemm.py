@@ -103,7 +103,7 @@ def test_the_c_float32_gemm_serves_few_rows_with_onednn_s_bits(c_in: int, c_out:
 
 
 def test_a_c_float32_gemm_that_sums_otherwise_than_onednn_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    from model.kernels import f32_gemm, native
+    from model.kernels import f32_gemm, native, ops
 
     if not native.f32():
         pytest.skip("no float32 C kernel in this build (AVX-512 only)")
@@ -113,7 +113,7 @@ def test_a_c_float32_gemm_that_sums_otherwise_than_onednn_is_not_used(monkeypatc
         y = real(x, w, bias, residual)
         return torch.nextafter(y, torch.full_like(y, float("inf")))
 
-    monkeypatch.setattr(native, "f32_linear", off_by_one_ulp)
+    monkeypatch.setattr(ops, "f32_linear", off_by_one_ulp)  # the call f32_gemm makes
     monkeypatch.setattr(f32_gemm, "_AGREES", {})
     assert not f32_gemm.agrees(48, 80)
     w = torch.randn(48, 80)

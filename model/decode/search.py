@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from model.kernels import native
+from model.kernels import native, ops
 
 NEG = -1.0e9  # "impossible" without the NaNs that -inf arithmetic can produce
 CHUNK = 32  # vocabulary block of the CPU candidate ranking (top_candidates); 32-64 were best on 8,000 ids
@@ -298,9 +298,7 @@ def beam_step(
     norm = length_norms(pos, log_probs.dtype, opts.length_penalty if length_penalty is None else length_penalty)
     if active is None and length_penalty is None and early_stopping is None and _in_c(log_probs, state, K):
         fields = tuple(getattr(state, name) for name in BeamState.FIELDS)
-        return native.beam_step(
-            log_probs, fields, pos, max_lengths, norm.view(b), opts.eos_token_id, opts.early_stopping
-        )
+        return ops.beam_step(log_probs, fields, pos, max_lengths, norm.view(b), opts.eos_token_id, opts.early_stopping)
     early = opts.early_stopping if early_stopping is None else early_stopping  # bool or (b,)
     chunk = CHUNK if log_probs.device.type == "cpu" else None  # a GPU's topk kernel is fast as it is
     top_scores, top_beam, top_token = top_candidates(log_probs, state.run_scores, 2 * K, chunk=chunk)  # (b, 2K)
@@ -376,7 +374,7 @@ def top_candidates(
     """
     b, K, V = log_probs.shape
     if native.runs_on(log_probs) and run_scores.dtype == torch.float32 and n <= min(native.MOST_CANDIDATES, K * V):
-        return native.top_candidates(log_probs, run_scores, n)  # the same answer, in one pass
+        return ops.top_candidates(log_probs, run_scores, n)  # the same answer, in one pass
     if chunk is None or 4 * chunk > V:  # too few blocks to gain from them
         scores = (log_probs + run_scores[:, :, None]).view(b, K * V)
         pick = top_indices(scores, n)  # (b, n) of K * V

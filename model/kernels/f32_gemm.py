@@ -16,7 +16,7 @@ import logging
 
 import torch
 
-from model.kernels import native, onednn
+from model.kernels import native, onednn, ops
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _check(N: int, K: int) -> bool:
         for rows in CHECK_ROWS:
             x = torch.randn(rows, K, generator=gen)
             for bias in (b, None):
-                if not torch.equal(native.f32_linear(x, form, bias), onednn.linear(x, w, bias)):
+                if not torch.equal(ops.f32_linear(x, form, bias), onednn.linear(x, w, bias)):
                     return False
     return True
 
@@ -78,4 +78,4 @@ def linear(
     made = form(weight)
     if made is None:
         return None
-    return native.f32_linear(rows, made, bias, residual)
+    return ops.f32_linear(rows, made, bias, residual)

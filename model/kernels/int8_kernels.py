@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.kernels import native
+from model.kernels import native, ops
 
 QMAX = 127.0  # symmetric int8: -127..127, so a row's scale maps its largest magnitude to 127
 KERNELS = ("vnni", "onednn", "int_mm", "c")
@@ -72,7 +72,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return quantize_rows(x)
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
-    return native.quantize_rows(x)
+    return ops.quantize_rows(x)
 
 
 def multiply(
@@ -87,8 +87,7 @@ def multiply(
     `log_softmax` (no residual), each row's log-softmax in C (native.log_softmax_), where the caller has checked
     native.runs_on(x)."""
     if kernel == "vnni" and q.vnni is not None and native.vnni():
-        y = native.vnni_linear(x, q.vnni, bias, residual)
-        return native.log_softmax_(y) if log_softmax else y
+        return ops.vnni_linear(x, q.vnni, bias, residual, log_softmax=log_softmax)
     y = _product(kernel, x, q, bias, log_softmax)
     return y if residual is None else y.add_(residual)  # y + residual: the same rounding either way round
 
@@ -105,13 +104,13 @@ def _product(kernel: str, x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | N
             xq, 1.0, 0, packed, q.scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
         )[:M]
         y = torch.addcmul(bias, y, xs, out=y) if bias is not None else y.mul_(xs)  # the row scales, then the bias
-        return native.log_softmax_(y) if log_softmax else y
+        return ops.log_softmax_(y) if log_softmax else y
     # (M, N) int32, exact
-    acc = native.int8_gemm(xq, q.qweight) if kernel == "c" and native.multiplies_int8(xq) else _int_mm(xq, q.qweight)
+    acc = ops.int8_gemm(xq, q.qweight) if kernel == "c" and native.multiplies_int8(xq) else _int_mm(xq, q.qweight)
     if log_softmax:
-        return native.scale_back_log_softmax_(acc, q.scale, xs, bias)
+        return ops.scale_back_log_softmax_(acc, q.scale, xs, bias)
     if native.scales_back():  # one pass, over acc's own memory
-        return native.scale_back_(acc, q.scale, xs, bias)
+        return ops.scale_back_(acc, q.scale, xs, bias)
     # (M, N) float32 with the column scales: a conversion, then an in-place product (a mixed-type multiply
     # converts into a copy first anyway, then allocates its result)
     y = acc.to(torch.float32).mul_(q.scale)
@@ -137,9 +136,9 @@ def exact(kernel: str) -> bool:
     want = (x.long() @ w.long().t()).int()
     try:
         if kernel == "vnni":
-            got = native.vnni_gemm(x, native.VnniWeight(w, torch.ones(w.shape[0])))
+            got = ops.vnni_gemm(x, native.VnniWeight(w, torch.ones(w.shape[0])))
         elif kernel == "c":
-            got = native.int8_gemm(x, w)
+            got = ops.int8_gemm(x, w)
         else:
             got = _int_mm(x, w)
     except (RuntimeError, NotImplementedError):

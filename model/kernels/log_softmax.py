@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from model.kernels import native
+from model.kernels import native, ops
 
 
 def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
@@ -19,6 +19,6 @@ def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
     x = logits.float()
     if x.device.type == "cpu" and x.is_contiguous():
         if native.runs_on(x):
-            return native.log_softmax_(x)
+            return ops.log_softmax_(x)
         return torch.log_softmax(x, dim=-1, out=x)
     return torch.log_softmax(x, dim=-1)

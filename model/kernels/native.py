@@ -25,6 +25,7 @@ still beats PyTorch's passes spread over threads (docs/benchmarks.md, "Compute t
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 from typing import Any
@@ -164,9 +165,9 @@ def steps() -> bool:
 
 
 def multiplies_int8(x: torch.Tensor) -> bool:
-    """Whether int8_gemm takes x: the library is loaded, x on CPU, not inside torch.compile's tracing (a
-    ctypes call would break its graph)."""
-    return _LIB is not None and x.device.type == "cpu" and not torch.compiler.is_compiling()
+    """Whether int8_gemm takes x: the library is loaded, x on CPU (torch.compile traces the kernels as the
+    operators of model/kernels/ops.py)."""
+    return _LIB is not None and x.device.type == "cpu"
 
 
 def runs_on(x: torch.Tensor) -> bool:
@@ -236,6 +237,21 @@ class F32Weight:
         self.packed = torch.empty(lib.beamserve_f32_packed_floats(self.N, self.K))
         lib.beamserve_f32_pack(w.data_ptr(), self.N, self.K, self.packed.data_ptr())
 
+    @classmethod
+    def of(cls, packed: torch.Tensor, N: int, K: int) -> F32Weight:
+        """The weight an operator is handed as its packed floats and shape (model/kernels/ops.py), checked: a
+        packed form of another size would have the kernel read past it."""
+        if not (packed.dtype == torch.float32 and packed.is_contiguous() and packed.numel() == _f32_floats(N, K)):
+            raise ValueError(f"f32_linear: a packed ({N}, {K}) float32 weight")
+        made = cls.__new__(cls)
+        made.N, made.K, made.packed = N, K, packed
+        return made
+
+
+@functools.lru_cache(maxsize=1024)
+def _f32_floats(N: int, K: int) -> int:
+    return int(_lib().beamserve_f32_packed_floats(N, K))
+
 
 def _bias_and_residual(
     kernel: str, M: int, N: int, bias: torch.Tensor | None, residual: torch.Tensor | None
@@ -288,6 +304,26 @@ class VnniWeight:
         self.scale = scale.contiguous()
         lib.beamserve_vnni_pack(w.data_ptr(), self.N, self.K, self.packed.data_ptr(), self.comp.data_ptr())
 
+    @classmethod
+    def of(cls, packed: torch.Tensor, comp: torch.Tensor, scale: torch.Tensor, N: int, K: int) -> VnniWeight:
+        """The weight an operator is handed as its packed bytes, column sums, scales (empty where the call reads
+        none: vnni_gemm) and shape (model/kernels/ops.py), checked: a form of another size would have the kernel
+        read past it."""
+        if not (
+            packed.dtype == torch.int8 and comp.dtype == torch.int32 and scale.dtype == torch.float32
+            and packed.numel() == _vnni_bytes(N, K) and comp.numel() == N and scale.numel() in (0, N)
+            and packed.is_contiguous() and comp.is_contiguous() and scale.is_contiguous()
+        ):  # fmt: skip
+            raise ValueError(f"vnni_pack: a packed ({N}, {K}) int8 weight, its {N} column sums and scales")
+        made = cls.__new__(cls)
+        made.N, made.K, made.packed, made.comp, made.scale = N, K, packed, comp, scale
+        return made
+
+
+@functools.lru_cache(maxsize=1024)
+def _vnni_bytes(N: int, K: int) -> int:
+    return int(_lib().beamserve_vnni_packed_bytes(N, K))
+
 
 def vnni_gemm(x: torch.Tensor, w: VnniWeight) -> torch.Tensor:
     """x (M, K) int8 with unit column stride against a packed (N, K) weight -> x @ w^T, (M, N) int32, exact (as
@@ -306,17 +342,26 @@ def vnni_gemm(x: torch.Tensor, w: VnniWeight) -> torch.Tensor:
 
 
 def vnni_linear(
-    x: torch.Tensor, w: VnniWeight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
+    x: torch.Tensor,
+    w: VnniWeight,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None = None,
+    *,
+    log_softmax: bool = False,
 ) -> torch.Tensor:
     """x (M, K) through an int8 linear layer in one call: each row quantised (quantize_rows), multiplied by the
     packed (N, K) weight, scaled back with its column scales and the bias (scale_back_), plus `residual` (M, N)
-    float32 where given -> (M, N) float32, the bits of those steps in turn. Only where vnni()."""
+    float32 where given -> (M, N) float32, the bits of those steps in turn; with `log_softmax` (no residual),
+    each row's log-softmax after (log_softmax_). Only where vnni()."""
     lib = _lib()
+    if log_softmax and residual is not None:
+        raise ValueError("vnni_linear: a residual or a log-softmax, not both")
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
     if x.dim() != 2 or x.shape[1] != w.K or not x.is_cpu:
         raise ValueError(f"vnni_linear: x must be (M, {w.K}) on CPU, not {tuple(x.shape)} on {x.device}")
     M, N = x.shape[0], w.N
+    _check(w.scale.numel() == N, "vnni_linear", f"{N} column scales")
     r, ldr = _bias_and_residual("vnni_linear", M, N, bias, residual)
     y = torch.empty(M, N)
     failed = lib.beamserve_vnni_linear(
@@ -324,7 +369,7 @@ def vnni_linear(
         None if bias is None else bias.data_ptr(), r, ldr, y.data_ptr(), N,
     )  # fmt: skip
     _raise_for(failed, "vnni_linear")
-    return y
+    return log_softmax_(y) if log_softmax else y
 
 
 def _raise_for(failed: int, kernel: str) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from model.kernels import native
+from model.kernels import native, ops
 from model.nn.config import ModelConfig
 from model.nn.kv_cache import CrossCache, KVCache
 from model.nn.layers import FeedForward, MultiHeadAttention, layer_norm, rows_of_a_step, step_attention
@@ -119,7 +119,7 @@ class DecoderLayer(nn.Module):
             if structs is not None:  # and the projections and the residual in the same call
                 return native.cross_sublayer(h, residual, *structs, cross.view(layer), row_map)  # type: ignore[arg-type]
             q = attn.q_proj(h).view(N, attn.heads, -1)  # (N, H, D)
-            out = native.attend(q, cross.k[layer], cross.v[layer], *row_map)
+            out = ops.attend(q, cross.k[layer], cross.v[layer], *row_map)
             return attn.out_proj(out.view(h.shape), residual)
         B = cross.src_mask.shape[0]
         q = attn.project_q(h)  # (N, H, 1, D)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.kernels import native
+from model.kernels import native, ops
 from model.nn.layers import attended_keys
 
 
@@ -121,7 +121,7 @@ class KVCache:
         """Layer `layer`'s self-attention of a decode step in C (native.self_attend_step): each row's key and value
         from qkv (N, 3 C) written at `pos` (open()ed, or reserve()d per row), then its query against its positions
         (through the lineage, if any). -> (N, H, D)."""
-        return native.self_attend_step(qkv, self.k[layer], self.v[layer], pos, self.lineage)
+        return ops.self_attend_step(qkv, self.k[layer], self.v[layer], pos, self.lineage)
 
     def visible(self, length: int) -> int:
         """Positions attention reads when `length` are written: on CPU up to layers.attended_keys, masked

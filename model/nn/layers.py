@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kernels import f32_gemm, native
+from model.kernels import f32_gemm, native, ops
 from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, INPLACE_ACTIVATIONS, Linear, linear
 from model.kernels.int8_choice import bucket
 from model.kernels.onednn import version
@@ -263,7 +263,7 @@ class MultiHeadAttention(nn.Module):
         lengths = mask.reshape(B, -1).sum(-1)  # (B,)
         sequence = torch.arange(B, device=x.device).repeat_interleave(S)  # (B * S,) each query row's
         q = self.q_proj(x).view(B * S, self.heads, self.head_dim)
-        out = native.attend(q, k, v, lengths.repeat_interleave(S), sequence[:, None].expand(B * S, S))
+        out = ops.attend(q, k, v, lengths.repeat_interleave(S), sequence[:, None].expand(B * S, S))
         return self.out_proj(out.view(B, S, C), residual)
 
     @staticmethod

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kernels import native
+from model.kernels import ops
 from model.kernels.gemm import Linear, linear
 from model.kernels.log_softmax import log_softmax_
 from model.kernels.quant import int8_of, linear_int8
@@ -253,7 +253,7 @@ class Seq2Seq(nn.Module):
         if self.training or weight.dtype != torch.float32:
             x = dropped(self.dropout, F.embedding(tokens, weight) * self.scale + at)  # (N, C)
         else:  # the same in one call
-            x = native.embed(tokens.contiguous(), weight, self.scale, at)
+            x = ops.embed(tokens.contiguous(), weight, self.scale, at)
         row_map = cross.row_map(x.shape[0])
         stepped = None if self.training else c_step.run(self.decoders, x, pos, cache, cross, row_map)
         if stepped is None:  # a sublayer not in C at this row count: layer by layer
