@@ -25,7 +25,6 @@ from model.kernels import compute_type as compute
 from model.kernels import native
 from model.kernels.allocator import retain_freed_memory
 from model.kernels.cpus import usable_cpus
-from model.kernels.quant import int8_of
 from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
 from model.shipped import hub_revision, resolve_model_path
@@ -184,8 +183,8 @@ class Translator:
         included); a cache can key on it."""
         h = hashlib.sha256()
         tensors = dict(self.model.state_dict())
-        for name, weight in compute.int8_weights(self.model, self.model.output_weight).items():
-            q = int8_of(weight)
+        for name, site in compute.int8_sites(self.model, self.model.output_weight).items():
+            q = site.form
             if q is not None:
                 tensors.pop(name, None)  # its float form is not what the GEMMs read
                 tensors[f"{name}:int8"], tensors[f"{name}:int8{checkpoint.SCALE}"] = q.qweight, q.scale

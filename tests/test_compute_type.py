@@ -210,8 +210,8 @@ def test_an_int8_checkpoint_translates_to_the_same_bits_as_quantising_at_load(tm
         assert (a.token_ids, a.scores) == (b.token_ids, b.scores)
     # Nothing was quantised at load: the GEMMs read the int8 rows as saved.
     stored = load_file(str(tmp_path / "q" / "model.safetensors"))
-    weight = saved.model.decoder_layers[0].ffn.fc1.weight
-    assert torch.equal(int8_of(weight).qweight, stored["decoder_layers.0.ffn.fc1.weight"])  # type: ignore[union-attr]
+    fc1 = saved.model.decoder_layers[0].ffn.fc1
+    assert torch.equal(int8_of(fc1).qweight, stored["decoder_layers.0.ffn.fc1.weight"])  # type: ignore[union-attr]
     assert stored["decoder_layers.0.ffn.fc1.weight"].dtype == torch.int8
     assert (tmp_path / "q" / "model.safetensors").stat().st_size < 0.8 * (
         PRETRAINED_DIR / "en-de" / "model.safetensors"
@@ -232,8 +232,8 @@ def test_an_int8_model_holds_no_float_copy_of_its_int8_weights_and_translates_as
     """Translator.load frees the float form of each weight that computes in int8: the same bits as the
     same model quantised with its float weights kept. The tied embedding table stays float."""
     int8 = load("en-de", "int8")
-    fc1 = int8.model.decoder_layers[0].ffn.fc1.weight
-    assert fc1.numel() == 0 and int8_of(fc1) is not None and int8.model.embed.weight.numel() > 0
+    fc1 = int8.model.decoder_layers[0].ffn.fc1
+    assert fc1.weight.numel() == 0 and int8_of(fc1) is not None and int8.model.embed.weight.numel() > 0
     kept = checkpoint.build(PRETRAINED_DIR / "en-de")
     compute.quantize_int8(kept, kept.output_weight)
     assert kept.decoder_layers[0].ffn.fc1.weight.numel() > 0
@@ -245,19 +245,27 @@ def test_an_int8_model_holds_no_float_copy_of_its_int8_weights_and_translates_as
         checkpoint.save(int8.model, tmp_path, None)
 
 
-def test_an_int8_form_belongs_to_its_weight_alone() -> None:
-    """Two models in one process (a pool replica) keep their own int8 forms, each going with its weight
-    and never in a state dict; a new weight, even where a freed one lived, has none."""
-    from model.kernels.quant import use_int8
+def test_an_int8_form_is_its_layers_module_with_buffers_in_no_state_dict() -> None:
+    """Two models in one process (a pool replica) keep their own int8 forms: each a module of its layer, its
+    tensors buffers of that layer (listed, moved and freed with it) and never in a state dict."""
+    from model.kernels.quant import INT8_SLOT, Int8Weight, use_int8
 
     layer, other = Linear(64, 64), Linear(64, 64)
     keys = set(layer.state_dict())
-    q = use_int8(layer.weight)
-    assert int8_of(layer.weight) is q and int8_of(other.weight) is None
+    q = use_int8(layer, layer.weight)
+    assert int8_of(layer) is q and isinstance(q, Int8Weight) and int8_of(other) is None
+    assert dict(layer.named_modules())[INT8_SLOT] is q
+    buffers = dict(layer.named_buffers())
+    assert buffers[f"{INT8_SLOT}.qweight"] is q.qweight and buffers[f"{INT8_SLOT}.scale"] is q.scale
+    assert q.qweight.dtype == torch.int8 and q.qweight.shape == (64, 64)
+    if q.vnni is not None:  # the packed form the VNNI kernel reads is the layer's too
+        assert buffers[f"{INT8_SLOT}.vnni_packed"] is q.vnni.packed
     assert set(layer.state_dict()) == keys
     x = torch.randn(3, 64)
     with torch.inference_mode():
         assert torch.equal(layer(x), linear_int8(x, q, layer.bias))  # the layer computes in int8
-    del layer, q
-    fresh = [torch.nn.Parameter(torch.randn(64, 64)) for _ in range(8)]  # some may take the freed address
-    assert all(int8_of(w) is None for w in fresh)
+        assert not torch.equal(other(x), linear_int8(x, quantize_weight(other.weight), other.bias))
+    assert use_int8(layer, layer.weight) is q  # quantised once
+    q._apply(torch.clone)  # new buffers (as .to() to another device would make): what the kernels read follows
+    assert q.qweight is q._buffers["qweight"] and q.scale is q._buffers["scale"]
+    assert q.vnni is None or (q.vnni.packed is q._buffers["vnni_packed"] and q.vnni.scale is q.scale)

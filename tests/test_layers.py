@@ -139,7 +139,7 @@ def test_q_k_v_as_one_gemm_give_the_three_projections_bits(bias: bool, int8: boo
             p.bias = None
     if int8:
         for p in (attn.q_proj, attn.k_proj, attn.v_proj):
-            use_int8(p.weight)
+            use_int8(p, p.weight)
     for rows in (37, 4, 1):  # the GEMM of 192 columns sums each row as the three of 64 do, at any row count
         qkv = attn.project_qkv(x[:rows])
         assert qkv.shape == (rows, 3 * 64)

@@ -26,8 +26,8 @@ from safetensors.torch import load_file, save_file
 
 from model.io import fairseq_vocab
 from model.io.tokenizer import Tokenizer
-from model.kernels.compute_type import OUTPUT_PROJECTION, int8_weights
-from model.kernels.quant import Int8Weight, int8_of, int8_weight, quantize_weight
+from model.kernels.compute_type import OUTPUT_PROJECTION, int8_sites
+from model.kernels.quant import Int8Weight, int8_weight, quantize_weight
 from model.nn.config import ModelConfig
 from model.nn.transformer import Seq2Seq
 from model.shipped import OWN_CONFIG, is_own_checkpoint
@@ -75,7 +75,9 @@ def hf_model_type(path: Path) -> str | None:
 
 def save(model: Seq2Seq, out: Path, tokenizer_dir: Path | None, dtype: torch.dtype = torch.float32) -> None:
     """Write the own format; tokenizer files are copied from tokenizer_dir when given."""
-    if any(p.numel() == 0 and int8_of(p) is not None for p in model.parameters()):
+    if any(
+        site.weight.numel() == 0 and site.form is not None for site in int8_sites(model, model.output_weight).values()
+    ):
         raise ValueError(
             "this model computes in int8 and holds no float weights (Translator.load frees them): use save_int8"
         )
@@ -97,10 +99,10 @@ def save_int8(model: Seq2Seq, out: Path, tokenizer_dir: Path | None) -> None:
     compute_type int8, else quantised now) in place of the float ones."""
     out.mkdir(parents=True, exist_ok=True)
     model.cfg.save(out / OWN_CONFIG)
-    int8 = int8_weights(model, model.output_weight)
+    int8 = int8_sites(model, model.output_weight)
     tensors = {k: _compact(v) for k, v in model.state_dict().items() if k not in int8}
-    for name, weight in int8.items():
-        q = int8_of(weight) or quantize_weight(weight)
+    for name, site in int8.items():
+        q = site.form or quantize_weight(site.weight)
         tensors[name], tensors[name + SCALE] = q.qweight.contiguous(), q.scale.contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", QUANTIZATION: "int8"})
     if tokenizer_dir is not None and tokenizer_dir.resolve() != out.resolve():
@@ -124,7 +126,7 @@ def quantization(path: Path) -> str | None:
 
 
 def saved_int8(path: Path) -> dict[str, Int8Weight]:
-    """An int8 checkpoint's int8 weights by name (compute_type.int8_weights' names); {} for others."""
+    """An int8 checkpoint's int8 weights by name (compute_type.int8_sites' names); {} for others."""
     if quantization(path) != "int8":
         return {}
     tensors = load_file(str(path / "model.safetensors"))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from model.kernels.gemm import Linear
-from model.kernels.quant import Int8Weight, int8_of, use_int8
+from model.kernels.quant import INT8_SLOT, OUTPUT_INT8_SLOT, Int8Weight, int8_of, use_int8
 from model.options import COMPUTE_TYPES
 
 FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -68,13 +68,29 @@ def resolve(name: str, device: torch.device) -> ComputeType:
     return ComputeType(name, FLOATS[name], False)
 
 
-def int8_weights(model: nn.Module, output_weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The weights that compute in int8, by name: every linear layer's, and the output projection
-    (OUTPUT_PROJECTION: with tied embeddings it is the embedding table, which lookups read in float)."""
-    named = {f"{name}.weight": m.weight for name, m in model.named_modules() if isinstance(m, Linear)}
-    if not any(w is output_weight for w in named.values()):  # an own lm_head is a Linear already
-        named[OUTPUT_PROJECTION] = output_weight
-    return named
+@dataclass(frozen=True)
+class Int8Site:
+    """Where a weight that computes in int8 has its int8 form: the module it is registered on, under `slot`."""
+
+    owner: nn.Module
+    slot: str
+    weight: torch.Tensor
+
+    @property
+    def form(self) -> Int8Weight | None:
+        return int8_of(self.owner, self.slot)
+
+
+def int8_sites(model: nn.Module, output_weight: torch.Tensor) -> dict[str, Int8Site]:
+    """The weights that compute in int8, by name: every linear layer's (its form on the layer), and the output
+    projection (OUTPUT_PROJECTION: with tied embeddings it is the embedding table, which lookups read in float;
+    its form on the model, as OUTPUT_INT8_SLOT)."""
+    sites = {
+        f"{name}.weight": Int8Site(m, INT8_SLOT, m.weight) for name, m in model.named_modules() if isinstance(m, Linear)
+    }
+    if not any(site.weight is output_weight for site in sites.values()):  # an own lm_head is a Linear already
+        sites[OUTPUT_PROJECTION] = Int8Site(model, OUTPUT_INT8_SLOT, output_weight)
+    return sites
 
 
 OUTPUT_PROJECTION = "output_projection"
@@ -84,8 +100,8 @@ def quantize_int8(model: nn.Module, output_weight: torch.Tensor, saved: dict[str
     """Route every linear layer's GEMM and the output projection through int8: the weights `saved` in an
     int8 checkpoint (model/io/checkpoint.py), or else quantised per row now, once. Embedding lookups keep
     the float table."""
-    for name, w in int8_weights(model, output_weight).items():
-        use_int8(w, saved.get(name) if saved is not None else None)
+    for name, site in int8_sites(model, output_weight).items():
+        use_int8(site.owner, site.weight, saved.get(name) if saved is not None else None, site.slot)
 
 
 def release_float_weights(model: nn.Module, output_weight: torch.Tensor) -> None:
@@ -94,6 +110,6 @@ def release_float_weights(model: nn.Module, output_weight: torch.Tensor) -> None
     the int8 forms alone, so the float ones would only take memory (a quarter of it each again). Each
     weight keeps its rows and its int8 form, with no columns: a float GEMM over it (autograd, another
     device) fails on the shapes instead of computing with stale numbers."""
-    for name, weight in int8_weights(model, output_weight).items():
-        if name != OUTPUT_PROJECTION and int8_of(weight) is not None:
-            weight.data = weight.data.new_empty((weight.shape[0], 0))
+    for name, site in int8_sites(model, output_weight).items():
+        if name != OUTPUT_PROJECTION and site.form is not None:
+            site.weight.data = site.weight.data.new_empty((site.weight.shape[0], 0))

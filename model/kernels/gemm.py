@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from model.kernels import f32_gemm, onednn
-from model.kernels.quant import int8_of, linear_int8
+from model.kernels.quant import INT8_SLOT, Int8Weight, linear_int8
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 FUSED_ACTIVATIONS = {"relu": "relu", "swish": "swish"}  # our name -> oneDNN post-op name
@@ -46,10 +46,12 @@ def linear(
     bias: torch.Tensor | None = None,
     activation: str | None = None,
     residual: torch.Tensor | None = None,
+    int8: Int8Weight | None = None,
 ) -> torch.Tensor:
     """x (..., C_in) @ weight (C_out, C_in)^T + bias, then `activation` when given ("relu" or "swish"), or plus
     `residual` (..., C_out) when given (as `residual + y`: a sublayer's residual connection, added in the
-    GEMM's own pass where its kernel can).
+    GEMM's own pass where its kernel can). `int8`: the weight's int8 form (model/kernels/quant.py's
+    int8_of(layer)), which multiplies in its place on CPU outside autograd.
 
     Returns (..., C_out).
     """
@@ -57,9 +59,8 @@ def linear(
         raise ValueError(f"no fused activation {activation!r} (one of {sorted(FUSED_ACTIVATIONS)}, with no residual)")
     # The checks in the order that costs least on the decoder's path: a decode step makes ~50 such calls.
     if x.is_cpu and not torch.is_grad_enabled():
-        q = int8_of(weight)
-        if q is not None:  # compute_type int8 (model/kernels/quant.py)
-            y = linear_int8(x, q, bias, residual=residual)
+        if int8 is not None:  # compute_type int8 (model/kernels/quant.py)
+            y = linear_int8(x, int8, bias, residual=residual)
             return INPLACE_ACTIVATIONS[activation](y) if activation is not None else y
         if x.dtype == torch.float32 and onednn.LINEAR is not None and not torch.compiler.is_compiling():
             rows = x.reshape(-1, x.shape[-1])
@@ -83,7 +84,8 @@ def packed(weight: torch.Tensor) -> torch.Tensor:
 
 
 class Linear(torch.nn.Linear):
-    """nn.Linear (same parameters, same checkpoints) whose inference forward goes through `linear`."""
+    """nn.Linear (same parameters, same checkpoints) whose inference forward goes through `linear`, in int8 where
+    the layer has its int8 form (model/kernels/quant.py's use_int8)."""
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, residual=residual)
+        return linear(x, self.weight, self.bias, residual=residual, int8=self._modules.get(INT8_SLOT))  # type: ignore[arg-type]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from model.kernels import native, ops
 
@@ -30,19 +30,55 @@ QMAX = 127.0  # symmetric int8: -127..127, so a row's scale maps its largest mag
 KERNELS = ("vnni", "onednn", "int_mm", "c")
 
 
-@dataclass(frozen=True)
-class Int8Weight:
+class Int8Weight(nn.Module):
     """A (N, K) float weight as int8 rows and one scale per row, weight[n] ~= qweight[n] * scale[n], with the
-    packed forms its kernels read and which kernel multiplies a call's rows (`plan`, int8_choice.ROWS)."""
+    packed forms its kernels read and which kernel multiplies a call's rows (`plan`, int8_choice.ROWS).
+
+    A module of the layer whose weight it stands for (model/kernels/quant.py: `use_int8`), its tensors buffers
+    that no state dict holds (the layer's checkpoint entry is its float weight; an int8 checkpoint is written by
+    model/io/checkpoint.py's save_int8). oneDNN's reordered weight is an opaque tensor of oneDNN's, kept as an
+    attribute."""
 
     qweight: torch.Tensor  # (N, K) int8, contiguous
     scale: torch.Tensor  # (N,) float32
-    plan: tuple[str, ...] = ("int_mm",)  # the kernel for each row bucket (int8_choice.bucket); the last for more
-    onednn: tuple[torch.Tensor, torch.Tensor] | None = None  # qweight in oneDNN's blocked layout, (N,) int64 zeros
-    vnni: native.VnniWeight | None = None  # packed for csrc/int8_vnni.c
+
+    def __init__(
+        self,
+        qweight: torch.Tensor,
+        scale: torch.Tensor,
+        plan: tuple[str, ...] = ("int_mm",),
+        onednn: tuple[torch.Tensor, torch.Tensor] | None = None,
+        vnni: native.VnniWeight | None = None,
+    ) -> None:
+        super().__init__()
+        self.register_buffer("qweight", qweight, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+        self.plan = plan  # the kernel for each row bucket (int8_choice.bucket); the last for more
+        self.onednn = onednn  # qweight in oneDNN's blocked layout, (N,) int64 zeros
+        self.vnni = vnni  # packed for csrc/int8_vnni.c: its tensors are this module's buffers too
+        if vnni is not None:
+            self.register_buffer("vnni_packed", vnni.packed, persistent=False)
+            self.register_buffer("vnni_comp", vnni.comp, persistent=False)
+        self._mirror()
+
+    def _mirror(self) -> None:
+        """The buffers as plain attributes too: reading a buffer through nn.Module's attribute lookup costs ~0.7 us
+        (0.05 for an attribute), and an int8 decode step reads them a few hundred times on CPUs without VNNI."""
+        self.__dict__.update(self._buffers)
+        if self.vnni is not None:
+            packed, comp = self.__dict__["vnni_packed"], self.__dict__["vnni_comp"]
+            self.vnni = native.VnniWeight.of(packed, comp, self.scale, self.vnni.N, self.vnni.K)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Int8Weight:
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # new buffers (.to): the attributes follow
+        self._mirror()
+        return self
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scale[:, None]  # (N, K)
+
+    def extra_repr(self) -> str:
+        return f"{self.qweight.shape[0]}, {self.qweight.shape[1]}, plan={self.plan}"
 
 
 def with_forms(qweight: torch.Tensor, scale: torch.Tensor, plan: tuple[str, ...]) -> Int8Weight:

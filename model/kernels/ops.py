@@ -5,8 +5,8 @@ through ATen's ops, and `torch.library.opcheck` holds each to its schema (tests/
 
 The model calls the functions at the end of this module. Eagerly each runs native.py's function, the library's
 call itself: through the dispatcher a call costs 5-10 us more, and a one-sentence int8 decode makes ~37 such calls
-(6-8% of its time, measured in one process against the direct calls). Traced by torch.compile, each is its
-operator: `torch.compiler.substitute_in_graph` gives dynamo the operator's call in place of the function's.
+(6-8% of its time, measured in one process against the direct calls). While torch.compile traces the model, each
+calls its operator, which the graph then holds.
 
 These are the kernels whose arguments are tensors and numbers. The fused sublayer and beam-step calls of a decode
 (native.decoder_segment, encoder_segment, self_sublayer, cross_sublayer, linear_forward, BeamAdvance) read their
@@ -197,49 +197,55 @@ _OPS = torch.ops.beamserve
 
 
 # The calls the model makes, each with its kernel's arguments (native.py's function says what it computes and
-# checks). Run eagerly, each is native.py's function itself, the library's call (the dispatcher would cost 5-10
-# us a call, a few percent of a one-sentence decode); traced by torch.compile, each is its operator
-# (`torch.compiler.substitute_in_graph`).
+# checks). Eagerly each is native.py's function, the library's call: through the dispatcher a call costs 5-10 us
+# more, 6-8% of a one-sentence decode. While torch.compile traces the model, each is its operator, which the graph
+# then holds. (torch.compiler.substitute_in_graph would say the same without a branch, but registering it imports
+# torch._dynamo: a second of CPU on every model load.)
 
 
-@torch.compiler.substitute_in_graph(native.int8_gemm)
 def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return _OPS.int8_gemm.default(x, w)
+    if torch.compiler.is_compiling():
+        return _OPS.int8_gemm.default(x, w)
+    return native.int8_gemm(x, w)
 
 
-@torch.compiler.substitute_in_graph(native.quantize_rows)
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _OPS.quantize_rows.default(x)
+    if torch.compiler.is_compiling():
+        return _OPS.quantize_rows.default(x)
+    return native.quantize_rows(x)
 
 
-@torch.compiler.substitute_in_graph(native.scale_back_)
 def scale_back_(
     acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    _OPS.scale_back_.default(acc, col_scale, row_scale, bias)
-    return acc.view(torch.float32)
+    if torch.compiler.is_compiling():
+        _OPS.scale_back_.default(acc, col_scale, row_scale, bias)
+        return acc.view(torch.float32)
+    return native.scale_back_(acc, col_scale, row_scale, bias)
 
 
-@torch.compiler.substitute_in_graph(native.scale_back_log_softmax_)
 def scale_back_log_softmax_(
     acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    _OPS.scale_back_log_softmax_.default(acc, col_scale, row_scale, bias)
-    return acc.view(torch.float32)
+    if torch.compiler.is_compiling():
+        _OPS.scale_back_log_softmax_.default(acc, col_scale, row_scale, bias)
+        return acc.view(torch.float32)
+    return native.scale_back_log_softmax_(acc, col_scale, row_scale, bias)
 
 
-@torch.compiler.substitute_in_graph(native.log_softmax_)
 def log_softmax_(x: torch.Tensor) -> torch.Tensor:
-    _OPS.log_softmax_.default(x)
-    return x
+    if torch.compiler.is_compiling():
+        _OPS.log_softmax_.default(x)
+        return x
+    return native.log_softmax_(x)
 
 
-@torch.compiler.substitute_in_graph(native.vnni_gemm)
 def vnni_gemm(x: torch.Tensor, w: native.VnniWeight) -> torch.Tensor:
-    return _OPS.vnni_gemm.default(x, w.packed, w.comp, w.N, w.K)
+    if torch.compiler.is_compiling():
+        return _OPS.vnni_gemm.default(x, w.packed, w.comp, w.N, w.K)
+    return native.vnni_gemm(x, w)
 
 
-@torch.compiler.substitute_in_graph(native.vnni_linear)
 def vnni_linear(
     x: torch.Tensor,
     w: native.VnniWeight,
@@ -248,52 +254,59 @@ def vnni_linear(
     *,
     log_softmax: bool = False,
 ) -> torch.Tensor:
-    return _OPS.vnni_linear.default(x, w.packed, w.comp, w.scale, w.N, w.K, bias, residual, log_softmax)
+    if torch.compiler.is_compiling():
+        return _OPS.vnni_linear.default(x, w.packed, w.comp, w.scale, w.N, w.K, bias, residual, log_softmax)
+    return native.vnni_linear(x, w, bias, residual, log_softmax=log_softmax)
 
 
-@torch.compiler.substitute_in_graph(native.f32_linear)
 def f32_linear(
     x: torch.Tensor, w: native.F32Weight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
-    return _OPS.f32_linear.default(x, w.packed, w.N, w.K, bias, residual)
+    if torch.compiler.is_compiling():
+        return _OPS.f32_linear.default(x, w.packed, w.N, w.K, bias, residual)
+    return native.f32_linear(x, w, bias, residual)
 
 
-@torch.compiler.substitute_in_graph(native.attend)
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int | torch.Tensor, rows: torch.Tensor | None = None
 ) -> torch.Tensor:
-    if isinstance(length, int):
-        return _OPS.attend.default(q, k, v, length, None, rows)
-    return _OPS.attend.default(q, k, v, 0, length, rows)
+    if torch.compiler.is_compiling():
+        if isinstance(length, int):
+            return _OPS.attend.default(q, k, v, length, None, rows)
+        return _OPS.attend.default(q, k, v, 0, length, rows)
+    return native.attend(q, k, v, length, rows)
 
 
-@torch.compiler.substitute_in_graph(native.self_attend_step)
 def self_attend_step(
     qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int | torch.Tensor, lineage: torch.Tensor | None
 ) -> torch.Tensor:
-    if isinstance(pos, int):
-        return _OPS.self_attend_step.default(qkv, k, v, pos, None, lineage)
-    return _OPS.self_attend_step.default(qkv, k, v, 0, pos, lineage)
+    if torch.compiler.is_compiling():
+        if isinstance(pos, int):
+            return _OPS.self_attend_step.default(qkv, k, v, pos, None, lineage)
+        return _OPS.self_attend_step.default(qkv, k, v, 0, pos, lineage)
+    return native.self_attend_step(qkv, k, v, pos, lineage)
 
 
-@torch.compiler.substitute_in_graph(native.layer_norm)
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    return _OPS.layer_norm.default(x, weight, bias, eps)
+    if torch.compiler.is_compiling():
+        return _OPS.layer_norm.default(x, weight, bias, eps)
+    return native.layer_norm(x, weight, bias, eps)
 
 
-@torch.compiler.substitute_in_graph(native.embed)
 def embed(tokens: torch.Tensor, weight: torch.Tensor, scale: float, at: torch.Tensor) -> torch.Tensor:
-    return _OPS.embed.default(tokens, weight, scale, at)
+    if torch.compiler.is_compiling():
+        return _OPS.embed.default(tokens, weight, scale, at)
+    return native.embed(tokens, weight, scale, at)
 
 
-@torch.compiler.substitute_in_graph(native.top_candidates)
 def top_candidates(
     log_probs: torch.Tensor, run_scores: torch.Tensor, n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _OPS.top_candidates.default(log_probs, run_scores, n)
+    if torch.compiler.is_compiling():
+        return _OPS.top_candidates.default(log_probs, run_scores, n)
+    return native.top_candidates(log_probs, run_scores, n)
 
 
-@torch.compiler.substitute_in_graph(native.beam_step)
 def beam_step(
     log_probs: torch.Tensor,
     state: tuple[torch.Tensor, ...],
@@ -303,4 +316,6 @@ def beam_step(
     eos: int,
     early_stopping: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _OPS.beam_step.default(log_probs, *state, pos, max_lengths, norm, eos, early_stopping)
+    if torch.compiler.is_compiling():
+        return _OPS.beam_step.default(log_probs, *state, pos, max_lengths, norm, eos, early_stopping)
+    return native.beam_step(log_probs, state, pos, max_lengths, norm, eos, early_stopping)

@@ -14,12 +14,22 @@ products) is measured per weight shape and row count at load (model/kernels/int8
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from model.kernels import int8_choice, native
 from model.kernels.int8_kernels import Int8Weight, multiply, quantize_rows, with_forms
 from model.kernels.log_softmax import log_softmax_
 
-__all__ = ["Int8Weight", "int8_of", "int8_weight", "linear_int8", "quantize_weight", "use_int8"]
+__all__ = [
+    "INT8_SLOT",
+    "OUTPUT_INT8_SLOT",
+    "Int8Weight",
+    "int8_of",
+    "int8_weight",
+    "linear_int8",
+    "quantize_weight",
+    "use_int8",
+]
 
 
 def quantize_weight(weight: torch.Tensor) -> Int8Weight:
@@ -37,25 +47,31 @@ def int8_weight(qweight: torch.Tensor, scale: torch.Tensor, plan: tuple[str, ...
     return with_forms(qweight, scale, plan)
 
 
-# Where a float weight keeps its int8 form (`use_int8`): on the weight itself, so the form lives and dies
-# with it and each model of a pool replica has its own (not in the state dict: an attribute, no buffer).
-INT8_ATTR = "_beamserve_int8"
+# The module a layer's int8 form is registered as (`use_int8`): the layer's own, so the form lives and dies with
+# the layer and each model of a pool replica has its own; its buffers are in no state dict.
+INT8_SLOT = "weight_int8"
+OUTPUT_INT8_SLOT = (
+    "output_projection_int8"  # a model's, for its output projection where that is tied to an embedding table
+)
 
 
-def use_int8(weight: torch.Tensor, saved: Int8Weight | None = None) -> Int8Weight:
-    """From now on `model.kernels.gemm.linear` multiplies by `weight` in int8 (on CPU, outside autograd): by
-    `saved` where given (an int8 checkpoint's), else by `weight` quantised now."""
-    found = int8_of(weight)
+def use_int8(
+    owner: nn.Module, weight: torch.Tensor, saved: Int8Weight | None = None, slot: str = INT8_SLOT
+) -> Int8Weight:
+    """From now on `owner`'s GEMM by `weight` runs in int8 (on CPU, outside autograd; model/kernels/gemm.py's
+    linear is handed `int8_of(owner)`): by `saved` where given (an int8 checkpoint's), else by `weight`
+    quantised now; registered as owner's module `slot`."""
+    found = int8_of(owner, slot)
     if found is not None and saved is None:
         return found
     q = saved if saved is not None else quantize_weight(weight)
-    setattr(weight, INT8_ATTR, q)
+    owner.add_module(slot, q)
     return q
 
 
-def int8_of(weight: torch.Tensor) -> Int8Weight | None:
-    # getattr, not __dict__: torch.compile traces an attribute read (the static decode step's), not the dict
-    found: Int8Weight | None = getattr(weight, INT8_ATTR, None)
+def int8_of(owner: nn.Module, slot: str = INT8_SLOT) -> Int8Weight | None:
+    """owner's int8 form (use_int8), or None. Read from the module dict: a decode step asks for every layer."""
+    found: Int8Weight | None = owner._modules.get(slot)  # type: ignore[assignment]
     return found
 
 

@@ -13,7 +13,7 @@ from model.kernels import f32_gemm, native, ops
 from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, INPLACE_ACTIVATIONS, Linear, linear
 from model.kernels.int8_choice import bucket
 from model.kernels.onednn import version
-from model.kernels.quant import INT8_ATTR, int8_of, int8_weight
+from model.kernels.quant import INT8_SLOT, Int8Weight, int8_of, int8_weight
 
 
 def attention(
@@ -139,7 +139,7 @@ def _state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], 
         params = module._modules[name]._parameters  # type: ignore[union-attr]
         w: torch.Tensor = params["weight"]  # type: ignore[assignment]
         bias = params["bias"]
-        q = getattr(w, INT8_ATTR, None)
+        q = module._modules[name]._modules.get(INT8_SLOT)  # type: ignore[union-attr]
         key += (id(q), id(w), -1 if q is not None else version(w), id(bias), -1 if bias is None else version(bias))
         held += (q, w, bias)
     return tuple(key), held
@@ -194,28 +194,29 @@ class MultiHeadAttention(nn.Module):
         """x (N, C) through the q, k and v projections as one GEMM -> (N, 3 C): each row's query, key and value.
         One quantisation of x and one product instead of three (int8), or one oneDNN call (float32), to the same
         bits: each output element is the same sum over the same K, whatever columns lie beside it."""
-        weight, bias = self._fused_qkv()
-        return linear(x, weight, bias)
+        weight, bias, int8 = self._fused_qkv()
+        return linear(x, weight, bias, int8=int8)
 
-    def _fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None]:
         """The q, k and v projections' weights (3 C, C) and biases (3 C,) side by side, made once for the weights
-        as they are (in int8, one int8 form of the three: model/kernels/quant.py)."""
+        as they are; in int8, one int8 form of the three (model/kernels/quant.py) and no float weight."""
         key, held = _state(self, ("q_proj", "k_proj", "v_proj"))
         fused = self.__dict__.get("_qkv")
         if fused is not None and fused[0] == key:
-            return fused[2], fused[3]
+            return fused[2], fused[3], fused[4]
         parts = (self.q_proj, self.k_proj, self.v_proj)
         biases: list[torch.Tensor] = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
         bias = None if all(p.bias is None for p in parts) else torch.cat(biases).float().detach()
-        q8 = [int8_of(p.weight) for p in parts]
+        q8 = [int8_of(p) for p in parts]
+        int8 = None
         if all(q is not None for q in q8):  # one int8 weight of the three
             weight = torch.empty(0)
             int8 = int8_weight(torch.cat([q.qweight for q in q8]), torch.cat([q.scale for q in q8]))  # type: ignore[union-attr]
-            setattr(weight, INT8_ATTR, int8)
         else:
             weight = torch.cat([p.weight for p in parts]).detach()
-        self.__dict__["_qkv"] = (key, held, weight, bias)  # not a submodule or buffer: no state_dict entry
-        return weight, bias
+        # Derived from the three layers' forms and kept with them: not a submodule or buffer of its own
+        self.__dict__["_qkv"] = (key, held, weight, bias, int8)
+        return weight, bias, int8
 
     def c_sublayer(self, rows: int, *, fused: bool) -> tuple[native.LinearC, native.LinearC] | None:
         """The weights of native.self_sublayer (`fused`: q, k and v as one projection) or native.cross_sublayer (q
@@ -227,8 +228,11 @@ class MultiHeadAttention(nn.Module):
         key, objects = _state(self, names)
         held = self.__dict__.setdefault("_c_sublayer", {}).get(fused)
         if held is None or held[0] != key:
-            w_in, b_in = self._fused_qkv() if fused else (self.q_proj.weight, self.q_proj.bias)
-            held = (key, objects, _c_structs(((w_in, b_in), (self.out_proj.weight, self.out_proj.bias))))
+            w_in, b_in, q_in = (
+                self._fused_qkv() if fused else (self.q_proj.weight, self.q_proj.bias, int8_of(self.q_proj))
+            )
+            out = (self.out_proj.weight, self.out_proj.bias, int8_of(self.out_proj))
+            held = (key, objects, _c_structs(((w_in, b_in, q_in), out)))
             self.__dict__["_c_sublayer"][fused] = held
         found = _serving(held[2], rows)
         return None if found is None else (found[0], found[1])
@@ -303,7 +307,7 @@ class FeedForward(nn.Module):
         if structs is not None:  # a decode step's rows: each GEMM in C, one call of a few pointers
             return feed_forward_in_c(x, residual, *structs, (self.fc1.weight, self.fc1.bias), self.activation)  # type: ignore[arg-type]
         if self.activation in FUSED_ACTIVATIONS:  # the activation as the GEMM's epilogue where it can be
-            h = linear(x, self.fc1.weight, self.fc1.bias, self.activation)
+            h = linear(x, self.fc1.weight, self.fc1.bias, self.activation, int8=int8_of(self.fc1))
         else:
             h = self.act(self.fc1(x))
         return self.fc2(dropped(self.dropout, h), residual)
@@ -317,9 +321,12 @@ class FeedForward(nn.Module):
         key, objects = _state(self, ("fc1", "fc2"))
         held = self.__dict__.get("_c_pair")
         if held is None or held[0] != key:
-            pairs = ((self.fc1.weight, self.fc1.bias), (self.fc2.weight, self.fc2.bias))
-            fc2_alone = int8_of(self.fc1.weight) is None  # float32: fc1 stays oneDNN's, fc2 in C
-            held = (key, objects, _c_structs(pairs[1:] if fc2_alone else pairs), fc2_alone)
+            fc1, fc2 = (
+                (self.fc1.weight, self.fc1.bias, int8_of(self.fc1)),
+                (self.fc2.weight, self.fc2.bias, int8_of(self.fc2)),
+            )
+            fc2_alone = fc1[2] is None  # float32: fc1 stays oneDNN's, fc2 in C
+            held = (key, objects, _c_structs((fc2,) if fc2_alone else (fc1, fc2)), fc2_alone)
             self.__dict__["_c_pair"] = held
         found = _serving(held[2], rows)
         if found is None:
@@ -361,18 +368,22 @@ def rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
     )  # fmt: skip
 
 
+def _layer(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None]:
+    """A linear layer's weight, bias and int8 form (or None), as _c_structs takes them."""
+    return linear.weight, linear.bias, int8_of(linear)  # type: ignore[return-value]
+
+
 # What serves a layer in C: its struct, and the row counts at which: an int8 weight's plan (int8_choice), or a
 # float32 one's (f32_gemm.MOST_ROWS).
 CStructs = tuple[tuple[native.LinearC, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...] | None, ...]]
 
 
-def _c_structs(layers: tuple[tuple[torch.Tensor, torch.Tensor | None], ...]) -> CStructs | None:
-    """native.c_linear's structs for (weight, bias) pairs, the tensors they point into, and each weight's plan
-    (None for float32); None where a weight computes in neither C kernel (int8 without the VNNI kernel's packed
-    form, float32 where f32_gemm's kernel does not give oneDNN's bits)."""
+def _c_structs(layers: tuple[tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None], ...]) -> CStructs | None:
+    """native.c_linear's structs for (weight, bias, int8 form or None) layers, the tensors they point into, and each
+    weight's plan (None for float32); None where a weight computes in neither C kernel (int8 without the VNNI
+    kernel's packed form, float32 where f32_gemm's kernel does not give oneDNN's bits)."""
     forms: list[tuple[native.VnniWeight | native.F32Weight, tuple[str, ...] | None]] = []
-    for w, _ in layers:
-        q = int8_of(w)
+    for w, _, q in layers:
         if q is not None:
             if q.vnni is None:
                 return None
@@ -384,7 +395,7 @@ def _c_structs(layers: tuple[tuple[torch.Tensor, torch.Tensor | None], ...]) -> 
         forms.append((f32, None))
     made = [
         native.c_linear(f, None if b is None else b.detach().float().contiguous())
-        for (f, _), (_, b) in zip(forms, layers, strict=True)
+        for (f, _), (_, b, _) in zip(forms, layers, strict=True)
     ]
     return tuple(m[0] for m in made), tuple(t for m in made for t in m[1]), tuple(plan for _, plan in forms)
 

@@ -11,7 +11,7 @@ from torch import nn
 from model.kernels import ops
 from model.kernels.gemm import Linear, linear
 from model.kernels.log_softmax import log_softmax_
-from model.kernels.quant import int8_of, linear_int8
+from model.kernels.quant import OUTPUT_INT8_SLOT, Int8Weight, int8_of, linear_int8
 from model.nn import c_encode, c_step
 from model.nn.blocks import DecoderLayer, EncoderLayer
 from model.nn.config import ModelConfig
@@ -131,12 +131,17 @@ class Seq2Seq(nn.Module):
         projection's scale-back where the C kernels run (the same bits)."""
         if self.decoder_norm is not None:
             h = self.decoder_norm(h)
-        q = int8_of(self.output_weight) if log_probs and h.is_cpu and not torch.is_grad_enabled() else None
-        if q is not None:
+        q = self.output_int8()
+        if q is not None and log_probs and h.is_cpu and not torch.is_grad_enabled():
             return linear_int8(h, q, self.final_logits_bias, log_softmax=True)
         # One fused GEMM + bias: a separate add would make a second pass over the (N, V) logits.
-        logits = linear(h, self.output_weight, self.final_logits_bias)
+        logits = linear(h, self.output_weight, self.final_logits_bias, int8=q)
         return log_softmax_(logits) if log_probs else logits
+
+    def output_int8(self) -> Int8Weight | None:
+        """The output projection's int8 form (compute_type int8): its own lm_head's, or the model's (OUTPUT_INT8_SLOT)
+        for a projection tied to the embedding table."""
+        return int8_of(self.lm_head) if self.lm_head is not None else int8_of(self, OUTPUT_INT8_SLOT)
 
     def cross_cache(self, memory: torch.Tensor, src_mask: torch.Tensor) -> CrossCache:
         """Project the encoder output once into every decoder layer's cross-attention keys/values."""
