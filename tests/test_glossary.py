@@ -203,6 +203,30 @@ def test_both_stores_keep_records_by_kind_and_owner_until_they_expire(tmp_path: 
         open_records("postgres://h/db")
 
 
+def test_a_full_store_refuses_a_write_as_unavailable_and_keeps_what_it_holds(redis_url: str) -> None:
+    """The chart's records Valkey bounds its memory without evicting (deploy/k8s/base/records-store.yaml): past
+    the bound a write is a StoreUnavailableError (a 503 store_unavailable), and nothing stored is dropped."""
+    import redis
+
+    admin = redis.Redis.from_url(redis_url)
+    store = RedisRecords(redis_url)
+
+    async def fill() -> None:
+        await store.put("document", "kept", "alice", b"x" * 1000)
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 200_000)
+        with pytest.raises(StoreUnavailableError, match="store"):
+            await store.put("document", "big", "alice", b"y" * 2_000_000)
+        kept = await store.get("document", "kept")
+        assert kept is not None and kept.body == b"x" * 1000
+        assert await store.get("document", "big") is None
+
+    try:
+        asyncio.run(fill())
+    finally:
+        admin.config_set("maxmemory", 0)
+
+
 def test_a_key_reaches_only_its_own_glossaries_and_pairs_must_match(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -479,7 +503,10 @@ def test_health_answers_at_once_while_a_key_s_largest_listing_runs(server: str) 
                 waits.append(time.perf_counter() - start)
             lister.join()
         assert listed == [glossary_store.MAX_GLOSSARIES] * 5
-        assert len(waits) >= 5 and max(waits) < 0.1, sorted(waits)[-5:]
+        # A listing on the event loop would hold every probe sent during it: at least one slow probe per
+        # listing, five. One or two slow answers are the shared cores' scheduling (the other test worker).
+        slow = [w for w in waits if w >= 0.1]
+        assert len(waits) >= 5 and len(slow) <= 2 and max(waits) < 1.0, sorted(waits)[-5:]
     finally:
         asyncio.run(unseed(ids))
 

@@ -116,15 +116,17 @@ def test_registry_values_deploy_each_model_copy_the_models_in_and_use_the_users_
         assert keys["secret"]["secretName"] == "translation-keys"
     head_env = {e["name"]: e.get("value") for e in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
     assert head_env["BEAMSERVE_LIMITS_STORAGE"] == "redis://redis.cache.svc:6379/3"
+    assert head_env["BEAMSERVE_RECORDS_STORAGE"] == "rediss://records.cache.svc:6380/0"
     assert (
         cluster["gcsFaultToleranceOptions"]["redisPassword"]["valueFrom"]["secretKeyRef"]["name"] == "ray-gcs-password"
     )
     store = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "beamserve-gcs-store")
     [password] = store["spec"]["template"]["spec"]["containers"][0]["env"]
     assert password["valueFrom"]["secretKeyRef"]["name"] == "ray-gcs-password"
-    # Neither Secret made (the user's exist), nor the limits Valkey (the user's Redis counts).
+    # Neither Secret made (the user's exist), nor the limits or records Valkey (the user's Redis count and keep).
     made = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert not [k for k in made if k[0] == "Secret"] and ("Deployment", "beamserve-limits") not in made
+    assert not [k for k in made if k[1] == "beamserve-records"]
     assert cluster["workerGroupSpecs"][0]["maxReplicas"] == 6
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "beamserve-ray")
     peers = {
@@ -192,7 +194,38 @@ def test_two_releases_in_one_namespace_name_and_select_only_their_own() -> None:
         head_env = {e["name"]: e["value"] for e in cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
         prefix = "beamserve" if release == "beamserve" else "translate-beamserve"
         assert head_env["BEAMSERVE_LIMITS_STORAGE"] == f"redis://{prefix}-limits:6379/0"
+        assert head_env["BEAMSERVE_RECORDS_STORAGE"] == f"redis://{prefix}-records:6379/0"
         assert head_env["BEAMSERVE_PUBLIC_URL"] == "https://translate.example.com"  # the Ingress's host: links
+
+
+def test_the_gateways_the_chart_scales_share_the_records_store_it_deploys() -> None:
+    """The Gateway autoscales over worker pods, whose files are their own: glossaries and documents go to the
+    records Valkey (an append-only file on a volume, memory bounded without eviction), which only Ray pods reach."""
+    from ray.serve.schema import ServeDeploySchema
+
+    docs = [d for d in yaml.safe_load_all(run(tool("helm"), "template", "beamserve", K8S)) if d]
+    spec = by_kind(docs, "RayService")["spec"]
+    app = ServeDeploySchema.model_validate(yaml.safe_load(spec["serveConfigV2"])).applications[0]
+    [gateway] = [d for d in app.deployments if d.name == "Gateway"]
+    assert gateway.autoscaling_config["max_replicas"] > 1  # why the store must be shared
+    head = spec["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "BEAMSERVE_RECORDS_STORAGE", "value": "redis://beamserve-records:6379/0"} in head["env"]
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    service = named["Service", "beamserve-records"]["spec"]
+    store = named["Deployment", "beamserve-records"]["spec"]["template"]["spec"]
+    assert service["ports"] == [{"port": 6379, "targetPort": "valkey", "name": "valkey"}]
+    pod_labels = named["Deployment", "beamserve-records"]["spec"]["template"]["metadata"]["labels"]
+    assert service["selector"].items() <= pod_labels.items()
+    args = store["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes" and args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert store["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "beamserve-records"}}]
+    assert ("PersistentVolumeClaim", "beamserve-records") in named
+    stores = named["NetworkPolicy", "beamserve-stores"]["spec"]["podSelector"]["matchExpressions"]
+    assert {
+        "key": "app.kubernetes.io/component",
+        "operator": "In",
+        "values": ["records", "limits", "gcs-store"],
+    } in stores
 
 
 def test_the_front_s_limits_are_one_value_in_the_serve_config_and_every_pod_and_env_reaches_every_pod() -> None:

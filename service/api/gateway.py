@@ -17,6 +17,7 @@ from service.api import api_docs, openapi, ui
 from service.api.bodies import json_response, openapi_body, parse_json
 from service.api.client_address import trusted_networks
 from service.api.deepl_glossary_routes import DeepLGlossaryRoutes
+from service.api.gateway_spread import gateways_and_hosts
 from service.api.http import app
 from service.api.keys import KeyLimits, Keys, load_keys
 from service.api.libretranslate_routes import LibreTranslateRoutes
@@ -41,7 +42,7 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.store.glossaries import Glossaries
-from service.store.records import open_records, storage_of
+from service.store.records import open_records, storage_of, unshared
 from service.text.languages import name as language_name
 
 
@@ -86,7 +87,11 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
             self.settings.key_characters_per_day,
             self.settings.key_characters_per_month,
         )
-        self.records = open_records(storage_of(self.settings.records_storage, self.settings.limits_storage))
+        storage = storage_of(self.settings.records_storage, self.settings.limits_storage)
+        refused = unshared(storage, *gateways_and_hosts())
+        if refused:
+            raise ValueError(refused)
+        self.records = open_records(storage)
         self.keys = Keys(
             load_keys(self.settings.api_keys, self.settings.api_keys_file, limits),
             self.settings.limits_storage,

@@ -50,6 +50,20 @@ def storage_of(records_storage: str, limits_storage: str) -> str:
     return f"sqlite:///{DEFAULT_FILE}"
 
 
+def unshared(uri: str, most_gateways: int, hosts: int) -> str | None:
+    """Why a store cannot serve `most_gateways` gateway replicas on a cluster of `hosts` hosts, or None: an SQLite
+    file is one host's, so where gateways can run on several hosts a document or glossary made through one
+    would be unknown to the next (each pod's file on Kubernetes)."""
+    if uri.partition("://")[0] != "sqlite" or most_gateways <= 1 or hosts <= 1:
+        return None
+    return (
+        f"records_storage is an SQLite file of one host ({uri}), but up to {most_gateways} gateway replicas run on "
+        f"a cluster of {hosts} hosts: glossaries and documents made through one would be unknown to the others. "
+        "Set records_storage (BEAMSERVE_RECORDS_STORAGE) to a Redis or Valkey every gateway reaches, or run one "
+        "gateway replica (the Gateway deployment's num_replicas, or its autoscaling_config's max_replicas)."
+    )
+
+
 def open_records(uri: str) -> Records:
     """The store a URI names; ValueError for one beamserve cannot use."""
     scheme, sep, rest = uri.partition("://")
