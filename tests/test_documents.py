@@ -728,7 +728,7 @@ def test_a_document_whose_replica_stopped_is_refunded_once_to_its_key(tmp_path: 
     async def check() -> None:
         records = open_records(f"sqlite:///{tmp_path}/records.sqlite3")
         # Two replicas' views of one store; the router is not asked (no document is translated here).
-        first, second = (DocumentJobs(records, None, refund_owner) for _ in range(2))  # type: ignore[arg-type]
+        first, second = (DocumentJobs(records, None, refund_owner, None) for _ in range(2))  # type: ignore[arg-type]
         key = "k" * 48
         gone = time.time() - document_jobs.STALE_S - 5
         status = DocumentStatus("D1", document_jobs._digest(key), "key-alice", "a.txt", "text/plain", 120)
@@ -884,3 +884,62 @@ def test_a_paragraph_longer_than_the_model_takes_is_translated_in_pieces(client:
         assert lines[1] == " ".join(n[0][0] for n in alone.nbest)
     finally:
         asyncio.run(model.close())
+
+
+def test_a_document_goes_on_through_another_server_when_its_server_stops(client: httpx.Client) -> None:
+    """A second server on the shared server's records store takes an upload and is stopped (SIGTERM) mid-way: its
+    gateway hands the document over, and the shared server, reading its status, translates the rest from the
+    last chunk saved; every line there, those of both servers as /v1 translates them, billed once, its upload
+    then forgotten."""
+    from service.routing import document_parts
+    from service.store.records import open_records
+
+    from .conftest import SETTINGS, read_lines, serving
+
+    lines = [line for line in read_lines("test_2016_flickr.en.gz") if line][:1200]
+    data = ("\n".join(lines) + "\n").encode()
+    env = {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_RECORDS_STORAGE": str(SETTINGS["records_storage"])}
+    with serving(env) as (other, proc):
+        r = httpx.post(
+            f"{other}/v2/document",
+            files={"file": ("captions.txt", data)},
+            data={"source_lang": "EN", "target_lang": "DE"},
+        )
+        assert r.status_code == 200, r.text
+        document_id, key = r.json()["document_id"], r.json()["document_key"]
+        deadline = time.monotonic() + 120
+        while (status := httpx.post(f"{other}/v2/document/{document_id}", data={"document_key": key}).json())[
+            "status"
+        ] != "translating" or not 0 < _done(document_id) < len(lines):
+            assert status["status"] in ("queued", "translating") and time.monotonic() < deadline, status
+            time.sleep(0.1)
+        proc.terminate()
+        proc.wait(60)
+    stopped = time.monotonic()
+    assert _done(document_id) < len(lines)  # what is left is the shared server's to translate
+    while (status := client.post(f"/v2/document/{document_id}", data={"document_key": key}).json())["status"] != "done":
+        # Taken over at once, not after the STALE_S a server that died without a word leaves behind.
+        assert status["status"] in ("queued", "translating") and time.monotonic() - stopped < 50, status
+        time.sleep(0.2)
+    assert status["billed_characters"] == documents.parse("captions.txt", data).characters
+    got = client.post(f"/v2/document/{document_id}/result", data={"document_key": key})
+    assert got.status_code == 200
+    out = got.content.decode().splitlines()
+    assert len(out) == len(lines)
+    sample = [0, 1, len(lines) // 2, len(lines) - 1]  # the stopped server's chunks and the shared server's
+    assert [out[i] for i in sample] == on_v1(client, [lines[i] for i in sample])
+    records = open_records(str(SETTINGS["records_storage"]))
+    assert asyncio.run(records.get(document_parts.SOURCE, document_id)) is None
+
+
+def _done(document_id: str) -> int:
+    """The document's segments translated so far, as its record in the shared store says."""
+    import json
+
+    from service.routing.document_jobs import KIND
+    from service.store.records import open_records
+
+    from .conftest import SETTINGS
+
+    found = asyncio.run(open_records(str(SETTINGS["records_storage"])).get(KIND, document_id))
+    return int(json.loads(found.body)["done_segments"]) if found is not None else 0

@@ -3,6 +3,7 @@ setting; a replica reads how far its deployment can spread from Serve itself."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -70,8 +71,12 @@ ray.shutdown()
 
 @pytest.mark.slow
 def test_a_replica_reads_its_deployments_most_replicas_and_the_clusters_hosts() -> None:
+    # A fresh process's environment: not the Ray and Serve switches a server started in this one has set.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "BEAMSERVE_"))}
     with one_ray_start_at_a_time():
-        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=180, cwd=REPO)
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=180, cwd=REPO, env=env
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = dict(
         line.split(" ", 1)

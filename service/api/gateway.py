@@ -101,7 +101,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
             trusted_networks(self.settings.trusted_proxies),
         )
         self.glossaries = Glossaries(self.records)
-        self.documents = DocumentJobs(self.records, self.router, self._refund_owner)
+        self.documents = DocumentJobs(self.records, self.router, self._refund_owner, self._owner_terms)
         gateway_metrics()
         app.openapi = openapi.served(app, self.settings, self.router.pairs.languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish
@@ -127,6 +127,15 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
 
     def translations_in_flight(self) -> int:
         return self.in_flight
+
+    async def __del__(self) -> None:
+        """Serve stops the replica (scale-down, rollout, SIGTERM): its running documents are handed over to the
+        replica that next reads their status (service/routing/document_jobs.py), none failed. (Serve's ingress
+        wrapper awaits a destructor that is a coroutine function, and only such a one.)"""
+        documents: DocumentJobs | None = self.__dict__.get("documents")  # None: __init__ refused to start
+        stopping = documents.stop() if documents is not None else None
+        if stopping is not None:
+            await stopping
 
     @app.post(
         "/v1/translate",

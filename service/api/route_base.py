@@ -107,6 +107,10 @@ class RouteBase:
         """Give back characters charged to the client named `owner` (a document settled as failed)."""
         await self.keys.refund(self.keys.client_of(owner), characters)
 
+    async def _owner_terms(self, req: TranslateRequest, owner: str) -> glossary.Terms | None:
+        """The request's glossary as the client named `owner` has it (a document another replica took)."""
+        return await self._terms(req, self.keys.client_of(owner))
+
     async def _terms(self, req: TranslateRequest, client: Client) -> glossary.Terms | None:
         """The request's glossary, ready to apply: checked against its pair and its owner."""
         if req.glossary is None:
@@ -136,7 +140,8 @@ class RouteBase:
         """Parse a document, bill its characters and start its translation (service/routing/document_jobs.py),
         answering once it is done or after wait_s. `filename`: the routes' documents.safe_name of the upload's."""
         self.documents.queue.room_for(client.id)  # before the work of parsing it
-        parsed = await asyncio.to_thread(allocator.released, documents.parse, filename, await upload.read())
+        data = await upload.read()
+        parsed = await asyncio.to_thread(allocator.released, documents.parse, filename, data)
         if req.source is None:  # the whole document in the language of its beginning
             heads = [" ".join(parsed.segments)[:DETECT_CHARS] or "-"]
             found = self.router.sources.detector.detect(heads, markup=parsed.html)[0]
@@ -150,4 +155,4 @@ class RouteBase:
             async def refund() -> None:
                 await self.keys.refund(client, parsed.characters)
 
-            return await self.documents.upload(parsed, filename, req, terms, client.id, refund, wait_s)
+            return await self.documents.upload(parsed, data, filename, req, terms, client.id, refund, wait_s)

@@ -5,19 +5,24 @@ record (service/store/records.py, so any replica answers for it) and translates 
 background, MAX_TEXTS at a time through the same router, cache and batching engine as a request's
 texts. The upload is answered once the document is done or after UPLOAD_WAIT_S, whichever is
 first: a small document is ready when its client first asks. The status and the translated file
-are readable with the document's key, by the API key that uploaded it, for KEEP_S; a document
-whose replica stopped mid-way (its status not renewed for STALE_S) reads as failed.
+are readable with the document's key, by the API key that uploaded it, for KEEP_S.
 
-A document is settled once, by whichever comes first (a claim in the shared store): its replica
-finishing it (billed), its translation failing or being given up (refunded), or, for a replica that
-stopped mid-way, the first replica to read its status after STALE_S (refunded to the key that uploaded
-it): never billed for a result it did not get, never refunded twice.
+A document outlives the replica translating it: its upload and each chunk's translations are records too, so
+when its status has not been renewed for STALE_S (the replica died), or at once when the replica stops
+gracefully (Serve calls the Gateway's __del__: its documents are handed over), the first replica to read its
+status takes it over (a claim per lapsed status) and goes on from the last chunk saved.
+
+A document is settled once, by whichever comes first (a claim in the shared store): a replica finishing
+it (billed), its translation failing or being given up (refunded), or, where it cannot be taken over (its
+upload expired, its glossary deleted), the first replica to read its status after STALE_S (refunded to the
+key that uploaded it): never billed for a result it did not get, never refunded twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -31,6 +36,7 @@ from typing import Any
 from service.engine import allocator
 from service.error_codes import RETRY_AFTER_S
 from service.errors import ApiError, api_error, retry_after
+from service.routing import document_parts
 from service.routing.document_queue import DocumentQueue
 from service.routing.pair_router import PairRouter
 from service.schemas import TranslateRequest
@@ -41,6 +47,7 @@ from service.text.parsed import Parsed
 
 logger = logging.getLogger(__name__)
 KIND, RESULT, SETTLED = "document", "document-result", "document-settled"
+LEASE = "document-lease"  # a claim per lapsed status: the replica that takes the document over
 KEEP_S = 3600.0  # a document and its translation are kept this long after the upload
 STALE_S = 60.0  # a translating document whose status is not renewed for this long has failed
 UPLOAD_WAIT_S = 1.0
@@ -76,6 +83,7 @@ class DocumentStatus:
     started: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     error_message: str = ""
+    request: dict[str, Any] = field(default_factory=dict)  # the TranslateRequest's fields set, but its texts
 
     def stale(self) -> bool:
         """Still queued or translating, its status not renewed for STALE_S: its replica stopped."""
@@ -104,12 +112,19 @@ def _digest(key: str) -> str:
 
 class DocumentJobs:
     def __init__(
-        self, records: Records, router: PairRouter, refund_owner: Callable[[str, int], Awaitable[None]]
+        self,
+        records: Records,
+        router: PairRouter,
+        refund_owner: Callable[[str, int], Awaitable[None]],
+        terms_of: Callable[[TranslateRequest, str], Awaitable[Terms | None]],
     ) -> None:
-        """refund_owner(owner, characters): give back what the key that uploaded a document was charged."""
+        """refund_owner(owner, characters): give back what the key that uploaded a document was charged;
+        terms_of(req, owner): the request's glossary as its owner has it (a document taken over)."""
         self.records = records
         self.router = router
         self.refund_owner = refund_owner
+        self.terms_of = terms_of
+        self._stopping = False  # the replica stops: running documents are handed over, not failed
         self._running: dict[str, asyncio.Task[None]] = {}  # document id -> its translation
         self.queue = DocumentQueue(
             TRANSLATING_AT_ONCE, WAITING, WAITING_PER_KEY, self._say_place, STALE_S / 4, RETRY_WAIT_S
@@ -119,6 +134,7 @@ class DocumentJobs:
     async def upload(
         self,
         parsed: Parsed,
+        data: bytes,
         filename: str,
         req: TranslateRequest,
         terms: Terms | None,
@@ -126,8 +142,9 @@ class DocumentJobs:
         refund: Callable[[], Awaitable[None]],
         wait_s: float = UPLOAD_WAIT_S,
     ) -> dict[str, str]:
-        """Start translating a parsed document; DeepL's {document_id, document_key}, once it is done or
-        after wait_s. A document that fails is refunded its characters."""
+        """Start translating a parsed document (its upload `data`, kept for a replica that takes it over);
+        DeepL's {document_id, document_key}, once it is done or after wait_s. A document that fails is refunded
+        its characters."""
         too_long = next(
             (i for i, s in enumerate(parsed.segments) if len(s) > self.router.settings.max_text_chars), None
         )
@@ -147,19 +164,32 @@ class DocumentJobs:
             FORMATS[extension(filename)],
             parsed.characters,
             segments=len(parsed.segments),
+            request=req.model_dump(mode="json", exclude={"texts"}, exclude_unset=True),
         )
         self.queue.accept(status.document_id, owner)  # counted from here, no await since the check
         try:
+            await document_parts.keep_upload(self.records, status.document_id, owner, data)
             await self._save(status)
         except BaseException:
             self.queue.forget(status.document_id)
             raise
-        task = asyncio.create_task(self._translate(status, parsed, req, terms, refund))
-        self._running[status.document_id] = task
-        task.add_done_callback(lambda _: self._running.pop(status.document_id, None))
+        task = self._start(status, parsed, req, terms, refund)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), wait_s)
         return {"document_id": status.document_id, "document_key": key}
+
+    def _start(
+        self,
+        status: DocumentStatus,
+        parsed: Parsed,
+        req: TranslateRequest,
+        terms: Terms | None,
+        refund: Callable[[], Awaitable[None]],
+    ) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._translate(status, parsed, req, terms, refund))
+        self._running[status.document_id] = task
+        task.add_done_callback(lambda _: self._running.pop(status.document_id, None))
+        return task
 
     async def _save(self, status: DocumentStatus) -> None:
         body = json.dumps(asdict(status)).encode()
@@ -174,16 +204,18 @@ class DocumentJobs:
         refund: Callable[[], Awaitable[None]],
     ) -> None:
         step = self.router.settings.max_texts
-        out: list[str] = []
         try:
+            out = await document_parts.saved(self.records, status.document_id)  # taken over: the chunks done
             self._queued[status.document_id] = status
             async with self.queue.place(status.document_id):
                 del self._queued[status.document_id]
-                status = replace(status, status="translating", updated=time.time())
+                status = replace(status, status="translating", done_segments=len(out), updated=time.time())
                 await self._save(status)
-                for at in range(0, len(parsed.segments), step):
+                for at in range(len(out), len(parsed.segments), step):
                     chunk = req.model_copy(update={"texts": parsed.segments[at : at + step]})
-                    out += await self._chunk(status, chunk, terms)
+                    done = await translated(self.router, chunk, terms, status, self._save)
+                    await document_parts.save(self.records, status.document_id, status.owner, at, done)
+                    out += done
                     status = replace(status, done_segments=len(out), updated=time.time())
                     await self._save(status)
             result = await asyncio.to_thread(allocator.released, parsed.rebuild, out)
@@ -191,8 +223,13 @@ class DocumentJobs:
                 return
             await self.records.put(RESULT, status.document_id, status.owner, result, ttl_s=KEEP_S)
             await self._save(replace(status, status="done", updated=time.time()))
-        except asyncio.CancelledError:  # given up (cancel): no result will come, and nothing is billed
-            await self._failed(status, "cancelled", refund)
+            await document_parts.forget(self.records, status.document_id, len(out), step)
+        except asyncio.CancelledError:
+            if self._stopping:  # handed over: its status lapsed now, for the next replica that reads it
+                with contextlib.suppress(StoreUnavailableError):
+                    await self._save(replace(status, updated=0.0))
+                raise
+            await self._failed(status, "cancelled", refund)  # given up: no result will come, nothing billed
             raise
         except Exception as exc:  # the document fails, said in its status; the server goes on
             known = api_error(exc)
@@ -210,23 +247,6 @@ class DocumentJobs:
         if queued is not None:
             await self._save(replace(queued, updated=time.time(), queue_position=place))
 
-    async def _chunk(self, status: DocumentStatus, chunk: TranslateRequest, terms: Terms | None) -> list[str]:
-        """The chunk's translations; a refusal for a passing reason (PASSING) is waited out and the chunk sent
-        again, the status renewed meanwhile, for up to REFUSED_FOR_S of refusals in a row."""
-        refused_since: float | None = None
-        while True:
-            try:
-                routed = await self.router.translate(chunk, terms, pieces=True)
-                return [t.text for t in routed.response.translations]
-            except ApiError as exc:
-                now = time.monotonic()
-                refused_since = refused_since if refused_since is not None else now
-                if exc.code not in PASSING or now - refused_since > REFUSED_FOR_S:
-                    raise
-                wait = min(float(exc.headers.get("Retry-After", "1")), RETRY_WAIT_S)
-                await self._save(replace(status, updated=time.time()))
-                await asyncio.sleep(wait)
-
     async def _failed(self, status: DocumentStatus, message: str, refund: Callable[[], Awaitable[None]]) -> None:
         """The characters given back (unless the document was settled already) and the status saying why, each
         tried though the other's store is down (a store that cannot say who settled it: refunded)."""
@@ -243,6 +263,36 @@ class DocumentJobs:
                 )
         with contextlib.suppress(StoreUnavailableError):
             await self._save(replace(status, status="error", error_message=message, updated=time.time()))
+
+    async def _take_over(self, status: DocumentStatus) -> DocumentStatus:
+        """A document whose replica stopped: translated on from its last chunk saved, here, by the first replica
+        to read it so (a claim per lapsed status); where that cannot be (its upload expired, its glossary gone,
+        a status from before uploads were kept), refunded and failed (_abandoned)."""
+        if not await self.records.claim(LEASE, f"{status.document_id}:{status.updated}", KEEP_S):
+            return replace(status, updated=time.time())  # another replica took it over at this moment
+        try:
+            parsed, req = await document_parts.upload_of(
+                self.records, status.document_id, status.filename, status.request
+            )
+            terms = await self.terms_of(req, status.owner)
+        except Exception as exc:  # whatever stops it going on: refunded, and the log says why
+            logger.warning("document %s cannot be taken over (%s)", status.document_id, exc)
+            return await self._abandoned(status)
+        resumed = replace(status, status="queued", updated=time.time())
+        await self._save(resumed)
+        self.queue.accept(resumed.document_id, resumed.owner)
+        self._start(resumed, parsed, req, terms, functools.partial(self.refund_owner, status.owner, status.characters))
+        logger.info("document %s taken over at segment %d", status.document_id, status.done_segments)
+        return resumed
+
+    def stop(self) -> Awaitable[object] | None:
+        """The replica stops: each running document handed over (its status lapsed at once), none failed; what to
+        await for that, or None where none runs."""
+        self._stopping = True
+        running = [t for t in self._running.values() if not t.done()]
+        for task in running:
+            task.cancel()
+        return _ended(running) if running else None
 
     async def _settle(self, status: DocumentStatus) -> bool:
         """Whether this caller settles the document: the first to ask, on any replica."""
@@ -278,7 +328,7 @@ class DocumentJobs:
         if not secrets.compare_digest(status.key_digest, _digest(key)):
             raise ApiError("invalid_document_key", "the document_key is not this document's")
         if status.stale() and document_id not in self._running:
-            return await self._abandoned(status)
+            return await self._take_over(status)
         return status
 
     async def result_by_key(self, document_id: str, key: str) -> tuple[bytes, DocumentStatus]:
@@ -306,3 +356,30 @@ class DocumentJobs:
         if found is None:
             raise ApiError("document_not_found", f"document {document_id}'s translation has expired")
         return found.body, status
+
+
+async def _ended(tasks: list[asyncio.Task[None]]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def translated(
+    router: PairRouter,
+    chunk: TranslateRequest,
+    terms: Terms | None,
+    status: DocumentStatus,
+    save: Callable[[DocumentStatus], Awaitable[None]],
+) -> list[str]:
+    """A document chunk's translations; a refusal for a passing reason (PASSING) is waited out and the chunk sent
+    again, the document's status renewed meanwhile (`save`), for up to REFUSED_FOR_S of refusals in a row."""
+    refused_since: float | None = None
+    while True:
+        try:
+            routed = await router.translate(chunk, terms, pieces=True)
+            return [t.text for t in routed.response.translations]
+        except ApiError as exc:
+            now = time.monotonic()
+            refused_since = refused_since if refused_since is not None else now
+            if exc.code not in PASSING or now - refused_since > REFUSED_FOR_S:
+                raise
+            await save(replace(status, updated=time.time()))
+            await asyncio.sleep(min(float(exc.headers.get("Retry-After", "1")), RETRY_WAIT_S))
