@@ -151,6 +151,8 @@ def test_registry_values_deploy_each_model_copy_the_models_in_and_use_the_users_
         (["--set", "models.volume.enabled=true", "--set", "models.copyFrom.image=m:1"], "volume.enabled or copyFrom"),
         (["--set", "workers.minReplicas=5"], "workers.minReplicas is above workers.maxReplicas"),
         (["--set", "ingress.enabled=true"], "set ingress.host"),
+        (["--set", "httpRoute.enabled=true"], "set httpRoute.parentRefs"),
+        (["--set", "records.storage=cache:6379"], "records"),
         (["--set-json", "networkPolicy.monitoringNamespaces=[]"], "networkPolicy: name at least one namespace"),
         (["--set", "models.registry[0].name=en-de"], "models.registry.0: path is required"),
         (["--set", "apiKeys.limitsStorage=cache:6379"], "limitsStorage"),
@@ -259,3 +261,26 @@ def test_the_front_s_limits_are_one_value_in_the_serve_config_and_every_pod_and_
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
         assert {k: env.get(k) for k in want} == want
         assert env["BEAMSERVE_LOG_LEVEL"] == "DEBUG"
+
+
+def test_an_httproute_goes_through_the_users_gateway_to_the_release_s_service_within_the_server_s_timeout() -> None:
+    import jsonschema
+
+    from service.settings import Settings
+
+    options = [
+        "--set",
+        "httpRoute.enabled=true",
+        "--set-json",
+        'httpRoute.parentRefs=[{"name": "public", "namespace": "gw"}]',
+    ]
+    options += ["--set-json", 'httpRoute.hostnames=["translate.example.com"]', "--set", "front.requestTimeoutS=50"]
+    docs = [d for d in yaml.safe_load_all(run(tool("helm"), "template", "translate", K8S, *options)) if d]
+    route = by_kind(docs, "HTTPRoute")
+    schema = json.loads((K8S / "schemas" / "gateway-api.schema.json").read_text())
+    assert not [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(route)]
+    assert route["spec"]["parentRefs"] == [{"name": "public", "namespace": "gw"}]
+    [rule] = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"name": "translate-beamserve", "port": Settings().port}]
+    assert rule["timeouts"]["request"] == "65s"  # past the server's 50 s: its JSON 504 comes first
+    assert "HTTPRoute" not in {d["kind"] for d in yaml.safe_load_all(run(tool("helm"), "template", "b", K8S)) if d}

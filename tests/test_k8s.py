@@ -371,6 +371,33 @@ def test_ingress_example_is_valid_and_agrees_with_the_server_limits() -> None:
     }
 
 
+def test_gateway_api_example_is_valid_and_agrees_with_the_server_limits() -> None:
+    import jsonschema
+
+    from service.settings import Settings
+
+    schema = json.loads((K8S / "schemas" / "gateway-api.schema.json").read_text())
+    docs = list(yaml.safe_load_all((K8S / "examples" / "gateway-api.yaml").read_text()))
+    for doc in docs:
+        assert not [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(doc)], doc["kind"]
+    gateway, route = by_kind(docs, "Gateway"), by_kind(docs, "HTTPRoute")
+    [listener] = gateway["spec"]["listeners"]
+    assert listener["protocol"] == "HTTPS" and listener["tls"]["certificateRefs"]
+    assert route["spec"]["parentRefs"] == [{"name": gateway["metadata"]["name"], "sectionName": listener["name"]}]
+    assert route["spec"]["hostnames"] == [listener["hostname"]]
+    [rule] = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"name": "beamserve", "port": Settings().port}]
+    assert float(rule["timeouts"]["request"].removesuffix("s")) > Settings().request_timeout_s
+    # The schema holds the API's names and types: a misspelt field or a wrong enum is refused.
+    typo = {**route, "spec": {**route["spec"], "rules": [{**rule, "backendRef": rule["backendRefs"]}]}}
+    wrong = {
+        **route,
+        "spec": {**route["spec"], "rules": [{**rule, "matches": [{"path": {"type": "Prefix", "value": "/"}}]}]},
+    }
+    for bad in (typo, wrong):
+        assert list(jsonschema.Draft7Validator(schema).iter_errors(bad))
+
+
 def test_api_keys_example_mounts_the_keys_file_everywhere_and_counts_in_its_store(tmp_path: Path) -> None:
     from service.api.keys import KeyLimits, load_keys
 
