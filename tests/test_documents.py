@@ -896,7 +896,7 @@ def test_a_document_goes_on_through_another_server_when_its_server_stops(client:
 
     from .conftest import SETTINGS, read_lines, serving
 
-    lines = [line for line in read_lines("test_2016_flickr.en.gz") if line][:1200]
+    lines = [line for line in read_lines("test_2016_flickr.en.gz") if line][:800]
     data = ("\n".join(lines) + "\n").encode()
     env = {"BEAMSERVE_MODELS": "en-de", "BEAMSERVE_RECORDS_STORAGE": str(SETTINGS["records_storage"])}
     with serving(env) as (other, proc):
