@@ -4,9 +4,9 @@ fake implementation giving its results' shapes and dtypes, so torch.compile trac
 through ATen's ops, and `torch.library.opcheck` holds each to its schema (tests/test_ops.py).
 
 The model calls the functions at the end of this module. Eagerly each runs native.py's function, the library's
-call itself: through the dispatcher a call costs 5-10 us more, and a one-sentence int8 decode makes ~37 such calls
-(6-8% of its time, measured in one process against the direct calls). While torch.compile traces the model, each
-calls its operator, which the graph then holds.
+call itself: through the dispatcher a call costs 2-7 us more, and a one-sentence int8 decode makes ~37 such calls
+(5.5% of its time, measured in one process against the direct calls: loadtests/bench_ops.py). While torch.compile
+traces the model, each calls its operator, which the graph then holds.
 
 These are the kernels whose arguments are tensors and numbers. The fused sublayer and beam-step calls of a decode
 (native.decoder_segment, encoder_segment, self_sublayer, cross_sublayer, linear_forward, BeamAdvance) read their
@@ -197,8 +197,8 @@ _OPS = torch.ops.beamserve
 
 
 # The calls the model makes, each with its kernel's arguments (native.py's function says what it computes and
-# checks). Eagerly each is native.py's function, the library's call: through the dispatcher a call costs 5-10 us
-# more, 6-8% of a one-sentence decode. While torch.compile traces the model, each is its operator, which the graph
+# checks). Eagerly each is native.py's function, the library's call: through the dispatcher a call costs 2-7 us
+# more, 5.5% of a one-sentence int8 decode. While torch.compile traces the model, each is its operator, which the graph
 # then holds. (torch.compiler.substitute_in_graph would say the same without a branch, but registering it imports
 # torch._dynamo: a second of CPU on every model load.)
 
