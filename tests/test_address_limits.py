@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from service.api.client_address import client_address, trusted_networks
+from service.api.client_address import client_address, reached_base, trusted_networks
 
 from .conftest import serving
 
@@ -75,3 +75,44 @@ def test_each_address_has_its_own_limits_and_a_client_cannot_name_another(
         # LibreTranslate's route and its clients see the same limit, in their shape.
         libre = one.post(f"{url}/translate", json={"q": "A dog.", "source": "en", "target": "de"})
         assert libre.status_code == 429
+
+
+def test_a_trusted_proxy_says_the_address_the_client_reached_and_nothing_else_does() -> None:
+    trusted = trusted_networks(PROXY)
+    via = {"x-forwarded-proto": "https", "x-forwarded-host": "translate.example.com", "x-forwarded-prefix": "/mt/"}
+    assert reached_base(PROXY, via, trusted) == "https://translate.example.com/mt"
+    assert reached_base("127.0.0.1", {**via, "x-beamserve-peer": PROXY}, trusted) == "https://translate.example.com/mt"
+    assert reached_base("127.0.0.2", via, trusted) is None  # not a trusted proxy
+    rfc = {"forwarded": 'for=203.0.113.5;proto=https;host="mt.example.org:8443", for=10.0.0.1'}
+    assert reached_base(PROXY, rfc, trusted) == "https://mt.example.org:8443"
+    assert reached_base(PROXY, {"x-forwarded-host": "a.example, b.example"}, trusted) == "http://a.example"
+    for hostile in (
+        {"x-forwarded-host": "evil.example/path"},
+        {"x-forwarded-host": "a@evil.example"},
+        {"x-forwarded-host": "a.example", "x-forwarded-proto": "javascript"},
+        {"x-forwarded-host": "a.example", "x-forwarded-prefix": "//evil.example"},
+        {"x-forwarded-host": "a.example", "x-forwarded-prefix": "/a b"},
+        {"x-forwarded-proto": "https"},  # no host
+    ):
+        assert reached_base(PROXY, hostile, trusted) is None, hostile
+
+
+@pytest.mark.slow
+def test_a_file_s_link_is_the_address_a_trusted_proxy_says_the_client_reached(
+    limited: tuple[str, subprocess.Popen[str]],
+) -> None:
+    url, _ = limited
+    files = {"file": ("notes.txt", b"A dog runs in the snow.\n", "text/plain")}
+    data = {"source": "en", "target": "de"}
+    via = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "translate.example.com", "X-Forwarded-Prefix": "/mt"}
+    with _from(PROXY) as proxy, _from("127.0.0.4") as direct:
+        r = proxy.post(
+            f"{url}/translate_file", files=files, data=data, headers={**via, "X-Forwarded-For": "203.0.113.20"}
+        )
+        link = r.json()["translatedFileUrl"]
+        assert link.startswith("https://translate.example.com/mt/download_file/") and link.endswith("/notes.txt"), link
+        # The proxy, taking the prefix off, reaches the translation on the server.
+        assert proxy.get(url + link.removeprefix("https://translate.example.com/mt")).status_code == 200
+        # A client that is not a trusted proxy names nothing: the link is the server's own address.
+        r = direct.post(f"{url}/translate_file", files=files, data=data, headers=via)
+        assert r.json()["translatedFileUrl"].startswith(f"{url}/download_file/")

@@ -12,6 +12,7 @@ from fastapi import Request, Response
 
 from service.api import libretranslate
 from service.api.bodies import read_body
+from service.api.client_address import reached_base
 from service.api.http import app
 from service.api.libretranslate import DETECT_OPENAPI, FILE_OPENAPI
 from service.api.route_base import LIBRE_ERRORS, RouteBase, download
@@ -82,7 +83,10 @@ class LibreTranslateRoutes(RouteBase):
                 if (await self.documents.status(doc, key, client.id)).answer()["status"] != "done":
                     raise ApiError("timeout", f"the document was not translated within {limit:.0f}s")
             await self.documents.result(doc, key, client.id)  # a failed document: its error, here
-            base = self.settings.link_base()
+            # The address configured, else the one a trusted proxy says the client reached, else the server's own.
+            peer = request.client.host if request.client else None
+            reached = None if self.settings.public_url else reached_base(peer, request.headers, self.keys.trusted)
+            base = reached or self.settings.link_base()
             return {"translatedFileUrl": f"{base}/download_file/{doc}-{key}/{quote(filename)}"}
 
     @app.get("/download_file/{handle}/{filename}", responses=errors(ErrorResponse, 404, 503))
