@@ -13,7 +13,6 @@ import argparse
 import statistics
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,33 +38,6 @@ CALLERS = (
     model.kernels.int8_kernels, model.kernels.f32_gemm, model.kernels.log_softmax, model.decode.search,
     model.nn.layers, model.nn.blocks, model.nn.kv_cache, model.nn.transformer,
 )  # fmt: skip
-OPS = torch.ops.beamserve
-
-
-def dispatched() -> types.SimpleNamespace:
-    """ops' functions, each calling its operator whether or not torch.compile traces."""
-
-    def vnni_linear(x, w, bias, residual=None, *, log_softmax=False):  # type: ignore[no-untyped-def]
-        return OPS.vnni_linear.default(x, w.packed, w.comp, w.scale, w.N, w.K, bias, residual, log_softmax)
-
-    def log_softmax_(x):  # type: ignore[no-untyped-def]
-        OPS.log_softmax_.default(x)
-        return x
-
-    return types.SimpleNamespace(
-        vnni_linear=vnni_linear,
-        f32_linear=lambda x, w, bias, residual=None: OPS.f32_linear.default(x, w.packed, w.N, w.K, bias, residual),
-        log_softmax_=log_softmax_,
-        embed=OPS.embed.default,
-        attend=ops.attend,
-        self_attend_step=ops.self_attend_step,
-        top_candidates=OPS.top_candidates.default,
-        beam_step=ops.beam_step,
-        quantize_rows=OPS.quantize_rows.default,
-        int8_gemm=OPS.int8_gemm.default,
-        scale_back_=ops.scale_back_,
-        scale_back_log_softmax_=ops.scale_back_log_softmax_,
-    )
 
 
 def best_us(fn: Callable[[], object], n: int = 2000) -> float:
@@ -87,14 +59,13 @@ def per_call(vocab: int, d_model: int) -> list[str]:
         w = native.VnniWeight(
             torch.randint(-127, 128, (vocab, d_model), dtype=torch.int8, generator=g), torch.rand(vocab)
         )
-        via = dispatched().vnni_linear
         calls.append(("int8 output projection + log-softmax", lambda: native.vnni_linear(x, w, bias, log_softmax=True),
-                      lambda: via(x, w, bias, log_softmax=True)))  # fmt: skip
+                      lambda: ops.Traced.vnni_linear(x, w, bias, log_softmax=True)))  # fmt: skip
     if native.f32():
         f = native.F32Weight(torch.randn(vocab, d_model, generator=g))
         calls.append(("float32 output projection", lambda: native.f32_linear(x, f, bias),
-                      lambda: OPS.f32_linear.default(x, f.packed, f.N, f.K, bias, None)))  # fmt: skip
-    calls.append(("log-softmax", lambda: native.log_softmax_(h), lambda: OPS.log_softmax_.default(h)))
+                      lambda: ops.Traced.f32_linear(x, f, bias)))  # fmt: skip
+    calls.append(("log-softmax", lambda: native.log_softmax_(h), lambda: ops.Traced.log_softmax_(h)))
     lines = ["| kernel call | library (µs) | operator (µs) | more per call (µs) |", "|---|---:|---:|---:|"]
     with torch.inference_mode():
         for name, direct, op in calls:
@@ -109,7 +80,7 @@ def decoding(compute_type: str, sentences: int, rounds: int) -> str:
     opts = DecodeOptions(beam_size=4)
     spent: dict[str, list[float]] = {"library": [], "operator": []}
     tokens: dict[str, list[list[int]]] = {}
-    through = {"library": ops, "operator": dispatched()}
+    through = {"library": ops, "operator": ops.Traced}
     for r in range(rounds):
         for mode in ("library", "operator") if r % 2 == 0 else ("operator", "library"):
             for caller in CALLERS:

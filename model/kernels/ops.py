@@ -17,7 +17,9 @@ there and runs them as eager does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import torch
 
@@ -196,126 +198,129 @@ for _name, _schema in SCHEMAS.items():
 _OPS = torch.ops.beamserve
 
 
-# The calls the model makes, each with its kernel's arguments (native.py's function says what it computes and
-# checks). Eagerly each is native.py's function, the library's call: through the dispatcher a call costs 2-7 us
-# more, 5.5% of a one-sentence int8 decode. While torch.compile traces the model, each is its operator, which the graph
-# then holds. (torch.compiler.substitute_in_graph would say the same without a branch, but registering it imports
-# torch._dynamo: a second of CPU on every model load.)
+class Traced:
+    """Each kernel's call through its operator, with native.py's function's arguments (which say what it computes
+    and checks): what the model calls while torch.compile traces it."""
 
-
-def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return _OPS.int8_gemm.default(x, w)
-    return native.int8_gemm(x, w)
 
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _OPS.quantize_rows.default(x)
-    return native.quantize_rows(x)
 
-
-def scale_back_(
-    acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def scale_back_(
+        acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         _OPS.scale_back_.default(acc, col_scale, row_scale, bias)
         return acc.view(torch.float32)
-    return native.scale_back_(acc, col_scale, row_scale, bias)
 
-
-def scale_back_log_softmax_(
-    acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def scale_back_log_softmax_(
+        acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         _OPS.scale_back_log_softmax_.default(acc, col_scale, row_scale, bias)
         return acc.view(torch.float32)
-    return native.scale_back_log_softmax_(acc, col_scale, row_scale, bias)
 
-
-def log_softmax_(x: torch.Tensor) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def log_softmax_(x: torch.Tensor) -> torch.Tensor:
         _OPS.log_softmax_.default(x)
         return x
-    return native.log_softmax_(x)
 
-
-def vnni_gemm(x: torch.Tensor, w: native.VnniWeight) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def vnni_gemm(x: torch.Tensor, w: native.VnniWeight) -> torch.Tensor:
         return _OPS.vnni_gemm.default(x, w.packed, w.comp, w.N, w.K)
-    return native.vnni_gemm(x, w)
 
-
-def vnni_linear(
-    x: torch.Tensor,
-    w: native.VnniWeight,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None = None,
-    *,
-    log_softmax: bool = False,
-) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def vnni_linear(
+        x: torch.Tensor,
+        w: native.VnniWeight,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
+        *,
+        log_softmax: bool = False,
+    ) -> torch.Tensor:
         return _OPS.vnni_linear.default(x, w.packed, w.comp, w.scale, w.N, w.K, bias, residual, log_softmax)
-    return native.vnni_linear(x, w, bias, residual, log_softmax=log_softmax)
 
-
-def f32_linear(
-    x: torch.Tensor, w: native.F32Weight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
-) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def f32_linear(
+        x: torch.Tensor, w: native.F32Weight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _OPS.f32_linear.default(x, w.packed, w.N, w.K, bias, residual)
-    return native.f32_linear(x, w, bias, residual)
 
-
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int | torch.Tensor, rows: torch.Tensor | None = None
-) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int | torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if isinstance(length, int):
             return _OPS.attend.default(q, k, v, length, None, rows)
         return _OPS.attend.default(q, k, v, 0, length, rows)
-    return native.attend(q, k, v, length, rows)
 
-
-def self_attend_step(
-    qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int | torch.Tensor, lineage: torch.Tensor | None
-) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def self_attend_step(
+        qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int | torch.Tensor, lineage: torch.Tensor | None
+    ) -> torch.Tensor:
         if isinstance(pos, int):
             return _OPS.self_attend_step.default(qkv, k, v, pos, None, lineage)
         return _OPS.self_attend_step.default(qkv, k, v, 0, pos, lineage)
-    return native.self_attend_step(qkv, k, v, pos, lineage)
 
-
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
         return _OPS.layer_norm.default(x, weight, bias, eps)
-    return native.layer_norm(x, weight, bias, eps)
 
-
-def embed(tokens: torch.Tensor, weight: torch.Tensor, scale: float, at: torch.Tensor) -> torch.Tensor:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def embed(tokens: torch.Tensor, weight: torch.Tensor, scale: float, at: torch.Tensor) -> torch.Tensor:
         return _OPS.embed.default(tokens, weight, scale, at)
-    return native.embed(tokens, weight, scale, at)
 
-
-def top_candidates(
-    log_probs: torch.Tensor, run_scores: torch.Tensor, n: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def top_candidates(
+        log_probs: torch.Tensor, run_scores: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _OPS.top_candidates.default(log_probs, run_scores, n)
-    return native.top_candidates(log_probs, run_scores, n)
 
-
-def beam_step(
-    log_probs: torch.Tensor,
-    state: tuple[torch.Tensor, ...],
-    pos: torch.Tensor,
-    max_lengths: torch.Tensor,
-    norm: torch.Tensor,
-    eos: int,
-    early_stopping: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if torch.compiler.is_compiling():
+    @staticmethod
+    def beam_step(
+        log_probs: torch.Tensor,
+        state: tuple[torch.Tensor, ...],
+        pos: torch.Tensor,
+        max_lengths: torch.Tensor,
+        norm: torch.Tensor,
+        eos: int,
+        early_stopping: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _OPS.beam_step.default(log_probs, *state, pos, max_lengths, norm, eos, early_stopping)
-    return native.beam_step(log_probs, state, pos, max_lengths, norm, eos, early_stopping)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _routed(eager: Callable[P, R], traced: Callable[P, R]) -> Callable[P, R]:
+    """The call the model makes: `eager` (native.py's function, the library's call) when eager, `traced` (its
+    operator) while torch.compile traces. Through the dispatcher a call costs 2-7 us more, 5.5% of a one-sentence
+    int8 decode (loadtests/bench_ops.py). (torch.compiler.substitute_in_graph would say the same without a branch,
+    but registering it imports torch._dynamo: a second of CPU on every model load.)"""
+
+    @functools.wraps(eager)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        return traced(*args, **kwargs) if torch.compiler.is_compiling() else eager(*args, **kwargs)
+
+    return call
+
+
+int8_gemm = _routed(native.int8_gemm, Traced.int8_gemm)
+quantize_rows = _routed(native.quantize_rows, Traced.quantize_rows)
+scale_back_ = _routed(native.scale_back_, Traced.scale_back_)
+scale_back_log_softmax_ = _routed(native.scale_back_log_softmax_, Traced.scale_back_log_softmax_)
+log_softmax_ = _routed(native.log_softmax_, Traced.log_softmax_)
+vnni_gemm = _routed(native.vnni_gemm, Traced.vnni_gemm)
+vnni_linear = _routed(native.vnni_linear, Traced.vnni_linear)
+f32_linear = _routed(native.f32_linear, Traced.f32_linear)
+attend = _routed(native.attend, Traced.attend)
+self_attend_step = _routed(native.self_attend_step, Traced.self_attend_step)
+layer_norm = _routed(native.layer_norm, Traced.layer_norm)
+embed = _routed(native.embed, Traced.embed)
+top_candidates = _routed(native.top_candidates, Traced.top_candidates)
+beam_step = _routed(native.beam_step, Traced.beam_step)

@@ -133,9 +133,8 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
         replica that next reads their status (service/routing/document_jobs.py), none failed. (Serve's ingress
         wrapper awaits a destructor that is a coroutine function, and only such a one.)"""
         documents: DocumentJobs | None = self.__dict__.get("documents")  # None: __init__ refused to start
-        stopping = documents.stop() if documents is not None else None
-        if stopping is not None:
-            await stopping
+        if documents is not None:
+            await documents.stop()
 
     @app.post(
         "/v1/translate",

@@ -285,14 +285,13 @@ class DocumentJobs:
         logger.info("document %s taken over at segment %d", status.document_id, status.done_segments)
         return resumed
 
-    def stop(self) -> Awaitable[object] | None:
-        """The replica stops: each running document handed over (its status lapsed at once), none failed; what to
-        await for that, or None where none runs."""
+    async def stop(self) -> None:
+        """The replica stops: each running document handed over (its status lapsed at once), none failed."""
         self._stopping = True
         running = [t for t in self._running.values() if not t.done()]
         for task in running:
             task.cancel()
-        return _ended(running) if running else None
+        await asyncio.gather(*running, return_exceptions=True)
 
     async def _settle(self, status: DocumentStatus) -> bool:
         """Whether this caller settles the document: the first to ask, on any replica."""
@@ -356,10 +355,6 @@ class DocumentJobs:
         if found is None:
             raise ApiError("document_not_found", f"document {document_id}'s translation has expired")
         return found.body, status
-
-
-async def _ended(tasks: list[asyncio.Task[None]]) -> None:
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def translated(
