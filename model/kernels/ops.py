@@ -4,9 +4,9 @@ fake implementation giving its results' shapes and dtypes, so torch.compile trac
 through ATen's ops, and `torch.library.opcheck` holds each to its schema (tests/test_ops.py).
 
 The model calls the functions at the end of this module. Eagerly each runs native.py's function, the library's
-call itself: through the dispatcher a call costs 2-7 us more, and a one-sentence int8 decode makes ~37 such calls
-(5.5% of its time, measured in one process against the direct calls: loadtests/bench_ops.py). While torch.compile
-traces the model, each calls its operator, which the graph then holds.
+call itself: through the dispatcher a call costs 2-8 us more, and a one-sentence int8 decode makes ~37 such calls
+(3% of its time, int8 and float32, measured in one process against the direct calls: loadtests/bench_ops.py).
+While torch.compile traces the model, each calls its operator, which the graph then holds.
 
 These are the kernels whose arguments are tensors and numbers. The fused sublayer and beam-step calls of a decode
 (native.decoder_segment, encoder_segment, self_sublayer, cross_sublayer, linear_forward, BeamAdvance) read their
@@ -299,8 +299,8 @@ R = TypeVar("R")
 
 def _routed(eager: Callable[P, R], traced: Callable[P, R]) -> Callable[P, R]:
     """The call the model makes: `eager` (native.py's function, the library's call) when eager, `traced` (its
-    operator) while torch.compile traces. Through the dispatcher a call costs 2-7 us more, 5.5% of a one-sentence
-    int8 decode (loadtests/bench_ops.py). (torch.compiler.substitute_in_graph would say the same without a branch,
+    operator) while torch.compile traces. Through the dispatcher a call costs 2-8 us more, 3% of a one-sentence
+    decode (loadtests/bench_ops.py). (torch.compiler.substitute_in_graph would say the same without a branch,
     but registering it imports torch._dynamo: a second of CPU on every model load.)"""
 
     @functools.wraps(eager)
