@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data/multi30k
 
-.PHONY: lock install chromium clang serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving bench-latency loadtest faults cluster-faults soak fuzz clean
+.PHONY: lock install chromium clang serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving bench-latency loadtest faults cluster-faults chaos soak fuzz clean
 
 # install_extra(EXTRA): the virtual environment with beamserve and its EXTRA dependencies.
 define install_extra
@@ -134,6 +134,11 @@ faults: install
 # live reconfiguration, a model rollout and autoscaling under load.
 cluster-faults: install
 	$(PY) loadtests/cluster_faults.py
+
+# Twenty minutes of texts, glossaries and documents on that cluster while worker nodes, Gateway and model
+# replicas die and the head and the records store restart, each twice (loadtests/chaos.py).
+chaos: install
+	$(PY) loadtests/chaos.py --out runs/chaos.md
 
 # One sentence at a time served against in-process decoding, and the saturated served rate against offline.
 bench-latency: install

@@ -226,6 +226,16 @@ class Cluster:
         self.start_head()
         return time.monotonic() - t
 
+    def restart_records(self) -> float:
+        """SIGTERM the records store (it writes its append-only file out, as a pod stopped does) and start it
+        again on the same file; returns the seconds it was down."""
+        assert self.records is not None
+        t = time.monotonic()
+        self.records.terminate()
+        self.records.wait(timeout=30)
+        self.records = _redis_server(RECORDS_PORT, "--appendonly", "yes", "--dir", self.temp_dir)
+        return time.monotonic() - t
+
     def add_worker(self, i: int) -> Node:
         params = ray_start_params("workers")
         params.update({"num-cpus": str(self.worker_cpus), "resources": json.dumps({f"node-{i}": 1})})

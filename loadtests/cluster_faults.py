@@ -89,12 +89,17 @@ def json_503s(name: str, load: Load, failures: list[str]) -> None:
     check(ok, f"{name}: every 503 JSON with Retry-After", failures)
 
 
-def case_front(c: cluster.Cluster, failures: list[str]) -> None:
+def case_front(c: cluster.Cluster, failures: list[str], headers: dict[str, str] | None = None) -> None:
+    """`headers` on every request (an API key where the app has keys)."""
+    headers = headers or {}
     big = httpx.post(
-        f"{c.url}/v1/translate", content=b"x" * 2_000_000, headers={"content-type": "application/json"}, timeout=30
+        f"{c.url}/v1/translate",
+        content=b"x" * 2_000_000,
+        headers={"content-type": "application/json", **headers},
+        timeout=30,
     )
     check(big.status_code == 413 and json_error(big.text), f"front: HAProxy's 413 is JSON ({big.text[:80]})", failures)
-    missing = httpx.get(f"{c.url}/v1/nothing-here", timeout=30)
+    missing = httpx.get(f"{c.url}/v1/nothing-here", headers=headers, timeout=30)
     check(missing.status_code == 404 and json_error(missing.text), "front: an unknown route is a JSON 404", failures)
     config = haproxy_config()
     binds = [line.split()[1] for line in config.splitlines() if line.strip().startswith("bind ")]
@@ -104,7 +109,7 @@ def case_front(c: cluster.Cluster, failures: list[str]) -> None:
     ok = httpx.post(
         f"{c.url}/v1/translate",
         json={"texts": ["A man rides a horse."], "source": "en", "target": "de"},
-        headers={"x-request-id": rid},
+        headers={"x-request-id": rid, **headers},
         timeout=30,
     )
     logs = Path(c.temp_dir)
@@ -131,9 +136,7 @@ def haproxy_config() -> str:
 def case_user_config(c: cluster.Cluster, config: dict[str, Any], seconds: float, failures: list[str]) -> None:
     rate = sustainable(c.url)
     before = {pid for d, _, pid in c.replicas() if d.startswith("model-")}
-    changed = json.loads(json.dumps(config))
-    model = next(d for d in changed["applications"][0]["deployments"] if d["name"].startswith("model-"))
-    model["user_config"] |= {"batch_wait_ms": 2.0, "max_waiting_steps": 8}
+    changed = retuned(config, RETUNED)
     done: list[float] = []
 
     def redeploy() -> None:
@@ -146,12 +149,29 @@ def case_user_config(c: cluster.Cluster, config: dict[str, Any], seconds: float,
     all_ok("user-config", load, failures)
     after = {pid for d, _, pid in c.replicas() if d.startswith("model-")}
     check(after == before, "user-config: the model replicas reconfigured in place (same processes)", failures)
-    seen = [stats["config"] for _ in range(6) for stats in httpx.get(f"{c.url}/v1/stats", timeout=10).json().values()]
-    check(
-        bool(seen) and all(s.get("batch_wait_ms") == 2.0 and s.get("max_waiting_steps") == 8 for s in seen),
-        "user-config: the new knobs in /v1/stats",
-        failures,
-    )
+    check(knobs_served(c.url, RETUNED), "user-config: the new knobs in /v1/stats", failures)
+
+
+RETUNED = {"batch_wait_ms": 2.0, "max_waiting_steps": 8}  # user_config knobs a live change sets
+
+
+def retuned(config: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+    """The config with `knobs` in each model deployment's user_config."""
+    changed = json.loads(json.dumps(config))
+    for d in changed["applications"][0]["deployments"]:
+        if d["name"].startswith("model-"):
+            d["user_config"] |= knobs
+    return dict(changed)
+
+
+def knobs_served(url: str, knobs: dict[str, Any], headers: dict[str, str] | None = None) -> bool:
+    """Whether every model replica /v1/stats reaches (six asks) runs with `knobs`."""
+    seen = [
+        stats["config"]
+        for _ in range(6)
+        for stats in httpx.get(f"{url}/v1/stats", headers=headers or {}, timeout=10).json().values()
+    ]
+    return bool(seen) and all(s.get(k) == v for s in seen for k, v in knobs.items())
 
 
 async def open_loop_with(url: str, rate: float, seconds: float, at: float, action: Any) -> Load:

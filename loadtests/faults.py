@@ -22,8 +22,10 @@ Cases (bounded in time, traffic to 127.0.0.1 only):
 - colocated-kill: the same with the one replica of the default layout, ingress and model together:
   the front holds requests until Serve has started another that has loaded the model, or answers a
   JSON 503 with Retry-After; none a 500.
-- sigterm: half the sustainable rate, SIGTERM mid-way: every request accepted before the signal is
-  answered; later ones get 503 or a refused connection; the process exits 0.
+- sigterm: half the sustainable rate (or, with --sigterm-clients N, a closed loop of N clients), SIGTERM
+  a third of the way in: every request sent before the signal is answered 200; later ones get 503 or a
+  refused connection; the process exits 0. `--cases sigterm --sigterm-clients 24 --repeat 5` runs it on
+  five fresh servers.
 - slow-clients: 300 connections that send their headers and part of a body, then idle: /healthz and
   translations from other clients keep answering within 2 s, and the idle ones get 408.
 - soak (not in the default set; `--cases soak --duration 3600`): mixed traffic and fuzzing from a few
@@ -139,7 +141,9 @@ async def open_loop(url: str, rate: float, seconds: float, during: list[tuple[fl
     return load
 
 
-async def closed_loop(url: str, clients: int, seconds: float) -> Load:
+async def closed_loop(url: str, clients: int, seconds: float, during: list[tuple[float, object]] | None = None) -> Load:
+    """`clients` each sending its next request once the last is answered, for `seconds`; `during` runs
+    callables at the given offsets."""
     load, start, port = Load(), time.monotonic(), int(url.rsplit(":", 1)[1])
 
     async def worker(k: int) -> None:
@@ -148,7 +152,12 @@ async def closed_loop(url: str, clients: int, seconds: float) -> Load:
             await one(port, i, start, load)
             i += clients
 
-    await asyncio.gather(*(worker(k) for k in range(clients)))
+    async def events() -> None:
+        for at, action in sorted(during or [], key=lambda e: e[0]):
+            await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
+            action()  # type: ignore[operator]
+
+    await asyncio.gather(events(), *(worker(k) for k in range(clients)))
     return load
 
 
@@ -245,20 +254,23 @@ def case_kill(server: Server, deployment: str, seconds: float, failures: list[st
     )
 
 
-def case_sigterm(seconds: float, failures: list[str]) -> None:
+def case_sigterm(seconds: float, failures: list[str], clients: int = 0) -> None:
+    """SIGTERM a third of the way into half the sustainable rate, or into a closed loop of `clients`."""
     server = Server()
     signalled = [0.0]
     try:
-        rate = server.rate()
 
         def term() -> None:
             signalled[0] = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
 
         start = time.monotonic()
-        load = asyncio.run(open_loop(server.url, rate / 2, seconds, [(seconds / 3, term)]))
+        if clients:
+            load = asyncio.run(closed_loop(server.url, clients, seconds, [(seconds / 3, term)]))
+        else:
+            load = asyncio.run(open_loop(server.url, server.rate() / 2, seconds, [(seconds / 3, term)]))
         at = signalled[0] - start
-        report("sigterm", load)
+        report(f"sigterm ({f'{clients} clients' if clients else 'open loop'})", load)
         before = [o for o in load.outcomes if o.sent < at - 0.2]  # sent well before the signal: accepted
         check(all(o.status == 200 for o in before), "every request accepted before SIGTERM answered 200", failures)
         after = [o for o in load.outcomes if o.sent > at + 0.5]
@@ -461,12 +473,14 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=12.0, help="seconds of load per case")
     p.add_argument("--spike-factor", type=float, default=10.0, help="the spike's rate over the sustainable one")
     p.add_argument("--spike-queue-wait", type=float, default=0.1, help="the spike server's max_queue_wait_s (seconds)")
+    p.add_argument("--sigterm-clients", type=int, default=0, help="sigterm under a closed loop of this many clients")
+    p.add_argument("--repeat", type=int, default=1, help="run the cases this many times")
     args = p.parse_args()
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so each case's `finally` stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []
     shared: list[Server] = []  # the server of the cases that leave it serving
-    cases = args.cases.split(",")
+    cases = args.cases.split(",") * args.repeat
     unknown = set(cases) - set(CASES)
     if unknown:
         raise SystemExit(f"unknown case {sorted(unknown)[0]!r}")
@@ -499,7 +513,7 @@ def main() -> int:
                 finally:
                     colocated.stop()
             elif case == "sigterm":
-                case_sigterm(args.duration, failures)
+                case_sigterm(args.duration, failures, args.sigterm_clients)
             elif case == "slow-clients":
                 case_slow_clients(server(), args.duration, failures)
             elif case == "engine-kill":

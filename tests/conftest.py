@@ -115,15 +115,10 @@ async def until(condition: Callable[[], object], what: str, timeout_s: float = 3
         await asyncio.sleep(0.002)
 
 
-def run_suite(script: str, cases: str, timeout_s: float) -> None:
-    """A fault suite of loadtests/ (its cases, 8 s of load each) in its own process: every check passes."""
-    proc = subprocess.run(
-        [sys.executable, script, "--cases", cases, "--duration", "8"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+def run_suite(script: str, *args: str, timeout_s: float) -> None:
+    """A suite of loadtests/ in its own process, with `args` (a fault suite's cases and 8 s of load each):
+    every check passes."""
+    proc = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-3000:]
 
 

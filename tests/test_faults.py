@@ -3,8 +3,8 @@ default layout: clients that stop sending their bodies neither hold the service 
 the engine's own process SIGKILLed under load is started again by its replica, and the one replica SIGKILLed
 under load (ingress and model together) costs a JSON 503 with Retry-After, never a 500 or a dropped
 connection, until another has loaded the model. The split layout's kills (a
-model replica, a gateway replica) are `make faults`'; on the production config a worker node killed
-with both on it is tests/test_cluster.py's."""
+model replica, a gateway replica) are `make faults`'; on the production config a worker node, a Gateway
+and a model replica killed are tests/test_chaos.py's."""
 
 from __future__ import annotations
 
@@ -17,4 +17,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 def test_fault_cases_pass() -> None:
     # One server, the replica's kill last (loadtests/faults.py).
-    run_suite("loadtests/faults.py", "slow-clients,engine-kill,colocated-kill", timeout_s=300)
+    run_suite(
+        "loadtests/faults.py", "--cases", "slow-clients,engine-kill,colocated-kill", "--duration", "8", timeout_s=300
+    )

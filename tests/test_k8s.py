@@ -257,7 +257,7 @@ def test_every_ray_container_carries_the_http_front_and_its_setup_hook(
 ) -> None:
     """The front's switches and limits, and front.SETUP_HOOK as Ray's worker setup hook, in every Ray
     container: Serve's proxy and HAProxy manager start in Ray workers that only the pods' environment
-    reaches (tests/test_cluster.py runs a cluster from it)."""
+    reaches (tests/test_chaos.py runs a cluster from it)."""
     from ray._private import ray_constants
 
     from service.api import front
