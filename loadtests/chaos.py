@@ -26,8 +26,10 @@ start` again. The run fails (exit 1) unless:
 - every accepted document ends done (its translation downloaded, one line for each line it had) or failed,
   and its key was billed its billed_characters (done) or nothing (failed): never twice, never for a failure;
 - every glossary made is there at the end with its entries;
-- after each fault, the texts answer 200 again within RECOVERY_S (the last failed text request in its
-  wake was sent less than RECOVERY_S after it).
+- after each fault, the texts answer 200 again within RECOVERY_S: its disruption (the failed text requests
+  from the fault on, each within QUIET_S of the last) ends less than RECOVERY_S after it. A failure after
+  QUIET_S of 200s is a stray one (a refusal as overloaded under the documents' load, say), not the fault's
+  recovery: reported with its code, and held to the same checks as every answer.
 Documents on a killed Gateway are taken over once their status lapses (document_jobs.STALE_S), so the run
 follows them up to that long past the load.
 """
@@ -62,6 +64,7 @@ from faults import check, summarise
 from reports import emit
 
 RECOVERY_S = 30.0
+QUIET_S = 10.0  # a fault's disruption ends at its last failure followed by this long of 200s alone
 STALE_S = 60.0  # service/routing/document_jobs.py: a document's status lapses this long after its replica died
 GLOSSARY_EVERY_S = 15.0
 DOCUMENT_EVERY_S = 6.0
@@ -145,6 +148,11 @@ def json_error(body: str) -> bool:
     except ValueError:
         return False
     return isinstance(answer, dict) and bool(answer.get("error") or answer.get("message"))
+
+
+def codes(answers: list[Answer]) -> dict[str, int]:
+    """How many answers of each status and error code (or exception, where there was no answer)."""
+    return dict(Counter(f"{a.status} {error_code(a.body)}".strip() if a.status else a.error for a in answers))
 
 
 def error_code(body: str) -> str:
@@ -439,20 +447,27 @@ def verdict(run: Run, seconds: float, failures: list[str]) -> None:
     print("answers by kind and status:")
     for kind, counts in sorted(by_kind.items()):
         print(f"  {kind}: {dict(sorted(counts.items()))}")
-    print("faults (seconds into the load; recovery: to the last failed text request in its wake):")
+    print("faults (seconds into the load; recovery: to the end of the failures in its wake):")
     recoveries = []
     for k, f in enumerate(run.faults):
         until = run.faults[k + 1].at if k + 1 < len(run.faults) else seconds
-        failed = [a.sent for a in run.answers if a.kind in TEXTS and f.at <= a.sent < until and a.status != 200]
-        recovery = max(failed) - f.at if failed else 0.0
+        failed = sorted(
+            (a for a in run.answers if a.kind in TEXTS and f.at <= a.sent < until and a.status != 200),
+            key=lambda a: a.sent,
+        )
+        recovery, end = 0.0, f.at
+        for a in failed:
+            if a.sent - end > QUIET_S:
+                break
+            recovery, end = a.sent - f.at, a.sent
+        ours = [a for a in failed if a.sent <= end]
+        stray = [a for a in failed if a.sent > end]
         recoveries.append(recovery)
         detail = f" ({f.detail})" if f.detail else ""
-        codes = Counter(
-            f"{a.status} {error_code(a.body)}".strip() if a.status else a.error
-            for a in run.answers
-            if a.kind in TEXTS and f.at <= a.sent < until and a.status != 200
+        said = f"took {f.took:.1f} s, failed {codes(ours) or 0}, recovered {recovery:.1f} s"
+        said += (
+            f"; later, apart from it: {codes(stray)} at {', '.join(f'{a.sent:.0f}' for a in stray)} s" if stray else ""
         )
-        said = f"took {f.took:.1f} s, failed {dict(codes) or 0}, recovered {recovery:.1f} s"
         print(f"  {f.at:6.1f} s {f.kind}{detail}: {said}")
     head_down = [(f.at, f.at + f.took + RECOVERY_S) for f in run.faults if f.kind == "head-restart"]
     unanswered = [a for a in run.answers if a.status == 0 and not any(s <= a.sent <= e for s, e in head_down)]

@@ -320,6 +320,43 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tm(args: argparse.Namespace) -> int:
+    """Translation memories in the server's records store (service/store/memories.py), as the key that owns them
+    reaches them through /v1/memories."""
+    import asyncio
+    from pathlib import Path
+
+    from service.api.keys import ANONYMOUS, client_id
+    from service.errors import ApiError
+    from service.settings import Settings
+    from service.store.memories import Memories
+    from service.store.records import open_records, storage_of
+    from service.text import tmx
+
+    s = Settings()
+    memories = Memories(open_records(args.store or storage_of(s.records_storage, s.limits_storage)))
+    owner = client_id(args.key) if args.key else ANONYMOUS.id
+    try:
+        if args.action == "list":
+            for m in asyncio.run(memories.listing(owner)):
+                print(f"{m['memory_id']}\t{m['name']}\t{m['source']}-{m['target']}\t{m['units']} units")
+        elif args.action == "import":
+            if not (args.file and args.name and args.source and args.target):
+                raise ValueError("tm import needs the TMX file, --name, --source and --target")
+            source, target = args.source.lower(), args.target.lower()
+            units = tmx.read(Path(args.file).read_bytes(), source, target)
+            made = asyncio.run(memories.create(owner, args.name, source, target, units))
+            print(f"{made.memory_id}\t{len(made.units)} units")
+        else:
+            if not args.file:
+                raise ValueError("tm export needs the memory's id")
+            found = asyncio.run(memories.get(args.file, owner))
+            sys.stdout.buffer.write(tmx.write(found.units, found.source, found.target))
+    except ApiError as exc:
+        raise ValueError(exc.detail) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="beamserve", description="Machine-translation server and tools.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -412,6 +449,18 @@ def build_parser() -> argparse.ArgumentParser:
     for limit in ("requests_per_minute", "characters_per_day", "characters_per_month"):
         p.add_argument("--" + limit.replace("_", "-"), type=int, help=f"add: the key's {limit.replace('_', ' ')}")
     p.set_defaults(func=cmd_keys)
+
+    p = sub.add_parser(
+        "tm", help="import a TMX file as a translation memory, export one as TMX, or list them, in the records store"
+    )
+    p.add_argument("action", choices=["import", "export", "list"])
+    p.add_argument("file", nargs="?", help="import: the TMX file; export: the memory's id (the file is stdout)")
+    p.add_argument("--name", help="import: the memory's name")
+    p.add_argument("--source", help="import: the source language (a unit's tuv matched on its primary subtag)")
+    p.add_argument("--target", help="import: the target language")
+    p.add_argument("--key", help="the API key that owns the memories (default: the server's without keys)")
+    p.add_argument("--store", help="the records store (default: the server's, BEAMSERVE_RECORDS_STORAGE and the rest)")
+    p.set_defaults(func=cmd_tm)
 
     p = sub.add_parser(
         "quantize", help="write a model with int8 weights, which a replica loads without quantising (compute type int8)"

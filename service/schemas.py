@@ -53,10 +53,31 @@ GLOSSARY_NEEDS_SOURCE: JsonDict = {
     "then": {"properties": {"source": {"type": "string", "not": {"enum": ["auto"]}}}, "required": ["source"]},
 }
 
+MEMORY_NEEDS_SOURCE: JsonDict = {
+    "if": {"properties": {"memory": {"not": {"type": "null"}}}, "required": ["memory"]},
+    "then": {"properties": {"source": {"type": "string", "not": {"enum": ["auto"]}}}, "required": ["source"]},
+}
+
+
+class MemoryRef(BaseModel):
+    """A translation memory asked of a request, and how near a unit must be to answer a sentence."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(max_length=64, description="the memory's id (POST /v1/memories)")
+    min_match: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="1: exact matches alone (after normalising whitespace and placeholders); below it, a unit at this "
+        "fuzzy match (rapidfuzz's ratio) or nearer answers too",
+    )
+
 
 class TranslateRequest(DecodeFields):
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"allOf": [IGNORE_TAGS_NEED_HTML, GLOSSARY_NEEDS_SOURCE]}
+        extra="forbid",
+        json_schema_extra={"allOf": [IGNORE_TAGS_NEED_HTML, GLOSSARY_NEEDS_SOURCE, MEMORY_NEEDS_SOURCE]},
     )
 
     texts: list[str] = Field(min_length=1, description="texts to translate (a paragraph is split into sentences)")
@@ -108,6 +129,16 @@ class TranslateRequest(DecodeFields):
         examples=[{"bike": "Velo"}],
     )
 
+    memory: str | MemoryRef | None = Field(
+        None,
+        description=(
+            "a translation memory's id (POST /v1/memories), or {id, min_match}: each sentence the memory holds is "
+            "answered from it, the rest translated; each translation then says where its sentences came from "
+            "(origin, memory_matches); needs the source named"
+        ),
+        examples=[{"id": "0f8e6a3c2b1d4e5f8a9b0c1d2e3f4a5b", "min_match": 0.9}],
+    )
+
     @field_validator("source", "target")
     @classmethod
     def _language_code(cls, code: str | None) -> str | None:
@@ -119,7 +150,13 @@ class TranslateRequest(DecodeFields):
             raise ValueError('ignore_tags applies to HTML: set "tag_handling": "html"')
         if self.glossary is not None and self.source in (None, "auto"):
             raise ValueError("a glossary needs the source language named")
+        if self.memory is not None and self.source in (None, "auto"):
+            raise ValueError("a translation memory needs the source language named")
         return self
+
+    def recall(self) -> MemoryRef | None:
+        """The memory asked, as {id, min_match}."""
+        return MemoryRef(id=self.memory) if isinstance(self.memory, str) else self.memory
 
 
 class DetectedLanguage(BaseModel):
@@ -137,6 +174,10 @@ class Translation(BaseModel):
     # (0, 1]: the geometric mean of the model's token probabilities, its least sure sentence's for a text of
     # several; a ranking of what to check (model/decode/confidence.py). None for a text answered as sent.
     confidence: float | None = None
+    # With a translation memory asked: each sentence's unit match (1.0 exact; below it fuzzy) in order, None for
+    # a sentence the model translated; origin sums them up.
+    origin: Literal["model", "memory", "mixed"] | None = None
+    memory_matches: list[float | None] | None = None
 
 
 class Usage(BaseModel):

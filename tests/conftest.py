@@ -36,6 +36,7 @@ SHARED_SERVER = {
     "tests/test_documents.py",
     "tests/test_glossary.py",
     "tests/test_language_tags.py",
+    "tests/test_memory.py",
     "tests/test_metrics.py",
     "tests/test_openapi.py",
     "tests/test_overload.py",

@@ -294,3 +294,37 @@ def test_the_page_fits_a_phone(browser: WebDriver, server: str) -> None:
         screenshot(browser, "page_phone.png")
     finally:
         browser.set_window_size(1200, 900)
+
+
+def test_a_sentence_from_the_chosen_memory_is_marked_and_an_approved_translation_answers_next(
+    browser: WebDriver, server: str
+) -> None:
+    from .test_memory import TMX
+
+    memory = httpx.post(
+        f"{server}/v1/memories",
+        files={"file": ("page.tmx", TMX)},
+        data={"name": "page memory", "source": "en", "target": "de"},
+    ).json()["memory_id"]
+    open_page(browser, server)
+    Select(by_id(browser, "source")).select_by_value("en")
+    Select(by_id(browser, "target")).select_by_value("de")
+    until(browser, lambda: memory in [o.get_attribute("value") for o in Select(by_id(browser, "memory")).options], "it")
+    Select(by_id(browser, "memory")).select_by_value(memory)
+    type_text(browser, TEXT)
+    until(browser, lambda: by_id(browser, "translation").get_attribute("value") == "Ein Hund rennt im Schnee.", "it")
+    assert by_id(browser, "origin").text == "From the translation memory"
+    assert not by_id(browser, "approve").is_displayed()
+    other = "Two men are sitting on a bench."
+    type_text(browser, other)
+    until(browser, lambda: by_id(browser, "approve").is_displayed(), "the approve button for the model's translation")
+    approved = by_id(browser, "translation").get_attribute("value")
+    by_id(browser, "approve").click()
+    until(browser, lambda: by_id(browser, "origin").text == "Approved into the translation memory", "the approval")
+    units = httpx.get(f"{server}/v1/memories/{memory}/tmx").content
+    from service.text import tmx
+
+    assert tmx.read(units, "en", "de")[other] == approved
+    type_text(browser, other + " ")
+    until(browser, lambda: by_id(browser, "origin").text == "From the translation memory", "the approved unit")
+    assert console_errors(browser) == []

@@ -32,8 +32,6 @@ UNSUPPORTED = {
     "tag_handling_version": "tag_handling_version is not supported",
     "custom_instructions": "custom_instructions are not supported",
     "style_id": "style rules are not supported",
-    "translation_memory_id": "translation memories are not supported",
-    "translation_memory_threshold": "translation memories are not supported",
 }
 
 
@@ -62,6 +60,12 @@ class DeepLTranslateRequest(BaseModel):
     )
     show_billed_characters: bool = Field(False, description="billed_characters is always answered")
     glossary_id: str | None = Field(None, description="a glossary of this key (POST /v2/glossaries); needs source_lang")
+    translation_memory_id: str | None = Field(
+        None, max_length=64, description="a translation memory of this key (POST /v1/memories); needs source_lang"
+    )
+    translation_memory_threshold: int = Field(
+        75, ge=0, le=100, strict=True, description="the least match, in percent, at which a memory's unit answers"
+    )
 
 
 OPENAPI = openapi_body(DeepLTranslateRequest)
@@ -72,6 +76,9 @@ class DeepLTranslation(BaseModel):
     text: str
     billed_characters: int
     confidence: float | None = None  # beamserve's: the model's confidence (as /v1's); DeepL's clients ignore it
+    # beamserve's, with a translation memory: where its sentences came from (as /v1's)
+    origin: str | None = None
+    memory_matches: list[float | None] | None = None
 
 
 class DeepLTranslateResponse(BaseModel):
@@ -141,6 +148,11 @@ def parse(body: dict[str, Any]) -> tuple[DeepLTranslateRequest, TranslateRequest
             # DeepL applies ignore_tags only with tag handling; without it the option has nothing to act on.
             ignore_tags=deepl.ignore_tags if deepl.tag_handling == "html" else None,
             glossary=deepl.glossary_id,
+            memory=(
+                {"id": deepl.translation_memory_id, "min_match": deepl.translation_memory_threshold / 100}
+                if deepl.translation_memory_id
+                else None
+            ),
         )
     except ValidationError as exc:
         raise ApiError("invalid_request", message({"detail": exc.errors()})) from None
@@ -251,6 +263,8 @@ def response(req: TranslateRequest, out: TranslateResponse) -> DeepLTranslateRes
                 text=t.text,
                 billed_characters=len(text),
                 confidence=t.confidence,
+                origin=t.origin,
+                memory_matches=t.memory_matches,
             )
         )
     return DeepLTranslateResponse(translations=translations)

@@ -51,7 +51,7 @@ class DeepLRoutes(RouteBase):
             _, req = deepl.parse(await read_body(request, deepl.form_field))
             async with self._billed(client, sum(map(len, req.texts))) as bill:
                 terms = await self._terms(req, client)
-                routed = await self.router.translate(req, terms)
+                routed = await self.router.translate(req, terms, recall=await self._recall(req, client))
                 bill.refund_after = routed.echoed_characters
             return deepl.response(req, routed.response)
 

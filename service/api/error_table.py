@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from service.api import front
 from service.error_codes import CODES
-from service.text import documents, glossary, ooxml_text
+from service.store import memories
+from service.text import documents, glossary, ooxml_text, tmx
 
 LIMITS: dict[str, object] = {
     "FORMATS": ", ".join(f".{k}" for k in documents.FORMATS),
     "MAX_GLOSSARIES": glossary.MAX_GLOSSARIES,
     "MAX_ENTRIES": glossary.MAX_ENTRIES,
     "MAX_ENTRIES_CHARS": glossary.MAX_ENTRIES_CHARS,
+    "MAX_MEMORIES": memories.MAX_MEMORIES,
+    "MAX_SEGMENT_CHARS": memories.MAX_SEGMENT_CHARS,
+    "MAX_UNITS": tmx.MAX_UNITS,
     "MAX_CHARACTERS": documents.MAX_CHARACTERS,
     "MAX_XML_BYTES": ooxml_text.MAX_XML_BYTES,
     "MAX_ELEMENTS": ooxml_text.MAX_ELEMENTS,

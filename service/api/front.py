@@ -49,7 +49,7 @@ BUFFERED_BODY_BYTES = 8192  # bodies up to this size reach the gateway whole (HA
 # and field limit are set well past what is refused. A buffer is held per request in flight, not per
 # connection: this is 80 KB against Serve's 16 KB while a request's head or body is being read.
 # The routes that take a document upload, whose body may be up to max_document_bytes (max_body_bytes elsewhere).
-DOCUMENT_PATHS = ("/v2/document", "/translate_file")
+DOCUMENT_PATHS = ("/v2/document", "/translate_file", "/v1/memories")  # and a TMX file's
 MAX_URL_BYTES = 16_384  # path and query; past it 414 uri_too_long
 MAX_HEADER_BYTES = 32_768  # every header line together; past it 431 headers_too_large
 MAX_HEADERS = 100  # header fields; past it 431 headers_too_large

@@ -21,6 +21,7 @@ from service.api.gateway_spread import gateways_and_hosts
 from service.api.http import app
 from service.api.keys import KeyLimits, Keys, load_keys
 from service.api.libretranslate_routes import LibreTranslateRoutes
+from service.api.memory_routes import MemoryRoutes
 from service.api.route_base import TRANSLATE_ERRORS
 from service.error_codes import RETRY_AFTER_S
 from service.errors import ApiError, retry_after
@@ -42,6 +43,7 @@ from service.schemas import (
 )
 from service.settings import Settings
 from service.store.glossaries import Glossaries
+from service.store.memories import Memories
 from service.store.records import open_records, storage_of, unshared
 from service.text.languages import name as language_name
 
@@ -63,7 +65,7 @@ def held_here(entries: list[dict[str, Any]], settings: Settings) -> list[Any]:
 
 @serve.deployment(max_ongoing_requests=1024, max_queued_requests=512, ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
-class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
+class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
     """HTTP ingress: the routes, their keys and limits, draining; its PairRouter translates (by source and
     target, on the pair's deployment or a model this process holds)."""
 
@@ -101,6 +103,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
             trusted_networks(self.settings.trusted_proxies),
         )
         self.glossaries = Glossaries(self.records)
+        self.memories = Memories(self.records)
         self.documents = DocumentJobs(self.records, self.router, self._refund_owner, self._owner_terms)
         gateway_metrics()
         app.openapi = openapi.served(app, self.settings, self.router.pairs.languages)  # type: ignore[method-assign]
@@ -148,7 +151,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes):
             req = parse_json(TranslateRequest, await request.body())
             async with self._billed(client, sum(map(len, req.texts))) as bill:
                 terms = await self._terms(req, client)
-                routed = await self.router.translate(req, terms)
+                routed = await self.router.translate(req, terms, recall=await self._recall(req, client))
                 bill.refund_after = routed.echoed_characters
                 return json_response(routed.response)
 

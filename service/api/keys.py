@@ -55,7 +55,7 @@ class Client:
 ANONYMOUS = Client("anonymous")  # every request while keys are off
 
 
-def _id(key: str) -> str:
+def client_id(key: str) -> str:
     return _id_of(api_keys.digest(key))
 
 
@@ -67,7 +67,7 @@ def _id_of(digest: str) -> str:
 def load_keys(keys: str, keys_file: str, defaults: KeyLimits) -> dict[str, Client]:
     """key -> Client from the comma-separated keys (default limits) and the JSON file, a list of
     {"key", "name"?, "requests_per_minute"?, "characters_per_day"?, "characters_per_month"?}."""
-    out = {k.strip(): Client(_id(k.strip()), defaults) for k in keys.split(",") if k.strip()}
+    out = {k.strip(): Client(client_id(k.strip()), defaults) for k in keys.split(",") if k.strip()}
     if keys_file:
         try:
             entries = json.loads(Path(keys_file).read_text())
@@ -80,7 +80,7 @@ def load_keys(keys: str, keys_file: str, defaults: KeyLimits) -> dict[str, Clien
                 raise ValueError(f"BEAMSERVE_API_KEYS_FILE {keys_file}: entry {i} has no key")
             given = {f: int(entry[f]) for f in KeyLimits.__dataclass_fields__ if entry.get(f) is not None}
             limits = replace(defaults, **given)
-            out[entry["key"]] = Client(str(entry.get("name") or _id(entry["key"])), limits)
+            out[entry["key"]] = Client(str(entry.get("name") or client_id(entry["key"])), limits)
     return out
 
 

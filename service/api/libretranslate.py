@@ -29,6 +29,9 @@ class LibreTranslateRequest(LibreDetectRequest):
     target: str = Field(examples=["de"])
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(0, ge=0, description="extra translations per text")
+    memory: str | dict[str, Any] | None = Field(
+        None, description="beamserve's: a translation memory's id, or {id, min_match} (as /v1's memory)"
+    )
 
 
 class LibreDetected(BaseModel):
@@ -42,6 +45,9 @@ class LibreTranslateResponse(BaseModel):
     detectedLanguage: LibreDetected | list[LibreDetected] | None = None  # noqa: N815
     # beamserve's: the model's confidence in each translation (as /v1's); LibreTranslate's clients ignore it
     confidence: float | list[float | None] | None = None
+    # beamserve's, with a translation memory: where each translation's sentences came from (as /v1's)
+    origin: str | list[str | None] | None = None
+    memory_matches: list[float | None] | list[list[float | None] | None] | None = None
 
 
 OPENAPI = openapi_body(LibreTranslateRequest)  # Mastodon sends JSON, other clients forms
@@ -110,6 +116,7 @@ def request_of(body: dict[str, Any], max_beam_size: int) -> TranslateRequest:
                 # alternatives: that many more hypotheses, from a beam at least as wide; none: the model's beam
                 **({"beam_size": max(4, extra + 1), "num_hypotheses": extra + 1} if extra else {}),
                 "tag_handling": "html" if body.get("format") == "html" else None,
+                **({"memory": body["memory"]} if body.get("memory") is not None else {}),
             }
         )
     except ValidationError as exc:
@@ -152,6 +159,9 @@ def response(single: bool, extra: int, answer: TranslateResponse) -> dict[str, A
     sure = [t.confidence for t in answer.translations]
     if any(c is not None for c in sure):
         result["confidence"] = shaped(sure)
+    if any(t.origin is not None for t in answer.translations):
+        result["origin"] = shaped([t.origin for t in answer.translations])
+        result["memory_matches"] = shaped([t.memory_matches for t in answer.translations])
     return result
 
 

@@ -41,7 +41,7 @@ class LibreTranslateRoutes(RouteBase):
         texts, single = libretranslate.texts_of(body)
         async with self._billed(client, sum(map(len, texts))) as bill:
             req = libretranslate.request_of(body, self.settings.max_beam_size)
-            routed = await self.router.translate(req)
+            routed = await self.router.translate(req, recall=await self._recall(req, client))
             bill.refund_after = routed.echoed_characters
         return libretranslate.response(single, libretranslate.alternatives(body), routed.response)
 

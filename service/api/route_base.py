@@ -26,8 +26,10 @@ from service.routing.sources import DETECT_CHARS
 from service.schemas import BODY_ERRORS, DeepLError, ErrorResponse, LibreError, TranslateRequest, errors
 from service.settings import Settings
 from service.store.glossaries import Glossaries
+from service.store.memories import Memories
 from service.store.records import Records
 from service.text import documents, glossary
+from service.text.memory import Recall
 
 ERRORS = errors(ErrorResponse, *BODY_ERRORS)
 TRANSLATE_ERRORS = errors(ErrorResponse, *BODY_ERRORS, 404)  # 404: a glossary id the key does not own
@@ -59,6 +61,7 @@ class RouteBase:
     keys: Keys
     records: Records
     glossaries: Glossaries
+    memories: Memories
     documents: DocumentJobs
     draining: bool  # set by drain(): new translations are refused, accepted ones finish
     in_flight: int  # translation requests accepted and not yet answered
@@ -118,14 +121,25 @@ class RouteBase:
         assert req.source is not None  # TranslateRequest: a glossary needs the source named
         return await self.glossaries.terms(req.glossary, req.source, req.target, client.id)
 
-    async def _document_form(self, request: Request) -> tuple[UploadFile, dict[str, str]]:
-        """A document upload's file and its other fields (multipart/form-data)."""
+    async def _recall(self, req: TranslateRequest, client: Client) -> Recall | None:
+        """The request's translation memory, ready to look sentences up in: checked against its pair and owner."""
+        asked = req.recall()
+        if asked is None:
+            return None
+        assert req.source is not None  # TranslateRequest: a memory needs the source named
+        source, target = self.router.pairs.code(req.source), self.router.pairs.code(req.target)
+        return Recall(await self.memories.index(asked.id, client.id, source, target), asked.min_match)
+
+    async def _document_form(
+        self, request: Request, what: str = "a document to translate"
+    ) -> tuple[UploadFile, dict[str, str]]:
+        """An upload's file (`what` it must be) and its other fields (multipart/form-data)."""
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-            raise ApiError("unsupported_media_type", "a document is uploaded as multipart/form-data with a file")
+            raise ApiError("unsupported_media_type", f"{what} is uploaded as multipart/form-data with a file")
         form = await request.form()
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
-            raise ApiError("invalid_request", "file: a document to translate is required")
+            raise ApiError("invalid_request", f"file: {what} is required")
         return upload, {k: str(v) for k, v in form.items() if k != "file"}
 
     async def _start_document(

@@ -30,3 +30,5 @@ class Translated:
     target_tokens: int
     pivot: dict[str, str] = field(default_factory=dict)
     confidence: list[float] = field(default_factory=list)  # each one's best hypothesis's (model/decode/confidence.py)
+    # With a translation memory asked: each one's sentences' unit matches (None: translated by the model).
+    recalled: list[list[float | None]] = field(default_factory=list)

@@ -20,7 +20,9 @@ from service.routing.cache import Entry, TranslationCache
 from service.routing.pair_client import Links, PairClient
 from service.routing.request_checks import Defaults
 from service.routing.served_pairs import ServedPairs
+from service.text.memory import Recall
 
+FUZZY_INLINE = 4  # a request's sentences looked up fuzzily on the event loop; more go to a thread
 INFO_TIMEOUT_S = 10.0  # a pair's info(), asked once for its model's digest (the cache's key) and decoding defaults
 
 
@@ -41,12 +43,23 @@ class PairDecoder:
         self.defaults: dict[str, Defaults] = {}  # each pair's model's defaults, as RequestChecks takes them
 
     async def decode(
-        self, pair: str, sentences: list[str], opts: DecodeOptions, timeout: float, *, cache: bool, pieces: bool = False
+        self,
+        pair: str,
+        sentences: list[str],
+        opts: DecodeOptions,
+        timeout: float,
+        *,
+        cache: bool,
+        pieces: bool = False,
+        recall: Recall | None = None,
     ) -> Translated:
-        """Each sentence's n-best and the token counts: from the cache where it holds the sentence (with
-        `cache`), the rest decoded on the pair's replica, each distinct sentence once. A pair served
-        through the pivot: each sentence's best translation into it, then that into the target with
-        the request's options, and `pivot` maps each sentence to its pivot translation."""
+        """Each sentence's n-best and the token counts: from the request's translation memory where it holds
+        the sentence (`recall`), from the cache where it does (with `cache`), the rest decoded on the pair's
+        replica, each distinct sentence once. A pair served through the pivot: each sentence's best
+        translation into it, then that into the target with the request's options, and `pivot` maps each
+        sentence to its pivot translation."""
+        if recall is not None:
+            return await self._recalled(pair, sentences, opts, timeout, cache, pieces, recall)
         if pair in self.served.pivoted:
             first, second = self.served.legs(pair)
             deadline = time.monotonic() + timeout
@@ -91,6 +104,39 @@ class PairDecoder:
             target_tokens=sum(e.target_tokens for e in entries),
             confidence=[confidence(e.nbest[0][1], e.target_tokens, opts.length_penalty) for e in entries],
         )
+
+    async def _recalled(
+        self,
+        pair: str,
+        sentences: list[str],
+        opts: DecodeOptions,
+        timeout: float,
+        cache: bool,
+        pieces: bool,
+        recall: Recall,
+    ) -> Translated:
+        """decode() with the memory's units answering the sentences it holds: their n-best the unit's target alone,
+        their confidence its match; `recalled` says which."""
+        if recall.min_match < 1.0 and len(sentences) > FUZZY_INLINE:  # fuzzy lookups of many: off the event loop
+            found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match)
+        else:
+            found = recall.index.find(sentences, recall.min_match)
+        rest = [s for s in dict.fromkeys(sentences) if s not in found]
+        out = Translated([], 0, 0)
+        if rest:
+            out = await self.decode(pair, rest, opts, timeout, cache=cache, pieces=pieces)
+        decoded = dict(zip(rest, zip(out.nbest, out.confidence, strict=True), strict=True))
+        nbest, sure, recalled = [], [], []
+        for sentence in sentences:
+            match = found.get(sentence)
+            if match is not None:
+                nbest.append([(match.target, 0.0)])
+                sure.append(match.score)
+            else:
+                nbest.append(decoded[sentence][0])
+                sure.append(decoded[sentence][1])
+            recalled.append([round(match.score, 4) if match is not None else None])
+        return replace(out, nbest=nbest, confidence=sure, recalled=recalled)
 
     async def align(self, pair: str, wanted: list[tuple[str, str]], pivot: dict[str, str], timeout: float) -> Links:
         """Links of (sentence, translation) pairs; through the pivot (`pivot`: each sentence's translation

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from ray.serve.handle import DeploymentHandle
 
@@ -34,6 +34,7 @@ from service.text import glossary
 from service.text.glossary import Terms
 from service.text.html_render import alignments_wanted, rendered
 from service.text.html_text import HtmlDocument, Link, parse_documents
+from service.text.memory import Recall
 from service.text.protect import from_html, has_protected, to_html
 from service.text.sentences import join_translations, split_sentences
 
@@ -53,6 +54,7 @@ class Ask:
     cache: bool = True  # the gateway's cache may answer
     terms: Terms | None = None  # the request's glossary (service/text/glossary.py)
     pieces: bool = False  # a sentence longer than the model takes translated in pieces, not refused
+    recall: Recall | None = None  # the request's translation memory (service/text/memory.py)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,21 @@ def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
     for idx, part in zip(groups.values(), parts, strict=True):
         out.update(zip(idx, part, strict=True))
     return [out[i] for i in range(len(out))]
+
+
+def grouped(recalled: list[list[float | None]], counts: list[int]) -> list[list[float | None]]:
+    """Consecutive groups' memory matches joined, `counts` of them to each group (empty without a memory)."""
+    if not recalled:
+        return []
+    parts = iter(recalled)
+    return [[m for _ in range(n) for m in next(parts)] for n in counts]
+
+
+def origin(matches: list[float | None]) -> Literal["model", "memory", "mixed"]:
+    """Where a text's sentences came from: its memory matches summed up."""
+    if matches and all(m is not None for m in matches):
+        return "memory"
+    return "mixed" if any(m is not None for m in matches) else "model"
 
 
 def weakest(confidence: list[float], counts: list[int]) -> list[float]:
@@ -106,18 +123,23 @@ class PairRouter:
         self.decoder = PairDecoder(clients, self.pairs, TranslationCache(settings.cache_entries, settings.cache_bytes))
         self.health = PairHealth(pairs)  # without a model id: a pooled pair's health is the pool's, no load
 
-    async def translate(self, req: TranslateRequest, terms: Terms | None = None, *, pieces: bool = False) -> Routed:
+    async def translate(
+        self, req: TranslateRequest, terms: Terms | None = None, *, pieces: bool = False, recall: Recall | None = None
+    ) -> Routed:
         """The request's texts grouped by source language (named, or detected per text), each group
-        translated on its pair (with the glossary's terms when given), the answers in the texts' order.
-        `pieces`: a sentence longer than the model takes is translated in pieces (a document's paragraph)."""
+        translated on its pair (with the glossary's terms when given, the memory's units where it holds a
+        sentence), the answers in the texts' order. `pieces`: a sentence longer than the model takes is
+        translated in pieces (a document's paragraph)."""
         req = self.languages_of(req)
         markup = req.tag_handling == "html"
         detected, groups = await self.sources.group(req.source, req.target, req.texts, markup=markup)
         if len(groups) == 1:  # one source language: no task to gather
             ((src, idx),) = groups.items()
-            parts = [await self._translate_from(req, src, idx, terms, pieces)]
+            parts = [await self._translate_from(req, src, idx, terms, pieces, recall)]
         else:
-            parts = await asyncio.gather(*(self._translate_from(req, s, i, terms, pieces) for s, i in groups.items()))
+            parts = await asyncio.gather(
+                *(self._translate_from(req, s, i, terms, pieces, recall) for s, i in groups.items())
+            )
         translations = in_order(groups, [done for done, _, _ in parts])
         if detected is not None:
             translations = [
@@ -135,7 +157,13 @@ class PairRouter:
         return Routed(response, sum(echoed for _, _, echoed in parts))
 
     async def _translate_from(
-        self, req: TranslateRequest, source: str, idx: list[int], terms: Terms | None, pieces: bool
+        self,
+        req: TranslateRequest,
+        source: str,
+        idx: list[int],
+        terms: Terms | None,
+        pieces: bool,
+        recall: Recall | None = None,
     ) -> tuple[list[Translation], Usage, int]:
         """req's texts at idx, all in `source`, and the characters answered as sent: texts detected to be
         in the target language already come back as they are (what DeepL and LibreTranslate do)."""
@@ -155,7 +183,7 @@ class PairRouter:
             docs = await asyncio.to_thread(parse_documents, req.texts, ignore)
         pair = self._check(req)
         opts = self.checks.options(req, await self.decoder.model_defaults(pair))
-        ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache, terms, pieces)
+        ask = Ask(pair, opts, req.timeout_s, req.split_sentences, req.cache, terms, pieces, recall)
         if docs is not None:
             out, renders = await self._html(ask, docs)
             out = replace(out, nbest=renders)
@@ -163,6 +191,7 @@ class PairRouter:
             out = await self._plain(ask, req.texts)
         n = opts.num_hypotheses
         pivot = PIVOT if pair in self.pairs.pivoted else None
+        recalled = out.recalled or [[] for _ in out.nbest]  # each text's memory matches (none asked: empty)
         translations = [  # built from the replica's typed answer: nothing to validate
             Translation.model_construct(
                 text=hs[0][0],
@@ -172,8 +201,10 @@ class PairRouter:
                 detected_source=None,
                 pivot=pivot,
                 confidence=round(sure, 4),
+                origin=origin(matches) if recall is not None else None,
+                memory_matches=matches if recall is not None else None,
             )
-            for hs, sure in zip(out.nbest, out.confidence, strict=True)
+            for hs, sure, matches in zip(out.nbest, out.confidence, recalled, strict=True)
         ]
         return translations, Usage(source_tokens=out.source_tokens, target_tokens=out.target_tokens), 0
 
@@ -227,7 +258,10 @@ class PairRouter:
         if ask.terms is None and not any(has_protected(t) for t in texts):
             out, pieces, per_text = await self._sentences(ask, texts)
             joined = [join_translations(h, seps) for h, (_, seps) in zip(per_text, pieces, strict=True)]
-            return replace(out, nbest=joined, confidence=weakest(out.confidence, [len(s) for s, _ in pieces]))
+            counts = [len(s) for s, _ in pieces]
+            return replace(
+                out, nbest=joined, confidence=weakest(out.confidence, counts), recalled=grouped(out.recalled, counts)
+            )
         docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
         out, renders = await self._html(ask, docs)
         return replace(out, nbest=[[(from_html(text), score) for text, score in ranks] for ranks in renders])
@@ -247,7 +281,9 @@ class PairRouter:
         pieces = await asyncio.to_thread(split_all) if sum(map(len, texts)) > SPLIT_INLINE_CHARS else split_all()
         timeout = self.checks.timeout(ask.timeout_s)
         sentences = [sentence for sents, _ in pieces for sentence in sents]
-        out = await self.decoder.decode(ask.pair, sentences, ask.opts, timeout, cache=ask.cache, pieces=ask.pieces)
+        out = await self.decoder.decode(
+            ask.pair, sentences, ask.opts, timeout, cache=ask.cache, pieces=ask.pieces, recall=ask.recall
+        )
         per_sentence = iter(out.nbest)
         return out, pieces, [[next(per_sentence) for _ in sents] for sents, _ in pieces]
 
@@ -270,5 +306,5 @@ class PairRouter:
             links = cast(list[list[Link]], await self.decoder.align(ask.pair, wanted, out.pivot, left))
         runs = iter(len(sents) for sents, _ in pieces)  # each document's sentences: those of its runs
         per_doc = [sum(next(runs) for _ in doc.texts) for doc in docs]
-        out = replace(out, confidence=weakest(out.confidence, per_doc))
+        out = replace(out, confidence=weakest(out.confidence, per_doc), recalled=grouped(out.recalled, per_doc))
         return out, rendered(docs, pieces, per_run, dict(zip(wanted, links, strict=True)), n)

@@ -49,6 +49,8 @@ async function translate() {
     $("translation").value = "";
     $("detected").textContent = "";
     $("alternatives-section").hidden = true;
+    $("origin").textContent = "";
+    $("approve").hidden = true;
     return;
   }
   const alternatives = Number($("alternatives").value);
@@ -56,8 +58,8 @@ async function translate() {
   if ($("source").value !== "auto") body.source = $("source").value;
   if ($("html").checked) body.tag_handling = "html";
   if (alternatives) Object.assign(body, { num_hypotheses: alternatives + 1, beam_size: Math.max(4, alternatives + 1) });
-  const headers = { "content-type": "application/json" };
-  if ($("api-key").value) headers.authorization = `Bearer ${$("api-key").value}`;
+  if ($("memory").value) body.memory = $("memory").value;
+  const headers = keyed({ "content-type": "application/json" });
   $("go").disabled = true;
   try {
     const r = await fetch("v1/translate", { method: "POST", headers, body: JSON.stringify(body) });
@@ -70,6 +72,7 @@ async function translate() {
     const [t] = answer.translations;
     show(t.text, body.target);
     sureness(t.confidence);
+    remembered(t);
     const found = t.detected_source;
     lastDetected = found ? found.language : "";
     $("detected").textContent = found ? `Detected: ${names[found.language] || found.language} (${Math.round(found.confidence * 100)}%)` : "";
@@ -111,6 +114,54 @@ function sureness(confidence) {
     ? `Model confidence: ${Math.round(confidence * 100)}%${confidence < LOW_CONFIDENCE ? " (low: worth checking)" : ""}`
     : "";
   $("confidence").classList.toggle("low", known && confidence < LOW_CONFIDENCE);
+}
+
+// Where the translation came from, with a translation memory chosen: the memory's units or the model.
+function remembered(t) {
+  const matches = t.memory_matches || [];
+  const found = matches.filter((m) => m !== null).length;
+  $("origin").textContent = !found ? ""
+    : found === matches.length ? "From the translation memory"
+      : `${found} of ${matches.length} sentences from the translation memory`;
+  $("approve").hidden = !$("memory").value || !t.text || found === matches.length;
+}
+
+function keyed(headers) {
+  if ($("api-key").value) headers.authorization = `Bearer ${$("api-key").value}`;
+  return headers;
+}
+
+// The memories of the key (or, without keys, of the server) to choose from.
+async function memories() {
+  const r = await fetch("v1/memories", { headers: keyed({}) });
+  if (!r.ok) return;
+  const chosen = $("memory").value;
+  const none = document.createElement("option");
+  none.value = "";
+  none.textContent = "None";
+  $("memory").replaceChildren(none, ...(await r.json()).memories.map((m) => {
+    const o = document.createElement("option");
+    o.value = m.memory_id;
+    o.textContent = `${m.name} (${m.source} to ${m.target}, ${m.units} units)`;
+    return o;
+  }));
+  $("memory").value = chosen;
+}
+
+// The text and its translation added to the chosen memory: the next time, the memory answers it.
+async function approve() {
+  const unit = { source: $("text").value.trim(), target: $("translation").value.trim() };
+  const r = await fetch(`v1/memories/${$("memory").value}/units`, {
+    method: "POST", headers: keyed({ "content-type": "application/json" }), body: JSON.stringify({ units: [unit] }),
+  });
+  const answer = await r.json().catch(() => null);
+  if (!r.ok) {
+    $("error").textContent = message(answer, r.status);
+    return;
+  }
+  $("origin").textContent = "Approved into the translation memory";
+  $("approve").hidden = true;
+  memories();
 }
 
 function later() {
@@ -191,6 +242,10 @@ async function start() {
   $("target").addEventListener("change", later);
   $("html").addEventListener("change", later);
   $("alternatives").addEventListener("change", later);
+  $("memory").addEventListener("change", later);
+  $("api-key").addEventListener("change", memories);
+  $("approve").addEventListener("click", approve);
+  memories();
   $("text").addEventListener("input", later);
   $("swap").addEventListener("click", swap);
   $("copy").addEventListener("click", async () => {

@@ -1,0 +1,116 @@
+"""A translation memory's lookup: a sentence's exact match, after normalising whitespace and placeholders,
+else its nearest unit by rapidfuzz's `fuzz.ratio` (the Indel similarity CAT tools' fuzzy matches are
+scored by) at or above a minimum match in [0, 1].
+
+Normalising: Unicode NFC, runs of whitespace as one space, the ends trimmed, and each placeholder
+(`{name}`, `${name}`, `%s`, `%1$s`, `%d`) as `{}`. An exact match whose placeholders are named differently
+from the sentence's gets the sentence's placeholders in the target, in their order: "Hello {user}"
+answered from the unit "Hello {name}" -> "Hallo {name}" is "Hallo {user}".
+
+A fuzzy lookup in a small memory (SCAN_ALL units or fewer) scores every unit whose length can reach the
+minimum (a ratio r between strings of lengths a and b needs |a - b| <= (1 - r)(a + b): the units are
+kept sorted by length, the window a slice). In a larger one it scores the CANDIDATES units of that
+window sharing the most words with the sentence (an inverted index of words, those in more than a
+fifth of the units left out as they tell nothing): the unit a sentence nearly repeats shares most of its
+words, and scoring a few hundred units keeps a lookup in 100,000 within a millisecond or two
+(loadtests/bench_memory_lookup.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+from rapidfuzz import fuzz, process
+
+PLACEHOLDER = re.compile(r"\$?\{[^{}\s]{0,64}\}|%(?:\d{1,2}\$)?[sd]")
+WORD = re.compile(r"\w+")
+SCAN_ALL = 5_000
+CANDIDATES = 256
+
+
+@dataclass(frozen=True)
+class Match:
+    source: str  # the unit's source segment
+    target: str  # its translation, the sentence's placeholders in it where the match is exact
+    score: float  # 1.0 exact (after normalising); else the fuzzy ratio in [0, 1)
+
+
+@dataclass(frozen=True)
+class Recall:
+    """A request's memory: its index, and the least match that answers a sentence."""
+
+    index: MemoryIndex
+    min_match: float
+
+
+def normal(text: str) -> str:
+    return PLACEHOLDER.sub("{}", " ".join(unicodedata.normalize("NFC", text).split()))
+
+
+class MemoryIndex:
+    def __init__(self, units: dict[str, str]) -> None:
+        """units: {source segment: target segment}, as a memory stores them."""
+        self.exact: dict[str, tuple[str, str]] = {}
+        for source, target in units.items():
+            self.exact[normal(source)] = (source, target)
+        self.keys = sorted(self.exact, key=len)  # the normal forms, shortest first
+        self.lengths = [len(k) for k in self.keys]
+        self.postings: dict[str, np.ndarray] = {}  # word -> the keys' positions holding it (large memories)
+        if len(self.keys) > SCAN_ALL:
+            lists: dict[str, list[int]] = {}
+            for i, key in enumerate(self.keys):
+                for word in set(WORD.findall(key.lower())):
+                    lists.setdefault(word, []).append(i)
+            common = len(self.keys) // 5
+            self.postings = {w: np.array(ids, dtype=np.int32) for w, ids in lists.items() if len(ids) <= common}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def lookup(self, sentence: str, min_match: float) -> Match | None:
+        """The sentence's match at min_match or above (1.0: exact matches alone), or None."""
+        key = normal(sentence)
+        found = self.exact.get(key)
+        if found is not None:
+            return Match(found[0], _placed(found[1], found[0], sentence), 1.0)
+        if min_match >= 1.0 or not key:
+            return None
+        n = len(key)
+        lo = bisect.bisect_left(self.lengths, n * min_match / (2 - min_match))
+        hi = bisect.bisect_right(self.lengths, n * (2 - min_match) / max(min_match, 1e-9))
+        best = process.extractOne(key, self._choices(key, lo, hi), scorer=fuzz.ratio, score_cutoff=min_match * 100)
+        if best is None:
+            return None
+        source, target = self.exact[best[0]]
+        return Match(source, target, min(best[1] / 100, 0.9999))  # exact is 1.0 alone
+
+    def find(self, sentences: list[str], min_match: float) -> dict[str, Match]:
+        """Each distinct sentence the memory answers, with its match."""
+        found = {s: self.lookup(s, min_match) for s in dict.fromkeys(sentences)}
+        return {s: m for s, m in found.items() if m is not None}
+
+    def _choices(self, key: str, lo: int, hi: int) -> list[str]:
+        """The keys to score: the length window's, or in a large memory those of it sharing most words with key."""
+        if not self.postings:
+            return self.keys[lo:hi]
+        found = [self.postings[w] for w in set(WORD.findall(key.lower())) if w in self.postings]
+        if not found or lo >= hi:
+            return []
+        shared = np.bincount(np.concatenate(found), minlength=len(self.keys))[lo:hi]  # (window,) words in common
+        above = np.cumsum(np.bincount(shared)[::-1])[::-1]  # above[t]: the keys sharing t words or more
+        fits = np.flatnonzero(above[1:] <= CANDIDATES)  # the fewest words in common that keeps to CANDIDATES
+        least = int(fits[0]) + 1 if fits.size else len(above) - 1
+        return [self.keys[lo + int(i)] for i in np.flatnonzero(shared >= least)[:CANDIDATES]]
+
+
+def _placed(target: str, source: str, sentence: str) -> str:
+    """The target with the unit's placeholders renamed as the sentence's, in order, where they differ."""
+    theirs, ours = PLACEHOLDER.findall(source), PLACEHOLDER.findall(sentence)
+    if theirs == ours or len(theirs) != len(ours):
+        return target
+    rename = dict(zip(theirs, ours, strict=True))
+    return PLACEHOLDER.sub(lambda m: rename.get(m.group(0), m.group(0)), target)
