@@ -306,6 +306,7 @@ def test_a_sentence_from_the_chosen_memory_is_marked_and_an_approved_translation
         files={"file": ("page.tmx", TMX)},
         data={"name": "page memory", "source": "en", "target": "de"},
     ).json()["memory_id"]
+    console_errors(browser)  # the log from here on
     open_page(browser, server)
     Select(by_id(browser, "source")).select_by_value("en")
     Select(by_id(browser, "target")).select_by_value("de")
