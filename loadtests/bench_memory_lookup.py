@@ -93,7 +93,7 @@ def main() -> int:
             r = client.post(
                 "/v1/memories",
                 files={"file": ("memory.tmx", data)},
-                data={"name": "bench", "source": "en", "target": "de"},
+                data={"name": "bench", "source_lang": "en", "target_lang": "de"},
             )
             imported_s = time.perf_counter() - t
             r.raise_for_status()

@@ -101,7 +101,7 @@ def made(client: httpx.Client, data: bytes = TMX, source: str = "en", target: st
     r = client.post(
         "/v1/memories",
         files={"file": ("memory.tmx", data)},
-        data={"name": "test memory", "source": source, "target": target},
+        data={"name": "test memory", "source_lang": source, "target_lang": target},
     )
     assert r.status_code == 201, r.text
     return str(r.json()["memory_id"])
@@ -202,12 +202,13 @@ def test_memories_are_refused_by_name(client: httpx.Client) -> None:
     r = client.post("/v1/translate", json={"texts": ["x"], "source": "en", "target": "de", "memory": bad})
     assert r.status_code == 422
     r = client.post(
-        "/v1/memories", files={"file": ("m.tmx", b"<tmx")}, data={"name": "m", "source": "en", "target": "de"}
+        "/v1/memories", files={"file": ("m.tmx", b"<tmx")}, data={"name": "m", "source_lang": "en", "target_lang": "de"}
     )
     assert r.status_code == 400 and r.json()["error"] == "invalid_memory"
-    r = client.post("/v1/memories", files={"file": ("m.tmx", TMX)}, data={"name": "m", "source": "en", "target": "xx"})
+    unserved = {"name": "m", "source_lang": "en", "target_lang": "xx"}
+    r = client.post("/v1/memories", files={"file": ("m.tmx", TMX)}, data=unserved)
     assert r.status_code == 400 and r.json()["error"] == "unsupported_pair"
-    r = client.post("/v1/memories", files={"file": ("m.tmx", TMX)}, data={"source": "en", "target": "de"})
+    r = client.post("/v1/memories", files={"file": ("m.tmx", TMX)}, data={"source_lang": "en", "target_lang": "de"})
     assert r.status_code == 422 and "name" in r.json()["detail"]
     r = client.post(f"/v1/memories/{memory}/units", json={"units": [{"source": "", "target": "x"}]})
     assert r.status_code == 422

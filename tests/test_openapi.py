@@ -27,6 +27,9 @@ ALLOWED = {
     "types a binary file",
     ("ST202", "invalid_document"): "a document's format is its name's extension and its bytes; the schema "
     "types a binary file",
+    ("ST202", "html_malformed"): "whether a text's HTML ends inside markup is in the text; the schema types a string",
+    ("ST202", "invalid_memory"): "a translation memory's units are read from a TMX file's bytes; the schema types "
+    "a binary file",
     ("ST202", "document_too_large"): "a document's characters of text are in its bytes; the schema types a file",
 }
 # (check, the answer's error code, the route): the same, for one route.
@@ -38,6 +41,7 @@ ALLOWED_ON = {
 ALLOWED_FIELDS = {
     ("ST201", "show_billed_characters"): "DeepL's booleans are read as its forms send them ('1', '0', 'true')",
     ("ST201", "preserve_formatting"): "DeepL's booleans are read as its forms send them ('1', '0', 'true')",
+    ("ST201", "translation_memory_threshold"): "DeepL's integers are read as its forms send them ('75')",
 }
 
 

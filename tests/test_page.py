@@ -304,7 +304,7 @@ def test_a_sentence_from_the_chosen_memory_is_marked_and_an_approved_translation
     memory = httpx.post(
         f"{server}/v1/memories",
         files={"file": ("page.tmx", TMX)},
-        data={"name": "page memory", "source": "en", "target": "de"},
+        data={"name": "page memory", "source_lang": "EN", "target_lang": "DE"},
     ).json()["memory_id"]
     console_errors(browser)  # the log from here on
     open_page(browser, server)

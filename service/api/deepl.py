@@ -5,9 +5,9 @@ character quota). Options beamserve cannot honour are refused by name, never ign
 """
 
 from pathlib import PurePath
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from service.api.bodies import multipart_body, openapi_body
 from service.errors import ApiError, message
@@ -35,14 +35,24 @@ UNSUPPORTED = {
 }
 
 
+def _form_integer(value: Any) -> Any:
+    """A form's integer, ASCII digits, as the number (JSON's stays as it is: true or 75.5 is refused)."""
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else value
+
+
 class DeepLTranslateRequest(BaseModel):
     """The body of DeepL's POST /v2/translate (JSON, or a form with `text` repeated)."""
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={  # DeepL's rule: a glossary needs the source language
-            "if": {"properties": {"glossary_id": {"type": "string"}}, "required": ["glossary_id"]},
-            "then": {"properties": {"source_lang": {"type": "string"}}, "required": ["source_lang"]},
+        json_schema_extra={  # DeepL's rule: a glossary, or a translation memory, needs the source language
+            "allOf": [
+                {
+                    "if": {"properties": {field: {"type": "string"}}, "required": [field]},
+                    "then": {"properties": {"source_lang": {"type": "string"}}, "required": ["source_lang"]},
+                }
+                for field in ("glossary_id", "translation_memory_id")
+            ]
         },
     )
 
@@ -63,7 +73,7 @@ class DeepLTranslateRequest(BaseModel):
     translation_memory_id: str | None = Field(
         None, max_length=64, description="a translation memory of this key (POST /v1/memories); needs source_lang"
     )
-    translation_memory_threshold: int = Field(
+    translation_memory_threshold: Annotated[int, BeforeValidator(_form_integer)] = Field(
         75, ge=0, le=100, strict=True, description="the least match, in percent, at which a memory's unit answers"
     )
 

@@ -5,11 +5,11 @@ import json
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.api.bodies import multipart_body, openapi_body
 from service.errors import ApiError, message
-from service.schemas import DetectedLanguage, TranslateRequest, TranslateResponse
+from service.schemas import DetectedLanguage, MemoryRef, TranslateRequest, TranslateResponse
 from service.text.detect import Detected
 from service.text.documents import FILE_FIELD, FORMATS
 from service.text.languages import name
@@ -25,11 +25,18 @@ class LibreDetectRequest(BaseModel):
 class LibreTranslateRequest(LibreDetectRequest):
     """The body of LibreTranslate's POST /translate: /detect's, and the languages and options."""
 
+    model_config = ConfigDict(
+        json_schema_extra={  # beamserve's rule: a translation memory needs the source language named
+            "if": {"properties": {"memory": {"not": {"type": "null"}}}, "required": ["memory"]},
+            "then": {"properties": {"source": {"not": {"enum": ["auto"]}}}},
+        }
+    )
+
     source: str = Field(description="a language code, or auto (detected per text)", examples=["en"])
     target: str = Field(examples=["de"])
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(0, ge=0, description="extra translations per text")
-    memory: str | dict[str, Any] | None = Field(
+    memory: str | MemoryRef | None = Field(
         None, description="beamserve's: a translation memory's id, or {id, min_match} (as /v1's memory)"
     )
 

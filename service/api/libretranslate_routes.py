@@ -15,7 +15,7 @@ from service.api.bodies import read_body
 from service.api.client_address import reached_base
 from service.api.http import app
 from service.api.libretranslate import DETECT_OPENAPI, FILE_OPENAPI
-from service.api.route_base import LIBRE_ERRORS, RouteBase, download
+from service.api.route_base import LIBRE_ERRORS, LIBRE_TRANSLATE_ERRORS, RouteBase, download
 from service.errors import ApiError
 from service.routing.sources import DETECT_CHARS
 from service.schemas import ErrorResponse, errors
@@ -27,7 +27,7 @@ class LibreTranslateRoutes(RouteBase):
         "/translate",
         response_model=libretranslate.LibreTranslateResponse,
         response_model_exclude_none=True,
-        responses=LIBRE_ERRORS,
+        responses=LIBRE_TRANSLATE_ERRORS,
         openapi_extra=libretranslate.OPENAPI,
     )
     async def libretranslate(self, request: Request) -> dict[str, Any]:

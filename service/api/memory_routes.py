@@ -12,7 +12,7 @@ from fastapi import Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.api.bodies import parse_json
+from service.api.bodies import multipart_body, openapi_body, parse_json
 from service.api.http import app
 from service.api.route_base import RouteBase
 from service.errors import ApiError
@@ -42,34 +42,25 @@ class MemoryRoutes(RouteBase):
         "/v1/memories",
         status_code=201,
         responses=MEMORY_ERRORS,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "multipart/form-data": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["file", "name", "source", "target"],
-                            "properties": {
-                                "file": {"type": "string", "format": "binary", "description": "a TMX file"},
-                                "name": {"type": "string"},
-                                "source": {"type": "string", "examples": ["en"]},
-                                "target": {"type": "string", "examples": ["de"]},
-                            },
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=multipart_body(
+            ["file", "name", "source_lang", "target_lang"],
+            {
+                "file": {"type": "string", "format": "binary", "description": "a TMX file"},
+                "name": {"type": "string", "minLength": 1, "maxLength": 1024},
+                "source_lang": {"type": "string", "examples": ["EN"]},
+                "target_lang": {"type": "string", "examples": ["DE"]},
+            },
+        ),
     )
     async def create_memory(self, request: Request) -> JSONResponse:
-        """A translation memory of a served pair made from a TMX file's units for it, owned by the calling key."""
+        """A translation memory of a served pair made from a TMX file's units for it, owned by the calling key
+        (the languages named as DeepL's glossary forms name them: source_lang, target_lang, any case)."""
         client = await self._client(request)
         upload, fields = await self._document_form(request, "a TMX file")
-        missing = [f for f in ("name", "source", "target") if not fields.get(f)]
+        missing = [f for f in ("name", "source_lang", "target_lang") if not fields.get(f)]
         if missing:
             raise ApiError("invalid_request", f"{', '.join(missing)}: required beside the file")
-        source, target = self._pair(fields["source"], fields["target"])
+        source, target = self._pair(fields["source_lang"], fields["target_lang"])
         units = await asyncio.to_thread(tmx.read, await upload.read(), source, target)
         made = await self.memories.create(client.id, fields["name"], source, target, units)
         return JSONResponse(made.info(), status_code=201)
@@ -94,7 +85,11 @@ class MemoryRoutes(RouteBase):
         disposition = f'attachment; filename="memory-{found.memory_id}.tmx"'
         return Response(body, media_type=TMX_TYPE, headers={"Content-Disposition": disposition})
 
-    @app.post("/v1/memories/{memory_id}/units", responses=MEMORY_ERRORS)
+    @app.post(
+        "/v1/memories/{memory_id}/units",
+        responses=MEMORY_ERRORS,
+        openapi_extra=openapi_body(UnitsRequest, ("application/json",)),
+    )
     async def memory_add(self, memory_id: str, request: Request) -> dict[str, Any]:
         """Approved translations added to the memory; answers its info."""
         client = await self._client(request)

@@ -34,6 +34,7 @@ from service.text.memory import Recall
 ERRORS = errors(ErrorResponse, *BODY_ERRORS)
 TRANSLATE_ERRORS = errors(ErrorResponse, *BODY_ERRORS, 404)  # 404: a glossary id the key does not own
 LIBRE_ERRORS = errors(LibreError, *(s for s in BODY_ERRORS if s != 422))  # LibreTranslate has no 422
+LIBRE_TRANSLATE_ERRORS = errors(LibreError, *(s for s in BODY_ERRORS if s != 422), 404)  # 404: a memory not its key's
 DEEPL_STATUSES = (400, 403, 408, 413, 415, 429, 456, 500, 503, 504)  # DeepL has no 401, 422
 DEEPL_ERRORS = errors(DeepLError, *DEEPL_STATUSES)
 DEEPL_TRANSLATE_ERRORS = errors(DeepLError, *DEEPL_STATUSES, 404)  # 404: a glossary id the key does not own
