@@ -59,9 +59,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster
-from cluster_faults import RETUNED, Tee, case_front, knobs_served, retuned
+from cluster_faults import RETUNED, case_front, knobs_served, retuned
 from faults import check, summarise
-from reports import emit
+from reports import recorded
 
 RECOVERY_S = 30.0
 QUIET_S = 10.0  # a fault's disruption ends at its last failure followed by this long of 200s alone
@@ -506,11 +506,8 @@ def main() -> int:
     args = p.parse_args()
     cluster.isolate()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(Tee(sys.stdout, printed)):
+    with recorded("# Chaos run", args.out):
         failed = chaos(args)
-    if args.out is not None:
-        emit(f"# Chaos run\n\n```\n{printed.getvalue()}```\n", args.out)
     return 1 if failed else 0
 
 

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import io
 import json
 import shutil
 import signal
@@ -49,14 +47,14 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster
 from faults import Load, check, json_error, open_loop, recovered_after, report, summarise, throughput
-from reports import emit
+from reports import recorded
 
 RECOVERY_S = 60.0  # a lost node's replicas must be replaced within this
 CASES = "front,user-config,rollout,autoscale,node-kill,head-restart"
@@ -371,27 +369,9 @@ def main() -> int:
     args = p.parse_args()
     cluster.isolate()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(Tee(sys.stdout, printed)):
+    with recorded("# Cluster fault suite", args.out):
         failed = run(args)
-    if args.out is not None:
-        command = " ".join(["python", "loadtests/cluster_faults.py", *sys.argv[1:]])
-        emit(f"# Cluster fault suite\n\nCommand: `{command}`\n\n```\n{printed.getvalue()}```\n", args.out)
     return 1 if failed else 0
-
-
-class Tee(io.TextIOBase):
-    def __init__(self, *streams: IO[str]) -> None:
-        self.streams = streams
-
-    def write(self, text: str) -> int:
-        for s in self.streams:
-            s.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        for s in self.streams:
-            s.flush()
 
 
 def run(args: argparse.Namespace) -> bool:

@@ -61,6 +61,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 import http_load
+from reports import recorded
 
 REPO = Path(__file__).resolve().parents[1]
 RECOVERY_S = 30.0  # a killed replica must be answering again within this
@@ -475,7 +476,14 @@ def main() -> int:
     p.add_argument("--spike-queue-wait", type=float, default=0.1, help="the spike server's max_queue_wait_s (seconds)")
     p.add_argument("--sigterm-clients", type=int, default=0, help="sigterm under a closed loop of this many clients")
     p.add_argument("--repeat", type=int, default=1, help="run the cases this many times")
+    p.add_argument("--out", type=Path, help="also write the run's output as a report here")
     args = p.parse_args()
+    with recorded("# Fault and overload suite", args.out):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The cases asked for, in order; 1 when a check failed."""
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so each case's `finally` stops its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failures: list[str] = []

@@ -4,12 +4,16 @@ cores, the GPUs where there are any, and the command that ran it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import platform
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,3 +87,30 @@ def gpu_names() -> str:
     except OSError:
         return ""
     return ", ".join(line.strip() for line in out.stdout.splitlines() if line.strip())
+
+
+@contextlib.contextmanager
+def recorded(title: str, out: Path | None) -> Iterator[None]:
+    """What the block prints, printed as it goes and, with `out`, written there afterwards as a report: `title`,
+    then the output as a code block (a suite's run: its counts and checks as they were printed)."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(_Tee(sys.stdout, printed)):
+            yield
+    finally:
+        if out is not None:
+            emit(f"{title}\n\n```\n{printed.getvalue()}```\n", out)
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: IO[str]) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
