@@ -102,6 +102,7 @@ class Outcome:
 @dataclass
 class Load:
     outcomes: list[Outcome] = field(default_factory=list)
+    start: float = field(default_factory=time.monotonic)  # what each outcome's `sent` counts from
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(str(o.status) if o.status else f"no answer ({o.error})" for o in self.outcomes))
@@ -129,7 +130,8 @@ async def one(port: int, i: int, start: float, load: Load) -> None:
 async def open_loop(url: str, rate: float, seconds: float, during: list[tuple[float, object]] | None = None) -> Load:
     """Requests at `rate` a second for `seconds` (not waiting for answers); `during` runs callables at
     the given offsets."""
-    load, start, port = Load(), time.monotonic(), int(url.rsplit(":", 1)[1])
+    load = Load()
+    start, port = load.start, int(url.rsplit(":", 1)[1])
     tasks, events = [], sorted(during or [], key=lambda e: e[0])
     i = 0
     while (now := time.monotonic() - start) < seconds:
@@ -145,7 +147,8 @@ async def open_loop(url: str, rate: float, seconds: float, during: list[tuple[fl
 async def closed_loop(url: str, clients: int, seconds: float, during: list[tuple[float, object]] | None = None) -> Load:
     """`clients` each sending its next request once the last is answered, for `seconds`; `during` runs
     callables at the given offsets."""
-    load, start, port = Load(), time.monotonic(), int(url.rsplit(":", 1)[1])
+    load = Load()
+    start, port = load.start, int(url.rsplit(":", 1)[1])
 
     async def worker(k: int) -> None:
         i = k
@@ -265,15 +268,24 @@ def case_sigterm(seconds: float, failures: list[str], clients: int = 0) -> None:
             signalled[0] = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
 
-        start = time.monotonic()
         if clients:
             load = asyncio.run(closed_loop(server.url, clients, seconds, [(seconds / 3, term)]))
         else:
             load = asyncio.run(open_loop(server.url, server.rate() / 2, seconds, [(seconds / 3, term)]))
-        at = signalled[0] - start
-        report(f"sigterm ({f'{clients} clients' if clients else 'open loop'})", load)
+        at = signalled[0] - load.start
+        dropped = [o.sent - at for o in load.outcomes if o.status == 0 and "Refused" not in o.error]
+        extra = (
+            f"; connections closed unanswered: {len(dropped)}, sent {min(dropped):+.2f} to {max(dropped):+.2f} s"
+            " from the signal"
+            if dropped
+            else ""
+        )
+        report(f"sigterm ({f'{clients} clients' if clients else 'open loop'})", load, extra)
         before = [o for o in load.outcomes if o.sent < at - 0.2]  # sent well before the signal: accepted
         check(all(o.status == 200 for o in before), "every request accepted before SIGTERM answered 200", failures)
+        sent = [o for o in load.outcomes if o.sent < at]  # the last 0.2 s: reaching the front as it starts to drain
+        lost = [o for o in sent if not (o.status == 200 or (o.status == 503 and json_error(o.body)))]
+        check(not lost, f"no request sent before SIGTERM lost: each 200 or a JSON 503 ({len(lost)} not)", failures)
         after = [o for o in load.outcomes if o.sent > at + 0.5]
         check(all(o.status in (503, 0) for o in after), "later requests refused (503 or no connection)", failures)
         check(server.proc.wait(timeout=90) == 0, "the server exited 0", failures)
