@@ -64,6 +64,7 @@ from faults import check, summarise
 from reports import recorded
 
 RECOVERY_S = 30.0
+LOGGED_S = 5.0  # a request's line reaches its replica's requests log within this
 QUIET_S = 10.0  # a fault's disruption ends at its last failure followed by this long of 200s alone
 STALE_S = 60.0  # service/routing/document_jobs.py: a document's status lapses this long after its replica died
 GLOSSARY_EVERY_S = 15.0
@@ -390,15 +391,15 @@ def word_across_gateways(c: cluster.Cluster, failures: list[str]) -> None:
     translator = deepl.Translator(WORD_KEY, server_url=c.url)
     t = time.monotonic()
     handle = translator.translate_document_upload(data, target_lang="DE", source_lang="EN", filename="report.docx")
-    uploaded = replicas_logging(c, "/v2/document")
+    uploaded = set(replicas_logging(c, "/v2/document", 1))
     translator.translate_document_wait_until_done(handle)
     downloaded: set[str] = set()
     out = b""
-    for _ in range(16):  # Serve picks the replica: until a download has gone through another
+    for k in range(1, 17):  # Serve picks the replica: until a download has gone through another
         buffer = io.BytesIO()
         translator.translate_document_download(handle, buffer)
         out = buffer.getvalue()
-        downloaded = replicas_logging(c, "/v2/document/{document_id}/result")
+        downloaded = set(replicas_logging(c, "/v2/document/{document_id}/result", k))
         if downloaded - uploaded:
             break
     took = time.monotonic() - t
@@ -429,14 +430,22 @@ def zipfile_member(data: bytes, name: str) -> bytes:
     return zipfile.ZipFile(io.BytesIO(data)).read(name)
 
 
-def replicas_logging(c: cluster.Cluster, route: str) -> set[str]:
-    """The Gateway replicas whose requests log has a line of the Word key on `route` (its file names the replica)."""
-    found = set()
+def replicas_logging(c: cluster.Cluster, route: str, lines: int) -> Counter[str]:
+    """The Word key's lines on `route` in each Gateway replica's requests log (its file names the replica), read
+    again until there are `lines` of them or for LOGGED_S (a request's line is written as its answer goes)."""
+    deadline = time.monotonic() + LOGGED_S
+    while sum((found := logged(c, route)).values()) < lines and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+def logged(c: cluster.Cluster, route: str) -> Counter[str]:
+    found: Counter[str] = Counter()
     for path in Path(c.temp_dir).glob("session_*/logs/serve/requests_*Gateway*.log"):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
             if entry.get("client") == client_id(WORD_KEY) and entry.get("route") == route:
-                found.add(path.stem.rsplit("_", 1)[-1])
+                found[path.stem.rsplit("_", 1)[-1]] += 1
     return found
 
 
