@@ -59,7 +59,10 @@ CODES: dict[str, tuple[int, str]] = {
         413,
         "a glossary over {MAX_ENTRIES:,} entries or {MAX_ENTRIES_CHARS:,} characters of entries",
     ),
-    "memory_too_large": (413, "a translation memory of over {MAX_UNITS:,} units"),
+    "memory_too_large": (
+        413,
+        "a translation memory of over {MAX_UNITS:,} units, or a TMX file of over {MAX_TMX_ELEMENTS:,} XML elements",
+    ),
     "uri_too_long": (414, "a URL over {MAX_URL_BYTES:,} bytes"),
     "unsupported_media_type": (415, "a content type the route does not read"),
     "invalid_request": (422, "a field missing, of the wrong type or out of range"),

@@ -16,6 +16,7 @@ LIMITS: dict[str, object] = {
     "MAX_MEMORIES": memories.MAX_MEMORIES,
     "MAX_SEGMENT_CHARS": memories.MAX_SEGMENT_CHARS,
     "MAX_UNITS": tmx.MAX_UNITS,
+    "MAX_TMX_ELEMENTS": tmx.MAX_ELEMENTS,
     "MAX_CHARACTERS": documents.MAX_CHARACTERS,
     "MAX_XML_BYTES": ooxml_text.MAX_XML_BYTES,
     "MAX_ELEMENTS": ooxml_text.MAX_ELEMENTS,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -59,7 +60,9 @@ class PairDecoder:
         translation into it, then that into the target with the request's options, and `pivot` maps each
         sentence to its pivot translation."""
         if recall is not None:
-            return await self._recalled(pair, sentences, opts, timeout, cache, pieces, recall)
+            return await recalled(
+                sentences, recall, lambda rest: self.decode(pair, rest, opts, timeout, cache=cache, pieces=pieces)
+            )
         if pair in self.served.pivoted:
             first, second = self.served.legs(pair)
             deadline = time.monotonic() + timeout
@@ -105,39 +108,6 @@ class PairDecoder:
             confidence=[confidence(e.nbest[0][1], e.target_tokens, opts.length_penalty) for e in entries],
         )
 
-    async def _recalled(
-        self,
-        pair: str,
-        sentences: list[str],
-        opts: DecodeOptions,
-        timeout: float,
-        cache: bool,
-        pieces: bool,
-        recall: Recall,
-    ) -> Translated:
-        """decode() with the memory's units answering the sentences it holds: their n-best the unit's target alone,
-        their confidence its match; `recalled` says which."""
-        if recall.min_match < 1.0 and len(sentences) > FUZZY_INLINE:  # fuzzy lookups of many: off the event loop
-            found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match)
-        else:
-            found = recall.index.find(sentences, recall.min_match)
-        rest = [s for s in dict.fromkeys(sentences) if s not in found]
-        out = Translated([], 0, 0)
-        if rest:
-            out = await self.decode(pair, rest, opts, timeout, cache=cache, pieces=pieces)
-        decoded = dict(zip(rest, zip(out.nbest, out.confidence, strict=True), strict=True))
-        nbest, sure, recalled = [], [], []
-        for sentence in sentences:
-            match = found.get(sentence)
-            if match is not None:
-                nbest.append([(match.target, 0.0)])
-                sure.append(match.score)
-            else:
-                nbest.append(decoded[sentence][0])
-                sure.append(decoded[sentence][1])
-            recalled.append([round(match.score, 4) if match is not None else None])
-        return replace(out, nbest=nbest, confidence=sure, recalled=recalled)
-
     async def align(self, pair: str, wanted: list[tuple[str, str]], pivot: dict[str, str], timeout: float) -> Links:
         """Links of (sentence, translation) pairs; through the pivot (`pivot`: each sentence's translation
         into it), each target token to the pivot token it attends to most (second model), and that to its
@@ -176,3 +146,28 @@ class PairDecoder:
         if pair not in self.infos:
             self.infos[pair] = await self.clients[pair].info(INFO_TIMEOUT_S)
         return self.infos[pair]
+
+
+async def recalled(
+    sentences: list[str], recall: Recall, decode: Callable[[list[str]], Awaitable[Translated]]
+) -> Translated:
+    """The sentences' translation with the memory's units answering those it holds (their n-best the unit's target
+    alone, their confidence its match; `recalled` says which), `decode` the rest."""
+    if recall.min_match < 1.0 and len(sentences) > FUZZY_INLINE:  # fuzzy lookups of many: off the event loop
+        found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match)
+    else:
+        found = recall.index.find(sentences, recall.min_match)
+    rest = [s for s in dict.fromkeys(sentences) if s not in found]
+    out = await decode(rest) if rest else Translated([], 0, 0)
+    decoded = dict(zip(rest, zip(out.nbest, out.confidence, strict=True), strict=True))
+    nbest, sure, matches = [], [], []
+    for sentence in sentences:
+        match = found.get(sentence)
+        if match is not None:
+            nbest.append([(match.target, 0.0)])
+            sure.append(match.score)
+        else:
+            nbest.append(decoded[sentence][0])
+            sure.append(decoded[sentence][1])
+        matches.append([round(match.score, 4) if match is not None else None])
+    return replace(out, nbest=nbest, confidence=sure, recalled=matches)

@@ -19,7 +19,7 @@ from service.errors import ApiError
 from service.text.ooxml_text import parse_bounded
 
 MAX_UNITS = 200_000  # units of one memory
-ELEMENTS_PER_UNIT = 16  # the element budget of a file: its units' tu, tuv, seg, prop, note and inline codes
+MAX_ELEMENTS = MAX_UNITS * 16  # a file's XML elements: each unit's tu, tuv, seg, prop, note and inline codes
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 CODES = {"bpt", "ept", "it", "ph", "ut"}  # inline native codes: markup of the file's own format, not text
 
@@ -28,10 +28,11 @@ def read(data: bytes, source: str, target: str) -> dict[str, str]:
     """The file's units for the pair as {source segment: target segment}; ApiError invalid_memory where
     the file is not TMX, memory_too_large past MAX_UNITS."""
     try:
-        root = parse_bounded("TMX", "", data, [MAX_UNITS * ELEMENTS_PER_UNIT])
-    except ApiError as exc:
-        code = "memory_too_large" if exc.code == "document_too_large" else "invalid_memory"
-        raise ApiError(code, exc.detail.replace("document_too_large", code)) from None
+        root = parse_bounded("TMX", "", data, [MAX_ELEMENTS])
+    except ApiError as exc:  # parse_bounded's words are a document's: the limit here is the TMX file's
+        if exc.code == "document_too_large":
+            raise ApiError("memory_too_large", f"the TMX file holds more than {MAX_ELEMENTS:,} XML elements") from None
+        raise ApiError("invalid_memory", exc.detail) from None
     body = _child(root, "body") if _local(root.tag) == "tmx" else None
     if body is None:
         raise ApiError("invalid_memory", "the file is not TMX: its root is not <tmx> with a <body>")
