@@ -124,9 +124,11 @@ class Server:
         *,
         every_pair: bool = False,
         ready_s: float = 180.0,
+        checkout: Path | None = None,
     ) -> None:
         """settings: BEAMSERVE_* variables over the defaults; every_pair: ready once every pair answers,
-        not the first."""
+        not the first; checkout: beamserve's code from this directory (another commit's worktree, its
+        packages first on every process's path), not this one's."""
         self.kind, self.front, self.port = kind, front, free_loopback_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "BEAMSERVE_PROXY": front}
@@ -141,8 +143,10 @@ class Server:
             if kind == "beamserve-split":
                 env["BEAMSERVE_COLOCATE"] = "false"
             cmd = serve_command(self.port)
+        if checkout is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            cmd, cwd=checkout or REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
         assert self.proc.stdout is not None
         line = "-"

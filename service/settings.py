@@ -52,6 +52,12 @@ class Settings(BaseSettings):
     # replica's log file under Ray's logs directory, one summary per request (service/request_log.py).
     log_encoding: Literal["JSON", "TEXT"] = "JSON"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # OpenTelemetry traces of requests (service/tracing.py), exported over OTLP/HTTP to this collector
+    # (http://collector:4318, or its full /v1/traces URL); empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    # OTEL_EXPORTER_OTLP_ENDPOINT when set, else tracing off.
+    otlp_endpoint: str = ""
+    # The share of requests traced that come without a sampled traceparent; one that comes with one is traced.
+    trace_ratio: float = Field(1.0, ge=0.0, le=1.0)
     allocator: Allocator = "auto"  # model replicas' malloc: jemalloc when the host has it (service/engine/allocator.py)
     max_texts: int = 64  # texts per request
     max_text_chars: int = 2000  # characters per text

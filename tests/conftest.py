@@ -23,6 +23,7 @@ import httpx
 import pytest
 import torch
 
+from loadtests.otlp_receiver import Receiver
 from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +44,7 @@ SHARED_SERVER = {
     "tests/test_page.py",
     "tests/test_request_log.py",
     "tests/test_service.py",
+    "tests/test_tracing.py",
 }
 
 
@@ -303,18 +305,22 @@ SETTINGS = dict(
 
 
 METRICS: dict[str, str] = {}
+RECEIVER: list[Receiver] = []  # the shared server's trace receiver while it runs
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Real Ray Serve on 127.0.0.1 with the shipped models, shared by every service test."""
+    """Real Ray Serve on 127.0.0.1 with the shipped models, shared by every service test. It traces the
+    requests that come with a sampled traceparent (none other: trace_ratio 0), to an OTLP receiver."""
     from service import runtime
     from service.settings import Settings
 
     # The server's own ports and records in SETTINGS, so that a test's runtime.deploy({**SETTINGS, knob:
     # value}) keeps them.
     records = tmp_path_factory.mktemp("records") / "records.sqlite3"
+    RECEIVER.append(Receiver().start())
     SETTINGS.update(port=free_port(), metrics_port=free_port(), records_storage=f"sqlite:///{records}")
+    SETTINGS.update(otlp_endpoint=RECEIVER[0].url, trace_ratio=0.0)
     METRICS["url"] = f"http://127.0.0.1:{SETTINGS['metrics_port']}/metrics"
     # Export custom metrics every 500 ms instead of Ray's 10 s, so tests see them soon; Ray's processes
     # read it as they start, and the servers other tests start keep Ray's default.
@@ -336,6 +342,8 @@ def stop_shared_server() -> None:
     if SERVER_UP:
         SERVER_UP.clear()
         runtime.stop()
+    while RECEIVER:
+        RECEIVER.pop().stop()
 
 
 @pytest.hookimpl(wrapper=True)

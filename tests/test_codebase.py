@@ -49,6 +49,7 @@ FLOORS: list[set[str]] = [
     {"service.text"},
     {"service.registry"},
     {"service.settings"},
+    {"service.tracing"},
     {"service.engine", "service.store"},
     {"service.routing"},
     {"service.api"},
@@ -211,6 +212,23 @@ USED_UNIMPORTED = {
 }
 
 
+def distributions(module: str, by_module: dict[str, list[str]]) -> list[str]:
+    """The distributions a dotted module comes from: its top-level package's, or, where several share it
+    (a namespace package: opentelemetry), the one whose files hold the module."""
+    import importlib.metadata
+
+    top = module.split(".")[0]
+    found = by_module.get(top, [top])
+    if len(found) == 1:
+        return found
+    path = module.replace(".", "/")
+    return [
+        name
+        for name in found
+        if any(str(f).startswith((f"{path}/", f"{path}.py")) for f in importlib.metadata.files(name) or [])
+    ] or found
+
+
 def test_the_declared_runtime_dependencies_are_the_ones_used() -> None:
     """pyproject.toml's dependencies and `serve` extra: each imported by model/ or service/ (or listed in
     USED_UNIMPORTED with the way it is used), and every package they import declared."""
@@ -223,10 +241,10 @@ def test_the_declared_runtime_dependencies_are_the_ones_used() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     specs = project["dependencies"] + project["optional-dependencies"]["serve"]
     declared = [Requirement(spec).name.lower() for spec in specs]
-    imported = {m.split(".")[0] for p in ("model", "service") for path in modules(p) for m, _ in imports(path)}
-    third_party = imported - set(sys.stdlib_module_names) - {"model", "service"}
+    imported = {m for p in ("model", "service") for path in modules(p) for m, _ in imports(path)}
+    third_party = {m for m in imported if m.split(".")[0] not in {*sys.stdlib_module_names, "model", "service"}}
     by_module = importlib.metadata.packages_distributions()
-    used = {dist.lower() for module in third_party for dist in by_module.get(module, [module])}
+    used = {dist.lower() for module in third_party for dist in distributions(module, by_module)}
     unused = [d for d in declared if d not in used and d not in USED_UNIMPORTED]
     assert not unused, f"declared, never used: {unused}"
     assert not used - set(declared), f"imported, not declared: {sorted(used - set(declared))}"

@@ -14,7 +14,7 @@ import pytest
 from model import DecodeOptions, Translator
 from model.decode.search import Hypothesis
 from service.batching import BatchingConfig
-from service.engine.engine import Engine
+from service.engine.engine import Engine, RequestTiming
 from service.engine.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
 from tests.conftest import read_lines, until, wait_for
 
@@ -122,6 +122,33 @@ def test_continuous_admits_newcomers_while_a_long_sentence_decodes(engine: Engin
     short, long = asyncio.run(scenario())
     assert short < long  # the short request did not wait for the long one's batch to end
     assert engine.stats.max_sentences == 2
+
+
+def test_a_request_s_timing_names_each_batch_its_sentences_shared(engine: Engine, reference: Translator) -> None:
+    """What its trace is built from (service/tracing.py): a short sentence alone is one whole batch (no step
+    count); sentences joining a running one are one admission, with the running sentence in its size, their
+    encoder pass inside it and the decoder steps it took."""
+    alone = RequestTiming()
+    asyncio.run(engine.translate([reference.encode("A dog.")], DecodeOptions(beam_size=4), 60, alone))
+    ((whole,),) = [alone.batches]
+    assert (whole.sentences, whole.batch, whole.steps, whole.encoded) == (1, 1, None, None)
+    assert whole.enqueued <= whole.started <= whole.finished and whole.longest >= 2
+
+    async def scenario() -> RequestTiming:
+        long = asyncio.create_task(engine.translate([reference.encode(LONG)], DecodeOptions(beam_size=4), 60))
+        await until(lambda: engine.stats.steps > 0, "the long sentence decoding")
+        timing = RequestTiming()
+        texts = read_lines("test_2016_flickr.en.gz", 3)
+        await engine.translate([reference.encode(t) for t in texts], DecodeOptions(beam_size=4), 60, timing)
+        await long
+        return timing
+
+    joined = asyncio.run(scenario())
+    ((b,),) = [joined.batches]
+    assert b.sentences == 3 and b.batch == 4  # the long sentence was decoding beside them
+    assert b.encoded is not None and b.started <= b.encoded <= b.finished
+    assert b.steps is not None and 1 <= b.steps <= b.longest + 1
+    assert joined.decode_s == pytest.approx(b.finished - b.started)
 
 
 def cancel_mid_decode(engine: Engine, ids: list[int], opts: DecodeOptions, decoding: Callable[[], bool]) -> None:

@@ -5,6 +5,7 @@ Each route validates and answers; service/routing/pair_router.py does the transl
 No `from __future__ import annotations` (service/api/http.py says why).
 """
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,7 +13,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from service import local_ray
+from service import local_ray, tracing
 from service.api import api_docs, openapi, ui
 from service.api.bodies import json_response, openapi_body, parse_json
 from service.api.client_address import trusted_networks
@@ -80,6 +81,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
         local: registry entries this process loads and serves itself (Settings.colocate)."""
         local_ray.pin_replica_grpc()
         self.settings = Settings(**settings)
+        tracing.setup(self.settings, "gateway")
         self.local = held_here(local or [], self.settings)
         for model in self.local:
             pairs = {**pairs, **dict.fromkeys(model.entry.pairs, LocalHandle(model))}
@@ -138,6 +140,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
         documents: DocumentJobs | None = self.__dict__.get("documents")  # None: __init__ refused to start
         if documents is not None:
             await documents.stop()
+        await asyncio.to_thread(tracing.flush)  # the spans of its last requests
 
     @app.post(
         "/v1/translate",

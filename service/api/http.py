@@ -24,7 +24,7 @@ from ray.serve.exceptions import RayServeException
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from service import request_log
+from service import request_log, tracing
 from service.api import deepl, front, libretranslate
 from service.error_codes import RETRY_AFTER_S, status_of
 from service.errors import ApiError, api_error, retry_after
@@ -124,8 +124,8 @@ class Ingress:
                 self.inner,
                 allow_origins=found.origins(),
                 allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-                expose_headers=["X-Request-ID", "Retry-After", "Server-Timing"],
+                allow_headers=["Authorization", "Content-Type", "X-Request-ID", "traceparent", "tracestate"],
+                expose_headers=["X-Request-ID", "Retry-After", "Server-Timing", "traceresponse"],
                 max_age=600,
             )
         return found
@@ -133,6 +133,39 @@ class Ingress:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.inner(scope, receive, send)
+        if tracing.on():
+            return await self._traced(scope, receive, send)
+        return await self._serve(scope, receive, send)
+
+    async def _traced(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """_serve in a server span continuing the client's trace context, named by the route's template once
+        known (a path may hold an id), the trace's id answered in `traceresponse`."""
+        method, path = scope["method"], scope["path"]
+        attributes = {"http.request.method": method, "url.path": path}
+        with tracing.continued(f"{method} {path}", tracing.http_headers(scope["headers"]), **attributes) as span:
+            status = 0
+
+            async def sent(message: dict[str, Any]) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    traced = (b"traceresponse", tracing.traceresponse(span))
+                    message = {**message, "headers": [*message.get("headers", []), traced]}
+                await send(message)
+
+            await self._serve(scope, receive, sent)
+            # The route's template (a path may hold an id); a route called directly has its path.
+            route = getattr(scope.get("route"), "path", None) or (path if path in ENDPOINTS else None)
+            span.update_name(f"{method} {route or 'other'}")
+            span.set_attribute("http.response.status_code", status)
+            if route is not None:
+                span.set_attribute("http.route", route)
+            if status >= 500:
+                from opentelemetry.trace import StatusCode
+
+                span.set_status(StatusCode.ERROR)
+
+    async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         start = time.perf_counter()
         settings = self._configured()
         path: str = scope["path"]

@@ -17,9 +17,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -28,6 +28,7 @@ from model.decode.inflight import InflightBatch
 from model.decode.search import Hypothesis
 from model.options import DecodeOptions
 from model.translator import Translator
+from service import tracing
 from service.batching import BatchingConfig
 from service.engine.scheduler import (
     BatchStats,
@@ -40,6 +41,7 @@ from service.engine.scheduler import (
     Throughput,
     WorkItem,
     batch_tokens,
+    mark_encoded,
 )
 from service.engine.slot_runner import SlotPoolError, SlotStepRunner
 
@@ -56,13 +58,28 @@ __all__ = [
 R = TypeVar("R")
 
 
+class BatchTiming(NamedTuple):
+    """Those of a request's sentences that began decoding together (one admission to the running batch, or
+    one whole batch), for its trace (service/tracing.py). Times are monotonic seconds."""
+
+    enqueued: float  # the first of them queued
+    started: float
+    encoded: float | None  # their encoder pass ended (continuous batching, where it runs apart)
+    finished: float  # the last of them done
+    sentences: int  # the request's
+    batch: int  # sentences decoding together as they began
+    steps: int | None  # decoder steps from their start to the last one's end (continuous batching)
+    longest: int  # tokens of the longest of their translations
+
+
 @dataclass
 class RequestTiming:
     """One request's time in the engine: the longest any of its sentences waited to start decoding,
-    and from the first of them starting to the last finishing."""
+    from the first of them starting to the last finishing, and its sentences' batches."""
 
     queue_wait_s: float = 0.0
     decode_s: float = 0.0
+    batches: list[BatchTiming] = field(default_factory=list)
 
     def measure(self, items: list[WorkItem]) -> None:
         if not items:  # a request of blank texts: nothing waited or decoded
@@ -71,6 +88,45 @@ class RequestTiming:
         ends = [it.finished if it.finished is not None else s for it, s in zip(items, starts, strict=True)]
         self.queue_wait_s = max(s - it.enqueued for it, s in zip(items, starts, strict=True))
         self.decode_s = max(ends) - min(starts)
+        together: dict[float, list[tuple[WorkItem, float]]] = {}
+        for it, end in zip(items, ends, strict=True):
+            if it.started is not None:
+                together.setdefault(it.started, []).append((it, end))
+        self.batches = [
+            BatchTiming(
+                enqueued=min(it.enqueued for it, _ in group),
+                started=started,
+                encoded=max((it.encoded for it, _ in group if it.encoded is not None), default=None),
+                finished=max(end for _, end in group),
+                sentences=len(group),
+                batch=group[0][0].batch,
+                steps=max((it.steps for it, _ in group if it.steps is not None), default=None),
+                longest=max(it.tokens for it, _ in group),
+            )
+            for started, group in together.items()
+        ]
+
+    def trace(self) -> None:
+        """The request's time in the engine as spans under the current one (service/tracing.py): for each group
+        of its sentences that began decoding together, the wait in the queue, the encoder's pass (continuous
+        batching, where it runs apart) and the decoding, with the batch's size and steps."""
+        if not tracing.on():
+            return
+        for b in self.batches:
+            tracing.recorded("queue", b.enqueued, b.started, {"beamserve.sentences": b.sentences})
+            decoding = b.started
+            if b.encoded is not None:
+                tracing.recorded("encode", b.started, b.encoded, {"beamserve.sentences": b.sentences})
+                decoding = b.encoded
+            attributes = {
+                "beamserve.batch.kind": "continuous" if b.steps is not None else "whole",
+                "beamserve.batch.sentences": b.batch,
+                "beamserve.sentences": b.sentences,
+                "beamserve.output_tokens": b.longest,
+            }
+            if b.steps is not None:
+                attributes["beamserve.batch.steps"] = b.steps
+            tracing.recorded("decode", decoding, b.finished, attributes)
 
 
 class EngineObserver(Protocol):
@@ -99,22 +155,29 @@ def _run_job(fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> N
         future.set_exception(exc)
 
 
-def _mark_started(observer: EngineObserver | None, items: list[WorkItem], now: float) -> None:
-    """Mark items as started decoding now, and tell the observer of their batch."""
+def _mark_started(
+    observer: EngineObserver | None, items: list[WorkItem], now: float, batch: int, step: int | None = None
+) -> None:
+    """Mark items as started decoding now, beside `batch` sentences in all (at the engine's decoder step
+    `step`, in continuous batching), and tell the observer of their batch."""
     for it in items:
-        it.started = now
+        it.started, it.batch, it.steps = now, batch, step
     if observer is not None:
         observer.on_batch(len(items), *batch_tokens(items), [now - it.enqueued for it in items])
 
 
-def _resolve(item: WorkItem, hyps: list[Hypothesis]) -> int:
-    """Complete an item's request; returns the tokens its best hypothesis generated (</s> included)."""
+def _resolve(item: WorkItem, hyps: list[Hypothesis], step: int | None = None) -> int:
+    """Complete an item's request (at the engine's decoder step `step`, in continuous batching); returns the
+    tokens its best hypothesis generated (</s> included)."""
     item.finished = time.monotonic()
+    item.tokens = len(hyps[0].tokens) + 1 if hyps else 0
+    if step is not None and item.steps is not None:
+        item.steps = step - item.steps
     try:
         item.future.set_result(hyps)
     except concurrent.futures.InvalidStateError:  # withdrawn while its last step ran
         return 0
-    return len(hyps[0].tokens) + 1 if hyps else 0
+    return item.tokens
 
 
 class Request:
@@ -202,6 +265,7 @@ class StepRunner:
             sources = [it.ids for it in items]
             caps = tr.max_lengths(sources, opts).clamp(max=self.batch.max_length)  # never past the buffers
             self.batch.add([it.seq for it in items], sources, caps.tolist(), tr.search_options(opts))
+        mark_encoded(plan.join)
         rows = self.batch.rows
         return rows, [(int(seq), hyps) for seq, hyps in self.batch.step()]  # type: ignore[call-overload]
 
@@ -379,7 +443,7 @@ class Engine:
             return (lambda: _run_job(fn, future)), 0.0
         if not self.static_slots and (alone := self.continuous.alone(now)):
             self._active = len(alone)
-            _mark_started(self.observer, alone, now)
+            _mark_started(self.observer, alone, now, len(alone))
             return (lambda: self._run_batch(alone)), 0.0
         if self.continuous.running or self.continuous.queue:
             if not self.continuous.running and self.step_runner.batch.capacity != self.config.decode_slots:
@@ -387,7 +451,7 @@ class Engine:
             plan = self.continuous.schedule(now, self.step_runner.batch.capacity)
             self._active = len(self.continuous.running)
             if plan.join:
-                _mark_started(self.observer, plan.join, now)
+                _mark_started(self.observer, plan.join, now, self._active, self.stats.steps)
             return (lambda: self._step(plan)), 0.0
         batch, wait = self.requests.next_batch(now)
         if batch is None:
@@ -395,7 +459,7 @@ class Engine:
             due = self._sync(idle=True)
             return None, wait if due is None else min(wait, due)
         self._active = len(batch)
-        _mark_started(self.observer, batch, now)
+        _mark_started(self.observer, batch, now, len(batch))
         return (lambda: self._run_batch(batch)), 0.0
 
     def _step(self, plan: Plan) -> None:
@@ -408,7 +472,7 @@ class Engine:
             done = [(self.continuous.finish(seq), hyps) for seq, hyps in finished]
             self.continuous.throughput.record(sum(item.cost for item, _ in done), busy, start + busy)
             self._active = len(self.continuous.running)  # counted before any caller sees its result
-            generated = sum(_resolve(item, hyps) for item, hyps in done)
+            generated = sum(_resolve(item, hyps, self.stats.steps) for item, hyps in done)
         if self.observer is not None and rows:
             self.observer.on_step(rows)
             self.observer.on_generated(generated)

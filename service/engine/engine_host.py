@@ -253,7 +253,8 @@ class Host:
         if request is not None:  # a translation: plain (tokens, score) pairs, and the request's timing
             timing = RequestTiming()
             timing.measure(request.items)
-            result = ([[(h.tokens, h.score) for h in hs] for hs in result], timing.queue_wait_s, timing.decode_s)
+            nbest = [[(h.tokens, h.score) for h in hs] for hs in result]
+            result = (nbest, timing.queue_wait_s, timing.decode_s, [tuple(b) for b in timing.batches])
         self.send(("done", rid, result, self.state()))
 
     def watch(self) -> None:

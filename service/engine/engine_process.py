@@ -33,7 +33,7 @@ from model.decode.align import Link
 from model.decode.search import Hypothesis
 from model.options import DecodeOptions
 from service.batching import BatchingConfig
-from service.engine.engine import EngineObserver, RequestTiming
+from service.engine.engine import BatchTiming, EngineObserver, RequestTiming
 from service.engine.engine_host import EngineState, HostSpec, ModelFacts, Report
 from service.engine.scheduler import BatchStats
 from service.errors import CodedError
@@ -130,9 +130,10 @@ class EngineProcess:
         timing: RequestTiming | None = None,
     ) -> list[list[Hypothesis]]:
         """Engine.translate, decoded in the host; cancelling the awaiting task withdraws the request there."""
-        nbest, queue_wait_s, decode_s = await self._call("translate", sources, opts, timeout_s)
+        nbest, queue_wait_s, decode_s, batches = await self._call("translate", sources, opts, timeout_s)
         if timing is not None:
             timing.queue_wait_s, timing.decode_s = queue_wait_s, decode_s
+            timing.batches = [BatchTiming(*b) for b in batches]
         return [[Hypothesis(tokens, score) for tokens, score in hs] for hs in nbest]
 
     async def align(

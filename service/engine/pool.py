@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ray import serve
 
 from model.options import DecodeOptions
-from service import local_ray
+from service import local_ray, tracing
 from service.engine import allocator
 from service.engine.answers import Decoded
 from service.errors import ApiError, returned
@@ -40,6 +40,7 @@ class ModelPool:
 
         local_ray.pin_replica_grpc()
         self.settings = Settings(**settings)
+        tracing.setup(self.settings, "model")
         self.entries = {e.name: e for e in (ModelEntry.model_validate(x) for x in entries)}
         self.loads = 0  # models loaded by this replica since it started
         self.evictions = 0
@@ -82,16 +83,24 @@ class ModelPool:
             model.reconfigure({**config, **{k: v for k, v in model.entry.settings.items() if k in config}})
 
     async def translate(
-        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float, pieces: bool = False
+        self,
+        pair: str,
+        texts: list[str],
+        options: DecodeOptions,
+        timeout_s: float,
+        pieces: bool = False,
+        trace: dict[str, str] | None = None,
     ) -> Decoded | ApiError:
         async def call() -> Decoded:
-            return await (await self._model()).translate(pair, texts, options, timeout_s, pieces)
+            return await (await self._model()).translate(pair, texts, options, timeout_s, pieces, trace)
 
         return await returned(call())
 
-    async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
+    async def align(
+        self, pair: str, texts: list[tuple[str, str]], trace: dict[str, str] | None = None
+    ) -> list[list[list[int]]] | ApiError:
         async def call() -> list[list[list[int]]]:
-            return await (await self._model()).align(pair, texts)
+            return await (await self._model()).align(pair, texts, trace)
 
         return await returned(call())
 

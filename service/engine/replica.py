@@ -6,7 +6,7 @@ from typing import Any
 from ray import serve
 
 from model.options import DecodeOptions
-from service import local_ray
+from service import local_ray, tracing
 from service.engine.answers import Decoded
 from service.errors import ApiError, returned
 from service.registry import ModelEntry
@@ -24,6 +24,7 @@ class PairModel:
         from service.engine.served_model import ServedModel
 
         local_ray.pin_replica_grpc()
+        tracing.setup(Settings(**settings), "model")
         self.model = ServedModel(ModelEntry.model_validate(entry), Settings(**settings))
 
     def check_health(self) -> None:
@@ -37,12 +38,20 @@ class PairModel:
         self.model.reconfigure(config)
 
     async def translate(
-        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float, pieces: bool = False
+        self,
+        pair: str,
+        texts: list[str],
+        options: DecodeOptions,
+        timeout_s: float,
+        pieces: bool = False,
+        trace: dict[str, str] | None = None,
     ) -> Decoded | ApiError:
-        return await returned(self.model.translate(pair, texts, options, timeout_s, pieces))
+        return await returned(self.model.translate(pair, texts, options, timeout_s, pieces, trace))
 
-    async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]] | ApiError:
-        return await returned(self.model.align(pair, texts))
+    async def align(
+        self, pair: str, texts: list[tuple[str, str]], trace: dict[str, str] | None = None
+    ) -> list[list[list[int]]] | ApiError:
+        return await returned(self.model.align(pair, texts, trace))
 
     async def info(self) -> dict[str, Any]:
         return await self.model.info()

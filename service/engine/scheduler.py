@@ -82,6 +82,13 @@ class WorkItem:
     seq: int = field(default_factory=lambda: next(_SEQ))
     started: float | None = None  # when it began decoding (monotonic)
     finished: float | None = None  # when its translation was handed back
+    # For its request's trace (service/tracing.py): when its encoder pass ended (continuous batching), the
+    # sentences decoding beside it as it began, the decoder steps it took part in (continuous batching: the
+    # engine's count at its start, then the difference), its best translation's tokens.
+    encoded: float | None = None
+    batch: int = 0
+    steps: int | None = None
+    tokens: int = 0
 
     @property
     def cost(self) -> int:
@@ -100,6 +107,14 @@ class BatchStats:
     expired: int = 0
     cancelled: int = 0  # withdrawn by their client, queued or mid-decode
     cpu_s: float = 0.0  # CPU seconds of the engine's thread (its torch worker threads not counted)
+
+
+def mark_encoded(items: list[WorkItem]) -> None:
+    """Joiners' encoder pass is done (its time in their trace; on a GPU, launched)."""
+    if items:
+        now = time.monotonic()
+        for it in items:
+            it.encoded = now
 
 
 def batch_tokens(batch: list[WorkItem]) -> tuple[int, int]:

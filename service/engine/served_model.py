@@ -21,6 +21,7 @@ from model.io.codec import TextCodec
 from model.options import DecodeOptions
 from model.shipped import resolve_model_path
 from model.translator import Translator, default_device
+from service import tracing
 from service.batching import BatchingConfig, sized_for
 from service.engine import allocator
 from service.engine.answers import Decoded
@@ -177,41 +178,63 @@ class ServedModel:
         return out
 
     async def translate(
-        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float, pieces: bool = False
+        self,
+        pair: str,
+        texts: list[str],
+        options: DecodeOptions,
+        timeout_s: float,
+        pieces: bool = False,
+        trace: dict[str, str] | None = None,
     ) -> Decoded:
         """Each text's n-best for `pair` ("en-de"), its token counts and the time in the engine; raises
         SourceError (a text the model cannot take) and the engine's RequestTooLargeError,
         QueueFullError, DeadlineExceededError. With `pieces`, a text longer than the model takes is translated
-        in pieces cut between words (`pieces`), their translations joined by spaces, instead of refused."""
+        in pieces cut between words (`pieces`), their translations joined by spaces, instead of refused.
+        `trace`: the caller's trace context (service/tracing.py), continued by this call's spans."""
+        with tracing.continued(f"translate {pair}", trace, **{"beamserve.texts": len(texts)}):
+            return await self._translate(pair, texts, options, timeout_s, pieces)
+
+    async def _translate(
+        self, pair: str, texts: list[str], options: DecodeOptions, timeout_s: float, pieces: bool
+    ) -> Decoded:
         sources: list[list[int]] = []
         spans: list[tuple[int, int]] = []  # each text's first source and how many it has
-        for text in texts:
-            try:
-                ids = [self._encode(pair, text)]
-            except InputTooLongError:
-                if not pieces:
-                    raise
-                ids = [self._encode(pair, piece.strip()) for piece in self.pieces(pair, text) if piece.strip()]
-            spans.append((len(sources), len(ids)))
-            sources += ids
+        with tracing.span("tokenize"):
+            for text in texts:
+                try:
+                    ids = [self._encode(pair, text)]
+                except InputTooLongError:
+                    if not pieces:
+                        raise
+                    ids = [self._encode(pair, piece.strip()) for piece in self.pieces(pair, text) if piece.strip()]
+                spans.append((len(sources), len(ids)))
+                sources += ids
         _, target_lang = self._languages(pair)
         if target_lang is not None:  # the target's token forced first
             options = replace(options, forced_bos_token_id=self.codec.tokenizer.language_id(target_lang))
         timing = RequestTiming()
         async with self._using():
             hyps = await self.engine.translate(sources, options, timeout_s, timing)
-        decode = self.codec.decode
-        nbest = [[(decode(h.tokens), h.score) for h in hs] for hs in hyps]
+        timing.trace()
+        with tracing.span("detokenize"):
+            decode = self.codec.decode
+            nbest = [[(decode(h.tokens), h.score) for h in hs] for hs in hyps]
         tokens = [(len(s), len(hs[0].tokens) + 1 if s else 0) for hs, s in zip(hyps, sources, strict=True)]
         if len(sources) > len(texts):  # a text in pieces: their n-best joined as a paragraph's sentences are
             nbest = [nbest[a] if n == 1 else join_translations(nbest[a : a + n], [" "] * (n - 1)) for a, n in spans]
             tokens = [tuple(map(sum, zip(*tokens[a : a + n], strict=True))) for a, n in spans]  # type: ignore[misc]
         return Decoded(nbest=nbest, tokens=tokens, queue_wait_s=timing.queue_wait_s, decode_s=timing.decode_s)
 
-    async def align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]]:
+    async def align(
+        self, pair: str, texts: list[tuple[str, str]], trace: dict[str, str] | None = None
+    ) -> list[list[list[int]]]:
         """Per (source, translation) of `pair`, each target token's character span and that of the source
         token it attends to most, as [t_start, t_end, s_start, s_end] lists; computed on the engine's thread,
         a few pairs a turn so that decoder steps go on in between. Raises SourceError."""
+        with tracing.continued(f"align {pair}", trace, **{"beamserve.pairs": len(texts)}):
+            return await self._align(pair, texts)
+
+    async def _align(self, pair: str, texts: list[tuple[str, str]]) -> list[list[list[int]]]:
         target = pair.split("-")[1]
         token = self.entry.target_tokens.get(target)
         shift = len(token) + 1 if token else 0  # source spans are the text's, without the target token

@@ -13,7 +13,7 @@ from model.decode.search import Hypothesis
 from model.decode.slot_decoder import PoolShape, SlotDecoder
 from model.options import DecodeOptions, max_length
 from model.translator import Translator
-from service.engine.scheduler import Plan, WorkItem
+from service.engine.scheduler import Plan, WorkItem, mark_encoded
 
 
 class SlotPoolError(RuntimeError):
@@ -54,6 +54,7 @@ class SlotStepRunner:
         if rest:
             self.batch.remove(rest)  # type: ignore[arg-type]
         self._admit(plan.join)
+        mark_encoded(plan.join)
         rows = self.rows
         finished: list[tuple[int, list[Hypothesis]]] = []
         if self.pool.busy:

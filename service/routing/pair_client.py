@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from model.options import DecodeOptions
+from service import tracing
 from service.engine.answers import Decoded
 from service.errors import ApiError, api_error
 from service.routing.local_handle import PairHandle
@@ -33,14 +34,18 @@ class PairClient:
     ) -> Decoded:
         """Each sentence's n-best and token counts; the replica is told the time left, its own deadline. With
         `pieces`, a sentence longer than the model takes is translated in pieces, not refused."""
-        decoded: Decoded = await self._call(
-            lambda left: self.handle.translate.remote(self.pair, sentences, opts, left, pieces), timeout
-        )
+        with tracing.client_span(f"call translate {self.pair}", **{"beamserve.sentences": len(sentences)}):
+            trace = tracing.carrier()
+            decoded: Decoded = await self._call(
+                lambda left: self.handle.translate.remote(self.pair, sentences, opts, left, pieces, trace), timeout
+            )
         return decoded
 
     async def align(self, pairs: list[tuple[str, str]], timeout: float) -> Links:
         """Each (sentence, translation)'s links between target and source spans."""
-        links: Links = await self._call(lambda _: self.handle.align.remote(self.pair, pairs), timeout)
+        with tracing.client_span(f"call align {self.pair}", **{"beamserve.pairs": len(pairs)}):
+            trace = tracing.carrier()
+            links: Links = await self._call(lambda _: self.handle.align.remote(self.pair, pairs, trace), timeout)
         return links
 
     async def info(self, timeout: float) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from model.decode.confidence import confidence
 from model.options import DecodeOptions
-from service import request_log
+from service import request_log, tracing
 from service.engine.answers import Translated
 from service.metrics import gateway_metrics
 from service.routing.admission import PairAdmission
@@ -82,10 +82,13 @@ class PairDecoder:
         distinct = list(dict.fromkeys(sentences))
         keys = {s: store.key(digest, pair, opts, s, pieces) for s in distinct} if store is not None else {}
         if store is not None:
-            for sentence, key in keys.items():
-                entry = store.get(key)
-                if entry is not None:
-                    found[sentence] = entry
+            with tracing.span("cache", **{"beamserve.sentences": len(distinct)}) as looked:
+                for sentence, key in keys.items():
+                    entry = store.get(key)
+                    if entry is not None:
+                        found[sentence] = entry
+                if looked is not None:
+                    looked.set_attribute("beamserve.cache.hits", len(found))
             gateway_metrics().on_cache(pair, len(found), len(distinct) - len(found))
         todo = [s for s in distinct if s not in found]
         summary = request_log.current()
@@ -153,10 +156,14 @@ async def recalled(
 ) -> Translated:
     """The sentences' translation with the memory's units answering those it holds (their n-best the unit's target
     alone, their confidence its match; `recalled` says which), `decode` the rest."""
-    if recall.min_match < 1.0 and len(sentences) > FUZZY_INLINE:  # fuzzy lookups of many: off the event loop
-        found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match)
-    else:
-        found = recall.index.find(sentences, recall.min_match)
+    asked = {"beamserve.sentences": len(sentences), "beamserve.memory.min_match": recall.min_match}
+    with tracing.span("memory", **asked) as looked:
+        if recall.min_match < 1.0 and len(sentences) > FUZZY_INLINE:  # fuzzy lookups of many: off the event loop
+            found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match)
+        else:
+            found = recall.index.find(sentences, recall.min_match)
+        if looked is not None:
+            looked.set_attribute("beamserve.memory.found", len(found))
     rest = [s for s in dict.fromkeys(sentences) if s not in found]
     out = await decode(rest) if rest else Translated([], 0, 0)
     decoded = dict(zip(rest, zip(out.nbest, out.confidence, strict=True), strict=True))

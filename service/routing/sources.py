@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from service import tracing
 from service.errors import ApiError
 from service.routing.request_checks import RequestChecks
 from service.routing.served_pairs import ServedPairs
@@ -43,10 +44,11 @@ class Sources:
             raise ApiError("detection_unavailable", "no served language can be detected: pass the source language")
         self.checks.count(texts)
         heads = [t[:DETECT_CHARS] for t in texts]
-        if sum(map(len, heads)) > DETECT_INLINE_CHARS:
-            detected = await asyncio.to_thread(self.detector.detect, heads, markup=markup)
-        else:
-            detected = self.detector.detect(heads, markup=markup)
+        with tracing.span("detect", **{"beamserve.texts": len(texts)}):
+            if sum(map(len, heads)) > DETECT_INLINE_CHARS:
+                detected = await asyncio.to_thread(self.detector.detect, heads, markup=markup)
+            else:
+                detected = self.detector.detect(heads, markup=markup)
         groups: dict[str, list[int]] = {}
         for i, found in enumerate(detected):
             groups.setdefault(found.language, []).append(i)
