@@ -68,9 +68,8 @@ def report(rows: list[Row], args: argparse.Namespace, spans: int, traces: int) -
         "# Tracing's cost on the serving path",
         "",
         f"{provenance()} The load generator on the same cores.",
-        f"`python loadtests/bench_tracing.py --baseline {args.baseline} --rounds {args.rounds} --requests"
-        f" {args.requests}`: {args.requests} requests a workload and round ({args.requests // 5} uncached), "
-        f"{args.concurrency} in flight (2 uncached), after a warm-up; the servers taking turns.",
+        f"{args.requests} requests a workload and round ({args.requests // 5} uncached), {args.concurrency} in"
+        f" flight (2 uncached), after a warm-up; the servers taking turns, {args.rounds} rounds.",
         "",
         "| workload | server | requests/s (median round) | CPU ms / request (median round) |"
         " / baseline, same round (median) |",
@@ -89,7 +88,7 @@ def report(rows: list[Row], args: argparse.Namespace, spans: int, traces: int) -
         f"baseline: beamserve at {args.baseline}, without the tracing code. off: this commit, no endpoint (the"
         " default). traced: this commit with `otlp_endpoint` set and `trace_ratio` 1, every request traced",
         f"to the receiver, which got {spans} spans of {traces} traces over the run.",
-        "Each round's ratios spread: the rounds' own ratios are listed below.",
+        "Each round's CPU per request, for the spread between rounds:",
         "",
         "| workload | server | each round's CPU ms / request |",
         "|---|---|---|",
