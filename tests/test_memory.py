@@ -177,6 +177,7 @@ def test_the_compatible_apis_and_deepl_s_own_client_answer_from_a_memory(client:
             "source_lang": "EN",
             "target_lang": "DE",
             "translation_memory_id": memory,
+            "translation_memory_threshold": 100.0,  # an integer to JSON Schema, as the document says it
         },
     ).json()
     assert raw["translations"][0]["origin"] == "memory" and raw["translations"][0]["memory_matches"] == [1.0]
@@ -188,6 +189,35 @@ def test_the_compatible_apis_and_deepl_s_own_client_answer_from_a_memory(client:
         "memory",
         [1.0],
     )
+
+
+def test_a_document_s_paragraphs_the_memory_holds_come_from_it(client: httpx.Client, server: str) -> None:
+    """DeepL's document upload with its client's translation_memory, and LibreTranslate's /translate_file with
+    `memory`: a paragraph the memory holds is its unit's translation, the others the model's as /v1 gives them."""
+    import io
+
+    import deepl
+
+    memory = made(client)
+    other = "Two men are sitting on a bench."
+    text = f"A dog is running in the snow.\n\n{other}\n".encode()
+    model = translated(client, [other])[0]["text"]
+    out = io.BytesIO()
+    translator = deepl.DeepLClient("any", server_url=server)
+    translator.translate_document(
+        text, out, source_lang="EN", target_lang="DE", filename="a.txt", translation_memory=memory
+    )
+    assert out.getvalue().decode() == f"Ein Hund rennt im Schnee.\n\n{model}\n"
+    files = {"file": ("notes.txt", text, "text/plain")}
+    r = client.post("/translate_file", files=files, data={"source": "en", "target": "de", "memory": memory})
+    assert r.status_code == 200, r.text
+    assert httpx.get(r.json()["translatedFileUrl"]).text == f"Ein Hund rennt im Schnee.\n\n{model}\n"
+    r = client.post("/v2/document", files=files, data={"target_lang": "DE", "translation_memory_id": memory})
+    assert r.status_code == 400 and "needs the source language named" in r.text, r.text
+    r = client.post(
+        "/v2/document", files=files, data={"source_lang": "EN", "target_lang": "FR", "translation_memory_id": memory}
+    )
+    assert r.status_code == 400 and r.json()["message"].startswith("memory"), r.text
 
 
 def test_memories_are_refused_by_name(client: httpx.Client) -> None:

@@ -36,8 +36,11 @@ UNSUPPORTED = {
 
 
 def _form_integer(value: Any) -> Any:
-    """A form's integer, ASCII digits, as the number (JSON's stays as it is: true or 75.5 is refused)."""
-    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else value
+    """A form's integer, ASCII digits, as the number, and a JSON number JSON Schema counts as an integer (75.0,
+    1e2) as one; anything else as it is, for the field to refuse (true, 75.5)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 class DeepLTranslateRequest(BaseModel):
@@ -221,7 +224,16 @@ def body_of(model: type[Body], body: dict[str, Any]) -> Body:
         raise ApiError("invalid_request", f"Value for a parameter is not valid: {problems}") from None
 
 
-DOCUMENT_FIELDS = {"target_lang", "source_lang", "glossary_id", "formality", "output_format", "filename"}
+DOCUMENT_FIELDS = {
+    "target_lang",
+    "source_lang",
+    "glossary_id",
+    "translation_memory_id",
+    "translation_memory_threshold",
+    "formality",
+    "output_format",
+    "filename",
+}
 _LANG = {"type": "string", "minLength": 2, "maxLength": 16}
 DOCUMENT_OPENAPI = multipart_body(
     ["file", "target_lang"],
@@ -230,11 +242,19 @@ DOCUMENT_OPENAPI = multipart_body(
         "target_lang": _LANG,
         "source_lang": _LANG,
         "glossary_id": {"type": "string", "description": "needs source_lang"},
+        "translation_memory_id": {"type": "string", "description": "a translation memory's id; needs source_lang"},
+        "translation_memory_threshold": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 100,
+            "description": "the least match, in percent, of a memory's unit that answers a segment (default 75)",
+        },
         "formality": {"enum": ["default", "prefer_more", "prefer_less"]},
         "output_format": {"enum": sorted(FORMATS), "description": "the file's own"},
         "filename": {"type": "string", "description": "the name whose extension says the format"},
     },
-    dependent={"glossary_id": ["source_lang"]},  # DeepL's rule: a glossary needs the source named
+    # DeepL's rule: a glossary, or a translation memory, needs the source named
+    dependent={"glossary_id": ["source_lang"], "translation_memory_id": ["source_lang"]},
 )
 
 
@@ -250,8 +270,9 @@ def document_request(form: dict[str, str], filename: str) -> TranslateRequest:
     body: dict[str, Any] = {"text": ["-"], **{k: v for k, v in form.items() if k in ("target_lang", "source_lang")}}
     if form.get("formality"):
         body["formality"] = form["formality"]
-    if form.get("glossary_id"):
-        body["glossary_id"] = form["glossary_id"]
+    for field in ("glossary_id", "translation_memory_id", "translation_memory_threshold"):
+        if form.get(field):
+            body[field] = form[field]
     return parse(body)[1]
 
 

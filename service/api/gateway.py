@@ -106,7 +106,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
         )
         self.glossaries = Glossaries(self.records)
         self.memories = Memories(self.records)
-        self.documents = DocumentJobs(self.records, self.router, self._refund_owner, self._owner_terms)
+        self.documents = DocumentJobs(self.records, self.router, self._refund_owner, self._owner_job)
         gateway_metrics()
         app.openapi = openapi.served(app, self.settings, self.router.pairs.languages)  # type: ignore[method-assign]
         self.draining = False  # set by drain(): new translations are refused, accepted ones finish

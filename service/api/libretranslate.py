@@ -198,19 +198,23 @@ FILE_OPENAPI = multipart_body(
         "source": {"type": "string", "description": "a language code, or auto"},
         "target": {"type": "string"},
         "api_key": {"type": "string"},
+        "memory": {"type": "string", "description": "beamserve's: a translation memory's id; needs the source named"},
     },
 )
 
 
 def file_request(fields: dict[str, str]) -> TranslateRequest:
     """The request a /translate_file upload's fields make; ApiError for a missing or unknown field."""
-    unknown = sorted(set(fields) - {"source", "target", "api_key"})
+    unknown = sorted(set(fields) - {"source", "target", "api_key", "memory"})
     if unknown:
         raise ApiError("invalid_request", f"{', '.join(unknown)}: not a field of /translate_file")
     source = fields.get("source", "auto").strip().lower()
     try:
         return TranslateRequest(
-            texts=["-"], source=None if source == "auto" else source, target=fields.get("target", "")
+            texts=["-"],
+            source=None if source == "auto" else source,
+            target=fields.get("target", ""),
+            memory=fields.get("memory") or None,
         )
     except ValidationError as exc:
         raise ApiError("invalid_request", message({"detail": exc.errors()})) from None

@@ -20,7 +20,7 @@ from service.api.keys import Client, Keys
 from service.engine import allocator
 from service.error_codes import RETRY_AFTER_S
 from service.errors import ApiError, retry_after
-from service.routing.document_jobs import UPLOAD_WAIT_S, DocumentJobs, DocumentStatus
+from service.routing.document_jobs import UPLOAD_WAIT_S, DocumentJobs, DocumentStatus, Job
 from service.routing.pair_router import PairRouter
 from service.routing.sources import DETECT_CHARS
 from service.schemas import BODY_ERRORS, DeepLError, ErrorResponse, LibreError, TranslateRequest, errors
@@ -111,9 +111,11 @@ class RouteBase:
         """Give back characters charged to the client named `owner` (a document settled as failed)."""
         await self.keys.refund(self.keys.client_of(owner), characters)
 
-    async def _owner_terms(self, req: TranslateRequest, owner: str) -> glossary.Terms | None:
-        """The request's glossary as the client named `owner` has it (a document another replica took)."""
-        return await self._terms(req, self.keys.client_of(owner))
+    async def _owner_job(self, req: TranslateRequest, owner: str) -> Job:
+        """A document's request with its glossary and memory as the client named `owner` has them (a document
+        another replica took over)."""
+        client = self.keys.client_of(owner)
+        return Job(req, await self._terms(req, client), await self._recall(req, client))
 
     async def _terms(self, req: TranslateRequest, client: Client) -> glossary.Terms | None:
         """The request's glossary, ready to apply: checked against its pair and its owner."""
@@ -165,9 +167,10 @@ class RouteBase:
         if parsed.html:
             req = req.model_copy(update={"tag_handling": "html"})
         async with self._billed(client, parsed.characters):
-            terms = await self._terms(req, client)
+            terms, recall = await self._terms(req, client), await self._recall(req, client)
 
             async def refund() -> None:
                 await self.keys.refund(client, parsed.characters)
 
-            return await self.documents.upload(parsed, data, filename, req, terms, client.id, refund, wait_s)
+            job = Job(req, terms, recall)
+            return await self.documents.upload(parsed, data, filename, job, client.id, refund, wait_s)

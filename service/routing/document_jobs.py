@@ -14,7 +14,7 @@ status takes it over (a claim per lapsed status) and goes on from the last chunk
 
 A document is settled once, by whichever comes first (a claim in the shared store): a replica finishing
 it (billed), its translation failing or being given up (refunded), or, where it cannot be taken over (its
-upload expired, its glossary deleted), the first replica to read its status after STALE_S (refunded to the
+upload expired, its glossary or memory deleted), the first replica to read its status after STALE_S (refunded to the
 key that uploaded it): never billed for a result it did not get, never refunded twice.
 """
 
@@ -43,6 +43,7 @@ from service.schemas import TranslateRequest
 from service.store.records import Records, StoreUnavailableError
 from service.text.documents import FORMATS, extension
 from service.text.glossary import Terms
+from service.text.memory import Recall
 from service.text.parsed import Parsed
 
 logger = logging.getLogger(__name__)
@@ -110,20 +111,30 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Job:
+    """What a document is translated with: its request (languages, options, the glossary's and memory's ids), the
+    glossary's terms and the memory's index, as its owner has them."""
+
+    req: TranslateRequest
+    terms: Terms | None = None
+    recall: Recall | None = None
+
+
 class DocumentJobs:
     def __init__(
         self,
         records: Records,
         router: PairRouter,
         refund_owner: Callable[[str, int], Awaitable[None]],
-        terms_of: Callable[[TranslateRequest, str], Awaitable[Terms | None]],
+        job_of: Callable[[TranslateRequest, str], Awaitable[Job]],
     ) -> None:
         """refund_owner(owner, characters): give back what the key that uploaded a document was charged;
-        terms_of(req, owner): the request's glossary as its owner has it (a document taken over)."""
+        job_of(req, owner): the request with its glossary and memory as its owner has them (a document taken over)."""
         self.records = records
         self.router = router
         self.refund_owner = refund_owner
-        self.terms_of = terms_of
+        self.job_of = job_of
         self._stopping = False  # the replica stops: running documents are handed over, not failed
         self._running: dict[str, asyncio.Task[None]] = {}  # document id -> its translation
         self.queue = DocumentQueue(
@@ -136,8 +147,7 @@ class DocumentJobs:
         parsed: Parsed,
         data: bytes,
         filename: str,
-        req: TranslateRequest,
-        terms: Terms | None,
+        job: Job,
         owner: str,
         refund: Callable[[], Awaitable[None]],
         wait_s: float = UPLOAD_WAIT_S,
@@ -164,7 +174,7 @@ class DocumentJobs:
             FORMATS[extension(filename)],
             parsed.characters,
             segments=len(parsed.segments),
-            request=req.model_dump(mode="json", exclude={"texts"}, exclude_unset=True),
+            request=job.req.model_dump(mode="json", exclude={"texts"}, exclude_unset=True),
         )
         self.queue.accept(status.document_id, owner)  # counted from here, no await since the check
         try:
@@ -173,20 +183,15 @@ class DocumentJobs:
         except BaseException:
             self.queue.forget(status.document_id)
             raise
-        task = self._start(status, parsed, req, terms, refund)
+        task = self._start(status, parsed, job, refund)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), wait_s)
         return {"document_id": status.document_id, "document_key": key}
 
     def _start(
-        self,
-        status: DocumentStatus,
-        parsed: Parsed,
-        req: TranslateRequest,
-        terms: Terms | None,
-        refund: Callable[[], Awaitable[None]],
+        self, status: DocumentStatus, parsed: Parsed, job: Job, refund: Callable[[], Awaitable[None]]
     ) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._translate(status, parsed, req, terms, refund))
+        task = asyncio.create_task(self._translate(status, parsed, job, refund))
         self._running[status.document_id] = task
         task.add_done_callback(lambda _: self._running.pop(status.document_id, None))
         return task
@@ -196,12 +201,7 @@ class DocumentJobs:
         await self.records.put(KIND, status.document_id, status.owner, body, ttl_s=KEEP_S)
 
     async def _translate(
-        self,
-        status: DocumentStatus,
-        parsed: Parsed,
-        req: TranslateRequest,
-        terms: Terms | None,
-        refund: Callable[[], Awaitable[None]],
+        self, status: DocumentStatus, parsed: Parsed, job: Job, refund: Callable[[], Awaitable[None]]
     ) -> None:
         step = self.router.settings.max_texts
         try:
@@ -212,8 +212,8 @@ class DocumentJobs:
                 status = replace(status, status="translating", done_segments=len(out), updated=time.time())
                 await self._save(status)
                 for at in range(len(out), len(parsed.segments), step):
-                    chunk = req.model_copy(update={"texts": parsed.segments[at : at + step]})
-                    done = await translated(self.router, chunk, terms, status, self._save)
+                    chunk = replace(job, req=job.req.model_copy(update={"texts": parsed.segments[at : at + step]}))
+                    done = await translated(self.router, chunk, status, self._save)
                     await document_parts.save(self.records, status.document_id, status.owner, at, done)
                     out += done
                     status = replace(status, done_segments=len(out), updated=time.time())
@@ -266,22 +266,22 @@ class DocumentJobs:
 
     async def _take_over(self, status: DocumentStatus) -> DocumentStatus:
         """A document whose replica stopped: translated on from its last chunk saved, here, by the first replica
-        to read it so (a claim per lapsed status); where that cannot be (its upload expired, its glossary gone,
-        a status from before uploads were kept), refunded and failed (_abandoned)."""
+        to read it so (a claim per lapsed status); where that cannot be (its upload expired, its glossary or memory
+        gone, a status from before uploads were kept), refunded and failed (_abandoned)."""
         if not await self.records.claim(LEASE, f"{status.document_id}:{status.updated}", KEEP_S):
             return replace(status, updated=time.time())  # another replica took it over at this moment
         try:
             parsed, req = await document_parts.upload_of(
                 self.records, status.document_id, status.filename, status.request
             )
-            terms = await self.terms_of(req, status.owner)
+            job = await self.job_of(req, status.owner)
         except Exception as exc:  # whatever stops it going on: refunded, and the log says why
             logger.warning("document %s cannot be taken over (%s)", status.document_id, exc)
             return await self._abandoned(status)
         resumed = replace(status, status="queued", updated=time.time())
         await self._save(resumed)
         self.queue.accept(resumed.document_id, resumed.owner)
-        self._start(resumed, parsed, req, terms, functools.partial(self.refund_owner, status.owner, status.characters))
+        self._start(resumed, parsed, job, functools.partial(self.refund_owner, status.owner, status.characters))
         logger.info("document %s taken over at segment %d", status.document_id, status.done_segments)
         return resumed
 
@@ -358,18 +358,15 @@ class DocumentJobs:
 
 
 async def translated(
-    router: PairRouter,
-    chunk: TranslateRequest,
-    terms: Terms | None,
-    status: DocumentStatus,
-    save: Callable[[DocumentStatus], Awaitable[None]],
+    router: PairRouter, chunk: Job, status: DocumentStatus, save: Callable[[DocumentStatus], Awaitable[None]]
 ) -> list[str]:
-    """A document chunk's translations; a refusal for a passing reason (PASSING) is waited out and the chunk sent
-    again, the document's status renewed meanwhile (`save`), for up to REFUSED_FOR_S of refusals in a row."""
+    """A document chunk's translations (its texts in chunk.req); a refusal for a passing reason (PASSING) is
+    waited out and the chunk sent again, the document's status renewed meanwhile (`save`), for up to
+    REFUSED_FOR_S of refusals in a row."""
     refused_since: float | None = None
     while True:
         try:
-            routed = await router.translate(chunk, terms, pieces=True)
+            routed = await router.translate(chunk.req, chunk.terms, pieces=True, recall=chunk.recall)
             return [t.text for t in routed.response.translations]
         except ApiError as exc:
             now = time.monotonic()
