@@ -91,6 +91,34 @@ def test_a_large_memory_finds_what_scoring_every_unit_finds() -> None:
             assert round(got.score, 4) == round(min(full[1] / 100, 0.9999), 4), query
 
 
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_two_replicas_approving_into_one_memory_at_once_keep_every_unit(
+    store: str, tmp_path: Path, redis_url: str
+) -> None:
+    """Two replicas' Memories over one records store (an SQLite file, a real Redis server), each adding units
+    one request at a time, all at once: every unit is there after (the write claim), none lost to a write
+    that read the memory before the other's landed."""
+    import asyncio
+
+    from service.store.memories import Memories
+    from service.store.records import open_records
+
+    url = f"sqlite:///{tmp_path}/records.sqlite3" if store == "sqlite" else redis_url
+
+    async def run() -> int:
+        first, second = Memories(open_records(url)), Memories(open_records(url))
+        made = await first.create("key", "shared", "en", "de", {"A cat.": "Eine Katze."})
+        adds = [
+            replica.add(made.memory_id, "key", {f"Sentence {i} of {name}.": f"Satz {i}."})
+            for i in range(12)
+            for name, replica in (("one", first), ("two", second))
+        ]
+        await asyncio.gather(*adds)
+        return len((await second.get(made.memory_id, "key")).units)
+
+    assert asyncio.run(run()) == 25
+
+
 @pytest.fixture(scope="module")
 def client(server: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server, timeout=60) as c:

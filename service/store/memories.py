@@ -4,24 +4,27 @@ an unknown one). A memory is one language pair's units, {source segment: target 
 pair, unit count, times) is a record of its own, so a listing never reads the units. Each gateway replica
 keeps the lookup indexes (service/text/memory.py) of the memories it used last, rebuilt when a memory changes.
 
-Adding a unit (a translation approved) reads the memory, adds to it and writes it back: two replicas adding to
-one memory at the same moment can lose one of the two units (the last write wins).
+Adding units (a translation approved) reads the memory, adds to them and writes it back while holding the
+memory's write claim in the store (WRITE_KIND), so that two replicas adding to one memory at the same moment
+each add theirs, one after the other; a replica that dies holding the claim holds it WRITE_CLAIM_S at most.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from service.errors import ApiError
-from service.store.records import Records
+from service.store.records import Records, StoreUnavailableError
 from service.text import tmx
 from service.text.glossary import checked_name
 from service.text.memory import MemoryIndex
@@ -32,6 +35,9 @@ ID = re.compile(r"[0-9a-f]{32}")
 MAX_MEMORIES = 100  # memories of one API key
 MAX_SEGMENT_CHARS = 5_000  # characters of a unit's source or target
 INDEXES_KEPT_UNITS = 1_000_000  # units of the lookup indexes a gateway replica keeps, least recently used out first
+WRITE_KIND = "memory-write"  # the claim a replica holds while it adds units to a memory
+WRITE_CLAIM_S = 30.0  # how long a claim lasts if its holder never gives it up (a 200,000-unit write takes ~2 s)
+WRITE_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -112,10 +118,24 @@ class Memories:
     async def add(self, memory_id: str, owner: str, units: dict[str, str]) -> Memory:
         """Units added to the memory (a source it holds gets the new target)."""
         checked_units(units)
-        async with self._lock:
+        async with self._lock, self._writing(memory_id):
             found = await self.get(memory_id, owner)
             merged = checked_units({**found.units, **units})
             return await self._put(Memory(**{**found.__dict__, "units": merged, "updated": time.time()}))
+
+    @contextlib.asynccontextmanager
+    async def _writing(self, memory_id: str) -> AsyncIterator[None]:
+        """The memory's write claim, held while the block runs: waited for while another replica holds it (at
+        most WRITE_CLAIM_S, when a holder died with it); StoreUnavailableError past twice that."""
+        deadline = time.monotonic() + 2 * WRITE_CLAIM_S
+        while not await self.records.claim(WRITE_KIND, memory_id, WRITE_CLAIM_S):
+            if time.monotonic() > deadline:
+                raise StoreUnavailableError(f"memory {memory_id} stayed locked for {2 * WRITE_CLAIM_S:.0f}s")
+            await asyncio.sleep(WRITE_POLL_S)
+        try:
+            yield
+        finally:
+            await self.records.release(WRITE_KIND, memory_id)
 
     async def index(self, memory_id: str, owner: str, source: str, target: str) -> MemoryIndex:
         """The memory's lookup index for a request of source -> target (ApiError memory_mismatch for another

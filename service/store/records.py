@@ -40,6 +40,7 @@ class Records(Protocol):
     async def count(self, kind: str, owner: str) -> int: ...
     async def delete(self, kind: str, rid: str) -> None: ...
     async def claim(self, kind: str, rid: str, ttl_s: float) -> bool: ...
+    async def release(self, kind: str, rid: str) -> None: ...
 
 
 def storage_of(records_storage: str, limits_storage: str) -> str:
@@ -158,6 +159,10 @@ class SqliteRecords:
         )
         return bool(rows[0][0])
 
+    async def release(self, kind: str, rid: str) -> None:
+        """A claim given up before its time: the next caller's claim succeeds."""
+        await self._run(("DELETE FROM records WHERE kind = ? AND id = ? AND owner = ''", (kind, rid)))
+
 
 class RedisRecords:
     """A record a hash {owner, body} under PREFIX + kind + id (expiring with Redis' own TTL); each
@@ -233,6 +238,10 @@ class RedisRecords:
 
         key = f"{PREFIX}claim:{kind}:{rid}"
         return bool(await self._do("set", key, b"1", condition=PureToken.NX, px=max(1, int(ttl_s * 1000))))
+
+    async def release(self, kind: str, rid: str) -> None:
+        """A claim given up before its time: the next caller's claim succeeds."""
+        await self._do("delete", [f"{PREFIX}claim:{kind}:{rid}"])
 
     async def delete(self, kind: str, rid: str) -> None:
         found = await self.get(kind, rid)
