@@ -119,7 +119,7 @@ async def until(condition: Callable[[], object], what: str, timeout_s: float = 3
 
 
 def run_suite(script: str, *args: str, timeout_s: float) -> None:
-    """A suite of loadtests/ in its own process, with `args` (a fault suite's cases and 8 s of load each):
+    """A suite of loadtests/ in its own process, with `args` (a fault suite's cases and their seconds of load):
     every check passes."""
     proc = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-3000:]

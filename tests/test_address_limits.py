@@ -37,6 +37,7 @@ def limited() -> Iterator[tuple[str, subprocess.Popen[str]]]:
         "BEAMSERVE_ADDRESS_REQUESTS_PER_MINUTE": "3",
         "BEAMSERVE_ADDRESS_CHARACTERS_PER_DAY": "1000",
         "BEAMSERVE_TRUSTED_PROXIES": PROXY,
+        "BEAMSERVE_ENGINE_PROCESS": "false",  # one process less to start: these tests are not the engine's
     }
     with serving(env) as running:
         yield running

@@ -54,6 +54,7 @@ def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "BEAMSERVE_COMPUTE_TYPE": "int8",
         "BEAMSERVE_PROXY": "serve",
         "BEAMSERVE_REQUEST_TIMEOUT_S": "8",  # a long document's /translate_file times out (the refund's test)
+        "BEAMSERVE_ENGINE_PROCESS": "false",  # two processes less to start: these tests are not the engine's
     }
     with serving(env) as running:
         yield running

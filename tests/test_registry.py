@@ -189,7 +189,9 @@ def served(
         )
     )
     with serving(
-        {"BEAMSERVE_MODEL_REGISTRY": str(registry)},
+        # Five models, each decoding in its replica's process: five processes less to start, and these tests
+        # are not the engine's own process's.
+        {"BEAMSERVE_MODEL_REGISTRY": str(registry), "BEAMSERVE_ENGINE_PROCESS": "false"},
         stderr=log,
         ready=lambda r: r.json().get("pairs", {}).get("en-es") == "ready",
     ) as (url, _):
