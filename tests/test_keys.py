@@ -19,7 +19,9 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import REPO, serving, wait_for
+from service.errors import ApiError
+
+from .conftest import REPO, free_port, redis_server, serving, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -386,6 +388,54 @@ def test_without_the_limits_store_requests_are_refused_not_let_through(
         f"{url}/v1/translate", json={"texts": [TEXT], "source": "en", "target": "de"}, headers=bearer("gamma-key")
     )
     assert r.status_code == 503 and r.json()["error"] == "limits_unavailable" and "Retry-After" in r.headers
+
+
+RESTARTS = 40  # at most: a restart may or may not meet a request on a connection it closes
+
+
+def test_a_limits_store_restarting_under_requests_refuses_them_as_unavailable_never_a_500() -> None:
+    """Requests being counted while the Redis restarts (SIGTERM, started again on its port): those whose
+    connection it closed are 503 limits_unavailable (the socket's BrokenPipeError or ConnectionResetError, which
+    limits does not wrap, included), and counting goes on after."""
+    import asyncio
+
+    from service.api.keys import Client, KeyLimits, Keys
+
+    port = free_port()
+    server = redis_server(port)
+    keys = Keys({}, f"redis://127.0.0.1:{port}/1")
+    client = Client("restarting", KeyLimits(10**9, 10**12, 10**12))
+    refused: list[str] = []
+
+    async def count(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await keys.charge(client, 5)
+            except ApiError as exc:
+                refused.append(exc.code)
+
+    async def run() -> None:
+        nonlocal server
+        stop = asyncio.Event()
+        counting = [asyncio.create_task(count(stop)) for _ in range(16)]
+        for _ in range(RESTARTS):  # until one has met a request in flight
+            await asyncio.sleep(0.1)
+            server.terminate()
+            server.wait(10)
+            server = redis_server(port)
+            if refused or any(task.done() for task in counting):
+                break
+        await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(*counting)  # a 500's exception would surface here
+        await keys.charge(client, 5)
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert refused and set(refused) == {"limits_unavailable"}
 
 
 def test_keys_off_count_the_anonymous_characters_in_fixed_windows() -> None:

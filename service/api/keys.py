@@ -35,6 +35,9 @@ from service.store.records import Records
 
 UNLIMITED = 10**15  # the amount of a window that only counts
 REFRESH_S = 0.5  # a gateway reads the managed keys again at most this long after its last read
+# The limits store cannot be reached: limits' own error, or the socket's (a connection the restarting Redis
+# closed under a request in flight reaches limits' caller as BrokenPipeError or ConnectionResetError, unwrapped).
+STORE_DOWN = (StorageError, OSError)
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ class Keys:
                     why = f"{characters} characters would pass this key's limit of {item.amount} a {name} ({left} left)"
                     raise _refused("quota_exceeded", why, reset)
                 charged.append(item)
-        except StorageError as exc:
+        except STORE_DOWN as exc:
             raise _store_down(exc) from None
 
     async def refund(self, client: Client, characters: int) -> None:
@@ -249,7 +252,7 @@ class Keys:
         try:
             for _, item in self._windows(client):
                 await fixed.storage.incr(item.key_for(client.id), item.get_expiry(), -characters)
-        except StorageError:
+        except STORE_DOWN:
             pass  # the store is down: the charge may stand, which errs on the client's side by one request
 
     async def usage(self, client: Client) -> KeyUsage:
@@ -264,13 +267,13 @@ class Keys:
                 out[f"characters_{name}"] = item.amount - left
                 out[f"characters_{name}_limit"] = item.amount if item.amount != UNLIMITED else 0
                 out[f"characters_{name}_resets_at"] = reset if item.amount - left else None
-        except StorageError as exc:
+        except STORE_DOWN as exc:
             raise _store_down(exc) from None
         out["requests_per_minute_limit"] = client.limits.requests_per_minute
         return KeyUsage(**out)
 
 
-def _store_down(exc: StorageError) -> ApiError:
+def _store_down(exc: Exception) -> ApiError:
     """Keyed requests are refused, not served uncounted, while the store is unreachable."""
     return ApiError(
         "limits_unavailable",
