@@ -322,9 +322,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     SETTINGS.update(port=free_port(), metrics_port=free_port(), records_storage=f"sqlite:///{records}")
     SETTINGS.update(otlp_endpoint=RECEIVER[0].url, trace_ratio=0.0)
     METRICS["url"] = f"http://127.0.0.1:{SETTINGS['metrics_port']}/metrics"
-    # Export custom metrics every 500 ms instead of Ray's 10 s, so tests see them soon; Ray's processes
-    # read it as they start, and the servers other tests start keep Ray's default.
-    with environ(RAY_metrics_report_interval_ms="500"), one_ray_start_at_a_time():
+    # Export custom metrics every 500 ms instead of Ray's 10 s, and spans every 200 ms instead of the SDK's 5 s,
+    # so tests see them soon; Ray's processes read these as they start, and the servers other tests start keep
+    # the defaults.
+    exports = {"RAY_metrics_report_interval_ms": "500", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    with environ(**exports), one_ray_start_at_a_time():
         runtime.start(Settings(**SETTINGS))  # type: ignore[arg-type]
     url = f"http://127.0.0.1:{SETTINGS['port']}"
     wait_ready(url)
