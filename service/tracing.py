@@ -73,6 +73,16 @@ def on() -> bool:
     return _tracer is not None
 
 
+def recording() -> bool:
+    """Whether the current span is traced (tracing on, and the request sampled): what only a trace uses is worth
+    gathering."""
+    if _tracer is None:
+        return False
+    from opentelemetry.trace import get_current_span
+
+    return bool(get_current_span().is_recording())
+
+
 def flush(timeout_s: float = 5.0) -> None:
     """Export the spans still held (a replica about to stop; the exporter's thread sends every 5 s)."""
     if _provider is not None:

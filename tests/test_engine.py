@@ -125,19 +125,22 @@ def test_continuous_admits_newcomers_while_a_long_sentence_decodes(engine: Engin
 
 
 def test_a_request_s_timing_names_each_batch_its_sentences_shared(engine: Engine, reference: Translator) -> None:
-    """What its trace is built from (service/tracing.py): a short sentence alone is one whole batch (no step
-    count); sentences joining a running one are one admission, with the running sentence in its size, their
-    encoder pass inside it and the decoder steps it took."""
-    alone = RequestTiming()
+    """What its trace is built from (service/tracing.py), gathered for a traced request only: a short sentence
+    alone is one whole batch (no step count); sentences joining a running one are one admission, with the
+    running sentence in its size, their encoder pass inside it and the decoder steps it took."""
+    alone = RequestTiming(traced=True)
     asyncio.run(engine.translate([reference.encode("A dog.")], DecodeOptions(beam_size=4), 60, alone))
     ((whole,),) = [alone.batches]
     assert (whole.sentences, whole.batch, whole.steps, whole.encoded) == (1, 1, None, None)
     assert whole.enqueued <= whole.started <= whole.finished and whole.longest >= 2
+    untraced = RequestTiming()  # a request no trace records: its times, no batches gathered
+    asyncio.run(engine.translate([reference.encode("A cat.")], DecodeOptions(beam_size=4), 60, untraced))
+    assert untraced.decode_s > 0 and untraced.batches == []
 
     async def scenario() -> RequestTiming:
         long = asyncio.create_task(engine.translate([reference.encode(LONG)], DecodeOptions(beam_size=4), 60))
         await until(lambda: engine.stats.steps > 0, "the long sentence decoding")
-        timing = RequestTiming()
+        timing = RequestTiming(traced=True)
         texts = read_lines("test_2016_flickr.en.gz", 3)
         await engine.translate([reference.encode(t) for t in texts], DecodeOptions(beam_size=4), 60, timing)
         await long

@@ -75,10 +75,12 @@ class BatchTiming(NamedTuple):
 @dataclass
 class RequestTiming:
     """One request's time in the engine: the longest any of its sentences waited to start decoding,
-    from the first of them starting to the last finishing, and its sentences' batches."""
+    from the first of them starting to the last finishing, and, for a request being traced, its sentences'
+    batches."""
 
     queue_wait_s: float = 0.0
     decode_s: float = 0.0
+    traced: bool = False  # its batches wanted: the request's trace records them (tracing.recording())
     batches: list[BatchTiming] = field(default_factory=list)
 
     def measure(self, items: list[WorkItem]) -> None:
@@ -88,6 +90,8 @@ class RequestTiming:
         ends = [it.finished if it.finished is not None else s for it, s in zip(items, starts, strict=True)]
         self.queue_wait_s = max(s - it.enqueued for it, s in zip(items, starts, strict=True))
         self.decode_s = max(ends) - min(starts)
+        if not self.traced:
+            return
         together: dict[float, list[tuple[WorkItem, float]]] = {}
         for it, end in zip(items, ends, strict=True):
             if it.started is not None:
@@ -100,7 +104,7 @@ class RequestTiming:
                 finished=max(end for _, end in group),
                 sentences=len(group),
                 batch=group[0][0].batch,
-                steps=max((it.steps for it, _ in group if it.steps is not None), default=None),
+                steps=max((s for it, _ in group if (s := it.steps()) is not None), default=None),
                 longest=max(it.tokens for it, _ in group),
             )
             for started, group in together.items()
@@ -110,8 +114,6 @@ class RequestTiming:
         """The request's time in the engine as spans under the current one (service/tracing.py): for each group
         of its sentences that began decoding together, the wait in the queue, the encoder's pass (continuous
         batching, where it runs apart) and the decoding, with the batch's size and steps."""
-        if not tracing.on():
-            return
         for b in self.batches:
             tracing.recorded("queue", b.enqueued, b.started, {"beamserve.sentences": b.sentences})
             decoding = b.started
@@ -161,7 +163,7 @@ def _mark_started(
     """Mark items as started decoding now, beside `batch` sentences in all (at the engine's decoder step
     `step`, in continuous batching), and tell the observer of their batch."""
     for it in items:
-        it.started, it.batch, it.steps = now, batch, step
+        it.started, it.batch, it.first_step = now, batch, step
     if observer is not None:
         observer.on_batch(len(items), *batch_tokens(items), [now - it.enqueued for it in items])
 
@@ -169,10 +171,8 @@ def _mark_started(
 def _resolve(item: WorkItem, hyps: list[Hypothesis], step: int | None = None) -> int:
     """Complete an item's request (at the engine's decoder step `step`, in continuous batching); returns the
     tokens its best hypothesis generated (</s> included)."""
-    item.finished = time.monotonic()
+    item.finished, item.last_step = time.monotonic(), step
     item.tokens = len(hyps[0].tokens) + 1 if hyps else 0
-    if step is not None and item.steps is not None:
-        item.steps = step - item.steps
     try:
         item.future.set_result(hyps)
     except concurrent.futures.InvalidStateError:  # withdrawn while its last step ran

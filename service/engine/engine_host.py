@@ -7,7 +7,7 @@ releases it), so the two run one after the other. Here the engine shares its GIL
 loop, which moves ids in and hypotheses out (docs/benchmarks.md, "Served one at a time, and at saturation").
 
 Started as `python -m service.engine.engine_host FD`, FD its end of a socket pair. Messages are pickled tuples:
-parent -> host: a HostSpec first, then ("translate", rid, sources, opts, timeout_s), ("align", rid, pairs,
+parent -> host: a HostSpec first, then ("translate", rid, sources, opts, timeout_s, traced), ("align", rid, pairs,
 src_lang, tgt_lang), ("state", rid), ("cancel", rid), ("reconfigure", config), ("close",);
 host -> parent: ("ready", (ModelFacts, state)) or ("failed", traceback) first, then ("done", rid, result, state),
 ("error", rid, exception, state), ("report", Report) and ("health", problem or None).
@@ -217,14 +217,14 @@ class Host:
     def handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "translate":
-            _, rid, sources, opts, timeout_s = message
+            _, rid, sources, opts, timeout_s, traced = message
             try:
                 request = Request(self.engine, sources, opts, timeout_s)
             except Exception as exc:  # refused at once: too large, queue full
                 self.send(("error", rid, exc, self.state()))
                 return
             self.requests[rid] = request
-            request.future.add_done_callback(partial(self.answer, rid, request))
+            request.future.add_done_callback(partial(self.answer, rid, request, traced=traced))
         elif kind == "align":
             _, rid, pairs, src_lang, tgt_lang = message
             align = partial(self.translator.align, pairs, src_lang=src_lang, tgt_lang=tgt_lang)
@@ -240,8 +240,11 @@ class Host:
         elif kind == "close":
             self.closed.set()
 
-    def answer(self, rid: int, request: Request | None, future: concurrent.futures.Future[Any]) -> None:
-        """Send a finished call's answer (on the thread that finished it: the engine's, most often)."""
+    def answer(
+        self, rid: int, request: Request | None, future: concurrent.futures.Future[Any], *, traced: bool = False
+    ) -> None:
+        """Send a finished call's answer (on the thread that finished it: the engine's, most often); a translation
+        `traced` carries its batches' timings too."""
         self.requests.pop(rid, None)
         if future.cancelled():
             return  # the replica withdrew it and awaits nothing
@@ -251,7 +254,7 @@ class Host:
             return
         result = future.result()
         if request is not None:  # a translation: plain (tokens, score) pairs, and the request's timing
-            timing = RequestTiming()
+            timing = RequestTiming(traced=traced)
             timing.measure(request.items)
             nbest = [[(h.tokens, h.score) for h in hs] for hs in result]
             result = (nbest, timing.queue_wait_s, timing.decode_s, [tuple(b) for b in timing.batches])

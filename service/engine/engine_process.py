@@ -130,7 +130,8 @@ class EngineProcess:
         timing: RequestTiming | None = None,
     ) -> list[list[Hypothesis]]:
         """Engine.translate, decoded in the host; cancelling the awaiting task withdraws the request there."""
-        nbest, queue_wait_s, decode_s, batches = await self._call("translate", sources, opts, timeout_s)
+        traced = timing is not None and timing.traced
+        nbest, queue_wait_s, decode_s, batches = await self._call("translate", sources, opts, timeout_s, traced)
         if timing is not None:
             timing.queue_wait_s, timing.decode_s = queue_wait_s, decode_s
             timing.batches = [BatchTiming(*b) for b in batches]

@@ -83,12 +83,19 @@ class WorkItem:
     started: float | None = None  # when it began decoding (monotonic)
     finished: float | None = None  # when its translation was handed back
     # For its request's trace (service/tracing.py): when its encoder pass ended (continuous batching), the
-    # sentences decoding beside it as it began, the decoder steps it took part in (continuous batching: the
-    # engine's count at its start, then the difference), its best translation's tokens.
+    # sentences decoding beside it as it began, the engine's decoder step count as it began and as it finished
+    # (continuous batching), its best translation's tokens.
     encoded: float | None = None
     batch: int = 0
-    steps: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
     tokens: int = 0
+
+    def steps(self) -> int | None:
+        """The decoder steps it took part in (continuous batching, decoded to its end), else None."""
+        if self.first_step is None or self.last_step is None:
+            return None
+        return self.last_step - self.first_step
 
     @property
     def cost(self) -> int:

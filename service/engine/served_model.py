@@ -212,7 +212,7 @@ class ServedModel:
         _, target_lang = self._languages(pair)
         if target_lang is not None:  # the target's token forced first
             options = replace(options, forced_bos_token_id=self.codec.tokenizer.language_id(target_lang))
-        timing = RequestTiming()
+        timing = RequestTiming(traced=tracing.recording())
         async with self._using():
             hyps = await self.engine.translate(sources, options, timeout_s, timing)
         timing.trace()
