@@ -112,9 +112,11 @@ class RouteBase:
         await self.keys.refund(self.keys.client_of(owner), characters)
 
     async def _owner_job(self, req: TranslateRequest, owner: str) -> Job:
-        """A document's request with its glossary and memory as the client named `owner` has them (a document
-        another replica took over)."""
-        client = self.keys.client_of(owner)
+        """_job for the client named `owner` (a document another replica took over)."""
+        return await self._job(req, self.keys.client_of(owner))
+
+    async def _job(self, req: TranslateRequest, client: Client) -> Job:
+        """A document's request with its glossary and memory as `client` has them."""
         return Job(req, await self._terms(req, client), await self._recall(req, client))
 
     async def _terms(self, req: TranslateRequest, client: Client) -> glossary.Terms | None:
@@ -167,10 +169,9 @@ class RouteBase:
         if parsed.html:
             req = req.model_copy(update={"tag_handling": "html"})
         async with self._billed(client, parsed.characters):
-            terms, recall = await self._terms(req, client), await self._recall(req, client)
+            job = await self._job(req, client)
 
             async def refund() -> None:
                 await self.keys.refund(client, parsed.characters)
 
-            job = Job(req, terms, recall)
             return await self.documents.upload(parsed, data, filename, job, client.id, refund, wait_s)

@@ -24,8 +24,9 @@ class PairModel:
         from service.engine.served_model import ServedModel
 
         local_ray.pin_replica_grpc()
-        tracing.setup(Settings(**settings), "model")
-        self.model = ServedModel(ModelEntry.model_validate(entry), Settings(**settings))
+        own = Settings(**settings)
+        tracing.setup(own, "model")
+        self.model = ServedModel(ModelEntry.model_validate(entry), own)
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine died or wedged is replaced, not only a dead one."""
