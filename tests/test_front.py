@@ -364,7 +364,10 @@ def test_past_the_queue_requests_are_refused_at_once(tmp_path: Path) -> None:
     ok = [a for a in answers if a[0] == 200]
     refused = [a for a in answers if a[0] in (429, 503)]
     assert len(ok) == 4 and len(refused) == 3, answers  # 2 at once, 2 queued (then served), 3 refused
-    assert all(seconds < 0.5 for _, seconds, _ in refused), refused
+    # At once: each refusal comes before the queued requests' answers, which wait one hold in the queue
+    # and one at the replica (a bound a loaded CI machine keeps; refusals take milliseconds).
+    queued = sorted(seconds for _, seconds, _ in ok)[2:]
+    assert all(seconds < 2 * replica.hold_s <= min(queued) for _, seconds, _ in refused), answers
     assert all(body.get("error") == "overloaded" for status, _, body in refused if status == 503)
     assert answers[-1][0] in (200, 429)  # LibreTranslate's route: 429, as its clients expect
     assert replica.seen == 4
