@@ -6,12 +6,24 @@ DATA ?= ../shared/data/multi30k
 
 .PHONY: lock install chromium clang serve test test-fast lint format gpu-wheels bench-decode bench-gemm bench-batching bench-memory bench-serving bench-latency loadtest faults cluster-faults chaos soak fuzz clean
 
+# torch 2.13.0 from TORCH_INDEX: by default the PyTorch CPU index (PyPI's Linux torch is the CUDA build of several
+# GB), where a wheel pip finds without an index (a find-links directory, as the development machines have) comes
+# first; `make serve TORCH_INDEX=https://download.pytorch.org/whl/cu128` for the CUDA build.
+CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(CPU_INDEX)
+ifeq ($(TORCH_INDEX),$(CPU_INDEX))
+torch_install = { $(PIP) install -q --no-index --no-deps torch==2.13.0 2>/dev/null && $(PIP) install -q torch==2.13.0; } \
+  || $(PIP) install -q --index-url $(TORCH_INDEX) torch==2.13.0
+else
+torch_install = $(PIP) install -q --index-url $(TORCH_INDEX) torch==2.13.0
+endif
+
 # install_extra(EXTRA): the virtual environment with beamserve and its EXTRA dependencies.
 define install_extra
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# The CPU build of torch first (it lies on disk here), so nothing pulls a multi-GB CUDA build.
-	$(PIP) install -q torch==2.13.0
+	# torch first, from its index, so that nothing resolves it from PyPI (the CUDA build).
+	$(torch_install)
 	@# The rest by uv (its pinned version, as the dev dependencies name it): the versions pip resolves,
 	@# installed in a fifth of the time, compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set
 	@# nothing else writes it, and every process, each of Ray's workers among them, would compile Ray's,

@@ -4,6 +4,7 @@ downloaded), real sentences, and the real Ray Serve app on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import functools
@@ -63,7 +64,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             serving.add(module(item.nodeid))
     if serving - SHARED_SERVER:
         raise pytest.UsageError(f"tests/conftest.py: add {sorted(serving - SHARED_SERVER)} to SHARED_SERVER")
-    items.sort(key=lambda item: module(item.nodeid) not in SHARED_SERVER)  # stable within each part
+    # The longest units of work first, so that the last ones handed to a worker are short: the shared server's
+    # modules, then the modules with `slow` tests (each starts a server, Ray, processes or training), then
+    # the rest; the modules with more tests first within each part (pytest-xdist's own order, which
+    # ByModule keeps once this one is set).
+    slow = {module(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    count = collections.Counter(module(item.nodeid) for item in items)
+
+    def cost(item: pytest.Item) -> tuple[bool, bool, int]:
+        name = module(item.nodeid)
+        return name not in SHARED_SERVER, name not in slow, -count[name]
+
+    items.sort(key=cost)  # stable: a module's tests keep their order
 
 
 def module(nodeid: str) -> str:
@@ -80,6 +92,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return "the shared server" if module(nodeid) in SHARED_SERVER else module(nodeid)
 
+    config.option.loadscopereorder = False  # the collection's order (pytest_collection_modifyitems) is the queue's
     return ByModule(config, log)
 
 
