@@ -98,22 +98,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert any(n.startswith("model/kernels/_native") for n in zipfile.ZipFile(wheel).namelist())
     venv = tmp / "venv"
     python = venv / "bin" / "python"
-    step([sys.executable, "-m", "venv", venv])
+    step([sys.executable, "-m", "venv", "--without-pip", venv])  # this pip installs into it (--python)
     uv = Path(sys.executable).parent / "uv"
     lock = REPO / "deploy" / "requirements.lock"
     step([uv, "pip", "install", "-q", "--python", python, "--require-hashes", "--no-deps", "-r", lock])
     # torch as `make serve` installs it: a wheel pip finds without an index, else the PyTorch CPU index.
-    pip = [python, "-m", "pip", "install", "-q", "--no-compile"]
+    pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile"]
     local = subprocess.run([*pip, "--no-index", "--no-deps", "torch==2.13.0"], env=WRITES_BYTECODE, capture_output=True)
-    step(
-        [
-            *pip,
-            "torch==2.13.0",
-            *([] if local.returncode == 0 else ["--index-url", "https://download.pytorch.org/whl/cpu"]),
-        ]
-    )
+    cpu_index = [] if local.returncode == 0 else ["--index-url", "https://download.pytorch.org/whl/cpu"]
+    step([*pip, "torch==2.13.0", *cpu_index])
     step([*pip, "--no-deps", wheel])
-    step([python, "-m", "pip", "check"])
+    step([sys.executable, "-m", "pip", "--python", python, "check"])
     listed = "import importlib.metadata as m; print('\\n'.join(d.metadata['Name'] for d in m.distributions()))"
     there = subprocess.run([python, "-c", listed], capture_output=True, text=True, check=True).stdout.split()
     # The development extra's tools, those serving does not need itself (the lock names what it needs).

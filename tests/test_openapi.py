@@ -61,7 +61,7 @@ def test_schemathesis_finds_nothing_the_document_does_not_say(server: str, tmp_p
             "--checks",
             "all",
             "--max-examples",
-            "100",
+            "50",
             "--seed",
             "1",
             "--generation-database",
