@@ -16,11 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
-from model.options import DecodeOptions
 from service import local_ray, tracing
 from service.engine import allocator
-from service.engine.answers import Decoded
-from service.errors import ApiError, returned
+from service.engine.model_calls import ModelCalls
 from service.registry import ModelEntry, ModelUnavailableError
 from service.settings import Settings
 
@@ -31,7 +29,7 @@ POOL = "model-pool"  # the deployment's name
 
 
 @serve.deployment(max_ongoing_requests=512, max_queued_requests=256, health_check_period_s=10)
-class ModelPool:
+class ModelPool(ModelCalls):
     """Pooled models, loaded on demand, the least recently used evicted past the bound."""
 
     def __init__(self, entries: list[dict[str, Any]], settings: dict[str, Any]) -> None:
@@ -59,7 +57,7 @@ class ModelPool:
         # Decorated here, not on the class: the bound comes from the settings.
         self._load = serve.multiplexed(max_num_models_per_replica=self.settings.pool_models_per_replica)(load)
 
-    async def _model(self) -> "ServedModel":
+    async def _served(self) -> "ServedModel":
         name = serve.get_multiplexed_model_id()
         if name not in self.entries:
             raise ModelUnavailableError(f"the model pool has no model {name!r}")
@@ -82,33 +80,11 @@ class ModelPool:
         for model in self.held.values():
             model.reconfigure({**config, **{k: v for k, v in model.entry.settings.items() if k in config}})
 
-    async def translate(
-        self,
-        pair: str,
-        texts: list[str],
-        options: DecodeOptions,
-        timeout_s: float,
-        pieces: bool = False,
-        trace: dict[str, str] | None = None,
-    ) -> Decoded | ApiError:
-        async def call() -> Decoded:
-            return await (await self._model()).translate(pair, texts, options, timeout_s, pieces, trace)
-
-        return await returned(call())
-
-    async def align(
-        self, pair: str, texts: list[tuple[str, str]], trace: dict[str, str] | None = None
-    ) -> list[list[list[int]]] | ApiError:
-        async def call() -> list[list[list[int]]]:
-            return await (await self._model()).align(pair, texts, trace)
-
-        return await returned(call())
-
     async def info(self) -> dict[str, Any]:
         """With a model id, that model's info (loading it); without, the pool replica's: ready, and the
         models it holds."""
         if serve.get_multiplexed_model_id():
-            return await (await self._model()).info()
+            return await (await self._served()).info()
         return self.pool_info()
 
     def pool_info(self) -> dict[str, Any]:

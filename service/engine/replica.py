@@ -1,22 +1,23 @@
 """PairModel: a dedicated deployment's replica, holding one model of the registry and its engine
 (service/engine/served_model.py) for as long as it lives."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
-from model.options import DecodeOptions
 from service import local_ray, tracing
-from service.engine.answers import Decoded
-from service.errors import ApiError, returned
+from service.engine.model_calls import ModelCalls
 from service.registry import ModelEntry
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.engine.served_model import ServedModel
 
 
 # Requests past max_ongoing_requests wait in Serve's queue; past max_queued_requests the gateway is
 # told at once (BackPressureError, answered 503), so nothing waits unbounded outside the engine's queue.
 @serve.deployment(max_ongoing_requests=512, max_queued_requests=256, health_check_period_s=10)
-class PairModel:
+class PairModel(ModelCalls):
     """One model of the registry on one replica; it answers the entry's pairs."""
 
     def __init__(self, entry: dict[str, Any], settings: dict[str, Any]) -> None:
@@ -38,21 +39,8 @@ class PairModel:
         """Serve's user_config: batching knobs, applied live."""
         self.model.reconfigure(config)
 
-    async def translate(
-        self,
-        pair: str,
-        texts: list[str],
-        options: DecodeOptions,
-        timeout_s: float,
-        pieces: bool = False,
-        trace: dict[str, str] | None = None,
-    ) -> Decoded | ApiError:
-        return await returned(self.model.translate(pair, texts, options, timeout_s, pieces, trace))
-
-    async def align(
-        self, pair: str, texts: list[tuple[str, str]], trace: dict[str, str] | None = None
-    ) -> list[list[list[int]]] | ApiError:
-        return await returned(self.model.align(pair, texts, trace))
+    async def _served(self) -> "ServedModel":
+        return self.model
 
     async def info(self) -> dict[str, Any]:
         return await self.model.info()
