@@ -27,6 +27,7 @@ SOURCES = [
     "model/kernels/csrc/search.c",
     "model/kernels/csrc/sublayers.c",
     "model/kernels/csrc/layer_norm.c",
+    "model/kernels/csrc/silu.c",
 ]
 # No contraction of a separate multiply and add into one rounding: the int8 passes must match PyTorch's
 # bits, and the decode-step kernels' bits must not depend on the CPU.

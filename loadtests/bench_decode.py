@@ -18,7 +18,9 @@ Systems (--systems): beamserve; beamserve-es and beamserve-int8-es (early_stoppi
 stopping rule);
 beamserve-bf16 (dtype bfloat16); beamserve-int8 and beamserve-int8_bfloat16 (compute_type: int8 GEMMs
 with per-row scales, float32 or bfloat16 elsewhere); beamserve-pytorch and beamserve-int8-pytorch
-(float32 and int8 in PyTorch's ops only, without the C kernels of model/kernels/native.py); beamserve-slots
+(float32 and int8 in PyTorch's ops only, without the C kernels of model/kernels/native.py); beamserve-segments and
+beamserve-int8-segments (a step's layers as C calls cut at the feed-forward activations, not the one-call step of
+model/nn/c_step.py); beamserve-slots
 (the static decode state, model/decode/slot_decoder.py: B slots of K beams refilled as sentences finish; CUDA
 graphs on a GPU); hf; ct2-float32; ct2-int8; ct2-float16 (GPU).
 
@@ -56,6 +58,7 @@ from model import DecodeOptions, Translator  # noqa: E402
 from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
 from model.io import checkpoint  # noqa: E402
 from model.kernels import native  # noqa: E402
+from model.nn import c_step  # noqa: E402
 from model.nn.config import preset  # noqa: E402
 from model.nn.transformer import Seq2Seq  # noqa: E402
 
@@ -334,15 +337,20 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     if system == "beamserve-pytorch":  # PyTorch's ops only: decode-step attention without the C kernel
         native.turn_off()
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
+    if system == "beamserve-segments":  # the step cut at each activation (c_step.ONE_CALL off)
+        c_step.ONE_CALL = False
+        return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
     if system == "beamserve-slots":
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
         return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
-    if system in ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch", "beamserve-int8-es"):
+    int8_systems = ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch", "beamserve-int8-es")
+    if system in (*int8_systems, "beamserve-int8-segments"):
         # PyTorch's ops only: no C row kernels, no C attention (model/kernels/native.py)
         if system.endswith("-pytorch"):
             native.turn_off()
+        c_step.ONE_CALL = not system.endswith("-segments")
         early = system.endswith("-es")  # CTranslate2's stopping rule, as beamserve-es
         tr8 = Translator.load(own, args.device, compute_type=system.split("-")[1], num_threads=args.threads)
         return lambda n, B, K: run_beamserve(tr8, encoded[:n], B, K, steps, early_stopping=early)
@@ -452,6 +460,7 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
     )
     pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
     pairs += [("beamserve", "beamserve-pytorch"), ("beamserve-int8", "beamserve-int8-pytorch")]
+    pairs += [("beamserve", "beamserve-segments"), ("beamserve-int8", "beamserve-int8-segments")]
     pairs += [("beamserve-int8", "beamserve"), ("beamserve-int8", "ct2-int8"), ("beamserve-int8-es", "ct2-int8")]
     if "beamserve-slots" in workers:
         pairs += [("beamserve-slots", "beamserve"), ("beamserve-slots", "hf")]

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from model import DecodeOptions, Translator
 from model.decode.search import NEG, top_candidates
-from model.kernels import native
+from model.kernels import f32_gemm, native, onednn
 from model.kernels.quant import linear_int8, quantize_rows, quantize_weight
 from model.nn.kv_cache import KVCache
 from model.nn.transformer import Seq2Seq
@@ -451,9 +451,16 @@ def test_a_step_by_segments_as_one_plan_its_sublayers_as_one_c_call_each_and_op_
         return [[(h.tokens, h.score) for h in r] for r in found]
 
     segments: list[str] = []  # encoder and decoder by segments: one library call between two activations
-    for name in ("decoder_segment", "encoder_segment"):
+    for name in ("decoder_layers", "encoder_layers", "decoder_segment", "encoder_segment"):
         call = getattr(native, name)
         monkeypatch.setattr(native, name, lambda *a, call=call, name=name: segments.append(name) or call(*a))
+    one_call = translations()  # a step's every layer, with en-de's SiLU, projection and log-softmax, in one call
+    ffn = tr.model.decoders[0].ffn
+    exact = native.silu_exactly() if compute_type == "int8" else f32_gemm.swish_agrees(*ffn.fc1.weight.shape)
+    one = ffn.activation == "swish" and native.layer_norms_exactly() and exact
+    assert ("decoder_layers" in segments) == one and ("encoder_layers" in segments) == one
+    monkeypatch.setattr(c_step, "ONE_CALL", False)
+    segments.clear()
     by_segments = translations()
     assert set(segments) == {"decoder_segment", "encoder_segment"} or not native.layer_norms_exactly()
     monkeypatch.setattr(native, "_EXACT_NORMS", False)  # the encoder's modules; PyTorch's LayerNorm in the step
@@ -471,7 +478,7 @@ def test_a_step_by_segments_as_one_plan_its_sublayers_as_one_c_call_each_and_op_
     monkeypatch.setattr(MultiHeadAttention, "c_sublayer", lambda *a, **k: None)
     monkeypatch.setattr(FeedForward, "_c_linears", lambda *a, **k: None)
     apart = translations()  # op by op
-    assert by_segments == whole == layered == apart
+    assert one_call == by_segments == whole == layered == apart
 
 
 @pytest.mark.skipif(not native.built(), reason="the C kernels are not built")
@@ -520,3 +527,49 @@ def test_a_build_without_a_compiler_says_so_and_fails_where_the_kernels_are_requ
     env["BEAMSERVE_REQUIRE_KERNELS"] = "1"
     loud = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert loud.returncode != 0 and "model/kernels/csrc/" in loud.stderr
+
+
+@pytest.mark.skipif(not native.built(), reason="the C kernels are not built")
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 32, 33, 1024, 4096 + 24, 30000])
+def test_silu_in_c_gives_torchs_bits_at_every_length_where_the_check_at_load_finds_them(n: int) -> None:
+    # ATen takes whole pairs of vectors with SLEEF's expf and the rest lane by lane with the C library's: each
+    # length's tail is computed as ATen computes it, on values from every binade, both signs and the cut-offs.
+    if not native.silu_exactly():
+        pytest.skip(f"the library's SiLU does not give this ATen's bits ({torch.backends.cpu.get_cpu_capability()})")
+    g = torch.Generator().manual_seed(n)
+    bits = torch.randint(-(2**31), 2**31, (n,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    ramp = torch.linspace(-110.0, 110.0, n)
+    for x in (bits, ramp, torch.randn(n, generator=g) * 3):
+        expected = F.silu(x)
+        got = native.silu_(x.clone())
+        same = (got.view(torch.int32) == expected.view(torch.int32)) | (got.isnan() & expected.isnan())
+        assert bool(same.all()), x[~same][:4]
+
+
+@pytest.mark.skipif(not native.f32() or onednn.LINEAR is None, reason="no float32 GEMM in C here (AVX-512)")
+def test_swish_in_c_gives_onednns_fused_post_op_bits() -> None:
+    # oneDNN's linear with its swish post-op through an identity weight is swish(x) itself: a million floats
+    # from every binade (a stride through the finite bit patterns) and activations of every scale.
+    values = torch.arange(0, 1 << 32, 4099, dtype=torch.int64)
+    values = torch.where(values >= 1 << 31, values - (1 << 32), values).to(torch.int32).view(torch.float32)
+    values = values[torch.isfinite(values) & (values != 0)]  # a zero row sums -0.0 to +0.0 through the GEMM
+    x = torch.cat([values[: values.numel() // 256 * 256], torch.randn(64 * 256) * 6]).view(-1, 256)
+    with torch.inference_mode():
+        expected = onednn.linear(x, torch.eye(256), None, "swish")
+    assert torch.equal(native.f32_swish_(x.clone()), expected)
+    assert f32_gemm.swish_agrees(1024, 256)  # the shipped model's fc1: its GEMM and swish in C give oneDNN's
+
+
+@pytest.mark.skipif(not native.built(), reason="the C kernels are not built")
+def test_a_lineages_reorder_in_one_call_is_the_gather_of_its_rows_and_refuses_a_row_outside_it() -> None:
+    lineage = torch.arange(6 * 9).view(6, 9)
+    rows = torch.tensor([2, 2, 0, 5])  # rows naming each other and themselves
+    expected = lineage.clone()
+    expected[:4, :7] = lineage[rows, :7]
+    native.follow(lineage, rows, 7)
+    assert torch.equal(lineage, expected)
+    with pytest.raises(IndexError):
+        native.follow(lineage, torch.tensor([0, 6]), 3)
+    with pytest.raises(IndexError):
+        native.follow(lineage, rows, 10)
+    assert torch.equal(lineage, expected)  # nothing written by a refused call

@@ -6,8 +6,10 @@ machine (fused multiply-adds in order of k within blocks of K, the blocks added 
 and is used only for a weight shape and intra-op thread count at which it was checked to give oneDNN's
 bits, on random rows at every row count it serves (CHECK_ROWS): a sentence's translation stays the same
 whichever computes it, alone or in a batch (oneDNN above MOST_ROWS). Where they differ (another oneDNN
-build, a CPU whose blocking differs) oneDNN keeps every shape. Activations fused in oneDNN's epilogue
-(swish, relu) keep oneDNN: its swish rounds as no C function here does.
+build, a CPU whose blocking differs) oneDNN keeps every shape. An activation fused in oneDNN's epilogue keeps
+oneDNN's call here (gemm.linear); a decode step made in one library call (model/nn/c_step.py) computes a
+feed-forward's fc1 and its swish in C instead, with the C GEMM and native.f32_swish_ (oneDNN's swish, step by
+step), where swish_agrees finds them giving oneDNN's fused bits at fc1's shape.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ MOST_ROWS = 64  # above this, oneDNN's call costs little beside its arithmetic
 CHECK_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 33, 64)
 FORM_ATTR = "_beamserve_f32"  # on a weight: (its version, its packed form for the C kernel)
 _AGREES: dict[tuple[int, int, int], bool] = {}
+_SWISH_AGREES: dict[tuple[int, int, int], bool] = {}
 
 
 def agrees(N: int, K: int) -> bool:
@@ -38,7 +41,7 @@ def agrees(N: int, K: int) -> bool:
     return found
 
 
-def _check(N: int, K: int) -> bool:
+def _check(N: int, K: int, post_op: str = "none") -> bool:
     if not native.f32() or onednn.LINEAR is None:
         return False
     gen = torch.Generator().manual_seed(N * 31 + K)
@@ -46,11 +49,27 @@ def _check(N: int, K: int) -> bool:
         w, b = torch.randn(N, K, generator=gen) * 0.05, torch.randn(N, generator=gen)
         form = native.F32Weight(w)
         for rows in CHECK_ROWS:
-            x = torch.randn(rows, K, generator=gen)
+            x = torch.randn(rows, K, generator=gen) * (1 + 4 * (rows % 2))  # activations far into swish's tails too
             for bias in (b, None):
-                if not torch.equal(ops.f32_linear(x, form, bias), onednn.linear(x, w, bias)):
+                y = ops.f32_linear(x, form, bias)
+                if post_op == "swish":
+                    native.f32_swish_(y)
+                if not torch.equal(y, onednn.linear(x, w, bias, post_op)):
                     return False
     return True
+
+
+def swish_agrees(N: int, K: int) -> bool:
+    """Whether the C kernel followed by native.f32_swish_ gives the bits of oneDNN's linear with its swish post-op
+    for (N, K) weights at this intra-op thread count (as agrees checks the plain linear): the feed-forward's fc1
+    of a float32 decode step, in C (model/nn/c_step.py)."""
+    key = (N, K, torch.get_num_threads())
+    found = _SWISH_AGREES.get(key)
+    if found is None:
+        found = _SWISH_AGREES[key] = agrees(N, K) and _check(N, K, "swish")
+        if not found:
+            log.info("float32 GEMM (%d x %d) with swish: C's bits differ from oneDNN's, which runs it", N, K)
+    return found
 
 
 def form(weight: torch.Tensor) -> native.F32Weight | None:

@@ -25,7 +25,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"relu": F.relu
 FUSED_ACTIVATIONS = {"relu": "relu", "swish": "swish"}  # our name -> oneDNN post-op name
 INPLACE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu_,
-    "swish": lambda y: F.silu(y, inplace=True),
+    "swish": torch._C._nn.silu_,  # F.silu(y, inplace=True) without its Python wrapper: a step calls it per layer
 }
 
 

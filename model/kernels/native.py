@@ -46,7 +46,9 @@ SIGNATURES = {
     "beamserve_cpu_level": "i:",
     "beamserve_attend": "i:pppqqqqqqqqpqpqqqqfp",
     "beamserve_self_attend_step": "i:pqqqqppqqqqqpqpqqqqfp",
+    "beamserve_follow": "i:pqqqqpq",
     "beamserve_log_softmax": "v:pqqq",
+    "beamserve_silu": "v:pq",
     "beamserve_scale_back_log_softmax": "v:pqqpppp",
     "beamserve_top_candidates": "i:ppqqqqppp",
     "beamserve_beam_step": "i:pqqqppppppqpppqippp",
@@ -56,13 +58,16 @@ SIGNATURES = {
     "beamserve_linear_forward": "i:ppqpp",
     "beamserve_layer_norm": "v:pqqppfp",
     "beamserve_decoder_segment": "i:ppppppqppqqqqqqppp",
+    "beamserve_decoder_layers": "i:pppqpqppqqqqqqppp",
     "beamserve_encoder_segment": "i:pppqqqppqqqqfqqppp",
+    "beamserve_encoder_layers": "i:pqqqqppqqqqfqqp",
     "beamserve_embed": "i:pqpqqfpqp",
     "beamserve_vnni": "i:",
     "beamserve_f32_gemm": "i:",
     "beamserve_f32_packed_floats": "q:qq",
     "beamserve_f32_pack": "v:pqqp",
     "beamserve_f32_linear": "i:pqqqpqppqpq",
+    "beamserve_f32_swish": "i:pq",
     "beamserve_vnni_packed_bytes": "q:qq",
     "beamserve_vnni_pack": "v:pqqpp",
     "beamserve_vnni_int8_gemm": "i:pqqqppqp",
@@ -265,6 +270,14 @@ def _bias_and_residual(
     if residual.dtype != torch.float32 or residual.shape != (M, N) or residual.stride(1) != 1:
         raise ValueError(f"{kernel}: the residual must be ({M}, {N}) float32 with unit column stride")
     return residual.data_ptr(), residual.stride(0)
+
+
+def f32_swish_(x: torch.Tensor) -> torch.Tensor:
+    """x float32 contiguous on CPU replaced by swish(x) as oneDNN's swish post-op computes it (csrc/f32_gemm.c);
+    returns x. Only where f32()."""
+    _check(x.dtype == torch.float32 and x.is_contiguous() and x.is_cpu, "f32_swish_", "x float32 contiguous on CPU")
+    _raise_for(_lib().beamserve_f32_swish(x.data_ptr(), x.numel()), "f32_swish_")
+    return x
 
 
 def f32_linear(
@@ -530,6 +543,22 @@ def self_attend_step(
     if failed:
         raise MemoryError("no memory for the attention's scores")
     return out
+
+
+def follow(lineage: torch.Tensor, rows: torch.Tensor, t: int) -> None:
+    """A lineage's reorder in one call (model/nn/kv_cache.py's KVCache.follow): lineage (R, T') int64 with unit
+    column stride, row i < rows.numel() taking row rows[i]'s first t entries, rows (n,) int64 naming any rows."""
+    _check(
+        lineage.dtype == rows.dtype == torch.int64 and lineage.dim() == 2 and lineage.stride(1) == 1
+        and rows.dim() == 1 and rows.is_contiguous() and lineage.is_cpu and rows.is_cpu,
+        "follow", "lineage (R, T') int64 with unit column stride, rows (n,) int64 contiguous, on CPU",
+    )  # fmt: skip
+    R, T = lineage.shape
+    failed = _lib().beamserve_follow(lineage.data_ptr(), R, T, lineage.stride(0), t, rows.data_ptr(), rows.numel())
+    if failed == -2:
+        raise IndexError(f"follow: a row outside the lineage's {R}, or {t} positions past its {T}")
+    if failed:
+        raise MemoryError("no memory for the lineage's reorder")
 
 
 def log_softmax_(x: torch.Tensor) -> torch.Tensor:
@@ -840,6 +869,64 @@ def decoder_segment(
     _raise_sublayer(failed, "decoder_segment")
 
 
+def decoder_layers(
+    layers: ctypes.Array[ctypes.c_void_p],
+    own: ctypes.Array[ctypes.c_void_p],
+    source_kv: ctypes.Array[ctypes.c_void_p],
+    positions: tuple[int | None, int],
+    source: tuple[int, ...],
+    x: torch.Tensor,
+    output: LinearC | None = None,
+) -> torch.Tensor | None:
+    """csrc/sublayers.c's beamserve_decoder_layers, its inputs checked by the caller (model/nn/c_step.py): every
+    decoder layer of a step in one call, x (N, C) float32 contiguous updated in place; layers, own and source_kv
+    the addresses of each layer's LayerC (fc1 in C) and KV structs; each feed-forward activated by silu_ (where
+    silu_exactly()). With `output` (a struct of c_linear), then x's output projection and each row's
+    log-softmax -> (N, output.N); else None."""
+    N, C = x.shape
+    logp = None if output is None else torch.empty(N, output.N)
+    failed = _lib().beamserve_decoder_layers(
+        layers, own, source_kv, len(layers), *positions, *source, N, C, x.data_ptr(),
+        None if output is None else ctypes.byref(output), None if logp is None else logp.data_ptr(),
+    )  # fmt: skip
+    _raise_sublayer(failed, "decoder_layers")
+    return logp
+
+
+def silu_(x: torch.Tensor) -> torch.Tensor:
+    """x float32 contiguous on CPU replaced by its SiLU in one call (csrc/silu.c), torch.nn.functional.silu's bits
+    where silu_exactly(); returns x."""
+    _check(x.dtype == torch.float32 and x.is_contiguous() and x.is_cpu, "silu_", "x float32 contiguous on CPU")
+    _lib().beamserve_silu(x.data_ptr(), x.numel())
+    return x
+
+
+SILU_RANGE = 32768  # ATen's grain: a tensor below it is one range whatever the intra-op thread count
+
+
+def silu_exactly() -> bool:
+    """Whether csrc/silu.c gives torch's silu bits here on a tensor of fewer than SILU_RANGE elements (ATen takes
+    such a tensor as one range, whose length past its last pair of vectors it computes lane by lane): PyTorch picks
+    its vector width by this CPU (and ATEN_CPU_CAPABILITY), the library by its level. Compared once, on every
+    binade's values, both signs, zeros, infinities and NaN, and a length whose tail is of a different length at
+    either width."""
+    return _LIB is not None and _silu_agrees()
+
+
+@functools.cache
+def _silu_agrees() -> bool:
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-(2**31), 2**31, (16384,), generator=g, dtype=torch.int64).to(torch.int32)
+    ramp = torch.linspace(-120.0, 120.0, 8191)
+    special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -104.0, 100.0, 88.7, -88.7])
+    x = torch.cat([bits.view(torch.float32), ramp, special])  # 24,584 values: a tail of 8 at 16 lanes, 24 at 32
+    with torch.inference_mode():
+        expected = torch.nn.functional.silu(x)
+    got = silu_(x.clone())
+    same = (got.view(torch.int32) == expected.view(torch.int32)) | (got.isnan() & expected.isnan())
+    return bool(same.all())
+
+
 def encoder_segment(
     ending: LayerC | None,
     h: torch.Tensor | None,
@@ -862,6 +949,23 @@ def encoder_segment(
         x.shape[0], C, x.data_ptr(), u.data_ptr(), None if f is None else f.data_ptr(),
     )  # fmt: skip
     _raise_sublayer(failed, "encoder_segment")
+
+
+def encoder_layers(
+    layers: ctypes.Array[ctypes.c_void_p],
+    heads: int,
+    sentences: tuple[int, int],
+    source: tuple[int, ...],
+    x: torch.Tensor,
+) -> None:
+    """csrc/sublayers.c's beamserve_encoder_layers, its inputs checked by the caller (model/nn/c_encode.py): every
+    encoder layer in one call, x (B S, C) float32 contiguous updated in place, layers the addresses of each
+    layer's LayerC (fc1 in C, `heads` heads), each feed-forward activated as decoder_layers does it."""
+    C = x.shape[1]
+    failed = _lib().beamserve_encoder_layers(
+        layers, len(layers), heads, *sentences, *source, (C // heads) ** -0.5, x.shape[0], C, x.data_ptr()
+    )
+    _raise_sublayer(failed, "encoder_layers")
 
 
 def embed(tokens: torch.Tensor, weight: torch.Tensor, scale: float, at: torch.Tensor) -> torch.Tensor:

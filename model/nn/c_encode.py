@@ -5,17 +5,21 @@ A sentence alone is a dozen rows: each layer op by op is some twenty library and
 microseconds of work each. The calls here compute what EncoderLayer.forward does through its modules (q, k
 and v as one projection: the same sums, model/nn/layers.py; each row's attention over its sentence's own
 positions, padded rows too, as MultiHeadAttention._each_in_c; the residuals in the output projections' passes)
-with the same kernels, so the bits are the same: tests/test_native.py holds them against the modules.
+with the same kernels, so the bits are the same: tests/test_native.py holds them against the modules. Where C
+computes the SiLU between them with the same bits (model/nn/c_step.py's in_one_call), every layer is one call
+(native.encoder_layers).
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from model.kernels import native
+from model.nn import c_step
 from model.nn.layers import hidden_rows
 
 if TYPE_CHECKING:
@@ -42,6 +46,10 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
     source = native.source_of((lengths, sentence), N)
     assert source is not None
     x = x.reshape(N, C).clone()  # the residual stream, updated in place
+    chain = _chain(layers, parts, N)  # type: ignore[arg-type]
+    if chain is not None:
+        native.encoder_layers(chain, parts[0][4], (B, S), source, x)  # type: ignore[index]
+        return x.view(B, S, C)
     u = torch.empty_like(x)
     ending: Part | None = None
     h: torch.Tensor | None = None
@@ -55,6 +63,26 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
     assert ending is not None
     native.encoder_segment(ending[0], h, None, 1, (B, S), source, x, u, None)
     return x.view(B, S, C)
+
+
+def _chain(layers: Sequence[EncoderLayer], parts: list[Part], N: int) -> ctypes.Array[ctypes.c_void_p] | None:
+    """The layers as native.encoder_layers takes them (each LayerC by its address), where that one call gives the
+    bits of the segments and the activations between them (c_step.in_one_call), every layer with the same heads;
+    None elsewhere. Kept on the first layer for these parts at N rows and this intra-op thread count."""
+    if not c_step.ONE_CALL or len({p[4] for p in parts}) != 1:
+        return None
+    held: dict[int, tuple[tuple[int, ...], ctypes.Array[ctypes.c_void_p] | None, list[object]]]
+    held = layers[0].__dict__.setdefault("_c_encode_chain", {})
+    key = (torch.get_num_threads(), *(id(p[0]) for p in parts))
+    found = held.get(N)
+    if found is not None and found[0] == key:
+        return found[1]
+    structs = [c_step.in_one_call(p[0], p[1], p[2], p[3], N) for p in parts]
+    chain = None
+    if all(structs):
+        chain = (ctypes.c_void_p * len(parts))(*(ctypes.addressof(s) for s in structs if s is not None))
+    held[N] = (key, chain, [*structs, *parts])  # the structs the addresses are of, and the parts' ids, held
+    return chain
 
 
 def _part(layer: EncoderLayer, rows: int) -> Part | None:

@@ -7,17 +7,23 @@ sublayer is one call of the library. The operations, their inputs and their orde
 DecoderLayer.sublayers' in C (post-norm: LayerNorm(x + f(x)); pre-norm: x + f(LayerNorm(x))), through the same
 structs (MultiHeadAttention.c_sublayer, FeedForward's C linears): the same bits, which tests/test_native.py holds
 against the layer-by-layer path.
+
+Where C computes the feed-forward's SiLU with the bits of the path it replaces (_chain), the whole step is one
+call: every layer, then the output projection and the log-softmax (log_probs). One sentence at a time the Python
+and PyTorch calls between the segments cost more than their arithmetic, the more so where the weights streamed
+through the caches every step evict the interpreter's data (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from model.kernels import native
+from model.kernels import f32_gemm, native
 from model.nn.layers import feed_forward_in_c, hidden_rows
 
 if TYPE_CHECKING:
@@ -61,13 +67,11 @@ def run(
     """x (N, C) through every decoder layer of a step, each row's key and value written at pos (one for every row,
     or (N,) int64) of `cache`, each row reading its sentence's source through row_map; None, having computed
     nothing, where a sublayer does not run in C at N rows (the caller takes the layer-by-layer path)."""
-    N, C = x.shape
-    plan = _plan(layers, N, cache.__dict__)
-    if plan is None:
+    C = x.shape[1]
+    prepared = _prepared(layers, x, pos, cache, row_map)
+    if prepared is None:
         return None
-    positions, source = native.positions_of(pos, N), native.source_of(row_map, N)
-    if not (x.dtype == torch.float32 and x.is_contiguous()) or positions is None or source is None:
-        return None
+    plan, positions, source = prepared
     if plan[0].whole is not None:
         return _by_segments(plan, x, positions, source, cache, cross)
     for i, layer in enumerate(plan):
@@ -98,6 +102,10 @@ def _by_segments(
     activation (and float32's fc1 with it) in PyTorch between them: the same operations in the same order."""
     N, C = x.shape
     x = x.clone()  # the residual stream, updated in place
+    chain = _chain(plan, N, C, cache, cross)
+    if chain is not None:
+        native.decoder_layers(*chain, positions, source, x)
+        return x
     u = torch.empty_like(x)
     ending: LayerPlan | None = None
     h: torch.Tensor | None = None
@@ -114,6 +122,72 @@ def _by_segments(
     return x
 
 
+Chain = tuple["ctypes.Array[ctypes.c_void_p]", "ctypes.Array[ctypes.c_void_p]", "ctypes.Array[ctypes.c_void_p]"]
+ONE_CALL = True  # False: a step's layers cut at each activation (the segments), to measure the one call against
+
+
+def _chain(plan: Plan, N: int, C: int, cache: KVCache, cross: CrossCache) -> Chain | None:
+    """The step's layers as native.decoder_layers takes them (each LayerC, self-attention KV and source KV by its
+    address), where that one call computes what the segments and the activations between them would: every
+    activation SiLU, each layer's fc1 in C and its SiLU with the bits of the path it replaces (see
+    _layer_in_one_call). Made once per plan and set of cache views; None elsewhere."""
+    if not ONE_CALL:
+        return None
+    held = cache.__dict__.get("_c_step_chain")
+    own, source = cache._views, cross._views
+    if (
+        held is not None and own is not None and source is not None and held[1] is plan and held[2] is own
+        and held[3] is source and own[0] is cache.k and source[0] is cross.k
+    ):  # fmt: skip
+        return held[0]
+    views = [_views(i, C, cache, cross) for i in range(len(plan))]  # made once per buffer: the key below
+    layers = [_layer_in_one_call(layer, N) for layer in plan]
+    chain = None
+    if all(layers):
+        addresses = (
+            [ctypes.addressof(layer) for layer in layers if layer is not None],
+            [ctypes.addressof(kv) for kv, _ in views],
+            [ctypes.addressof(memory) for _, memory in views],
+        )
+        chain = tuple((ctypes.c_void_p * len(plan))(*a) for a in addresses)
+    # The answer (None too) for this plan and these buffers' views, with the structs its addresses are of.
+    cache.__dict__["_c_step_chain"] = (chain, plan, cache._views, cross._views, layers)
+    return chain  # type: ignore[return-value]
+
+
+def _layer_in_one_call(layer: LayerPlan, N: int) -> native.LayerC | None:
+    if layer.whole is None:
+        return None
+    return in_one_call(layer.whole, layer.fc1 is not None, layer.fc1_float, layer.activation, N)
+
+
+def in_one_call(
+    whole: native.LayerC, fc1_in_c: bool, fc1_float: tuple[torch.Tensor, torch.Tensor | None], activation: str, N: int
+) -> native.LayerC | None:
+    """A layer's struct for native.decoder_layers or encoder_layers at N rows, or None where that call would not
+    give the bits of the segments and activations between them. int8 (fc1_in_c): fc1 in C already, then torch's
+    SiLU, which csrc/silu.c gives where it is exact here on a tensor ATen takes as one range (fewer than SILU_RANGE
+    elements, or one intra-op thread). float32: oneDNN's fc1 with its swish post-op, which the C GEMM and
+    native.f32_swish_ give where f32_gemm.swish_agrees at fc1's shape (a copy of the struct with that fc1 filled
+    in)."""
+    if activation != "swish":
+        return None
+    weight, bias = fc1_float
+    if fc1_in_c:
+        big = torch.get_num_threads() > 1 and N * weight.shape[0] >= native.SILU_RANGE
+        return whole if native.silu_exactly() and not big else None
+    if N > f32_gemm.MOST_ROWS or weight.dim() != 2 or not f32_gemm.swish_agrees(*weight.shape):
+        return None
+    form = f32_gemm.form(weight)
+    if form is None or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())):
+        return None
+    fc1, tensors = native.c_linear(form, None if bias is None else bias.detach())
+    filled = native.LayerC.from_buffer_copy(whole)
+    filled.fc1 = fc1
+    filled.__dict__["held"] = (whole, form, tensors)  # what its pointers are into
+    return filled
+
+
 def _views(i: int, C: int, cache: KVCache, cross: CrossCache) -> tuple[native.KV, native.KV]:
     """Layer i's self-attention and source keys and values, checked against rows of C."""
     kv, memory = cache.view(i), cross.view(i)
@@ -126,6 +200,48 @@ def _feed_forward(layer: LayerPlan, h: torch.Tensor, residual: torch.Tensor) -> 
     return feed_forward_in_c(
         h, residual, layer.fc1, layer.fc2, layer.fc1_float, layer.activation, native.linear_forward_checked
     )
+
+
+def log_probs(
+    layers: Sequence[DecoderLayer],
+    x: torch.Tensor,
+    pos: int | torch.Tensor,
+    cache: KVCache,
+    cross: CrossCache,
+    row_map: tuple[torch.Tensor, torch.Tensor],
+    output: native.LinearC,
+) -> torch.Tensor | None:
+    """run's step, then the output projection `output` (a struct of native.c_linear) and each row's log-softmax,
+    all in one library call (native.decoder_layers) -> (N, V); None, having computed nothing, where that one call
+    does not serve (see _chain) and the caller takes run's path."""
+    N, C = x.shape
+    prepared = _prepared(layers, x, pos, cache, row_map)
+    if prepared is None:
+        return None
+    plan, positions, source = prepared
+    chain = _chain(plan, N, C, cache, cross)
+    if chain is None:
+        return None
+    return native.decoder_layers(*chain, positions, source, x.clone(), output)
+
+
+def _prepared(
+    layers: Sequence[DecoderLayer],
+    x: torch.Tensor,
+    pos: int | torch.Tensor,
+    cache: KVCache,
+    row_map: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[Plan, tuple[int | None, int], tuple[int, ...]] | None:
+    """The plan for x's N rows and the step's positions and source map as the library takes them, all checked;
+    None where a sublayer does not run in C at N rows or the arguments are not the library's."""
+    N = x.shape[0]
+    plan = _plan(layers, N, cache.__dict__)
+    if plan is None:
+        return None
+    positions, source = native.positions_of(pos, N), native.source_of(row_map, N)
+    if not (x.dtype == torch.float32 and x.is_contiguous()) or positions is None or source is None:
+        return None
+    return plan, positions, source
 
 
 def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) -> Plan | None:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kernels import ops
+from model.kernels import f32_gemm, int8_choice, native, onednn, ops
 from model.kernels.gemm import Linear, linear
 from model.kernels.log_softmax import log_softmax_
 from model.kernels.quant import OUTPUT_INT8_SLOT, Int8Weight, int8_of, linear_int8
@@ -138,6 +138,31 @@ class Seq2Seq(nn.Module):
         logits = linear(h, self.output_weight, self.final_logits_bias, int8=q)
         return log_softmax_(logits) if log_probs else logits
 
+    def _output_c(self, rows: int) -> native.LinearC | None:
+        """The output projection as a library struct, where `output(h, log_probs=True)` of `rows` rows would run a C
+        kernel (int8: VNNI, output_int8's plan at that row count; float32: f32_gemm's, where it gives oneDNN's bits)
+        and the C log-softmax, with no final norm: the same calls, made inside the step's one call
+        (c_step.log_probs). Made once per weight form and bias."""
+        q = self.output_int8()
+        bias = self.final_logits_bias
+        if self.decoder_norm is not None or (
+            bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())
+        ):
+            return None
+        form: native.VnniWeight | native.F32Weight | None = None
+        if q is not None:  # linear_int8's kernel at this row count, in C with its log-softmax
+            if q.vnni is not None and native.vnni() and native.scales_back():
+                form = q.vnni if q.plan[min(int8_choice.bucket(rows), len(q.plan) - 1)] == "vnni" else None
+        elif rows <= f32_gemm.MOST_ROWS and onednn.LINEAR is not None and native.f32():  # gemm.linear's C kernel
+            form = f32_gemm.form(self.output_weight)
+        if form is None:
+            return None
+        held = self.__dict__.get("_c_output")
+        if held is None or held[0] is not form or held[1] is not bias:
+            struct, tensors = native.c_linear(form, None if bias is None else bias.detach())
+            held = self.__dict__["_c_output"] = (form, bias, struct, tensors)
+        return held[2]
+
     def output_int8(self) -> Int8Weight | None:
         """The output projection's int8 form (compute_type int8): its own lm_head's, or the model's (OUTPUT_INT8_SLOT)
         for a projection tied to the embedding table."""
@@ -260,6 +285,11 @@ class Seq2Seq(nn.Module):
         else:  # the same in one call
             x = ops.embed(tokens.contiguous(), weight, self.scale, at)
         row_map = cross.row_map(x.shape[0])
+        output = None if self.training or not log_probs or order is not None else self._output_c(x.shape[0])
+        if output is not None:  # the layers, the projection and the log-softmax in one call where it serves
+            logp = c_step.log_probs(self.decoders, x, pos, cache, cross, row_map, output)
+            if logp is not None:
+                return logp
         stepped = None if self.training else c_step.run(self.decoders, x, pos, cache, cross, row_map)
         if stepped is None:  # a sublayer not in C at this row count: layer by layer
             for i, layer in enumerate(self.decoders):

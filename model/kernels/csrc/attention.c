@@ -178,3 +178,19 @@ int beamserve_self_attend_step(const float *qkv, int64_t sq, int64_t N, int64_t 
     if (lengths && lengths != on_stack) free(lengths);
     return failed;
 }
+
+/* A lineage's reorder (KVCache.follow): rows i < n of the lineage (rN rows of rT positions, row stride lN, unit
+ * column stride) take positions [0, t) of row rows[i], rows naming any rows, each other included: the n rows are
+ * gathered first, then written. Returns 0; -2 (nothing written) where a row is outside the lineage or t past its
+ * positions; -1 without memory. */
+int beamserve_follow(int64_t *lineage, int64_t rN, int64_t rT, int64_t lN, int64_t t, const int64_t *rows, int64_t n) {
+    if (n > rN || t < 0 || t > rT) return -2;
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= rN) return -2;
+    int64_t on_stack[1024], *gathered = n * t <= 1024 ? on_stack : malloc((size_t)(n * t) * sizeof(int64_t));
+    if (!gathered) return -1;
+    for (int64_t i = 0; i < n; i++) memcpy(gathered + i * t, lineage + rows[i] * lN, (size_t)t * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) memcpy(lineage + i * lN, gathered + i * t, (size_t)t * sizeof(int64_t));
+    if (gathered != on_stack) free(gathered);
+    return 0;
+}

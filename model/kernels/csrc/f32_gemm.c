@@ -101,3 +101,47 @@ int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, cons
     return -1;
 }
 #endif
+
+/* x (n floats) replaced by swish(x) = x * logistic(x) as oneDNN's swish post-op computes it in the epilogue of its
+ * matmul (its JIT eltwise injector, alpha 1), 16 lanes at a time: logistic of -|x| as e / (e + 1), e = exp(-|x|),
+ * and 1 - that for positive x; exp(y) as 2 * 2^(n - 1) * p(r) with n = floor(y log2(e) + 1/2), r = y - n ln2 (one
+ * fused multiply-add), p a degree-5 polynomial evaluated by fused multiply-adds, 0 below ln(FLT_MIN). With the C
+ * GEMM's sums (beamserve_f32_linear) it gives oneDNN's fused linear-and-swish, which model/kernels/f32_gemm.py
+ * checks before it serves a shape. Returns 0; -1 where this build has no kernel. */
+int beamserve_f32_swish(float *x, int64_t n) {
+#if defined(__AVX512F__)
+    const __m512 ln_min = _mm512_castsi512_ps(_mm512_set1_epi32(0xc2aeac50)), ln_max = _mm512_castsi512_ps(_mm512_set1_epi32(0x42b0c0a5));
+    const __m512 log2e = _mm512_castsi512_ps(_mm512_set1_epi32(0x3fb8aa3b)), ln2 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3f317218));
+    const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f), two = _mm512_set1_ps(2.0f);
+    const __m512 p1 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3f7ffffb)), p2 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3efffee3));
+    const __m512 p3 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3e2aad40)), p4 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3d2b9d0d));
+    const __m512 p5 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3c07cfce));
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        const __mmask16 negative = _mm512_test_epi32_mask(_mm512_castps_si512(v), sign);
+        __m512 y = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign)); /* -|x| */
+        const __mmask16 tiny = _mm512_cmp_ps_mask(y, ln_min, _CMP_LT_OS);
+        y = _mm512_max_ps(_mm512_min_ps(y, ln_max), ln_min);
+        __m512 fx = _mm512_floor_ps(_mm512_add_ps(_mm512_mul_ps(y, log2e), half));
+        const __m512 r = _mm512_fnmadd_ps(fx, ln2, y);
+        fx = _mm512_sub_ps(fx, one);
+        __m512i e2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+        e2 = _mm512_maskz_mov_epi32((__mmask16)~tiny, e2);
+        __m512 p = _mm512_fmadd_ps(p5, r, p4);
+        p = _mm512_fmadd_ps(p, r, p3);
+        p = _mm512_fmadd_ps(p, r, p2);
+        p = _mm512_fmadd_ps(p, r, p1);
+        p = _mm512_fmadd_ps(p, r, one);
+        const __m512 e = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(e2)), two);
+        const __m512 l = _mm512_div_ps(e, _mm512_add_ps(e, one));
+        const __m512 logistic = _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, l), l);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(logistic, v));
+    }
+    return 0;
+#else
+    (void)x, (void)n;
+    return -1;
+#endif
+}

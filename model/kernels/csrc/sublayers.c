@@ -180,6 +180,57 @@ int beamserve_decoder_segment(const beamserve_layer_c *ending, const float *h, c
     return failed;
 }
 
+void beamserve_silu(float *x, int64_t n);                                 /* silu.c */
+int beamserve_f32_swish(float *x, int64_t n);                                 /* f32_gemm.c */
+void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld); /* search.c */
+
+/* Layer l's hidden rows f (N, fc1.N) through SiLU as the path one op at a time computes it after its fc1 (below). */
+static int activate(const beamserve_layer_c *l, float *f, int64_t N) {
+    if (l->fc1.kind == 1) return beamserve_f32_swish(f, N * l->fc1.N);
+    beamserve_silu(f, N * l->fc1.N);
+    return 0;
+}
+
+/* A decode step's L decoder layers in one call: beamserve_decoder_segment over each layer in turn, each feed-forward's
+ * hidden rows activated between two of them by SiLU, computed as the path one op at a time computes it: ATen's
+ * (silu.c) after an int8 fc1, oneDNN's swish post-op (f32_gemm.c) after a float32 one, whose GEMM oneDNN would have
+ * fused it into; so the bits are those of the segments one by one. Every layer's fc1 in C. own[i] and source[i]: layer
+ * i's keys and values; the rest as beamserve_decoder_segment takes it. Where out is given, then the output
+ * projection of x and each row's log-softmax into logp (N, out->N), as beamserve_vnni_linear (or
+ * beamserve_f32_linear) and beamserve_log_softmax give them one after the other. Returns as
+ * beamserve_decoder_segment does. */
+int beamserve_decoder_layers(const beamserve_layer_c *const *layers, const beamserve_kv *const *own,
+                             const beamserve_kv *const *source, int64_t L, const int64_t *positions, int64_t pos,
+                             const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts, int64_t rN,
+                             int64_t rT, int64_t N, int64_t C, float *x, const beamserve_linear_c *out, float *logp) {
+    if (out && out->K != C) return -2;
+    int64_t F = 0;
+    for (int64_t i = 0; i < L; i++) {
+        const beamserve_layer_c *l = layers[i];
+        if (!l->fc1.packed || l->fc1.K != C || l->fc2.K != l->fc1.N) return -2;
+        F = l->fc1.N > F ? l->fc1.N : F;
+    }
+    if (L < 1) return -2;
+    float *u = malloc((size_t)(N * (C + F)) * sizeof(float)); /* a feed-forward's input, then its hidden rows */
+    if (!u) return -1;
+    float *f = u + N * C; /* layer i's hidden rows are layer i + 1's segment's h, read before it writes its own */
+    int failed = 0;
+    for (int64_t i = 0; i < L && !failed; i++) {
+        failed = beamserve_decoder_segment(i ? layers[i - 1] : NULL, f, layers[i], own[i], source[i], positions, pos,
+                                           lengths, rows, rs, ts, rN, rT, N, C, x, u, f);
+        if (!failed) failed = activate(layers[i], f, N);
+    }
+    if (!failed)
+        failed = beamserve_decoder_segment(layers[L - 1], f, NULL, NULL, NULL, positions, pos, lengths, rows, rs, ts,
+                                           rN, rT, N, C, x, u, NULL);
+    free(u);
+    if (!failed && out) {
+        failed = linear(out, x, N, NULL, logp);
+        if (!failed) beamserve_log_softmax(logp, N, out->N, out->N);
+    }
+    return failed;
+}
+
 /* The encoder's layers between two feed-forward activations, in one call, as beamserve_decoder_segment does the
  * decoder's: the feed-forward of layer `ending` closed over h (fc2 with the residual, then its norm), then
  * `layer`'s self-attention sublayer (q, k and v as one projection, self_in; each of the N = B S rows, padded
@@ -229,4 +280,33 @@ int beamserve_embed(const int64_t *tokens, int64_t N, const float *weight, int64
         for (int64_t c = 0; c < C; c++) x[n * C + c] = e[c] * scale + p[c];
     }
     return 0;
+}
+
+/* The encoder's L layers in one call, as beamserve_decoder_layers does the decoder's: beamserve_encoder_segment over
+ * each layer in turn, each feed-forward's hidden rows activated between two of them as there; every layer of H
+ * heads, its fc1 in C. The rest as beamserve_encoder_segment takes it. Returns as it does. */
+int beamserve_encoder_layers(const beamserve_layer_c *const *layers, int64_t L, int64_t H, int64_t B, int64_t S,
+                             const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts, int64_t rN,
+                             int64_t rT, float scale, int64_t N, int64_t C, float *x) {
+    int64_t F = 0;
+    for (int64_t i = 0; i < L; i++) {
+        const beamserve_layer_c *l = layers[i];
+        if (!l->fc1.packed || l->fc1.K != C || l->fc2.K != l->fc1.N) return -2;
+        F = l->fc1.N > F ? l->fc1.N : F;
+    }
+    if (L < 1) return -2;
+    float *u = malloc((size_t)(N * (C + F)) * sizeof(float)); /* a feed-forward's input, then its hidden rows */
+    if (!u) return -1;
+    float *f = u + N * C;
+    int failed = 0;
+    for (int64_t i = 0; i < L && !failed; i++) {
+        failed = beamserve_encoder_segment(i ? layers[i - 1] : NULL, f, layers[i], B, S, H, lengths, rows, rs, ts, rN,
+                                           rT, scale, N, C, x, u, f);
+        if (!failed) failed = activate(layers[i], f, N);
+    }
+    if (!failed)
+        failed = beamserve_encoder_segment(layers[L - 1], f, NULL, B, S, H, lengths, rows, rs, ts, rN, rT, scale, N,
+                                           C, x, u, NULL);
+    free(u);
+    return failed;
 }
