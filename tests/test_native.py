@@ -276,7 +276,12 @@ vnni = pytest.mark.skipif(not native.vnni(), reason="this CPU has no AVX-512 VNN
 
 @vnni
 @pytest.mark.parametrize(
-    ("M", "K", "N"), [(1, 512, 512), (2, 16, 4), (3, 37, 7), (5, 256, 8000), (9, 1024, 33), (64, 2048, 13)]
+    ("M", "K", "N"),
+    [
+        *[(1, 512, 512), (2, 16, 4), (3, 37, 7), (5, 256, 8000), (9, 1024, 33), (64, 2048, 13)],
+        # with AMX: whole blocks of 16 rows through the tiles (K a multiple of 64), odd panel counts, the rest VNNI's
+        *[(16, 64, 16), (17, 128, 40), (33, 256, 1000), (47, 64, 33), (64, 1024, 96), (40, 100, 20)],
+    ],
 )
 def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(M: int, K: int, N: int) -> None:
     g = torch.Generator().manual_seed(M * K + N)
@@ -527,6 +532,14 @@ def test_a_build_without_a_compiler_says_so_and_fails_where_the_kernels_are_requ
     env["BEAMSERVE_REQUIRE_KERNELS"] = "1"
     loud = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert loud.returncode != 0 and "model/kernels/csrc/" in loud.stderr
+
+
+@vnni
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU's flags are read from /proc/cpuinfo")
+def test_the_vnni_kernels_use_amx_where_the_cpu_has_it() -> None:
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = set(next(line for line in lines if line.startswith("flags")).split())
+    assert native.amx() == ({"amx_tile", "amx_int8"} <= flags)
 
 
 @pytest.mark.skipif(not native.built(), reason="the C kernels are not built")

@@ -28,7 +28,8 @@ ENV = "BEAMSERVE_INT8_KERNEL"
 ROWS = (1, 4, 16, 64, 256)  # the row counts timed: a call's rows take the choice at the nearest (bucket)
 MOST_MACS = 1 << 29  # past this many multiply-adds (a few ms) a row count is not timed: the last choice holds
 LEAST_S = 2e-3  # each kernel's timing at a row count repeats calls for this long (a few calls' noise is ~20%)
-SLOWER = 4.0  # a kernel this many times the best at one row count is not timed at the larger ones
+SLOWER = 4.0  # a kernel this many times the best at one row count is not timed at the larger ones,
+PRUNE_FROM = 16  # from this row count on: below it a call's fixed cost (oneDNN's, tens of us) hides its per-row one
 # A decode step's and the encoder's layers run the VNNI kernel inside a few library calls (model/nn/c_step.py,
 # c_encode.py); with any other kernel they go op by op, each GEMM a Python call costing about STEP_CALL_S more,
 # and the layer's other ops beside it. VNNI is kept unless another kernel is faster by more than that call and
@@ -120,7 +121,8 @@ def _measure(N: int, K: int, threads: int) -> Choice:
             best = min(times, key=lambda k: credited(k, times[k]))
             plan.append(best)
             seconds.append(times)
-            timed = [k for k in timed if times[k] <= SLOWER * times[best]]
+            if rows >= PRUNE_FROM:
+                timed = [k for k in timed if times[k] <= SLOWER * times[best]]
     return Choice(N, K, threads, tuple(plan), tuple(seconds))
 
 

@@ -5,8 +5,8 @@ An int8 GEMM (model/kernels/int8_kernels.py) is wrapped in per-row passes: quant
 scaling the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
 passes over memory, each a call of its own; the C kernels do each in one pass and give the same bits
 (tests/test_native.py). With AVX-512 VNNI the whole layer is one call (csrc/int8_vnni.c: quantisation, product
-and scale-back over a weight packed once); elsewhere C multiplies with 16-bit products (csrc/int8_gemm.c), exact
-on every x86 CPU. model/kernels/int8_choice.py measures which kernel is fastest here.
+and scale-back over a weight packed once; with AMX, whole blocks of 16 rows through its tiles); elsewhere C
+multiplies with 16-bit products (csrc/int8_gemm.c), exact on every x86 CPU. model/kernels/int8_choice.py measures which kernel is fastest here.
 
 A decode step's attention (csrc/attention.c: every row's query against its cached keys and values in
 one pass) and log-softmax (csrc/search.c) compute their own bits, the same on every CPU, vector width
@@ -63,6 +63,7 @@ SIGNATURES = {
     "beamserve_encoder_layers": "i:pqqqqppqqqqfqqp",
     "beamserve_embed": "i:pqpqqfpqp",
     "beamserve_vnni": "i:",
+    "beamserve_vnni_amx": "i:",
     "beamserve_f32_gemm": "i:",
     "beamserve_f32_packed_floats": "q:qq",
     "beamserve_f32_pack": "v:pqqp",
@@ -222,6 +223,12 @@ def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def vnni() -> bool:
     """Whether the VNNI int8 kernels (csrc/int8_vnni.c) run here: the build has them, the CPU has AVX-512 VNNI."""
     return _LIB is not None and _VNNI
+
+
+def amx() -> bool:
+    """Whether the VNNI kernels multiply whole blocks of 16 rows with AMX tiles here (csrc/int8_vnni.c: the CPU has
+    AMX-INT8 and Linux lends the process its tile registers): the same exact sums, several times as many a cycle."""
+    return vnni() and bool(_lib().beamserve_vnni_amx())
 
 
 def f32() -> bool:
@@ -902,14 +909,16 @@ def silu_(x: torch.Tensor) -> torch.Tensor:
 
 
 SILU_RANGE = 32768  # ATen's grain: a tensor below it is one range whatever the intra-op thread count
+SILU_PAIR = 32  # lanes of a pair of AVX-512 vectors: a range of a multiple of it has no lanes past its last pair at
+# either width, so the vector arithmetic alone computes it, which silu_exactly compares whatever ATen's width
 
 
 def silu_exactly() -> bool:
     """Whether csrc/silu.c gives torch's silu bits here on a tensor of fewer than SILU_RANGE elements (ATen takes
-    such a tensor as one range, whose length past its last pair of vectors it computes lane by lane): PyTorch picks
-    its vector width by this CPU (and ATEN_CPU_CAPABILITY), the library by its level. Compared once, on every
-    binade's values, both signs, zeros, infinities and NaN, and a length whose tail is of a different length at
-    either width."""
+    such a tensor as one range, whose lanes past its last pair of vectors it computes one by one): PyTorch picks
+    its vector width by this CPU (and ATEN_CPU_CAPABILITY), the library by its level, so where they differ only
+    the lanes past the last pair of the wider can differ (none in a multiple of SILU_PAIR). Compared once, on every
+    binade's values, both signs, zeros, infinities and NaN, over whole pairs and a tail."""
     return _LIB is not None and _silu_agrees()
 
 
@@ -919,7 +928,7 @@ def _silu_agrees() -> bool:
     bits = torch.randint(-(2**31), 2**31, (16384,), generator=g, dtype=torch.int64).to(torch.int32)
     ramp = torch.linspace(-120.0, 120.0, 8191)
     special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -104.0, 100.0, 88.7, -88.7])
-    x = torch.cat([bits.view(torch.float32), ramp, special])  # 24,584 values: a tail of 8 at 16 lanes, 24 at 32
+    x = torch.cat([bits.view(torch.float32), ramp, special])  # 24,584 values: 768 pairs of 32 lanes, and 8
     with torch.inference_mode():
         expected = torch.nn.functional.silu(x)
     got = silu_(x.clone())

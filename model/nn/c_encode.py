@@ -69,7 +69,7 @@ def _chain(layers: Sequence[EncoderLayer], parts: list[Part], N: int) -> ctypes.
     """The layers as native.encoder_layers takes them (each LayerC by its address), where that one call gives the
     bits of the segments and the activations between them (c_step.in_one_call), every layer with the same heads;
     None elsewhere. Kept on the first layer for these parts at N rows and this intra-op thread count."""
-    if not c_step.ONE_CALL or len({p[4] for p in parts}) != 1:
+    if torch.compiler.is_compiling() or not c_step.ONE_CALL or len({p[4] for p in parts}) != 1:  # traced: the ops
         return None
     held: dict[int, tuple[tuple[int, ...], ctypes.Array[ctypes.c_void_p] | None, list[object]]]
     held = layers[0].__dict__.setdefault("_c_encode_chain", {})

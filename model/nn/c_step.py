@@ -131,7 +131,7 @@ def _chain(plan: Plan, N: int, C: int, cache: KVCache, cross: CrossCache) -> Cha
     address), where that one call computes what the segments and the activations between them would: every
     activation SiLU, each layer's fc1 in C and its SiLU with the bits of the path it replaces (see
     _layer_in_one_call). Made once per plan and set of cache views; None elsewhere."""
-    if not ONE_CALL:
+    if torch.compiler.is_compiling() or not ONE_CALL:  # traced: the segments, as operators
         return None
     held = cache.__dict__.get("_c_step_chain")
     own, source = cache._views, cross._views
@@ -166,16 +166,17 @@ def in_one_call(
 ) -> native.LayerC | None:
     """A layer's struct for native.decoder_layers or encoder_layers at N rows, or None where that call would not
     give the bits of the segments and activations between them. int8 (fc1_in_c): fc1 in C already, then torch's
-    SiLU, which csrc/silu.c gives where it is exact here on a tensor ATen takes as one range (fewer than SILU_RANGE
-    elements, or one intra-op thread). float32: oneDNN's fc1 with its swish post-op, which the C GEMM and
-    native.f32_swish_ give where f32_gemm.swish_agrees at fc1's shape (a copy of the struct with that fc1 filled
-    in)."""
+    SiLU, which csrc/silu.c gives where it is exact here on a tensor ATen takes as one range of whole pairs of
+    vectors at any width (fewer than SILU_RANGE elements or one intra-op thread; a multiple of SILU_PAIR).
+    float32: oneDNN's fc1 with its swish post-op, which the C GEMM and native.f32_swish_ give where
+    f32_gemm.swish_agrees at fc1's shape (a copy of the struct with that fc1 filled in)."""
     if activation != "swish":
         return None
     weight, bias = fc1_float
     if fc1_in_c:
-        big = torch.get_num_threads() > 1 and N * weight.shape[0] >= native.SILU_RANGE
-        return whole if native.silu_exactly() and not big else None
+        n = N * weight.shape[0]
+        one_range = (torch.get_num_threads() == 1 or n < native.SILU_RANGE) and n % native.SILU_PAIR == 0
+        return whole if native.silu_exactly() and one_range else None
     if N > f32_gemm.MOST_ROWS or weight.dim() != 2 or not f32_gemm.swish_agrees(*weight.shape):
         return None
     form = f32_gemm.form(weight)

@@ -25,6 +25,15 @@
 #else
 #define HAS_VNNI 0
 #endif
+#if HAS_VNNI && defined(__x86_64__) && defined(__linux__) && (defined(__clang__) || __GNUC__ >= 11)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HAS_AMX 1
+#define AMX_FN static __attribute__((noinline, target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+#else
+#define HAS_AMX 0
+#endif
 
 #define PANEL 16 /* output columns a panel: one vector of int32 sums */
 #define MR 4     /* activation rows a tile */
@@ -106,16 +115,122 @@ VNNI_FN void finish(__m512i acc[MR][NP], int rows, int np, int64_t n0, int64_t N
     }
 }
 
+#if HAS_AMX
+/* AMX (Intel since Sapphire Rapids): tdpbusd multiplies 16 rows of 64 unsigned bytes by 64 x 16 signed bytes into
+ * 16 x 16 int32 sums, the products a VNNI panel's vpdpbusd makes, summed exactly; its B operand is 16 of the packed
+ * weight's 64-byte groups, so the weight is read as packed. Linux lends a process the tile registers once asked
+ * (arch_prctl ARCH_REQ_XCOMP_PERM); where the CPU, the OS or the call says no, the VNNI loop serves. */
+static int amx_state = -1; /* -1: not asked yet */
+
+static int amx_ready(void) {
+    if (amx_state < 0) {
+        unsigned a, b, c, d, lo, hi;
+        int ok = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1); /* AMX-TILE, AMX-INT8 */
+        if (ok) {
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            ok = (lo >> 17 & 3) == 3 && syscall(SYS_arch_prctl, 0x1023, 18) == 0; /* XTILECFG, XTILEDATA */
+        }
+        amx_state = ok;
+    }
+    return amx_state;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* gemm() for xu's first M16 rows (a multiple of 16; G a multiple of 16): each 32 x 32 block of sums made by the
+ * tiles and finished at once, while it is in cache. Tiles 0-1: two blocks of 16 rows; 2-3: two panels; 4-7: their
+ * four products. The caller's tile configuration (oneDNN's, on this thread) is put back after. */
+AMX_FN void amx_gemm(const uint8_t *xu, int64_t M16, int64_t G, const int8_t *packed, const int32_t *comp, int64_t N,
+                     const float *col_scale, const float *row_scale, const float *bias, const float *res, int64_t ldr,
+                     int32_t *out_i32, float *out, int64_t ldy) {
+    const int64_t P = panels(N);
+    int32_t c[32 * 32]; /* a block's sums: 32 rows of two panels */
+    tile_config saved, config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
+    _tile_storeconfig(&saved);
+    _tile_loadconfig(&config);
+    const int64_t lda = 4 * G;
+    for (int64_t p = 0; p < P; p += 2) { /* two panels' weight (8 KB at K = 256) stay in cache over every row */
+        const int two_p = p + 1 < P;
+        const int8_t *w0 = packed + p * G * 64, *w1 = w0 + G * 64;
+        for (int64_t m = 0; m < M16; m += 32) {
+            const int two_m = m + 16 < M16;
+            const uint8_t *x0 = xu + m * lda, *x1 = x0 + 16 * lda;
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            _tile_zero(7);
+            for (int64_t g = 0; g < G; g += 16) {
+                _tile_loadd(0, x0 + 4 * g, lda);
+                _tile_loadd(2, w0 + g * 64, 64);
+                _tile_dpbusd(4, 0, 2);
+                if (two_p) {
+                    _tile_loadd(3, w1 + g * 64, 64);
+                    _tile_dpbusd(5, 0, 3);
+                }
+                if (two_m) {
+                    _tile_loadd(1, x1 + 4 * g, lda);
+                    _tile_dpbusd(6, 1, 2);
+                    if (two_p) _tile_dpbusd(7, 1, 3);
+                }
+            }
+            _tile_stored(4, c, 128);
+            _tile_stored(5, c + 16, 128);
+            _tile_stored(6, c + 512, 128);
+            _tile_stored(7, c + 512 + 16, 128);
+            for (int64_t r0 = 0; r0 < (two_m ? 32 : 16); r0 += MR) {
+                const int64_t m0 = m + r0;
+                __m512i acc[MR][NP];
+                for (int r = 0; r < MR; r++)
+                    for (int q = 0; q < 2; q++) acc[r][q] = _mm512_loadu_si512(c + (r0 + r) * 32 + q * 16);
+                finish(acc, MR, two_p ? 2 : 1, p * PANEL, N, comp, col_scale, row_scale ? row_scale + m0 : NULL, bias,
+                       res ? res + m0 * ldr : NULL, ldr, out_i32 ? out_i32 + m0 * ldy : NULL,
+                       out ? out + m0 * ldy : NULL, ldy);
+            }
+        }
+    }
+    if (saved.palette)
+        _tile_loadconfig(&saved);
+    else
+        _tile_release();
+}
+#endif
+#endif
+
+/* Whether the kernels multiply whole blocks of 16 rows with AMX here (the CPU has it and Linux lends its tiles). */
+int beamserve_vnni_amx(void) {
+#if HAS_AMX
+    return beamserve_vnni() && amx_ready();
+#else
+    return 0;
+#endif
+}
+
+#if HAS_VNNI
 /* xu (M, 4 G) unsigned bytes against the packed weight: y (M, N) with row stride ldy, as finish() writes. A
- * block of NP panels (16 KB of weight at K = 256) stays in cache while every row tile passes it. */
+ * block of NP panels (16 KB of weight at K = 256) stays in cache while every row tile passes it. With AMX, the
+ * whole blocks of 16 rows go to amx_gemm, the rest (fewer than 16) through the VNNI tiles. */
 VNNI_FN void gemm(const uint8_t *xu, int64_t M, int64_t G, const int8_t *packed, const int32_t *comp, int64_t N,
                   const float *col_scale, const float *row_scale, const float *bias, const float *res, int64_t ldr,
                   int32_t *out_i32, float *out, int64_t ldy) {
     const int64_t P = panels(N);
+    int64_t M16 = 0; /* rows AMX multiplied */
+#if HAS_AMX
+    if (M >= 16 && G % 16 == 0 && amx_ready()) {
+        M16 = M / 16 * 16;
+        amx_gemm(xu, M16, G, packed, comp, N, col_scale, row_scale, bias, res, ldr, out_i32, out, ldy);
+    }
+#endif
     for (int64_t p0 = 0; p0 < P; p0 += NP) {
         const int np = P - p0 < NP ? (int)(P - p0) : NP;
         const int8_t *w = packed + p0 * G * 4 * PANEL;
-        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        for (int64_t m0 = M16; m0 < M; m0 += MR) {
             const int rows = M - m0 < MR ? (int)(M - m0) : MR;
             __m512i acc[MR][NP];
             const uint8_t *x = xu + m0 * G * 4;

@@ -42,6 +42,7 @@
 #define beamserve_top_candidates BEAMSERVE_LEVELED(beamserve_top_candidates)
 #define beamserve_vectorised BEAMSERVE_LEVELED(beamserve_vectorised)
 #define beamserve_vnni BEAMSERVE_LEVELED(beamserve_vnni)
+#define beamserve_vnni_amx BEAMSERVE_LEVELED(beamserve_vnni_amx)
 #define beamserve_vnni_int8_gemm BEAMSERVE_LEVELED(beamserve_vnni_int8_gemm)
 #define beamserve_vnni_linear BEAMSERVE_LEVELED(beamserve_vnni_linear)
 #define beamserve_vnni_pack BEAMSERVE_LEVELED(beamserve_vnni_pack)

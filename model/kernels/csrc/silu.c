@@ -26,58 +26,77 @@
 #define P1 0.166666671633720397949219f
 #define P0 0.5f
 
+/* One vector's lanes at the build's width: its type and the operations the exponential takes, so it is written once. */
 #if defined(__AVX512F__)
-#define PAIR 32
-static inline __m512 pow2i(__m512i q) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(q, _mm512_set1_epi32(0x7f)), 23)); }
-static inline __m512 sleef_exp(__m512 d) {
-    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(d, _mm512_set1_ps(LOG2E)));
-    const __m512 qf = _mm512_cvtepi32_ps(q);
-    __m512 s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-LN2_HI), d);
-    s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-LN2_LO), s);
-    __m512 u = _mm512_set1_ps(P5);
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(P4));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(P3));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(P2));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(P1));
-    u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(P0));
-    u = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s));
-    const __m512i half = _mm512_srai_epi32(q, 1);
-    u = _mm512_mul_ps(_mm512_mul_ps(u, pow2i(half)), pow2i(_mm512_sub_epi32(q, half)));
-    u = _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(d, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), u);
-    return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), d, _CMP_LT_OQ), _mm512_set1_ps(INFINITY));
-}
-static inline void silu_vectors(float *x) {
-    for (int i = 0; i < PAIR; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        const __m512 e = sleef_exp(_mm512_xor_ps(v, _mm512_set1_ps(-0.0f)));
-        _mm512_storeu_ps(x + i, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
-    }
-}
+#define WIDE 16
+typedef __m512 vf;
+typedef __m512i vi;
+#define SET1(c) _mm512_set1_ps(c)
+#define MUL _mm512_mul_ps
+#define ADD _mm512_add_ps
+#define DIV _mm512_div_ps
+#define FMA _mm512_fmadd_ps
+#define TO_INT _mm512_cvtps_epi32
+#define TO_FLOAT _mm512_cvtepi32_ps
+#define INT_ADD _mm512_add_epi32
+#define INT_SUB _mm512_sub_epi32
+#define INT_SET1 _mm512_set1_epi32
+#define HALF_OF(q) _mm512_srai_epi32(q, 1)
+#define EXPONENT(q) _mm512_castsi512_ps(_mm512_slli_epi32(q, 23))
+#define NEGATE(v) _mm512_xor_ps(v, _mm512_set1_ps(-0.0f))
+#define LOADU _mm512_loadu_ps
+#define STOREU _mm512_storeu_ps
+/* 0 where d < -104, infinity where d > 100, u elsewhere */
+#define CUT(u, d)                                                                                                 \
+    _mm512_mask_mov_ps(_mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(d, SET1(-104.0f), _CMP_LT_OQ), u),               \
+                       _mm512_cmp_ps_mask(SET1(100.0f), d, _CMP_LT_OQ), SET1(INFINITY))
 #elif defined(__AVX2__) && defined(__FMA__)
-#define PAIR 16
-static inline __m256 pow2i(__m256i q) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(0x7f)), 23)); }
-static inline __m256 sleef_exp(__m256 d) {
-    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(d, _mm256_set1_ps(LOG2E)));
-    const __m256 qf = _mm256_cvtepi32_ps(q);
-    __m256 s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-LN2_HI), d);
-    s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-LN2_LO), s);
-    __m256 u = _mm256_set1_ps(P5);
-    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(P4));
-    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(P3));
-    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(P2));
-    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(P1));
-    u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(P0));
-    u = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(_mm256_mul_ps(s, s), u, s));
-    const __m256i half = _mm256_srai_epi32(q, 1);
-    u = _mm256_mul_ps(_mm256_mul_ps(u, pow2i(half)), pow2i(_mm256_sub_epi32(q, half)));
-    u = _mm256_andnot_ps(_mm256_cmp_ps(d, _mm256_set1_ps(-104.0f), _CMP_LT_OQ), u);
-    return _mm256_blendv_ps(u, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(_mm256_set1_ps(100.0f), d, _CMP_LT_OQ));
+#define WIDE 8
+typedef __m256 vf;
+typedef __m256i vi;
+#define SET1(c) _mm256_set1_ps(c)
+#define MUL _mm256_mul_ps
+#define ADD _mm256_add_ps
+#define DIV _mm256_div_ps
+#define FMA _mm256_fmadd_ps
+#define TO_INT _mm256_cvtps_epi32
+#define TO_FLOAT _mm256_cvtepi32_ps
+#define INT_ADD _mm256_add_epi32
+#define INT_SUB _mm256_sub_epi32
+#define INT_SET1 _mm256_set1_epi32
+#define HALF_OF(q) _mm256_srai_epi32(q, 1)
+#define EXPONENT(q) _mm256_castsi256_ps(_mm256_slli_epi32(q, 23))
+#define NEGATE(v) _mm256_xor_ps(v, _mm256_set1_ps(-0.0f))
+#define LOADU _mm256_loadu_ps
+#define STOREU _mm256_storeu_ps
+#define CUT(u, d)                                                                                                 \
+    _mm256_blendv_ps(_mm256_andnot_ps(_mm256_cmp_ps(d, SET1(-104.0f), _CMP_LT_OQ), u), SET1(INFINITY),          \
+                     _mm256_cmp_ps(SET1(100.0f), d, _CMP_LT_OQ))
+#endif
+
+#if defined(WIDE)
+#define PAIR (2 * WIDE)
+static inline vf pow2i(vi q) { return EXPONENT(INT_ADD(q, INT_SET1(0x7f))); }
+static inline vf sleef_exp(vf d) {
+    const vi q = TO_INT(MUL(d, SET1(LOG2E)));
+    const vf qf = TO_FLOAT(q);
+    vf s = FMA(qf, SET1(-LN2_HI), d);
+    s = FMA(qf, SET1(-LN2_LO), s);
+    vf u = SET1(P5);
+    u = FMA(u, s, SET1(P4));
+    u = FMA(u, s, SET1(P3));
+    u = FMA(u, s, SET1(P2));
+    u = FMA(u, s, SET1(P1));
+    u = FMA(u, s, SET1(P0));
+    u = ADD(SET1(1.0f), FMA(MUL(s, s), u, s));
+    const vi half = HALF_OF(q);
+    u = MUL(MUL(u, pow2i(half)), pow2i(INT_SUB(q, half)));
+    return CUT(u, d);
 }
 static inline void silu_vectors(float *x) {
-    for (int i = 0; i < PAIR; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 e = sleef_exp(_mm256_xor_ps(v, _mm256_set1_ps(-0.0f)));
-        _mm256_storeu_ps(x + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+    for (int i = 0; i < PAIR; i += WIDE) {
+        const vf v = LOADU(x + i);
+        STOREU(x + i, DIV(v, ADD(SET1(1.0f), sleef_exp(NEGATE(v)))));
     }
 }
 #else

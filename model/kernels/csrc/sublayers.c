@@ -191,6 +191,17 @@ static int activate(const beamserve_layer_c *l, float *f, int64_t N) {
     return 0;
 }
 
+/* The widest feed-forward of L >= 1 layers over rows of C, each fc1 in C and fc2 reading its output; -1 else. */
+static int64_t widest_hidden(const beamserve_layer_c *const *layers, int64_t L, int64_t C) {
+    int64_t F = L < 1 ? -1 : 0;
+    for (int64_t i = 0; i < L; i++) {
+        const beamserve_layer_c *l = layers[i];
+        if (!l->fc1.packed || l->fc1.K != C || l->fc2.K != l->fc1.N) return -1;
+        F = l->fc1.N > F ? l->fc1.N : F;
+    }
+    return F;
+}
+
 /* A decode step's L decoder layers in one call: beamserve_decoder_segment over each layer in turn, each feed-forward's
  * hidden rows activated between two of them by SiLU, computed as the path one op at a time computes it: ATen's
  * (silu.c) after an int8 fc1, oneDNN's swish post-op (f32_gemm.c) after a float32 one, whose GEMM oneDNN would have
@@ -203,14 +214,8 @@ int beamserve_decoder_layers(const beamserve_layer_c *const *layers, const beams
                              const beamserve_kv *const *source, int64_t L, const int64_t *positions, int64_t pos,
                              const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts, int64_t rN,
                              int64_t rT, int64_t N, int64_t C, float *x, const beamserve_linear_c *out, float *logp) {
-    if (out && out->K != C) return -2;
-    int64_t F = 0;
-    for (int64_t i = 0; i < L; i++) {
-        const beamserve_layer_c *l = layers[i];
-        if (!l->fc1.packed || l->fc1.K != C || l->fc2.K != l->fc1.N) return -2;
-        F = l->fc1.N > F ? l->fc1.N : F;
-    }
-    if (L < 1) return -2;
+    const int64_t F = widest_hidden(layers, L, C);
+    if (F < 0 || (out && out->K != C)) return -2;
     float *u = malloc((size_t)(N * (C + F)) * sizeof(float)); /* a feed-forward's input, then its hidden rows */
     if (!u) return -1;
     float *f = u + N * C; /* layer i's hidden rows are layer i + 1's segment's h, read before it writes its own */
@@ -288,13 +293,8 @@ int beamserve_embed(const int64_t *tokens, int64_t N, const float *weight, int64
 int beamserve_encoder_layers(const beamserve_layer_c *const *layers, int64_t L, int64_t H, int64_t B, int64_t S,
                              const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts, int64_t rN,
                              int64_t rT, float scale, int64_t N, int64_t C, float *x) {
-    int64_t F = 0;
-    for (int64_t i = 0; i < L; i++) {
-        const beamserve_layer_c *l = layers[i];
-        if (!l->fc1.packed || l->fc1.K != C || l->fc2.K != l->fc1.N) return -2;
-        F = l->fc1.N > F ? l->fc1.N : F;
-    }
-    if (L < 1) return -2;
+    const int64_t F = widest_hidden(layers, L, C);
+    if (F < 0) return -2;
     float *u = malloc((size_t)(N * (C + F)) * sizeof(float)); /* a feed-forward's input, then its hidden rows */
     if (!u) return -1;
     float *f = u + N * C;
