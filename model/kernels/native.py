@@ -6,7 +6,8 @@ scaling the int32 product back per row and per column with the bias. In PyTorch'
 passes over memory, each a call of its own; the C kernels do each in one pass and give the same bits
 (tests/test_native.py). With AVX-512 VNNI the whole layer is one call (csrc/int8_vnni.c: quantisation, product
 and scale-back over a weight packed once; with AMX, whole blocks of 16 rows through its tiles); elsewhere C
-multiplies with 16-bit products (csrc/int8_gemm.c), exact on every x86 CPU. model/kernels/int8_choice.py measures which kernel is fastest here.
+multiplies with 16-bit products (csrc/int8_gemm.c), exact on every x86 CPU. model/kernels/int8_choice.py
+measures which kernel is fastest here.
 
 A decode step's attention (csrc/attention.c: every row's query against its cached keys and values in
 one pass) and log-softmax (csrc/search.c) compute their own bits, the same on every CPU, vector width
