@@ -187,13 +187,20 @@ class Ingress:
             scope, send = {**scope, "method": "GET"}, _headers_only(send)
         summary = request_log.start(rid, path, scope["method"])
         status = 0
+        head: dict[str, Any] | None = None
 
         async def sent(message: dict[str, Any]) -> None:
-            nonlocal status
+            # The head goes out with the body's first part, one after the other: a replica that dies between
+            # the two (Serve hands them across threads) would leave the front a head it cannot send again.
+            nonlocal status, head
             if message["type"] == "http.response.start":
                 status = message["status"]
                 timing = server_timing(summary, time.perf_counter() - start)
-                message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
+                head = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
+                return
+            if head is not None:
+                message_head, head = head, None
+                await send(message_head)
             await send(message)
 
         size = int(declared) if declared.isdigit() else None
