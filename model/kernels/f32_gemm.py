@@ -87,14 +87,16 @@ def form(weight: torch.Tensor) -> native.F32Weight | None:
     return made
 
 
+def serving(weight: torch.Tensor, rows: int) -> native.F32Weight | None:
+    """weight's form where the C kernel serves a call of `rows` rows: no more than MOST_ROWS, the kernel built
+    here and giving oneDNN's bits at its shape; None else."""
+    return form(weight) if rows <= MOST_ROWS and native.f32() else None
+
+
 def linear(
     rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None
 ) -> torch.Tensor | None:
     """rows (M, K) float32 @ weight^T + bias (+ residual, (M, N)) in C, oneDNN's bits; None where the C kernel
-    does not serve (more than MOST_ROWS rows, no kernel here, a shape where it differs from oneDNN)."""
-    if rows.shape[0] > MOST_ROWS or not native.f32():
-        return None
-    made = form(weight)
-    if made is None:
-        return None
-    return ops.f32_linear(rows, made, bias, residual)
+    does not serve (serving)."""
+    made = serving(weight, rows.shape[0])
+    return None if made is None else ops.f32_linear(rows, made, bias, residual)

@@ -44,6 +44,11 @@ def bucket(rows: int) -> int:
     return (rows > 2) + (rows > 8) + (rows > 32) + (rows > 128)
 
 
+def kernel_at(plan: tuple[str, ...], rows: int) -> str:
+    """The kernel a shape's plan gives a call of `rows` rows: its nearest timed row count's (the last past them)."""
+    return plan[min(bucket(rows), len(plan) - 1)]
+
+
 @functools.cache
 def candidates() -> tuple[str, ...]:
     """The kernels that run here and compute the exact product (int8_kernels.exact), or the one ENV names."""

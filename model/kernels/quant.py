@@ -91,7 +91,7 @@ def linear_int8(
     rows = x if flat else x.reshape(-1, x.shape[-1])  # (M, K)
     if bias is not None and bias.dtype != torch.float32:  # a decode step makes ~20 calls: no needless ops
         bias = bias.float()
-    kernel = q.plan[min(int8_choice.bucket(rows.shape[0]), len(q.plan) - 1)]
+    kernel = int8_choice.kernel_at(q.plan, rows.shape[0])
     in_c = log_softmax and native.scales_back() and native.runs_on(x)
     fused = residual is not None and x.dtype == torch.float32 and residual.dtype == torch.float32
     if fused and not flat:

@@ -9,7 +9,7 @@ structs (MultiHeadAttention.c_sublayer, FeedForward's C linears): the same bits,
 against the layer-by-layer path.
 
 Where C computes the feed-forward's SiLU with the bits of the path it replaces (_chain), the whole step is one
-call: every layer, then the output projection and the log-softmax (log_probs). One sentence at a time the Python
+call: every layer, then the output projection and the log-softmax (run's `output`). One sentence at a time the Python
 and PyTorch calls between the segments cost more than their arithmetic, the more so where the weights streamed
 through the caches every step evict the interpreter's data (docs/benchmarks.md).
 """
@@ -63,17 +63,27 @@ def run(
     cache: KVCache,
     cross: CrossCache,
     row_map: tuple[torch.Tensor, torch.Tensor],
-) -> torch.Tensor | None:
+    output: native.LinearC | None = None,
+) -> tuple[torch.Tensor, bool] | None:
     """x (N, C) through every decoder layer of a step, each row's key and value written at pos (one for every row,
-    or (N,) int64) of `cache`, each row reading its sentence's source through row_map; None, having computed
-    nothing, where a sublayer does not run in C at N rows (the caller takes the layer-by-layer path)."""
-    C = x.shape[1]
-    prepared = _prepared(layers, x, pos, cache, row_map)
-    if prepared is None:
+    or (N,) int64) of `cache`, each row reading its sentence's source through row_map -> (x, False); with
+    `output` (a struct of native.c_linear), where the step is one library call (_chain), the output projection
+    and each row's log-softmax in that call too -> ((N, V), True). None, having computed nothing, where a
+    sublayer does not run in C at N rows (the caller takes the layer-by-layer path)."""
+    N, C = x.shape
+    plan = _plan(layers, N, cache.__dict__)
+    if plan is None:
         return None
-    plan, positions, source = prepared
+    positions, source = native.positions_of(pos, N), native.source_of(row_map, N)
+    if not (x.dtype == torch.float32 and x.is_contiguous()) or positions is None or source is None:
+        return None
     if plan[0].whole is not None:
-        return _by_segments(plan, x, positions, source, cache, cross)
+        x = x.clone()  # the residual stream, updated in place
+        chain = _chain(plan, N, C, cache, cross)
+        if chain is not None:
+            logp = native.decoder_layers(*chain, positions, source, x, output)
+            return (x, False) if logp is None else (logp, True)
+        return _by_segments(plan, x, positions, source, cache, cross), False
     for i, layer in enumerate(plan):
         kv, memory = _views(i, C, cache, cross)
         n1, n2, n3 = layer.norms
@@ -87,7 +97,7 @@ def run(
             x = torch.native_layer_norm(native.self_sublayer_checked(x, x, *own), *n1)[0]
             x = torch.native_layer_norm(native.cross_sublayer_checked(x, x, *other), *n2)[0]
             x = torch.native_layer_norm(_feed_forward(layer, x, x), *n3)[0]
-    return x
+    return x, False
 
 
 def _by_segments(
@@ -99,13 +109,9 @@ def _by_segments(
     cross: CrossCache,
 ) -> torch.Tensor:
     """The layers as one C call between each two feed-forward activations (native.decoder_segment), the
-    activation (and float32's fc1 with it) in PyTorch between them: the same operations in the same order."""
+    activation (and float32's fc1 with it) in PyTorch between them: the same operations in the same order. x is
+    the residual stream, updated in place."""
     N, C = x.shape
-    x = x.clone()  # the residual stream, updated in place
-    chain = _chain(plan, N, C, cache, cross)
-    if chain is not None:
-        native.decoder_layers(*chain, positions, source, x)
-        return x
     u = torch.empty_like(x)
     ending: LayerPlan | None = None
     h: torch.Tensor | None = None
@@ -201,48 +207,6 @@ def _feed_forward(layer: LayerPlan, h: torch.Tensor, residual: torch.Tensor) -> 
     return feed_forward_in_c(
         h, residual, layer.fc1, layer.fc2, layer.fc1_float, layer.activation, native.linear_forward_checked
     )
-
-
-def log_probs(
-    layers: Sequence[DecoderLayer],
-    x: torch.Tensor,
-    pos: int | torch.Tensor,
-    cache: KVCache,
-    cross: CrossCache,
-    row_map: tuple[torch.Tensor, torch.Tensor],
-    output: native.LinearC,
-) -> torch.Tensor | None:
-    """run's step, then the output projection `output` (a struct of native.c_linear) and each row's log-softmax,
-    all in one library call (native.decoder_layers) -> (N, V); None, having computed nothing, where that one call
-    does not serve (see _chain) and the caller takes run's path."""
-    N, C = x.shape
-    prepared = _prepared(layers, x, pos, cache, row_map)
-    if prepared is None:
-        return None
-    plan, positions, source = prepared
-    chain = _chain(plan, N, C, cache, cross)
-    if chain is None:
-        return None
-    return native.decoder_layers(*chain, positions, source, x.clone(), output)
-
-
-def _prepared(
-    layers: Sequence[DecoderLayer],
-    x: torch.Tensor,
-    pos: int | torch.Tensor,
-    cache: KVCache,
-    row_map: tuple[torch.Tensor, torch.Tensor],
-) -> tuple[Plan, tuple[int | None, int], tuple[int, ...]] | None:
-    """The plan for x's N rows and the step's positions and source map as the library takes them, all checked;
-    None where a sublayer does not run in C at N rows or the arguments are not the library's."""
-    N = x.shape[0]
-    plan = _plan(layers, N, cache.__dict__)
-    if plan is None:
-        return None
-    positions, source = native.positions_of(pos, N), native.source_of(row_map, N)
-    if not (x.dtype == torch.float32 and x.is_contiguous()) or positions is None or source is None:
-        return None
-    return plan, positions, source
 
 
 def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) -> Plan | None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from model.kernels import f32_gemm, native, ops
 from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, INPLACE_ACTIVATIONS, Linear, linear
-from model.kernels.int8_choice import bucket
+from model.kernels.int8_choice import kernel_at
 from model.kernels.onednn import version
 from model.kernels.quant import INT8_SLOT, Int8Weight, int8_of, int8_weight
 
@@ -404,11 +404,10 @@ def _serving(structs: CStructs | None, rows: int) -> tuple[native.LinearC, ...] 
     """The structs, where every one's kernel serves `rows` rows."""
     if structs is None:
         return None
-    at = bucket(rows)
     for plan in structs[2]:
         if plan is None and rows > f32_gemm.MOST_ROWS:
             return None
-        if plan is not None and plan[min(at, len(plan) - 1)] != "vnni":
+        if plan is not None and kernel_at(plan, rows) != "vnni":
             return None  # another int8 kernel is faster at this row count
     return structs[0]
 

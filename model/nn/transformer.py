@@ -142,7 +142,7 @@ class Seq2Seq(nn.Module):
         """The output projection as a library struct, where `output(h, log_probs=True)` of `rows` rows would run a C
         kernel (int8: VNNI, output_int8's plan at that row count; float32: f32_gemm's, where it gives oneDNN's bits)
         and the C log-softmax, with no final norm: the same calls, made inside the step's one call
-        (c_step.log_probs). Made once per weight form and bias."""
+        (c_step.run). Made once per weight form and bias."""
         q = self.output_int8()
         bias = self.final_logits_bias
         if self.decoder_norm is not None or (
@@ -152,9 +152,9 @@ class Seq2Seq(nn.Module):
         form: native.VnniWeight | native.F32Weight | None = None
         if q is not None:  # linear_int8's kernel at this row count, in C with its log-softmax
             if q.vnni is not None and native.vnni() and native.scales_back():
-                form = q.vnni if q.plan[min(int8_choice.bucket(rows), len(q.plan) - 1)] == "vnni" else None
-        elif rows <= f32_gemm.MOST_ROWS and onednn.LINEAR is not None and native.f32():  # gemm.linear's C kernel
-            form = f32_gemm.form(self.output_weight)
+                form = q.vnni if int8_choice.kernel_at(q.plan, rows) == "vnni" else None
+        elif onednn.LINEAR is not None:  # gemm.linear's C kernel
+            form = f32_gemm.serving(self.output_weight, rows)
         if form is None:
             return None
         held = self.__dict__.get("_c_output")
@@ -285,17 +285,16 @@ class Seq2Seq(nn.Module):
         else:  # the same in one call
             x = ops.embed(tokens.contiguous(), weight, self.scale, at)
         row_map = cross.row_map(x.shape[0])
+        # The projection and the log-softmax join the layers' one call where it serves.
         output = None if self.training or not log_probs or order is not None else self._output_c(x.shape[0])
-        if output is not None:  # the layers, the projection and the log-softmax in one call where it serves
-            logp = c_step.log_probs(self.decoders, x, pos, cache, cross, row_map, output)
-            if logp is not None:
-                return logp
-        stepped = None if self.training else c_step.run(self.decoders, x, pos, cache, cross, row_map)
+        stepped = None if self.training else c_step.run(self.decoders, x, pos, cache, cross, row_map, output)
         if stepped is None:  # a sublayer not in C at this row count: layer by layer
             for i, layer in enumerate(self.decoders):
                 x = layer.step(x, i, pos, cache, cross, None, row_map)
+        elif stepped[1]:
+            return stepped[0]  # (N, V) log-probabilities
         else:
-            x = stepped
+            x = stepped[0]
         h = x if order is None else x.index_select(0, order)  # (N, C)
         return self.output(h, log_probs=log_probs)
 
