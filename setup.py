@@ -28,6 +28,7 @@ SOURCES = [
     "model/kernels/csrc/sublayers.c",
     "model/kernels/csrc/layer_norm.c",
     "model/kernels/csrc/silu.c",
+    "model/kernels/csrc/beam_steps.c",
 ]
 # No contraction of a separate multiply and add into one rounding: the int8 passes must match PyTorch's
 # bits, and the decode-step kernels' bits must not depend on the CPU.
@@ -35,7 +36,7 @@ FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
 X86 = platform.machine() in ("x86_64", "AMD64")
 # (BEAMSERVE_LEVEL, compiler flags) of each build in the library.
 LEVELS = [(1, []), (3, ["-march=x86-64-v3"]), (4, ["-march=x86-64-v4"])] if X86 else [(1, [])]
-DEPENDS = ["model/kernels/csrc/vec16.h", "model/kernels/csrc/quantize.h", "model/kernels/csrc/level.h"]
+DEPENDS = [f"model/kernels/csrc/{name}.h" for name in ("vec16", "quantize", "level", "sublayers")]
 NAME = "model.kernels._native"
 
 

@@ -20,7 +20,8 @@ beamserve-bf16 (dtype bfloat16); beamserve-int8 and beamserve-int8_bfloat16 (com
 with per-row scales, float32 or bfloat16 elsewhere); beamserve-pytorch and beamserve-int8-pytorch
 (float32 and int8 in PyTorch's ops only, without the C kernels of model/kernels/native.py); beamserve-segments and
 beamserve-int8-segments (a step's layers as C calls cut at the feed-forward activations, not the one-call step of
-model/nn/c_step.py); beamserve-slots
+model/nn/c_step.py); beamserve-stepwise and beamserve-int8-stepwise (each beam search step one call and its beam
+step and reorder calls of their own, not a run of steps in one call, Seq2Seq.beam_steps); beamserve-slots
 (the static decode state, model/decode/slot_decoder.py: B slots of K beams refilled as sentences finish; CUDA
 graphs on a GPU); hf; ct2-float32; ct2-int8; ct2-float16 (GPU).
 
@@ -55,6 +56,7 @@ sys.path.insert(0, str(REPO))
 from reports import emit  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
+from model.decode.decoding import CachedStepper  # noqa: E402
 from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
 from model.io import checkpoint  # noqa: E402
 from model.kernels import native  # noqa: E402
@@ -340,13 +342,16 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     if system == "beamserve-segments":  # the step cut at each activation (c_step.ONE_CALL off)
         c_step.ONE_CALL = False
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
+    CachedStepper.steps_in_c = not system.endswith("-stepwise")
+    if system == "beamserve-stepwise":
+        return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
     if system == "beamserve-slots":
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
         return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
     int8_systems = ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch", "beamserve-int8-es")
-    if system in (*int8_systems, "beamserve-int8-segments"):
+    if system in (*int8_systems, "beamserve-int8-segments", "beamserve-int8-stepwise"):
         # PyTorch's ops only: no C row kernels, no C attention (model/kernels/native.py)
         if system.endswith("-pytorch"):
             native.turn_off()
@@ -461,6 +466,7 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
     pairs = [("beamserve", "hf"), ("beamserve", "ct2-float32"), ("beamserve", "ct2-int8")]
     pairs += [("beamserve", "beamserve-pytorch"), ("beamserve-int8", "beamserve-int8-pytorch")]
     pairs += [("beamserve", "beamserve-segments"), ("beamserve-int8", "beamserve-int8-segments")]
+    pairs += [("beamserve", "beamserve-stepwise"), ("beamserve-int8", "beamserve-int8-stepwise")]
     pairs += [("beamserve-int8", "beamserve"), ("beamserve-int8", "ct2-int8"), ("beamserve-int8-es", "ct2-int8")]
     if "beamserve-slots" in workers:
         pairs += [("beamserve-slots", "beamserve"), ("beamserve-slots", "hf")]

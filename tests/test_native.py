@@ -486,6 +486,46 @@ def test_a_step_by_segments_as_one_plan_its_sublayers_as_one_c_call_each_and_op_
     assert one_call == by_segments == whole == layered == apart
 
 
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
+def test_a_beam_searchs_steps_in_one_call_give_the_bits_of_a_call_a_step_and_stop_at_the_caches_end(
+    compute_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model.decode import decoding
+
+    if not (native.vnni() if compute_type == "int8" else native.f32()):
+        pytest.skip(f"no {compute_type} GEMM in C here (int8: AVX-512 VNNI; float32: AVX-512)")
+    tr = Translator.load("en-de", "cpu", compute_type=compute_type)
+    sources = [tr.encode(t) for t in read_lines("test_2016_flickr.en.gz", 24)]
+    opts = DecodeOptions(beam_size=4, num_hypotheses=4)
+
+    def translations() -> list[list[tuple[list[int], float]]]:
+        found = [tr.translate_ids([s], opts)[0] for s in sources[:8]] + tr.translate_ids(sources[8:], opts)
+        return [[(h.tokens, h.score) for h in r] for r in found]
+
+    ran: list[tuple[int, int]] = []  # each call's steps taken, and the sentences done at its last
+    beam_steps = native.beam_steps
+    monkeypatch.setattr(native, "beam_steps", lambda *a: (r := beam_steps(*a), ran.append((r[0], r[1][4])))[0])
+    together = translations()
+    assert ran and max(taken for taken, _ in ran) > 4 and all(ended for _, ended in ran)
+    init = decoding.CachedStepper.__init__
+
+    def short(self: decoding.CachedStepper, model: Seq2Seq, memory: torch.Tensor, *rest: Any) -> None:
+        init(self, model, memory, *rest)  # then a cache of 2 positions, which a step one call at a time grows
+        rows, length = self.cache.rows, self.cache.limit
+        self.cache = model.new_cache(self.cache.capacity, 2, memory.dtype, memory.device, limit=length, lineage=True)
+        self.cache.resize(rows, 0)
+
+    monkeypatch.setattr(decoding.CachedStepper, "__init__", short)
+    ran.clear()
+    stopping = translations()
+    assert any(not ended for _, ended in ran), "no call stopped at the cache's end"
+    monkeypatch.setattr(decoding.CachedStepper, "steps_in_c", False)
+    ran.clear()
+    apart = translations()  # a step, its beam step and its reorder one call each
+    assert not ran
+    assert together == stopping == apart
+
+
 @pytest.mark.skipif(not native.built(), reason="the C kernels are not built")
 @pytest.mark.parametrize("width", [1, 7, 8, 100, 256, 512, 1024, 2048, 4100, 40000])
 def test_layer_norm_in_c_gives_torchs_bits_where_torchs_kernel_runs_8_fused_lanes(width: int) -> None:

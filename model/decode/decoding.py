@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from model.decode.search import Hypothesis, SearchOptions, Stepper, beam_search, greedy_search
+from model.kernels import native
 from model.kernels.log_softmax import log_softmax_
 from model.nn.kv_cache import CrossCache, KVCache, continue_in_place, fill_holes
 from model.nn.transformer import Seq2Seq
@@ -21,6 +22,8 @@ class CachedStepper:
     keys at all, so its rows stay in search order and a reorder gathers only the lineage.
     """
 
+    steps_in_c = True  # False: every step a call of its own, to measure beam_steps against
+
     def __init__(self, model: Seq2Seq, memory: torch.Tensor, src_mask: torch.Tensor, beams: int, max_length: int):
         self.model = model
         self.beams = beams
@@ -36,6 +39,14 @@ class CachedStepper:
             return self.model.decode_step(tokens, pos, self.cache, self.cross, log_probs=True)
         cache_tokens = torch.empty_like(tokens).index_copy_(0, self.phys, tokens)  # (N,) in cache order
         return self.model.decode_step(cache_tokens, pos, self.cache, self.cross, order=self.phys, log_probs=True)
+
+    def beam_steps(
+        self, tokens: torch.Tensor, pos: int, advance: native.BeamAdvance, norms: torch.Tensor
+    ) -> tuple[int, native.BeamStep, torch.Tensor] | None:
+        """Steps, their beam steps and reorders in one call where the model makes them (Seq2Seq.beam_steps)."""
+        if not self.steps_in_c or self.cache.lineage is None or not self.identity:
+            return None
+        return self.model.beam_steps(tokens, pos, self.cache, self.cross, advance, norms)
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
         """Search row i continues search row rows[i]; rows (b * K,) are sentence-major."""

@@ -39,6 +39,17 @@ class Stepper(Protocol):
         ...
 
 
+class BeamSteps(Protocol):
+    """A stepper's steps from pos (>= 1) while every sentence goes on, each the step, then `advance` with the step's
+    norms[i], then the reorder to the rows it gives, in one call (decoding.CachedStepper.beam_steps): returns the steps
+    taken, the last one's `advance` answer and log-probabilities, tokens replaced by the next step's where the
+    steps went on; None where it does not run (nothing computed)."""
+
+    def __call__(
+        self, tokens: torch.Tensor, pos: int, advance: native.BeamAdvance, norms: torch.Tensor
+    ) -> tuple[int, native.BeamStep, torch.Tensor] | None: ...
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     beam_size: int = 4
@@ -432,22 +443,40 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
     tokens = torch.full((B,), opts.start_token_id, dtype=torch.long, device=device)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     advance: native.BeamAdvance | None = None
-    for n in range(int(max_lengths.max())):
+    steps_in_c: BeamSteps | None = getattr(stepper, "beam_steps", None)
+    norms: torch.Tensor | None = None  # (T,) each step's length norm, for steps_in_c
+    n, last = 0, int(max_lengths.max())
+    while n < last:
         b = alive.numel()
-        log_probs = stepper.step(tokens, n)  # (b*K, V); (b, V) at step 0
-        if n == 0:
-            log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
-            advance = advance_in_c(log_probs, state, limits, opts)
-        if advance is not None:  # the constraints and the beam step in one C call: the same answer
-            src_beam, token, done, rows, ended = advance(log_probs.view(b, K, -1), n, _norm(n + 1, opts.length_penalty))
-            if not ended:  # the common step: every sentence goes on, each beam continues a row of its own
-                stepper.reorder(rows, None)
-                tokens = token.view(-1)
+        ran = None
+        if n and advance is not None and steps_in_c is not None:
+            if norms is None:
+                norms = torch.tensor([_norm(p + 1, opts.length_penalty) for p in range(last)])
+            ran = steps_in_c(tokens, n, advance, norms[n:])
+        if ran is not None:  # steps as below, in one call, up to one where a sentence is done
+            taken, (src_beam, token, done, rows, ended), log_probs = ran
+            n += taken - 1  # the last step taken
+            tokens = token.view(-1)
+            if not ended:  # it stopped short (the cache's end), every row having followed its beam
+                n += 1
                 continue
         else:
-            log_probs = constrain(log_probs, n, limits.repeat_interleave(K), opts, state.run_tokens.view(b * K, -1))
-            pos = torch.full((b,), n, device=device)
-            src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, limits, opts)
+            log_probs = stepper.step(tokens, n)  # (b*K, V); (b, V) at step 0
+            if n == 0:
+                log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
+                advance = advance_in_c(log_probs, state, limits, opts)
+            if advance is not None:  # the constraints and the beam step in one C call: the same answer
+                norm = _norm(n + 1, opts.length_penalty)
+                src_beam, token, done, rows, ended = advance(log_probs.view(b, K, -1), n, norm)
+                if not ended:  # the common step: every sentence goes on, each beam continues a row of its own
+                    stepper.reorder(rows, None)
+                    tokens = token.view(-1)
+                    n += 1
+                    continue
+            else:
+                log_probs = constrain(log_probs, n, limits.repeat_interleave(K), opts, state.run_tokens.view(b * K, -1))
+                pos = torch.full((b,), n, device=device)
+                src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, limits, opts)
         for i in done.nonzero()[:, 0].tolist():
             results[int(alive[i])] = finished_hypotheses(state, i, opts)
         keep = (~done).nonzero()[:, 0]
@@ -462,6 +491,7 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
             if advance is not None:
                 advance = advance_in_c(log_probs, state, limits, opts)
         tokens = token[keep].view(-1)
+        n += 1
     return results
 
 

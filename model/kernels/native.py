@@ -54,6 +54,7 @@ SIGNATURES = {
     "beamserve_top_candidates": "i:ppqqqqppp",
     "beamserve_beam_step": "i:pqqqppppppqpppqippp",
     "beamserve_beam_advance": "i:pqqqppppppqpqppfqipqqqqpppp",
+    "beamserve_beam_steps": "i:pppqppqqqqqpqfppqqppppppqppqipqqqqpqqppppppp",
     "beamserve_self_sublayer": "i:ppqppppqp",
     "beamserve_cross_sublayer": "i:ppqpppppqqqqp",
     "beamserve_linear_forward": "i:ppqpp",
@@ -700,10 +701,7 @@ class BeamAdvance:
         reorder where none is done), and how many sentences are done."""
         b, K = self.b, self.K
         V = log_probs.shape[-1]
-        if V != self.V:
-            if not all(0 <= i < V for i in self.ids):
-                raise IndexError(f"BeamAdvance: a token id of the search's rules outside a vocabulary of {V}")
-            self.V = V
+        self.check_vocabulary(V)
         if not (
             log_probs.shape == (b, K, V)
             and log_probs.dtype == torch.float32
@@ -724,6 +722,60 @@ class BeamAdvance:
         if ended < 0:
             raise MemoryError("no memory for the beam step")
         return src_beam, token, done, rows, ended
+
+    def check_vocabulary(self, V: int) -> None:
+        """IndexError unless every id of the search's rules is below V (checked once per V)."""
+        if V != self.V:
+            if not all(0 <= i < V for i in self.ids):
+                raise IndexError(f"BeamAdvance: a token id of the search's rules outside a vocabulary of {V}")
+            self.V = V
+
+
+BeamStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]  # what BeamAdvance returns
+
+
+def beam_steps(
+    chain: tuple[ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_void_p]],
+    source: tuple[int, ...],
+    embed: torch.Tensor,
+    scale: float,
+    at: torch.Tensor,
+    output: LinearC,
+    advance: BeamAdvance,
+    tokens: torch.Tensor,
+    pos: int,
+    norms: torch.Tensor,
+) -> tuple[int, BeamStep, torch.Tensor]:
+    """csrc/beam_steps.c's beamserve_beam_steps: a beam search's steps pos, pos + 1, .. while every sentence goes on,
+    each as decoder_layers (with `output`, the layers' structs and the source map checked by the caller:
+    model/nn/c_step.py's one_call), then the BeamAdvance call, in one call, stopping after the first step at which a
+    sentence is done or after at.shape[0] steps. embed (V, C) and at (steps, C), each step's sinusoid, float32
+    contiguous; tokens (N,) int64 contiguous, every row's token at pos >= 1, replaced by the next step's where the
+    call went on; norms (steps,) float32, each step's BeamAdvance norm. Returns the steps taken, the last one's
+    BeamAdvance answer and its log-probabilities (N, V)."""
+    b, K = advance.b, advance.K
+    N, (V, C), steps = b * K, embed.shape, at.shape[0]
+    _check(
+        tokens.dtype == torch.int64 and tokens.shape == (N,) and embed.dtype == at.dtype == norms.dtype == torch.float32
+        and at.shape[1] == C and norms.shape == (steps,) and pos >= 1
+        and all(t.is_contiguous() and t.is_cpu for t in (tokens, embed, at, norms)),
+        "beam_steps", f"tokens ({N},) int64, embed (V, C), at (steps, C) and norms (steps,) float32, pos >= 1",
+    )  # fmt: skip
+    advance.check_vocabulary(output.N)
+    x, logp = torch.empty(N, C), torch.empty(N, output.N)
+    src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
+    done, rows, ran = torch.empty(b, dtype=torch.bool), torch.empty(N, dtype=torch.int64), (ctypes.c_int64 * 2)()
+    failed = _lib().beamserve_beam_steps(
+        *chain, len(chain[0]), *source, C, embed.data_ptr(), V, scale, at.data_ptr(), ctypes.byref(output), b, K,
+        *advance.args, advance.limits, norms.data_ptr(), *advance.rules, tokens.data_ptr(), pos, steps,
+        x.data_ptr(), logp.data_ptr(), src_beam.data_ptr(), token.data_ptr(), done.data_ptr(), rows.data_ptr(), ran,
+    )  # fmt: skip
+    if failed == -3:
+        raise IndexError(f"beam_steps: a token id outside the embedding's {V} rows")
+    if failed == -4:
+        raise IndexError(f"beam_step: {2 * K} candidates of {K} x {output.N}: the kernel ranks {MOST_CANDIDATES}")
+    _raise_sublayer(failed, "beam_steps")
+    return ran[0], (src_beam, token, done, rows, ran[1]), logp
 
 
 def _each(values: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:

@@ -100,6 +100,24 @@ def run(
     return x, False
 
 
+def one_call(
+    layers: Sequence[DecoderLayer],
+    N: int,
+    C: int,
+    cache: KVCache,
+    cross: CrossCache,
+    row_map: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[Chain, tuple[int, ...]] | None:
+    """The step's layers at N rows of C as native.decoder_layers takes them (_chain), and the source map
+    (source_of), where run would make the step one call; None elsewhere."""
+    plan = _plan(layers, N, cache.__dict__)
+    source = native.source_of(row_map, N)
+    if plan is None or plan[0].whole is None or source is None:
+        return None
+    chain = _chain(plan, N, C, cache, cross)
+    return None if chain is None else (chain, source)
+
+
 def _by_segments(
     plan: Plan,
     x: torch.Tensor,

@@ -298,6 +298,44 @@ class Seq2Seq(nn.Module):
         h = x if order is None else x.index_select(0, order)  # (N, C)
         return self.output(h, log_probs=log_probs)
 
+    def beam_steps(
+        self,
+        tokens: torch.Tensor,
+        pos: int,
+        cache: KVCache,
+        cross: CrossCache,
+        advance: native.BeamAdvance,
+        norms: torch.Tensor,
+    ) -> tuple[int, native.BeamStep, torch.Tensor] | None:
+        """A beam search's steps from pos (>= 1) while every sentence goes on, each step decode_step's with its
+        log-probabilities, then `advance`, then the lineage's reorder (KVCache.follow) to the rows the new beams
+        continue, all in one library call (native.beam_steps): the calls decode_step makes one at a time where
+        the step is one call (_step_in_c), so the same bits. tokens (N,) as decode_step takes them, replaced by
+        the next step's where the steps went on; norms (S,) each step's `advance` norm, at most S steps, fewer
+        where the cache or the positions end. Returns the steps taken, the last one's `advance` answer and
+        log-probabilities (N, V); None, having computed nothing, where a step would not be one call."""
+        weight = (self.target_embed if self.target_embed is not None else self.embed).weight
+        table = self.positions.table
+        N, steps = tokens.numel(), min(norms.numel(), cache.max_length - pos, table.shape[0] - pos)
+        if (
+            self.training or steps < 1 or pos < 1 or cache.lineage is None or cross.keys_transposed
+            or weight.dtype != torch.float32 or not tokens.is_cpu
+            or not attends_natively(weight, self.cfg.d_model // self.cfg.decoder_attention_heads)
+        ):  # fmt: skip
+            return None
+        self._check_length(pos + steps)
+        cache.open(pos)  # every step's position is within the buffer: opening the first opens them all
+        output = self._output_c(N)
+        if output is None:
+            return None
+        layers = c_step.one_call(self.decoders, N, self.cfg.d_model, cache, cross, cross.row_map(N))
+        if layers is None:
+            return None
+        at = table[pos : pos + steps]  # (steps, C)
+        ran = native.beam_steps(*layers, weight, self.scale, at, output, advance, tokens, pos, norms[:steps])
+        cache.length = max(cache.length, pos + ran[0])
+        return ran
+
     def _check_length(self, length: int) -> None:
         if length > self.cfg.max_position_embeddings:
             raise ValueError(

@@ -10,26 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A linear layer packed for one of the library's GEMMs, with its bias (NULL: none): N outputs of K. kind 0: int8
- * (int8_vnni.c: packed bytes, 128 x the column sums, the column scales); kind 1: float32 (f32_gemm.c: packed
- * floats; comp and scale unused). */
-typedef struct {
-    const void *packed;
-    const int32_t *comp;
-    const float *scale;
-    const float *bias;
-    int64_t N, K, kind;
-} beamserve_linear_c;
-
-/* One layer's keys and values: R rows of H heads of T positions of D floats, element strides sN, sH, sT (unit
- * over D); lineage (rN rows of rT positions, strides lN, lT) where a step's rows share positions, else NULL. */
-typedef struct {
-    float *k, *v;
-    int64_t H, D, sN, sH, sT, R, T;
-    int64_t *lineage;
-    int64_t lN, lT, rN, rT;
-    float scale; /* the attention's 1 / sqrt(D), as the caller computes it for every other path */
-} beamserve_kv;
+#include "sublayers.h"
 
 int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
                           const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
@@ -103,15 +84,6 @@ int beamserve_linear_forward(const beamserve_linear_c *w, const float *x, int64_
 void beamserve_layer_norm(const float *x, int64_t rows, int64_t N, const float *gamma, const float *beta, float eps,
                           float *y); /* layer_norm.c */
 
-/* One decoder layer's weights for beamserve_decoder_segment: its sublayers' structs (fc1.packed NULL: fc1 is
- * computed outside, float32 with its activation fused in oneDNN's GEMM), its three LayerNorms (after the self-
- * attention, the cross-attention and the feed-forward), and whether each norm comes before its sublayer (pre). */
-typedef struct {
-    beamserve_linear_c self_in, self_out, cross_in, cross_out, fc1, fc2;
-    const float *norm_weight[3], *norm_bias[3];
-    float eps[3];
-    int64_t pre;
-} beamserve_layer_c;
 
 /* x (N, C) = LayerNorm(x + sub) (post-norm), or x + sub (pre-norm; sub already taken of the normed x), sub (N, C). */
 static void close_sublayer(const beamserve_layer_c *l, int which, float *x, const float *sub, int64_t N, int64_t C) {
