@@ -92,7 +92,7 @@ def test_the_c_float32_gemm_serves_few_rows_with_onednn_s_bits(c_in: int, c_out:
     torch.manual_seed(c_in + c_out)
     w, b = torch.randn(c_out, c_in) * 0.05, torch.randn(c_out)
     with torch.inference_mode():
-        for rows in (1, 2, 4, 7, 16, 64, 65, 130):  # the C kernel up to 64 rows, oneDNN beyond
+        for rows in (1, 2, 4, 7, 16, 64, 65, 130, 256, 257):  # C up to 64 rows (256 for a small weight), then oneDNN
             x, res = torch.randn(rows, c_in), torch.randn(rows, c_out)
             for bias in (b, None):
                 assert torch.equal(linear(x, w, bias), onednn.linear(x, w, bias)), rows
@@ -100,6 +100,8 @@ def test_the_c_float32_gemm_serves_few_rows_with_onednn_s_bits(c_in: int, c_out:
     if not f32_gemm.agrees(c_out, c_in):
         pytest.skip(f"the C kernel sums otherwise than oneDNN at ({c_out}, {c_in}) here: oneDNN served every call")
     assert f32_gemm.form(w) is not None  # and it was the C kernel that served the few rows
+    small = c_out * c_in <= f32_gemm.WIDE_WEIGHT  # and a small weight's up to 256
+    assert [f32_gemm.serving(w, rows) is not None for rows in (64, 65, 256, 257)] == [True, small, small, False]
 
 
 def test_a_c_float32_gemm_that_sums_otherwise_than_onednn_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:

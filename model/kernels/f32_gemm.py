@@ -5,11 +5,12 @@ twenty-odd GEMMs spend most of their time there. The C kernel sums each output a
 machine (fused multiply-adds in order of k within blocks of K, the blocks added in order, then the bias),
 and is used only for a weight shape and intra-op thread count at which it was checked to give oneDNN's
 bits, on random rows at every row count it serves (CHECK_ROWS): a sentence's translation stays the same
-whichever computes it, alone or in a batch (oneDNN above MOST_ROWS). Where they differ (another oneDNN
-build, a CPU whose blocking differs) oneDNN keeps every shape. An activation fused in oneDNN's epilogue keeps
-oneDNN's call here (gemm.linear); a decode step made in one library call (model/nn/c_step.py) computes a
-feed-forward's fc1 and its swish in C instead, with the C GEMM and native.f32_swish_ (oneDNN's swish, step by
-step), where swish_agrees finds them giving oneDNN's fused bits at fc1's shape.
+whichever computes it, alone or in a batch (oneDNN above most_rows: 64 rows, 256 for a weight of up to 2M
+elements). Where they differ (another oneDNN build, a CPU whose blocking differs) oneDNN keeps every shape. An
+activation fused in oneDNN's epilogue keeps oneDNN's call here (gemm.linear); a decode step made in one library
+call (model/nn/c_step.py) computes a feed-forward's fc1 and its swish in C instead, with the C GEMM and
+native.f32_swish_ (oneDNN's swish, step by step), where swish_agrees finds them giving oneDNN's fused bits at
+fc1's shape.
 """
 
 from __future__ import annotations
@@ -23,15 +24,25 @@ from model.kernels import native, onednn, ops
 log = logging.getLogger(__name__)
 
 MOST_ROWS = 64  # above this, oneDNN's call costs little beside its arithmetic
-CHECK_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 33, 64)
+# A weight of at most WIDE_WEIGHT elements up to WIDE_ROWS: a decoder layer's at a batch of 64 sentences of 4 beams
+# and an encoder's at a batch's tokens, so that those steps and encoders stay one call (docs/benchmarks.md). Not a
+# larger weight (an output projection over a 58k vocabulary): checking it at such row counts takes seconds.
+WIDE_ROWS, WIDE_WEIGHT = 256, 1 << 21
+CHECK_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 33, 64, 97, 128, 256)
 FORM_ATTR = "_beamserve_f32"  # on a weight: (its version, its packed form for the C kernel)
 _AGREES: dict[tuple[int, int, int], bool] = {}
 _SWISH_AGREES: dict[tuple[int, int, int], bool] = {}
 
 
+def most_rows(N: int, K: int) -> int:
+    """The most rows the C kernel serves for (N, K) weights, where it agrees."""
+    return WIDE_ROWS if N * K <= WIDE_WEIGHT else MOST_ROWS
+
+
 def agrees(N: int, K: int) -> bool:
     """Whether the C kernel gives oneDNN's bits for (N, K) weights at this intra-op thread count: checked on
-    random weights, biases and rows at every row count of CHECK_ROWS, once per shape and thread count."""
+    random weights, biases and rows at every row count of CHECK_ROWS it serves (most_rows), once per shape and
+    thread count."""
     key = (N, K, torch.get_num_threads())
     found = _AGREES.get(key)
     if found is None:
@@ -48,7 +59,7 @@ def _check(N: int, K: int, post_op: str = "none") -> bool:
     with torch.inference_mode():
         w, b = torch.randn(N, K, generator=gen) * 0.05, torch.randn(N, generator=gen)
         form = native.F32Weight(w)
-        for rows in CHECK_ROWS:
+        for rows in (rows for rows in CHECK_ROWS if rows <= most_rows(N, K)):
             x = torch.randn(rows, K, generator=gen) * (1 + 4 * (rows % 2))  # activations far into swish's tails too
             for bias in (b, None):
                 y = ops.f32_linear(x, form, bias)
@@ -88,9 +99,9 @@ def form(weight: torch.Tensor) -> native.F32Weight | None:
 
 
 def serving(weight: torch.Tensor, rows: int) -> native.F32Weight | None:
-    """weight's form where the C kernel serves a call of `rows` rows: no more than MOST_ROWS, the kernel built
+    """weight's form where the C kernel serves a call of `rows` rows: no more than most_rows, the kernel built
     here and giving oneDNN's bits at its shape; None else."""
-    return form(weight) if rows <= MOST_ROWS and native.f32() else None
+    return form(weight) if weight.dim() == 2 and rows <= most_rows(*weight.shape) and native.f32() else None
 
 
 def linear(

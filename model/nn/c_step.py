@@ -201,7 +201,7 @@ def in_one_call(
         n = N * weight.shape[0]
         one_range = (torch.get_num_threads() == 1 or n < native.SILU_RANGE) and n % native.SILU_PAIR == 0
         return whole if native.silu_exactly() and one_range else None
-    if N > f32_gemm.MOST_ROWS or weight.dim() != 2 or not f32_gemm.swish_agrees(*weight.shape):
+    if weight.dim() != 2 or f32_gemm.most_rows(*weight.shape) < N or not f32_gemm.swish_agrees(*weight.shape):
         return None
     form = f32_gemm.form(weight)
     if form is None or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())):

@@ -374,7 +374,7 @@ def _layer(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, Int8We
 
 
 # What serves a layer in C: its struct, and the row counts at which: an int8 weight's plan (int8_choice), or a
-# float32 one's (f32_gemm.MOST_ROWS).
+# float32 one's (f32_gemm.most_rows).
 CStructs = tuple[tuple[native.LinearC, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...] | None, ...]]
 
 
@@ -404,8 +404,8 @@ def _serving(structs: CStructs | None, rows: int) -> tuple[native.LinearC, ...] 
     """The structs, where every one's kernel serves `rows` rows."""
     if structs is None:
         return None
-    for plan in structs[2]:
-        if plan is None and rows > f32_gemm.MOST_ROWS:
+    for struct, plan in zip(structs[0], structs[2], strict=True):
+        if plan is None and rows > f32_gemm.most_rows(struct.N, struct.K):
             return None
         if plan is not None and kernel_at(plan, rows) != "vnni":
             return None  # another int8 kernel is faster at this row count
