@@ -526,6 +526,25 @@ def test_a_beam_searchs_steps_in_one_call_give_the_bits_of_a_call_a_step_and_sto
     assert together == stopping == apart
 
 
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
+def test_every_layers_source_keys_and_values_as_one_gemm_give_each_layers_own_projections_bits(
+    compute_type: str,
+) -> None:
+    from model.decode.decoding import pad_batch
+
+    tr = Translator.load("en-de", "cpu", compute_type=compute_type)
+    texts = read_lines("test_2016_flickr.en.gz", 64)
+    for batch in (texts[:1], texts[:5], texts):  # 64 sentences: past the float32 C kernel's rows, oneDNN's
+        ids, mask = pad_batch([tr.encode(t) for t in batch], tr.model.cfg.pad_token_id, torch.device("cpu"))
+        with torch.inference_mode():
+            memory = tr.model.encode(ids, mask)
+            cross = tr.model.cross_cache(memory, mask)
+            S = memory.shape[1]
+            for i, layer in enumerate(tr.model.decoders):
+                k, v = layer.cross_attn.project_kv(memory)  # the layer's own k and v projections
+                assert torch.equal(cross.keys(i)[:, :, :S], k) and torch.equal(cross.v[i][:, :, :S], v), (i, len(batch))
+
+
 @pytest.mark.skipif(not native.built(), reason="the C kernels are not built")
 @pytest.mark.parametrize("width", [1, 7, 8, 100, 256, 512, 1024, 2048, 4100, 40000])
 def test_layer_norm_in_c_gives_torchs_bits_where_torchs_kernel_runs_8_fused_lanes(width: int) -> None:

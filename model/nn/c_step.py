@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from model.kernels import f32_gemm, native
-from model.nn.layers import feed_forward_in_c, hidden_rows
+from model.nn.layers import feed_forward_in_c, hidden_rows, weights_state
 
 if TYPE_CHECKING:
     from model.nn.blocks import DecoderLayer
@@ -51,6 +51,8 @@ class LayerPlan:
     # What the structs point into (the modules' cached forms, with their tensors), held as long as the plan: a
     # form the modules replace stays valid memory for a plan that still has it.
     held: tuple[object, ...]
+    # in_one_call's answer by (rows, intra-op threads): a float32 layer's is a struct of its own, made once
+    one_call: dict[tuple[int, int], native.LayerC | None] = field(default_factory=dict, compare=False)
 
 
 Plan = tuple[LayerPlan, ...]  # every decoder layer's part of a step at one row count
@@ -182,7 +184,10 @@ def _chain(plan: Plan, N: int, C: int, cache: KVCache, cross: CrossCache) -> Cha
 def _layer_in_one_call(layer: LayerPlan, N: int) -> native.LayerC | None:
     if layer.whole is None:
         return None
-    return in_one_call(layer.whole, layer.fc1 is not None, layer.fc1_float, layer.activation, N)
+    key = (N, torch.get_num_threads())
+    if key not in layer.one_call:
+        layer.one_call[key] = in_one_call(layer.whole, layer.fc1 is not None, layer.fc1_float, layer.activation, N)
+    return layer.one_call[key]
 
 
 def in_one_call(
@@ -228,13 +233,42 @@ def _feed_forward(layer: LayerPlan, h: torch.Tensor, residual: torch.Tensor) -> 
 
 
 def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) -> Plan | None:
-    """The plan for `rows` rows, made at a decode's first step of that many rows for the weights as they are
-    (`held` is the decode's self-attention cache: the weights do not change while a decode runs); None where a
-    sublayer does not run in C at that row count."""
-    plans: dict[int, Plan | None] = held.setdefault("_c_step_plans", {})  # type: ignore[assignment]
+    """The plan for `rows` rows for the weights as they are; None where a sublayer does not run in C at that row
+    count. Made once and kept on the first layer across decodes (_plans), the weights checked at a decode's first
+    step (`held` is the decode's self-attention cache: the weights do not change while a decode runs)."""
+    plans: dict[int, Plan | None] | None = held.get("_c_step_plans")  # type: ignore[assignment]
+    if plans is None:
+        plans = held["_c_step_plans"] = _plans(layers)
     if rows not in plans:
         plans[rows] = _made(layers, rows)
     return plans[rows]
+
+
+def _plans(layers: Sequence[DecoderLayer]) -> dict[int, Plan | None]:
+    """The plans kept for the layers' weights as they are: each sublayer's weights, biases and int8 forms (what
+    their structs are made from, weights_state), each norm's parameters and whether a layer trains; a new set
+    where any of those changed. A plan is some hundred microseconds to check layer by layer, each of a
+    sentence's decodes making two."""
+    key: list[object] = [len(layers)]
+    objects: list[object] = []
+    for layer in layers:
+        for module, names in (
+            (layer.self_attn, ("q_proj", "k_proj", "v_proj", "out_proj")),
+            (layer.cross_attn, ("q_proj", "out_proj")),
+            (layer.ffn, ("fc1", "fc2")),
+        ):
+            found, held = weights_state(module, names)
+            key += found
+            objects += held
+        norms = [t for n in (layer.norm1, layer.norm2, layer.norm3) for t in n._parameters.values()]
+        key += (*(id(t) for t in norms), layer.training)
+        objects += norms
+    kept: tuple[tuple[object, ...], list[object], dict[int, Plan | None]] | None = layers[0].__dict__.get(
+        "_c_step_plans"
+    )
+    if kept is None or kept[0] != tuple(key):  # the objects compared by id are held with the plans
+        kept = layers[0].__dict__["_c_step_plans"] = (tuple(key), objects, {})
+    return kept[2]
 
 
 def _made(layers: Sequence[DecoderLayer], rows: int) -> Plan | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +127,7 @@ def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
     return native.runs_on(x) and head_dim <= native.MOST_HEAD_DIM and not torch.is_grad_enabled()
 
 
-def _state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], list[object]]:
+def weights_state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], list[object]]:
     """What forms made from submodules `names`' weights and biases depend on (a fused weight, C structs): each
     weight's int8 form where it has one (a new form is a new object), else the weight and its version, and each
     bias with its version; as a tuple of ints that compares in one step, and the objects themselves, which the
@@ -143,6 +143,23 @@ def _state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], 
         key += (id(q), id(w), -1 if q is not None else version(w), id(bias), -1 if bias is None else version(bias))
         held += (q, w, bias)
     return tuple(key), held
+
+
+def side_by_side(parts: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None]:
+    """Linear layers over one input as one: their weights (sum of N, K) and biases side by side; in int8, one int8
+    form of them all (model/kernels/quant.py) and no float weight. One quantisation of the input and one product
+    instead of one each (int8), or one GEMM call (float32), to the same bits: each output element is the same sum
+    over the same K, whatever columns lie beside it."""
+    biases: list[torch.Tensor] = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]  # type: ignore[misc]
+    bias = None if all(p.bias is None for p in parts) else torch.cat(biases).float().detach()
+    q8 = [int8_of(p) for p in parts]
+    int8 = None
+    if all(q is not None for q in q8):  # one int8 weight of them all
+        weight = torch.empty(0)
+        int8 = int8_weight(torch.cat([q.qweight for q in q8]), torch.cat([q.scale for q in q8]))  # type: ignore[union-attr]
+    else:
+        weight = torch.cat([p.weight for p in parts]).detach()  # type: ignore[misc]
+    return weight, bias, int8
 
 
 def layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -200,20 +217,11 @@ class MultiHeadAttention(nn.Module):
     def _fused_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None]:
         """The q, k and v projections' weights (3 C, C) and biases (3 C,) side by side, made once for the weights
         as they are; in int8, one int8 form of the three (model/kernels/quant.py) and no float weight."""
-        key, held = _state(self, ("q_proj", "k_proj", "v_proj"))
+        key, held = weights_state(self, ("q_proj", "k_proj", "v_proj"))
         fused = self.__dict__.get("_qkv")
         if fused is not None and fused[0] == key:
             return fused[2], fused[3], fused[4]
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        biases: list[torch.Tensor] = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
-        bias = None if all(p.bias is None for p in parts) else torch.cat(biases).float().detach()
-        q8 = [int8_of(p) for p in parts]
-        int8 = None
-        if all(q is not None for q in q8):  # one int8 weight of the three
-            weight = torch.empty(0)
-            int8 = int8_weight(torch.cat([q.qweight for q in q8]), torch.cat([q.scale for q in q8]))  # type: ignore[union-attr]
-        else:
-            weight = torch.cat([p.weight for p in parts]).detach()
+        weight, bias, int8 = side_by_side((self.q_proj, self.k_proj, self.v_proj))
         # Derived from the three layers' forms and kept with them: not a submodule or buffer of its own
         self.__dict__["_qkv"] = (key, held, weight, bias, int8)
         return weight, bias, int8
@@ -225,7 +233,7 @@ class MultiHeadAttention(nn.Module):
         oneDNN's bits); None otherwise. Made once for the weights as they are, which a call checks by identity
         and version (module dicts, not attribute lookups: a decode step asks for every sublayer)."""
         names = ("q_proj", "k_proj", "v_proj", "out_proj") if fused else ("q_proj", "out_proj")
-        key, objects = _state(self, names)
+        key, objects = weights_state(self, names)
         held = self.__dict__.setdefault("_c_sublayer", {}).get(fused)
         if held is None or held[0] != key:
             w_in, b_in, q_in = (
@@ -318,7 +326,7 @@ class FeedForward(nn.Module):
         (MultiHeadAttention.c_sublayer says how they are made and checked)."""
         if self.activation not in INPLACE_ACTIVATIONS or self.training:
             return None
-        key, objects = _state(self, ("fc1", "fc2"))
+        key, objects = weights_state(self, ("fc1", "fc2"))
         held = self.__dict__.get("_c_pair")
         if held is None or held[0] != key:
             fc1, fc2 = (

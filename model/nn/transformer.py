@@ -22,6 +22,8 @@ from model.nn.layers import (
     attends_natively,
     dropped,
     embedding_scale,
+    side_by_side,
+    weights_state,
 )
 
 
@@ -178,13 +180,39 @@ class Seq2Seq(nn.Module):
             # Masked positions up to what a CPU step attends over, once here (layers.step_attention).
             memory = F.pad(memory, (0, 0, 0, attended - positions))
             src_mask = F.pad(src_mask, (0, attended - positions), value=False)
-        kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
+        kv = self._cross_kv(memory) if cpu and memory.dtype == torch.float32 and not torch.is_grad_enabled() else None
+        if kv is None:
+            kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
         # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
         # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
         transposed = cpu and not attends_natively(memory, head_dim)  # the C kernel reads (B, H, S, D)
         keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
         values = [v.contiguous() for _, v in kv]
         return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=transposed, padded=cpu)
+
+    def _cross_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Every decoder layer's cross-attention keys and values of memory (B, S, C), each (B, H, S, D) contiguous:
+        the layers' k and v projections side by side as one GEMM (layers.side_by_side: the same bits as each
+        layer's project_kv), then one copy into the heads' layout. None for a model without one head width."""
+        layers = self.decoders
+        heads = {layer.cross_attn.heads for layer in layers}
+        if len(heads) != 1 or not layers:
+            return None
+        key: list[int] = []
+        objects: list[object] = []
+        for layer in layers:
+            found, held = weights_state(layer.cross_attn, ("k_proj", "v_proj"))
+            key += found
+            objects += held
+        fused = self.__dict__.get("_cross_kv_fused")
+        if fused is None or fused[0] != key:
+            parts = [p for layer in layers for p in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
+            fused = self.__dict__["_cross_kv_fused"] = (key, objects, side_by_side(parts))
+        weight, bias, int8 = fused[2]
+        (B, S, C), H = memory.shape, heads.pop()
+        y = linear(memory, weight, bias, int8=int8)  # (B, S, L 2 C)
+        y = y.view(B, S, len(layers), 2, H, C // H).permute(2, 3, 0, 4, 1, 5).contiguous()  # (L, 2, B, H, S, D)
+        return [(y[i, 0], y[i, 1]) for i in range(len(layers))]
 
     def new_cache(
         self,
