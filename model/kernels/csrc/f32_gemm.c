@@ -17,7 +17,7 @@
 #endif
 
 #define PANEL 16
-#define MR 4
+#define MR 6 /* rows a tile: 6 x 4 accumulators, 4 weight vectors and a broadcast in AVX-512's 32 registers */
 #define NP 4
 
 static int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }
@@ -73,6 +73,8 @@ int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, cons
                 const int64_t k1 = k0 + kb < K ? k0 + kb : K;
                 const float *xr = x + m0 * ldx;
                 if (np < NP) tile(xr, ldx, k0, k1, w, K, rows, np, acc);
+                else if (rows == 6) tile(xr, ldx, k0, k1, w, K, 6, NP, acc);
+                else if (rows == 5) tile(xr, ldx, k0, k1, w, K, 5, NP, acc);
                 else if (rows == 4) tile(xr, ldx, k0, k1, w, K, 4, NP, acc);
                 else if (rows == 3) tile(xr, ldx, k0, k1, w, K, 3, NP, acc);
                 else if (rows == 2) tile(xr, ldx, k0, k1, w, K, 2, NP, acc);
