@@ -8,13 +8,15 @@ import sys
 import pytest
 
 # Beam search over a random tiny model with a 40k vocabulary: each step's logits (256 rows x 40k floats,
-# 41 MB) are past glibc's largest mmap threshold. Prints the minor page faults of the third decode.
+# 41 MB) are past glibc's largest mmap threshold. Each step a call of its own (a run of steps in one call allocates
+# its logits once). Prints the minor page faults of the third decode.
 PROBE = """
 import resource, sys
 import torch
 from model.kernels.allocator import retain_freed_memory
 from model.nn.config import preset
-from model.decode.decoding import generate
+from model.decode.decoding import CachedStepper, generate
+CachedStepper.steps_in_c = False
 from model.decode.search import SearchOptions
 from model.nn.transformer import Seq2Seq
 if sys.argv[1] == "retain":
