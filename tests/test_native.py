@@ -524,6 +524,22 @@ def test_a_beam_searchs_steps_in_one_call_give_the_bits_of_a_call_a_step_and_sto
     apart = translations()  # a step, its beam step and its reorder one call each
     assert not ran
     assert together == stopping == apart
+    monkeypatch.undo()
+    # A token outside the vocabulary is refused by name before anything is computed, as a step's own call refuses it.
+    from model.decode.search import BeamState, advance_in_c
+
+    ids, mask = decoding.pad_batch([sources[0]], tr.model.cfg.pad_token_id, torch.device("cpu"))
+    with torch.inference_mode():
+        stepper = decoding.CachedStepper(tr.model, tr.model.encode(ids, mask), mask, 4, 20)
+        log_probs = stepper.step(torch.zeros(1, dtype=torch.long), 0).repeat_interleave(4, dim=0)
+        advance = advance_in_c(
+            log_probs, BeamState.start(1, 4, 20, torch.device("cpu")), torch.tensor([20]), tr.search_options(opts)
+        )
+        assert advance is not None
+        stepper.reorder(torch.zeros(4, dtype=torch.long), None)
+        outside = torch.full((4,), (tr.model.target_embed or tr.model.embed).weight.shape[0], dtype=torch.long)
+        with pytest.raises(IndexError, match="outside the embedding"):
+            stepper.beam_steps(outside, 1, advance, torch.ones(19))
 
 
 @pytest.mark.parametrize("compute_type", ["int8", "float32"])
