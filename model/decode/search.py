@@ -444,15 +444,12 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     advance: native.BeamAdvance | None = None
     steps_in_c: BeamSteps | None = getattr(stepper, "beam_steps", None)
-    norms: torch.Tensor | None = None  # (T,) each step's length norm, for steps_in_c
     n, last = 0, int(max_lengths.max())
     while n < last:
         b = alive.numel()
         ran = None
         if n and advance is not None and steps_in_c is not None:
-            if norms is None:
-                norms = torch.tensor([_norm(p + 1, opts.length_penalty) for p in range(last)])
-            ran = steps_in_c(tokens, n, advance, norms[n:])
+            ran = steps_in_c(tokens, n, advance, _norms(last, opts.length_penalty)[n:])
         if ran is not None:  # steps as below, in one call, up to one where a sentence is done
             taken, (src_beam, token, done, rows, ended), log_probs = ran
             n += taken - 1  # the last step taken
@@ -525,6 +522,12 @@ def advance_in_c(
 def _norm(length: int, penalty: float) -> float:
     """length ** penalty as beam_step computes it for one sentence (length_norms of one float32 value)."""
     return float(length_norms(torch.tensor([length - 1]), torch.float32, penalty))
+
+
+@functools.lru_cache(maxsize=64)
+def _norms(steps: int, penalty: float) -> torch.Tensor:
+    """(steps,) float32: step n's _norm(n + 1, penalty), made once per decode length (read, never written)."""
+    return torch.tensor([_norm(n + 1, penalty) for n in range(steps)])
 
 
 def finished_hypotheses(state: BeamState, i: int, opts: SearchOptions) -> list[Hypothesis]:

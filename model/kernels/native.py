@@ -711,17 +711,27 @@ class BeamAdvance:
             raise ValueError(f"BeamAdvance: ({b}, {K}, V) float32 contiguous CPU log-probabilities")
         positions, at = (None, pos) if isinstance(pos, int) else (_each(pos, b, torch.int64).data_ptr(), 0)
         norms, one = (None, norm) if isinstance(norm, float) else (_each(norm, b, torch.float32).data_ptr(), 0.0)
-        src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
-        done, rows = torch.empty(b, dtype=torch.bool), torch.empty(b * K, dtype=torch.int64)
+        src_beam, token, done, rows = self.answer()
         ended = _lib().beamserve_beam_advance(
             log_probs.data_ptr(), b, K, V, *self.args, positions, at, self.limits, norms, one, *self.rules,
             src_beam.data_ptr(), token.data_ptr(), done.data_ptr(), rows.data_ptr(),
         )  # fmt: skip
+        self.check_answer(ended, V)
+        return src_beam, token, done, rows, ended
+
+    def answer(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Empty src_beam, token (b, K), done (b,) and rows (b K,), for beamserve_beam_advance to write."""
+        b, K = self.b, self.K
+        src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
+        return src_beam, token, torch.empty(b, dtype=torch.bool), torch.empty(b * K, dtype=torch.int64)
+
+    def check_answer(self, ended: int, V: int) -> None:
+        """beamserve_beam_advance's failures over a vocabulary of V, as exceptions."""
         if ended == -2:
+            K = self.K
             raise IndexError(f"beam_step: {2 * K} candidates of {K} x {V}: the kernel ranks at most {MOST_CANDIDATES}")
         if ended < 0:
             raise MemoryError("no memory for the beam step")
-        return src_beam, token, done, rows, ended
 
     def check_vocabulary(self, V: int) -> None:
         """IndexError unless every id of the search's rules is below V (checked once per V)."""
@@ -762,9 +772,8 @@ def beam_steps(
         "beam_steps", f"tokens ({N},) int64, embed (V, C), at (steps, C) and norms (steps,) float32, pos >= 1",
     )  # fmt: skip
     advance.check_vocabulary(output.N)
-    x, logp = torch.empty(N, C), torch.empty(N, output.N)
-    src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
-    done, rows, ran = torch.empty(b, dtype=torch.bool), torch.empty(N, dtype=torch.int64), (ctypes.c_int64 * 2)()
+    x, logp, ran = torch.empty(N, C), torch.empty(N, output.N), (ctypes.c_int64 * 2)()
+    src_beam, token, done, rows = advance.answer()
     failed = _lib().beamserve_beam_steps(
         *chain, len(chain[0]), *source, C, embed.data_ptr(), V, scale, at.data_ptr(), ctypes.byref(output), b, K,
         *advance.args, advance.limits, norms.data_ptr(), *advance.rules, tokens.data_ptr(), pos, steps,
@@ -772,8 +781,8 @@ def beam_steps(
     )  # fmt: skip
     if failed == -3:
         raise IndexError(f"beam_steps: a token id outside the embedding's {V} rows")
-    if failed == -4:
-        raise IndexError(f"beam_step: {2 * K} candidates of {K} x {output.N}: the kernel ranks {MOST_CANDIDATES}")
+    if failed == -4:  # the beam step's -2
+        advance.check_answer(-2, output.N)
     _raise_sublayer(failed, "beam_steps")
     return ran[0], (src_beam, token, done, rows, ran[1]), logp
 

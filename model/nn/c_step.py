@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from model.kernels import f32_gemm, native
-from model.nn.layers import feed_forward_in_c, hidden_rows, weights_state
+from model.nn.layers import feed_forward_in_c, hidden_rows, weights_states
 
 if TYPE_CHECKING:
     from model.nn.blocks import DecoderLayer
@@ -249,25 +249,25 @@ def _plans(layers: Sequence[DecoderLayer]) -> dict[int, Plan | None]:
     their structs are made from, weights_state), each norm's parameters and whether a layer trains; a new set
     where any of those changed. A plan is some hundred microseconds to check layer by layer, each of a
     sentence's decodes making two."""
-    key: list[object] = [len(layers)]
-    objects: list[object] = []
-    for layer in layers:
-        for module, names in (
-            (layer.self_attn, ("q_proj", "k_proj", "v_proj", "out_proj")),
-            (layer.cross_attn, ("q_proj", "out_proj")),
-            (layer.ffn, ("fc1", "fc2")),
-        ):
-            found, held = weights_state(module, names)
-            key += found
-            objects += held
-        norms = [t for n in (layer.norm1, layer.norm2, layer.norm3) for t in n._parameters.values()]
-        key += (*(id(t) for t in norms), layer.training)
-        objects += norms
+    key, objects = weights_states(
+        [
+            pair
+            for layer in layers
+            for pair in (
+                (layer.self_attn, ("q_proj", "k_proj", "v_proj", "out_proj")),
+                (layer.cross_attn, ("q_proj", "out_proj")),
+                (layer.ffn, ("fc1", "fc2")),
+            )
+        ]
+    )
+    norms = [t for layer in layers for n in (layer.norm1, layer.norm2, layer.norm3) for t in n._parameters.values()]
+    key += (len(layers), *(id(t) for t in norms), *(layer.training for layer in layers))
+    objects += norms
     kept: tuple[tuple[object, ...], list[object], dict[int, Plan | None]] | None = layers[0].__dict__.get(
         "_c_step_plans"
     )
-    if kept is None or kept[0] != tuple(key):  # the objects compared by id are held with the plans
-        kept = layers[0].__dict__["_c_step_plans"] = (tuple(key), objects, {})
+    if kept is None or kept[0] != key:  # the objects compared by id are held with the plans
+        kept = layers[0].__dict__["_c_step_plans"] = (key, objects, {})
     return kept[2]
 
 

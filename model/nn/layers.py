@@ -145,6 +145,19 @@ def weights_state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int,
     return tuple(key), held
 
 
+def weights_states(
+    modules: Sequence[tuple[nn.Module, tuple[str, ...]]],
+) -> tuple[tuple[int, ...], list[object]]:
+    """weights_state of each (module, names), joined: one key to compare, and every object it names."""
+    key: list[int] = []
+    held: list[object] = []
+    for module, names in modules:
+        found, objects = weights_state(module, names)
+        key += found
+        held += objects
+    return tuple(key), held
+
+
 def side_by_side(parts: Sequence[nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None]:
     """Linear layers over one input as one: their weights (sum of N, K) and biases side by side; in int8, one int8
     form of them all (model/kernels/quant.py) and no float weight. One quantisation of the input and one product

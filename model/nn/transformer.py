@@ -23,7 +23,7 @@ from model.nn.layers import (
     dropped,
     embedding_scale,
     side_by_side,
-    weights_state,
+    weights_states,
 )
 
 
@@ -198,12 +198,7 @@ class Seq2Seq(nn.Module):
         heads = {layer.cross_attn.heads for layer in layers}
         if len(heads) != 1 or not layers:
             return None
-        key: list[int] = []
-        objects: list[object] = []
-        for layer in layers:
-            found, held = weights_state(layer.cross_attn, ("k_proj", "v_proj"))
-            key += found
-            objects += held
+        key, objects = weights_states([(layer.cross_attn, ("k_proj", "v_proj")) for layer in layers])
         fused = self.__dict__.get("_cross_kv_fused")
         if fused is None or fused[0] != key:
             parts = [p for layer in layers for p in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]

@@ -84,7 +84,6 @@ int beamserve_linear_forward(const beamserve_linear_c *w, const float *x, int64_
 void beamserve_layer_norm(const float *x, int64_t rows, int64_t N, const float *gamma, const float *beta, float eps,
                           float *y); /* layer_norm.c */
 
-
 /* x (N, C) = LayerNorm(x + sub) (post-norm), or x + sub (pre-norm; sub already taken of the normed x), sub (N, C). */
 static void close_sublayer(const beamserve_layer_c *l, int which, float *x, const float *sub, int64_t N, int64_t C) {
     if (l->pre)
