@@ -14,7 +14,9 @@ fall (latencies from 5 ms to 30 s, batch sizes 1..64) and `_sum`/`_count` means 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import weakref
 from typing import Any
 
 LATENCY_S = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30]
@@ -24,6 +26,9 @@ STEP_ROWS: list[float] = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 51
 BATCH_TOKENS: list[float] = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 FLUSH_S = 0.5  # counts reach Ray's metrics within this long (Ray exports every few seconds)
 PADDING_RATIO = [1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2, 3, 5]
+# Ray's metrics agent drops a gauge not set again within two export intervals (each at least 1 s): an idle
+# replica's model info, capacity and load time would leave the scrape, and alerts reading ratios with them.
+GAUGE_REFRESH_S = 1.0
 
 
 class GatewayMetrics:
@@ -164,7 +169,10 @@ class ModelMetrics:
         self.load_seconds = metric(G, "beamserve_model_load_seconds", "Model load time of the replica.")
         self.gpu_memory = metric(G, "beamserve_gpu_memory_allocated_bytes", "GPU memory allocated by torch (0 on CPU).")
         self._seen = {"rejected": 0, "expired": 0, "cancelled": 0}
-        self.load_time = 0.0  # re-exported on every sync: a gauge set only once can age out of the export
+        self.load_time = 0.0
+        self._gauges_set = 0.0  # when the gauges last went to Ray (by a flush or GaugeRefresher)
+        self._gauges_lock = threading.Lock()  # the engine's flushes and the refresher's thread both set them
+        self._open = True  # until closed(): then no thread sets them again
         self.capacity = (0, 0)  # (max_queue, decode_slots), set by the replica on (re)configuration
         # Reports not yet recorded in Ray's metrics (on_batch, on_step, on_generated, sync): see FLUSH_S
         self._batches: list[tuple[int, int, int, list[float]]] = []
@@ -176,9 +184,12 @@ class ModelMetrics:
 
     def closed(self) -> None:
         """The model left its replica (a pool evicted it): its info and gauges say so."""
-        self.info.set(0, self.info_tags)
-        for gauge in (self.queue_depth, self.active, self.queue_capacity, self.slots):
-            gauge.set(0)
+        _refresher.discard(self)
+        with self._gauges_lock:
+            self._open = False
+            self.info.set(0, self.info_tags)
+            for gauge in (self.queue_depth, self.active, self.queue_capacity, self.slots):
+                gauge.set(0)
 
     # The engine's thread reports every decoder step; a Ray metric's record costs about 3 us, a dozen of them
     # a step (8% of a one-sentence int8 step on one core). So the reports add up here and reach Ray at most
@@ -231,19 +242,67 @@ class ModelMetrics:
             self.step_rows.observe(n)
         if generated:
             self.generated_tokens.inc(generated)
-        if self._state is None:
-            return
-        *counts, queued, active, gpu_bytes = self._state
-        for name, now, counter in zip(
-            ("rejected", "expired", "cancelled"), counts, (self.rejected, self.timeouts, self.cancelled), strict=True
-        ):
-            if now > self._seen[name]:
-                counter.inc(now - self._seen[name])
-                self._seen[name] = now
-        self.load_seconds.set(self.load_time)
-        self.info.set(1, self.info_tags)
-        self.queue_capacity.set(self.capacity[0])
-        self.slots.set(self.capacity[1])
-        self.queue_depth.set(queued)
-        self.active.set(active)
-        self.gpu_memory.set(gpu_bytes)
+        if self._state is not None:
+            counters = (self.rejected, self.timeouts, self.cancelled)
+            for name, now, counter in zip(("rejected", "expired", "cancelled"), self._state[:3], counters, strict=True):
+                if now > self._seen[name]:
+                    counter.inc(now - self._seen[name])
+                    self._seen[name] = now
+        self.set_gauges()
+
+    def set_gauges(self) -> None:
+        """Every gauge to Ray from the last values the engine reported, until closed."""
+        with self._gauges_lock:
+            if not self._open:
+                return
+            self._gauges_set = time.monotonic()
+            queued, active, gpu_bytes = self._state[3:] if self._state is not None else (0, 0, 0)
+            self.load_seconds.set(self.load_time)
+            self.info.set(1, self.info_tags)
+            self.queue_capacity.set(self.capacity[0])
+            self.slots.set(self.capacity[1])
+            self.queue_depth.set(queued)
+            self.active.set(active)
+            self.gpu_memory.set(gpu_bytes)
+
+    def refresh(self, now: float) -> None:
+        if now - self._gauges_set >= GAUGE_REFRESH_S:
+            self.set_gauges()
+
+    def serving(self) -> None:
+        """The model is loaded and its facts set: its gauges go to Ray from now on, traffic or none."""
+        self.set_gauges()
+        _refresher.add(self)
+
+
+class GaugeRefresher:
+    """One daemon thread per process setting every serving model's gauges again once GAUGE_REFRESH_S passes
+    without a flush having set them (an idle engine flushes nothing); some 30 us a model a second."""
+
+    def __init__(self) -> None:
+        self.models: weakref.WeakSet[ModelMetrics] = weakref.WeakSet()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def add(self, model: ModelMetrics) -> None:
+        with self.lock:
+            self.models.add(model)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="metrics-gauges", daemon=True)
+                self.thread.start()
+
+    def discard(self, model: ModelMetrics) -> None:
+        with self.lock:
+            self.models.discard(model)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(GAUGE_REFRESH_S / 2)
+            with self.lock:
+                models = list(self.models)
+            now = time.monotonic()
+            for model in models:
+                model.refresh(now)
+
+
+_refresher = GaugeRefresher()

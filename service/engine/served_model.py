@@ -97,6 +97,7 @@ class ServedModel:
             f"in process {self.engine.process.pid}" if isinstance(self.engine, EngineProcess) else "in this process",
         )
         self.engine.observer = self.metrics  # the warm-up is not traffic
+        self.metrics.serving()
         self.in_flight = 0  # calls using the model now: closing waits for them
         self.ready = True
 
