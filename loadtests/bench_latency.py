@@ -1,7 +1,7 @@
 """One sentence at a time, and at saturation: the server against the same model in one process.
 
     python loadtests/bench_latency.py                          # en-de, int8 and float32, one thread
-    python loadtests/bench_latency.py --compute-types int8 --sentences 100 --saturation-s 20
+    python loadtests/bench_latency.py --compute-types int8 --sentences 100 --saturation-s 24
 
 For each compute type, on the same test sentences (test_2016_flickr, uncached, beam 4):
 - in process (loadtests/latency_worker.py, a process as a replica's): the offline rate at batch 64
@@ -18,8 +18,11 @@ For each compute type, on the same test sentences (test_2016_flickr, uncached, b
   Each sentence's best of the rounds; the request's wall time at the client and its Server-Timing (the
   engine's queue wait and decoding, the gateway's total), so the difference from in-process decoding
   is split between the engine's decoding, its queue and the path around it;
-- saturated: --concurrency connections sending one sentence a request for --saturation-s seconds:
-  sentences/s answered 200 against the offline rate, and how many requests were refused (the load
+- saturated: --concurrency connections sending one sentence a request, in --saturation-rounds rounds of
+  --saturation-s / rounds seconds each, every round beside the offline rate and the engine alone measured
+  right before it: sentences/s answered 200, and the served / offline ratio as the median of the rounds'
+  (two shared cores drift by a fifth from one minute to the next, so a ratio of rates measured minutes
+  apart says more of the machine than of the server); how many requests were refused (the load
   generator shares the machine's cores: its CPU time is reported beside it).
 """
 
@@ -175,14 +178,24 @@ async def saturated(port: int, sentences: list[str], concurrency: int, seconds: 
     }
 
 
+def saturated_rounds(port: int, sentences: list[str], args: argparse.Namespace, local: InProcess) -> dict[str, Any]:
+    """--saturation-rounds rounds, each the offline rate, the engine alone at saturation (without and with the
+    loop work) and the served rate, one after the other: each rate's median, the served / offline ratio's median
+    and range over the rounds, and the refusals and client CPU of all served passes together."""
+    rounds: list[dict[str, float]] = []
+    for _ in range(args.saturation_rounds):
+        offline = local.ask("offline")
+        alone = local.ask(["saturated", args.concurrency, args.loop_work_ms / 1000])
+        served = asyncio.run(saturated(port, sentences, args.concurrency, args.saturation_s / args.saturation_rounds))
+        rounds.append({"offline": offline, **alone, **served, "ratio": served["rate"] / offline})
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    out |= {k: sum(r[k] for r in rounds) for k in ("refused", "sent")}
+    out["ratios"] = (min(r["ratio"] for r in rounds), max(r["ratio"] for r in rounds))
+    return out
+
+
 def row(
-    ct: str,
-    engine: str,
-    args: argparse.Namespace,
-    alone: list[str],
-    sentences: list[str],
-    local: InProcess,
-    rates: dict[str, float],
+    ct: str, engine: str, args: argparse.Namespace, alone: list[str], sentences: list[str], local: InProcess
 ) -> str:
     """One server's row: its engine placed as `engine` says, timed one at a time beside `local`, then saturated."""
     env = {
@@ -193,18 +206,19 @@ def row(
     server = Server("beamserve", "haproxy", env)
     try:
         served = one_at_a_time(server.port, alone, args.rounds, local)
-        full = asyncio.run(saturated(server.port, sentences, args.concurrency, args.saturation_s))
+        full = saturated_rounds(server.port, sentences, args, local)
     finally:
         server.stop()
     ms, local_p50 = 1000, served["in-process p50"]
+    low, high = full["ratios"]
     again = f" ({served['reconnects']:.0f} sent again on a new connection)" if served["reconnects"] else ""
     return (
         f"| {ct} | {'own process' if engine == 'process' else 'thread of the gateway'} "
         f"| {local_p50 * ms:.1f} / {served['in-process p95'] * ms:.1f} | {served['engine p50'] * ms:.1f} "
         f"| {served['p50'] * ms:.1f} / {served['p95'] * ms:.1f}{again} | {(served['p50'] - local_p50) * ms:+.1f} "
         f"| {served['decode p50'] * ms:.1f} / {served['queue p50'] * ms:.2f} / {served['total p50'] * ms:.1f} "
-        f"| {rates['rate']:.1f} | {rates['engine_rate']:.1f} | {rates['engine_loaded']:.1f} "
-        f"| {full['rate']:.1f} | {full['rate'] / rates['rate']:.2f} "
+        f"| {full['offline']:.1f} | {full['engine_rate']:.1f} | {full['engine_loaded']:.1f} "
+        f"| {full['rate']:.1f} | {full['ratio']:.2f} ({low:.2f}-{high:.2f}) "
         f"| {full['refused']:.0f} of {full['sent']:.0f} | {full['client_cpu']:.2f} cores |"
     )
 
@@ -216,7 +230,8 @@ def main() -> None:
     p.add_argument("--sentences", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3, help="timings of each sentence; its best is kept")
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--saturation-s", type=float, default=20.0)
+    p.add_argument("--saturation-s", type=float, default=24.0, help="served at saturation, all rounds together")
+    p.add_argument("--saturation-rounds", type=int, default=4, help="each beside the offline rate measured before it")
     p.add_argument(
         "--loop-work-ms",
         type=float,
@@ -233,8 +248,10 @@ def main() -> None:
         "",
         f"en-de, beam 4, {args.threads} intra-op thread(s), uncached; {len(alone)} test sentences one at a time "
         f"(each the best of {args.rounds}); saturation: {args.concurrency} connections, one sentence a request, "
-        f'about {args.saturation_s:.0f} s. Milliseconds unless marked. "+ loop work": the engine alone again, '
-        f"with {args.loop_work_ms:g} ms of Python on its event loop after each answer.",
+        f"about {args.saturation_s:.0f} s in {args.saturation_rounds} rounds, each beside the offline rate and the "
+        "engine alone measured right before it (rates: the rounds' medians; served / offline: the median of the "
+        'rounds\' ratios, their range in brackets). Milliseconds unless marked. "+ loop work": the engine alone '
+        f"again, with {args.loop_work_ms:g} ms of Python on its event loop after each answer.",
         "",
         "| compute type | server's engine | in-process p50 / p95 | engine alone p50 | served p50 / p95 "
         "| served - in-process (p50) "
@@ -247,10 +264,9 @@ def main() -> None:
         print(f"{ct}: in process", flush=True)
         local = InProcess(ct, args.threads, alone, sentences)
         try:
-            rates = local.ask(["rates", args.concurrency, args.loop_work_ms / 1000])
             for engine in args.engines.split(","):
                 print(f"{ct}: served, the engine in its own {engine}", flush=True)
-                lines.append(row(ct, engine, args, alone, sentences, local, rates))
+                lines.append(row(ct, engine, args, alone, sentences, local))
                 print(lines[-1], flush=True)
         finally:
             local.close()

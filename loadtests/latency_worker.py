@@ -5,11 +5,12 @@ the server's on the same machine state.
     python loadtests/latency_worker.py COMPUTE_TYPE THREADS
 
 stdin, a JSON line each: first [alone, batched] (the sentences), then commands, each answered by a JSON line:
-    "alone"                        each of `alone` through Translator.translate by itself: wall seconds, in order
-    "engine"                       the same through Engine.translate (service/engine/engine.py)
-    ["rates", concurrency, work_s] the offline rate over `batched` at batch 64, and the engine's with `concurrency`
-                                   sentences in flight, without and with work_s of Python on its event loop after
-                                   each answer (as a gateway's loop parses, tokenizes and answers a request)
+    "alone"                            each of `alone` through Translator.translate by itself: wall seconds, in order
+    "engine"                           the same through Engine.translate (service/engine/engine.py)
+    "offline"                          the offline rate over `batched` at batch 64 (sentences/s)
+    ["saturated", concurrency, work_s] the engine's rate with `concurrency` sentences in flight, without and with
+                                       work_s of Python on its event loop after each answer (as a gateway's loop
+                                       parses, tokenizes and answers a request)
 """
 
 from __future__ import annotations
@@ -59,15 +60,16 @@ class Worker:
     def engine_each(self) -> list[float]:
         return asyncio.run(self._engine_each(self.alone_ids))
 
-    def rates(self, concurrency: int, work_s: float) -> dict[str, float]:
+    def offline(self) -> float:
         batched = self.batched
         self.tr.translate(batched[:64], beam_size=4, max_batch_size=64)
         start = time.perf_counter()
         for i in range(0, len(batched), 64):
             self.tr.translate(batched[i : i + 64], beam_size=4, max_batch_size=64)
-        rate = len(batched) / (time.perf_counter() - start)
+        return len(batched) / (time.perf_counter() - start)
+
+    def saturated(self, concurrency: int, work_s: float) -> dict[str, float]:
         return {
-            "rate": rate,
             "engine_rate": asyncio.run(self._saturated(concurrency, 0.0)),
             "engine_loaded": asyncio.run(self._saturated(concurrency, work_s)),
         }
@@ -98,8 +100,10 @@ def main() -> None:
             answer: object = worker.translate_each()
         elif command == "engine":
             answer = worker.engine_each()
-        elif isinstance(command, list) and command[0] == "rates":
-            answer = worker.rates(int(command[1]), float(command[2]))
+        elif command == "offline":
+            answer = worker.offline()
+        elif isinstance(command, list) and command[0] == "saturated":
+            answer = worker.saturated(int(command[1]), float(command[2]))
         else:
             raise SystemExit(f"unknown command {command!r}")
         print(json.dumps(answer), flush=True)

@@ -144,14 +144,19 @@ def test_pool_refuses_sentences_past_its_rows(tr: Translator) -> None:
     assert batch.rows == 8  # nothing was half-added
 
 
-def test_finished_sentences_keys_stay_until_a_quarter_or_a_join(tr: Translator) -> None:
+@pytest.mark.parametrize("slotted", [False, True], ids=["compacted", "slotted"])
+def test_finished_sentences_keys_stay_until_a_quarter_or_a_join(tr: Translator, slotted: bool) -> None:
     """Finished sentences' cross-attention keys are dropped in bulk (each drop copies every live
-    sentence's), and the sentences still running decode as they would alone meanwhile."""
+    sentence's), and the sentences still running decode as they would alone meanwhile. Slotted (the C
+    attention's, the CPU default), a newcomer takes a finished sentence's slot and nothing moves until
+    three quarters of the slots are free."""
     texts = read_lines("test_2016_flickr.en.gz", 8)
     opts = DecodeOptions(beam_size=2)
     sources = [tr.encode(t) for t in texts]
     caps = [min(cap, 3 + 2 * i) for i, cap in enumerate(tr.max_lengths(sources, opts).tolist())]  # staggered ends
     batch = InflightBatch(tr.model, rows=64, max_length=256)
+    assert batch.slotted  # float32 on CPU, the library built
+    batch.slotted = slotted
     batch.add(list(range(8)), sources, caps, tr.search_options(opts))
     kept: list[tuple[int, int]] = []  # (sentences running, sentences in the cross-attention cache) a step
     results: dict[Hashable, list[Hypothesis]] = {}
@@ -160,11 +165,19 @@ def test_finished_sentences_keys_stay_until_a_quarter_or_a_join(tr: Translator) 
         assert batch.cross is not None
         kept.append((batch.sentences, batch.cross.src_mask.shape[0]))
     assert (7, 8) in kept  # one finished: its keys stay
-    assert kept[-1] == (6, 6)  # two of eight are a quarter: both go at once
+    assert kept[-1] == ((6, 8) if slotted else (6, 6))  # two of eight are a quarter: both go at once
     late = tr.encode("A dog runs.")
     batch.add(["late"], [late], tr.max_lengths([late], opts).tolist(), tr.search_options(opts))
+    assert batch.cross is not None
+    if slotted:  # into a finished sentence's slot
+        [group] = batch.groups.values()
+        assert batch.cross.src_mask.shape[0] == 8 and int(group.sentence[-1]) < 2
+    after: list[tuple[int, int]] = []
     while batch.sentences:
         results.update(batch.step())
+        if batch.cross is not None:
+            after.append((batch.sentences, batch.cross.src_mask.shape[0]))
+    assert all(B < 8 for n, B in after if n <= 2)  # compacted once at most a quarter of the slots were live
     for i, ids in enumerate(sources):
         alone = tr.decode_batch([ids], DecodeOptions(beam_size=2, max_decoding_length=caps[i]))[0]
         assert [h.tokens for h in results[i]] == [h.tokens for h in alone]

@@ -662,3 +662,29 @@ def test_a_lineages_reorder_in_one_call_is_the_gather_of_its_rows_and_refuses_a_
     with pytest.raises(IndexError):
         native.follow(lineage, rows, 10)
     assert torch.equal(lineage, expected)  # nothing written by a refused call
+
+
+@pytest.mark.skipif(not native.built(), reason="the C kernels are not built")
+def test_cache_rows_moved_in_one_call_are_the_gathers_copies_and_rows_both_written_and_read_are_left_to_it() -> None:
+    cache = KVCache(3, 10, 4, 16, 8, dtype=torch.float32, device=torch.device("cpu"))
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.v.copy_(torch.randn_like(cache.v))
+    cache.length = 11
+    dest, src = torch.tensor([1, 4, 2]), torch.tensor([7, 9, 8])  # rows moved into holes
+    expected = [c.clone() for c in (cache.k, cache.v)]
+    for c in expected:
+        c[:, dest, :, :6] = c[:, src, :, :6]
+    assert native.copy_rows(cache.k, cache.v, dest, src, 6)
+    assert torch.equal(cache.k, expected[0]) and torch.equal(cache.v, expected[1])
+    chained = torch.tensor([0, 3]), torch.tensor([3, 5])  # row 3 written and read: the gather's to do
+    assert not native.copy_rows(cache.k, cache.v, *chained, 6)
+    assert torch.equal(cache.k, expected[0])
+    with pytest.raises(IndexError):
+        native.copy_rows(cache.k, cache.v, torch.tensor([0]), torch.tensor([10]), 6)
+    with pytest.raises(IndexError):
+        native.copy_rows(cache.k, cache.v, dest, src, 17)
+    # KVCache.copy takes either way: filled (N,) bounds the prefix copied, as the gather's
+    for c in expected:
+        c[:, chained[0], :, :11] = c[:, chained[1], :, :11].clone()
+    cache.copy(*chained)
+    assert torch.equal(cache.k, expected[0]) and torch.equal(cache.v, expected[1])

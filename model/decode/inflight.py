@@ -32,7 +32,7 @@ from model.decode.search import (
 )
 from model.kernels import native
 from model.nn.kv_cache import SMALL_REORDER, CrossCache, continue_in_place, continue_listed, fill_holes
-from model.nn.layers import attends_natively
+from model.nn.layers import attended_keys, attends_natively
 from model.nn.transformer import Seq2Seq
 
 TOKEN_WIDTH = 32  # starting width of a group's token buffers (BeamState), doubled as sentences get longer
@@ -114,6 +114,10 @@ class InflightBatch:
                 lineage=lineage,
             )  # fmt: skip
         self.cache.resize(0, 0)
+        # Where the attention runs in C (each row reads its sentence's keys over its own length), a sentence keeps
+        # a slot of the source keys while it decodes: one joining writes its own, one leaving frees its slot, and
+        # no other sentence's keys move (CrossCache.place). Elsewhere the batch's keys are compacted as they go.
+        self.slotted = lineage
         self.cross: CrossCache | None = None
         self.groups: dict[SearchOptions, SearchGroup] = {}
         self.tokens = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) next input of each row
@@ -171,24 +175,31 @@ class InflightBatch:
             caps, b = caps[keep], keep.numel()
             pos = torch.ones(b, dtype=torch.long, device=dev)
             written = 1
-        self._compact_sentences(force=True)  # extending copies every kept sentence: keep only live ones
-        B = 0 if self.cross is None else self.cross.src_mask.shape[0]
-        if self.cross is None:
-            self.cross = cross
-        else:
-            self.cross.extend(cross)
+        sentence = self._seat(cross)  # (b,) each newcomer's index in the source keys
         group = self.groups.setdefault(opts, SearchGroup.empty(opts, state.width, dev))
-        group.join(
-            keys,
-            torch.arange(N, N + b * K, device=dev).view(b, K),
-            caps,
-            torch.arange(B, B + b, device=dev),
-            state,
-            pos,
-        )
+        group.join(keys, torch.arange(N, N + b * K, device=dev).view(b, K), caps, sentence, state, pos)
         self.tokens = torch.cat([self.tokens, tokens])
         self.cache.resize(N + b * K, max(self.cache.length, written))
         self._index_rows()
+
+    def _seat(self, cross: CrossCache) -> torch.Tensor:
+        """Newcomers' source keys into the batch's: the free slots, lowest first (slotted), or after the live
+        sentences' (the others dropped first: extending copies every kept one). Returns their indices (b,)."""
+        b = cross.src_mask.shape[0]
+        if self.cross is None:
+            self.cross = cross
+            return torch.arange(b, device=self.device)
+        if not self.slotted:
+            self._compact_sentences(force=True)
+            B = self.cross.src_mask.shape[0]
+            self.cross.extend(cross)
+            return torch.arange(B, B + b, device=self.device)
+        used = torch.zeros(self.cross.src_mask.shape[0] + b, dtype=torch.bool, device=self.device)
+        for g in self.groups.values():
+            used[g.sentence] = True
+        slots = (~used).nonzero()[:b, 0]
+        self.cross.place(cross, slots)
+        return slots
 
     def _first_step(
         self, keys: list[Hashable], cross: CrossCache, caps: torch.Tensor, state: BeamState, opts: SearchOptions
@@ -353,6 +364,8 @@ class InflightBatch:
         Compacting copies every live sentence's keys/values, and sentences finish at nearly every
         step, so finished ones stay until they are a quarter of the cache or newcomers join (which
         copies it anyway): no row queries them, and attending over them costs less than the copy.
+        Slotted, nothing is copied as sentences come and go: the slots are compacted only once three
+        quarters of them are free, or the live sentences' sources fit in half the positions.
         """
         if self.cross is None:
             return
@@ -362,7 +375,12 @@ class InflightBatch:
             return
         alive = torch.cat([g.sentence for g in self.groups.values()]).sort().values
         B = self.cross.src_mask.shape[0]
-        if alive.numel() == B or (not force and 4 * (B - alive.numel()) < B):
+        if self.slotted:
+            mask = self.cross.src_mask
+            longest = int(mask.index_select(0, alive).sum(-1).max())
+            if 4 * alive.numel() > B and 2 * attended_keys(longest, self.cross.v[0].shape[-1]) > mask.shape[3]:
+                return
+        elif alive.numel() == B or (not force and 4 * (B - alive.numel()) < B):
             return
         self.cross.select(alive)
         self.cross.trim()

@@ -48,6 +48,7 @@ SIGNATURES = {
     "beamserve_attend": "i:pppqqqqqqqqpqpqqqqfp",
     "beamserve_self_attend_step": "i:pqqqqppqqqqqpqpqqqqfp",
     "beamserve_follow": "i:pqqqqpq",
+    "beamserve_copy_rows": "i:ppqqqqqqqqqppq",
     "beamserve_log_softmax": "v:pqqq",
     "beamserve_silu": "v:pq",
     "beamserve_scale_back_log_softmax": "v:pqqpppp",
@@ -568,6 +569,28 @@ def follow(lineage: torch.Tensor, rows: torch.Tensor, t: int) -> None:
         raise IndexError(f"follow: a row outside the lineage's {R}, or {t} positions past its {T}")
     if failed:
         raise MemoryError("no memory for the lineage's reorder")
+
+
+def copy_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.Tensor, t: int) -> bool:
+    """KVCache.copy in one call: k and v (L, R, H, T, D) float32 contiguous on CPU, row dest[i] of each taking
+    positions [0, t) of row src[i] (dest, src (n,) int64 contiguous). False, having copied nothing, where a row is
+    both written and read (the rows must be gathered first)."""
+    _check(
+        k.dtype == v.dtype == torch.float32 and k.dim() == 5 and k.shape == v.shape and k.is_contiguous()
+        and v.is_contiguous() and k.is_cpu and v.is_cpu and dest.dtype == src.dtype == torch.int64
+        and dest.dim() == 1 and dest.shape == src.shape and dest.is_contiguous() and src.is_contiguous(),
+        "copy_rows", "k, v (L, R, H, T, D) float32 contiguous on CPU; dest, src (n,) int64 contiguous",
+    )  # fmt: skip
+    L, R, H, T, D = k.shape
+    sL, sN, sH = k.stride()[:3]
+    failed = _lib().beamserve_copy_rows(
+        k.data_ptr(), v.data_ptr(), L, R, H, T, D, sL, sN, sH, t, dest.data_ptr(), src.data_ptr(), dest.numel()
+    )
+    if failed == -2:
+        raise IndexError(f"copy_rows: a row outside the cache's {R}, or {t} positions past its {T}")
+    if failed == -1:
+        raise MemoryError("no memory for copy_rows' check")
+    return failed == 0
 
 
 def log_softmax_(x: torch.Tensor) -> torch.Tensor:

@@ -189,6 +189,8 @@ class KVCache:
     def copy(self, dest: torch.Tensor, src: torch.Tensor, filled: torch.Tensor | None = None) -> None:
         """Row dest[i] takes row src[i]'s keys and values, each row's filled prefix where filled (N,) gives it."""
         t = self.length if filled is None else min(self.length, int(filled[src].max()))
+        if native.runs_on(self.k) and native.copy_rows(self.k, self.v, dest.contiguous(), src.contiguous(), t):
+            return  # a memcpy a row's head, where no row is both written and read
         # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
         for cache in (self.k, self.v):
             cache[:, :, :, :t].index_copy_(1, dest, cache[:, src, :, :t])
@@ -355,6 +357,38 @@ class CrossCache:
         self.v = [torch.cat([_pad(a, S, 2), _pad(b, S, 2)]) for a, b in zip(self.v, other.v, strict=True)]
         self.src_mask = torch.cat([_pad(self.src_mask, S, 3), _pad(other.src_mask, S, 3)])
         self._row_map = None
+
+    def place(self, other: CrossCache, slots: torch.Tensor) -> None:
+        """Write other's b sentences at sentence slots (b,) of this cache, past its end where a slot is: continuous
+        batching's slots, where a sentence keeps its slot while it decodes and no other sentence's keys move when
+        one joins or leaves. For keys read per row over each one's own length (the C attention, row_map): what a
+        slot held past its new sentence's positions stays, never read. Grows by doubling (a rare copy)."""
+        if self.keys_transposed or other.keys_transposed:
+            raise ValueError("place: keys in (B, H, S, D), as the C attention reads them")
+        B, S = self.src_mask.shape[0], self.src_mask.shape[3]
+        wanted, width = int(slots.max()) + 1, other.src_mask.shape[3]
+        if wanted > B or width > S:
+            self._grow(max(wanted, 2 * B) if wanted > B else B, max(width, S))
+        for mine, theirs in zip(self.k + self.v, other.k + other.v, strict=True):
+            mine.narrow(2, 0, width).index_copy_(0, slots, theirs)  # (b, H, width, D) into their slots
+        self.src_mask.index_fill_(0, slots, False)
+        self.src_mask.narrow(3, 0, width).index_copy_(0, slots, other.src_mask)
+        self._row_map = None
+
+    def _grow(self, B: int, S: int) -> None:
+        """Room for B sentences of S source positions, the present ones kept at their slots."""
+        B0, S0 = self.src_mask.shape[0], self.src_mask.shape[3]
+
+        def wider(x: torch.Tensor, dim: int) -> torch.Tensor:
+            shape = list(x.shape)
+            shape[0], shape[dim] = B, S
+            out = x.new_zeros(shape)
+            out.narrow(0, 0, B0).narrow(dim, 0, S0).copy_(x)
+            return out
+
+        self.k = [wider(k, 2) for k in self.k]
+        self.v = [wider(v, 2) for v in self.v]
+        self.src_mask = wider(self.src_mask, 3)
 
     def trim(self) -> None:
         """Drop source positions no remaining sentence uses (after long sentences left)."""

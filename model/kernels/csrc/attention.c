@@ -194,3 +194,34 @@ int beamserve_follow(int64_t *lineage, int64_t rN, int64_t rT, int64_t lN, int64
     if (gathered != on_stack) free(gathered);
     return 0;
 }
+
+/* Cache rows moved (KVCache.copy): for each i < n, row dest[i] takes positions [0, t) of row src[i], in every layer
+ * and head, of k and v alike (each L layers x R rows x H heads x T positions x D, element strides sL, sN, sH, D
+ * and 1: a head's positions one run of floats), with nothing gathered first: for rows moved into holes, where no
+ * row is both written and read. Returns 0; having written nothing, -3 where a row is both (the caller gathers),
+ * -2 where a row lies outside the R or t past T, -1 without memory for the check. */
+int beamserve_copy_rows(float *k, float *v, int64_t L, int64_t R, int64_t H, int64_t T, int64_t D, int64_t sL,
+                        int64_t sN, int64_t sH, int64_t t, const int64_t *dest, const int64_t *src, int64_t n) {
+    if (t < 0 || t > T) return -2;
+    unsigned char on_stack[1024], *written = R <= 1024 ? on_stack : calloc((size_t)R, 1);
+    if (!written) return -1;
+    if (written == on_stack) memset(on_stack, 0, (size_t)R);
+    int failed = 0;
+    for (int64_t i = 0; i < n && !failed; i++) {
+        if (dest[i] < 0 || dest[i] >= R || src[i] < 0 || src[i] >= R) failed = -2;
+        else written[dest[i]] = 1;
+    }
+    for (int64_t i = 0; i < n && !failed; i++)
+        if (written[src[i]]) failed = -3;
+    if (written != on_stack) free(written);
+    if (failed) return failed;
+    size_t bytes = (size_t)(t * D) * sizeof(float);
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t to = l * sL + dest[i] * sN + h * sH, from = l * sL + src[i] * sN + h * sH;
+                memcpy(k + to, k + from, bytes);
+                memcpy(v + to, v + from, bytes);
+            }
+    return 0;
+}

@@ -16,6 +16,7 @@
 #define beamserve_beam_advance BEAMSERVE_LEVELED(beamserve_beam_advance)
 #define beamserve_beam_step BEAMSERVE_LEVELED(beamserve_beam_step)
 #define beamserve_beam_steps BEAMSERVE_LEVELED(beamserve_beam_steps)
+#define beamserve_copy_rows BEAMSERVE_LEVELED(beamserve_copy_rows)
 #define beamserve_cpu_level BEAMSERVE_LEVELED(beamserve_cpu_level)
 #define beamserve_cross_sublayer BEAMSERVE_LEVELED(beamserve_cross_sublayer)
 #define beamserve_decoder_layers BEAMSERVE_LEVELED(beamserve_decoder_layers)
