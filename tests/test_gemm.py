@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,7 +93,7 @@ def test_the_c_float32_gemm_serves_few_rows_with_onednn_s_bits(c_in: int, c_out:
     from model.kernels import f32_gemm, native, onednn
 
     if not native.f32() or onednn.LINEAR is None:
-        pytest.skip("no float32 C kernel in this build (AVX-512 only), or no oneDNN")
+        pytest.skip("no float32 C kernel in this build (AVX-512, or AVX2 with FMA), or no oneDNN")
     torch.manual_seed(c_in + c_out)
     w, b = torch.randn(c_out, c_in) * 0.05, torch.randn(c_out)
     with torch.inference_mode():
@@ -100,15 +105,45 @@ def test_the_c_float32_gemm_serves_few_rows_with_onednn_s_bits(c_in: int, c_out:
     if not f32_gemm.agrees(c_out, c_in):
         pytest.skip(f"the C kernel sums otherwise than oneDNN at ({c_out}, {c_in}) here: oneDNN served every call")
     assert f32_gemm.form(w) is not None  # and it was the C kernel that served the few rows
-    small = c_out * c_in <= f32_gemm.WIDE_WEIGHT  # and a small weight's up to 256
-    assert [f32_gemm.serving(w, rows) is not None for rows in (64, 65, 256, 257)] == [True, small, small, False]
+    small = c_out * c_in <= f32_gemm.WIDE_WEIGHT  # and a small weight's up to 256; the AVX2 build's up to 16
+    served = [True, small, small, False] if native.LEVEL == 4 else [False] * 4
+    assert [f32_gemm.serving(w, rows) is not None for rows in (64, 65, 256, 257)] == served
+
+
+AVX2 = """
+import torch
+from model.kernels import f32_gemm, native, onednn
+from model.kernels.gemm import linear
+
+assert native.LEVEL == 3 and native.f32()
+torch.manual_seed(0)
+w, b = torch.randn(768, 256) * 0.05, torch.randn(768)
+with torch.inference_mode():
+    for rows in (1, 4, 16, 17, 64):
+        x = torch.randn(rows, 256)
+        assert torch.equal(linear(x, w, b), onednn.linear(x, w, b)), rows
+served = [f32_gemm.serving(w, rows) is not None for rows in (16, 17)]
+print(f32_gemm.agrees(768, 256), f32_gemm.swish_agrees(768, 256), served)
+"""
+
+
+def test_the_avx2_build_serves_a_float32_gemm_of_up_to_16_rows_with_onednns_avx2_bits() -> None:
+    from model.kernels import native
+
+    if platform.machine() != "x86_64" or not native.built() or native.ENV in os.environ:
+        pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
+    if native.LEVEL is None or native.LEVEL < 3:
+        pytest.skip("this CPU does not run x86-64-v3")
+    env = {**os.environ, native.ENV: "x86-64-v3", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", AVX2], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[-2] == "True True [True, False]"
 
 
 def test_a_c_float32_gemm_that_sums_otherwise_than_onednn_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     from model.kernels import f32_gemm, native, ops
 
     if not native.f32():
-        pytest.skip("no float32 C kernel in this build (AVX-512 only)")
+        pytest.skip("no float32 C kernel in this build (AVX-512, or AVX2 with FMA)")
     real = native.f32_linear
 
     def off_by_one_ulp(x: torch.Tensor, w: native.F32Weight, bias: torch.Tensor | None, residual=None):  # type: ignore[no-untyped-def]

@@ -235,7 +235,7 @@ def amx() -> bool:
 
 
 def f32() -> bool:
-    """Whether the float32 GEMM (csrc/f32_gemm.c) runs here: the build has it (AVX-512)."""
+    """Whether the float32 GEMM (csrc/f32_gemm.c) runs here: the build has it (AVX-512, or AVX2 with FMA)."""
     return _LIB is not None and _F32
 
 

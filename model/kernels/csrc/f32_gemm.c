@@ -7,12 +7,14 @@
  * arithmetic, most of a step's GEMM at batch 1; this one a few.
  *
  * The weight is packed once: panels of 16 columns, each K rows of 16 floats, so one load feeds one FMA for
- * 16 outputs. AVX-512 only: other builds report no kernel (-1) and oneDNN serves. */
+ * 16 outputs (AVX2 with FMA: two loads, two FMAs of 8). Each output's sum is the same sequence of fused
+ * multiply-adds whatever the vector width, so both builds give the same bits; builds without AVX2 and FMA
+ * report no kernel (-1) and oneDNN serves. */
 #include "level.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -36,7 +38,7 @@ void beamserve_f32_pack(const float *w, int64_t N, int64_t K, float *packed) {
 
 /* Whether this build has the kernel. */
 int beamserve_f32_gemm(void) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     return 1;
 #else
     return 0;
@@ -96,6 +98,58 @@ int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, cons
     }
     return 0;
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* A panel's 16 columns as two vectors of 8, MR rows a tile: 12 accumulators, 2 weight vectors and a broadcast in
+ * AVX2's 16 registers. */
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, int64_t k0, int64_t k1, const float *w,
+                                                      int rows, __m256 acc[MR][2]) {
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < k1; k++) {
+        const __m256 b0 = _mm256_loadu_ps(w + k * PANEL), b1 = _mm256_loadu_ps(w + k * PANEL + 8);
+        for (int r = 0; r < rows; r++) {
+            const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+        }
+    }
+}
+
+int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t N,
+                         const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy) {
+    const int64_t P = panels(N), kb = beamserve_f32_block(K);
+    for (int64_t p = 0; p < P; p++) {
+        const float *w = packed + p * K * PANEL;
+        const int64_t n = p * PANEL, cols = N - n < PANEL ? N - n : PANEL;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int rows = M - m0 < MR ? (int)(M - m0) : MR;
+            __m256 sum[MR][2], acc[MR][2];
+            for (int64_t k0 = 0; k0 < K; k0 += kb) {
+                const int64_t k1 = k0 + kb < K ? k0 + kb : K;
+                const float *xr = x + m0 * ldx;
+                if (rows == 6) tile(xr, ldx, k0, k1, w, 6, acc);
+                else if (rows == 5) tile(xr, ldx, k0, k1, w, 5, acc);
+                else if (rows == 4) tile(xr, ldx, k0, k1, w, 4, acc);
+                else if (rows == 3) tile(xr, ldx, k0, k1, w, 3, acc);
+                else if (rows == 2) tile(xr, ldx, k0, k1, w, 2, acc);
+                else tile(xr, ldx, k0, k1, w, 1, acc);
+                for (int r = 0; r < rows; r++)
+                    for (int h = 0; h < 2; h++) sum[r][h] = k0 ? _mm256_add_ps(sum[r][h], acc[r][h]) : acc[r][h];
+            }
+            for (int r = 0; r < rows; r++) { /* the bias, then the residual: one rounding each, as the AVX-512 build */
+                float out[PANEL];
+                _mm256_storeu_ps(out, sum[r][0]);
+                _mm256_storeu_ps(out + 8, sum[r][1]);
+                float *yr = y + (m0 + r) * ldy + n;
+                const float *rr = res ? res + (m0 + r) * ldr + n : NULL;
+                for (int64_t c = 0; c < cols; c++) {
+                    float v = bias ? out[c] + bias[n + c] : out[c];
+                    yr[c] = rr ? v + rr[c] : v;
+                }
+            }
+        }
+    }
+    return 0;
+}
 #else
 int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t N,
                          const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy) {
@@ -109,7 +163,8 @@ int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, cons
  * and 1 - that for positive x; exp(y) as 2 * 2^(n - 1) * p(r) with n = floor(y log2(e) + 1/2), r = y - n ln2 (one
  * fused multiply-add), p a degree-5 polynomial evaluated by fused multiply-adds, 0 below ln(FLT_MIN). With the C
  * GEMM's sums (beamserve_f32_linear) it gives oneDNN's fused linear-and-swish, which model/kernels/f32_gemm.py
- * checks before it serves a shape. Returns 0; -1 where this build has no kernel. */
+ * checks before it serves a shape (AVX2 with FMA: 8 lanes at a time). Returns 0; -1 where this build has no
+ * kernel. */
 int beamserve_f32_swish(float *x, int64_t n) {
 #if defined(__AVX512F__)
     const __m512 ln_min = _mm512_castsi512_ps(_mm512_set1_epi32(0xc2aeac50)), ln_max = _mm512_castsi512_ps(_mm512_set1_epi32(0x42b0c0a5));
@@ -140,6 +195,40 @@ int beamserve_f32_swish(float *x, int64_t n) {
         const __m512 l = _mm512_div_ps(e, _mm512_add_ps(e, one));
         const __m512 logistic = _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, l), l);
         _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(logistic, v));
+    }
+    return 0;
+#elif defined(__AVX2__) && defined(__FMA__)
+    /* The same steps 8 lanes at a time, masks as blends (oneDNN's AVX2 injector computes it so). */
+    const __m256 ln_min = _mm256_castsi256_ps(_mm256_set1_epi32((int)0xc2aeac50)), ln_max = _mm256_castsi256_ps(_mm256_set1_epi32(0x42b0c0a5));
+    const __m256 log2e = _mm256_castsi256_ps(_mm256_set1_epi32(0x3fb8aa3b)), ln2 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3f317218));
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.0f);
+    const __m256 p1 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3f7ffffb)), p2 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3efffee3));
+    const __m256 p3 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3e2aad40)), p4 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3d2b9d0d));
+    const __m256 p5 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3c07cfce));
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000));
+    for (int64_t i = 0; i < n; i += 8) {
+        float lanes[8] = {0};
+        const int64_t count = n - i < 8 ? n - i : 8;
+        memcpy(lanes, x + i, (size_t)count * sizeof(float));
+        const __m256 v = _mm256_loadu_ps(lanes);
+        __m256 y = _mm256_or_ps(v, sign); /* -|x| */
+        const __m256 tiny = _mm256_cmp_ps(y, ln_min, _CMP_LT_OS);
+        y = _mm256_max_ps(_mm256_min_ps(y, ln_max), ln_min);
+        __m256 fx = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(y, log2e), half));
+        const __m256 r = _mm256_fnmadd_ps(fx, ln2, y);
+        fx = _mm256_sub_ps(fx, one);
+        __m256i e2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+        e2 = _mm256_andnot_si256(_mm256_castps_si256(tiny), e2);
+        __m256 p = _mm256_fmadd_ps(p5, r, p4);
+        p = _mm256_fmadd_ps(p, r, p3);
+        p = _mm256_fmadd_ps(p, r, p2);
+        p = _mm256_fmadd_ps(p, r, p1);
+        p = _mm256_fmadd_ps(p, r, one);
+        const __m256 e = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e2)), two);
+        const __m256 l = _mm256_div_ps(e, _mm256_add_ps(e, one));
+        const __m256 logistic = _mm256_blendv_ps(_mm256_sub_ps(one, l), l, v); /* l where x's sign bit is set */
+        _mm256_storeu_ps(lanes, _mm256_mul_ps(logistic, v));
+        memcpy(x + i, lanes, (size_t)count * sizeof(float));
     }
     return 0;
 #else
