@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import platform
 import shlex
 import shutil
@@ -37,11 +38,20 @@ def provenance() -> str:
     return f"Commit: {commit()}. CPU: {cpu_name()}." + (f" GPU: {gpus}." if gpus else "") + f" Command: `{command()}`."
 
 
+# Settings that make a CPU compute as a lesser one (docs/benchmarks.md, "The AVX2 build"): a report names them
+ISA_SETTINGS = (
+    "BEAMSERVE_NATIVE_KERNELS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "CT2_FORCE_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+)  # fmt: skip
+
+
 def command() -> str:
-    """The command line that ran this benchmark, its script relative to the repository."""
+    """The command line that ran this benchmark, its script relative to the repository, after the ISA settings
+    in force."""
     script = Path(sys.argv[0]).resolve()
     name = str(script.relative_to(REPO)) if script.is_relative_to(REPO) else sys.argv[0]
-    return shlex.join(["python", name, *sys.argv[1:]])
+    settings = [f"{key}={os.environ[key]}" for key in ISA_SETTINGS if key in os.environ]
+    return shlex.join([*settings, "python", name, *sys.argv[1:]])
 
 
 def commit() -> str:
