@@ -200,7 +200,9 @@ def test_unset_sizes_follow_the_device_and_set_ones_win() -> None:
 
 
 def test_a_request_that_would_wait_past_max_queue_wait_is_refused_at_once() -> None:
-    s = scheduler(max_queue_wait_s=1.0)
+    s = scheduler(max_queue_wait_s=1.0, decode_slots=4)
+    s.admit([item(tokens=10)], now=0.0)
+    assert len(s.schedule(0.0, capacity=4).join) == 1  # its rows fill the batch: every newcomer waits
     s.admit([item(tokens=10) for _ in range(5)], now=0.0)  # no decoding rate known yet: only max_queue applies
     for t in range(10):  # 440 work units (tokens x beams) a second of decoding, busy half of each second
         s.throughput.record(220, busy_s=0.5, now=100.5 + t)
@@ -215,10 +217,25 @@ def test_a_request_that_would_wait_past_max_queue_wait_is_refused_at_once() -> N
     assert s.throughput.rate(200.0) == pytest.approx(440.0)
     with pytest.raises(QueueFullError):
         s.admit([item(tokens=10)], now=200.0)
-    fresh = scheduler(max_queue_wait_s=1.0)
+    fresh = scheduler(max_queue_wait_s=1.0, decode_slots=4)
     fresh.throughput.record(0, busy_s=5.0, now=200.0)
     assert fresh.throughput.rate(200.0) is None  # decoding that finished nothing says nothing
     fresh.admit([item(tokens=10) for _ in range(20)], now=200.0)  # no rate: only max_queue applies
+
+
+def test_a_burst_the_running_batch_has_room_for_waits_for_nothing() -> None:
+    s = scheduler(max_queue_wait_s=1.0, decode_slots=40, max_batch_size=10)
+    s.admit([item(tokens=10) for _ in range(4)], now=0.0)
+    assert len(s.schedule(0.0, capacity=40).join) == 4  # 16 of 40 rows, 4 of 10 sentences run
+    s.throughput.record(100, busy_s=1.0, now=10.0)  # 100 units a second, as lone sentences decoded
+    s.admit([item(tokens=10) for _ in range(6)], now=10.0)  # 240 units the batch has room for: not ahead
+    assert s.ahead() == 0
+    s.admit([item(tokens=10) for _ in range(3)], now=10.0)  # 3 past the room (max_batch_size): 120 units, 1.2 s
+    assert s.ahead() == 120
+    with pytest.raises(QueueFullError, match=r"about 1\.2s of work queued ahead"):
+        s.admit([item(tokens=10)], now=10.0)
+    plan = s.schedule(10.0, capacity=40)
+    assert len(plan.join) == 6 and s.ahead() == 120  # the next admission took the room's six; the rest wait on
 
 
 def test_an_idle_engine_takes_a_request_however_large() -> None:

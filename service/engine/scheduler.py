@@ -290,6 +290,18 @@ class ContinuousScheduler(Queue):
         self.cost = 0  # their source tokens x beams
         self.admitted_step = 0  # stats.steps at the last admission
 
+    def ahead(self) -> int:
+        """Work a newcomer waits behind: the queue's, less the sentences the running batch has room for now
+        (decode_slots, max_batch_size, max_batch_tokens), which the next admission takes however long they then
+        decode; so a burst an idle or half-full engine can take at once is not refused for its own size."""
+        rows, sentences, cost, waiting = self.rows, len(self.running), self.cost, 0
+        for it in self.queue:
+            if not waiting and self._fits(it, rows, sentences, cost, self.config.decode_slots):
+                rows, sentences, cost = rows + it.opts.beam_size, sentences + 1, cost + it.cost
+            else:
+                waiting += it.cost
+        return waiting
+
     def schedule(self, now: float, capacity: int) -> Plan:
         """Admit queued sentences while `capacity` rows, max_batch_size and max_batch_tokens allow (a
         sentence's beams join whole): the oldest first, then those among the ADMISSION_WINDOW oldest
