@@ -23,7 +23,8 @@ beamserve-int8-segments (a step's layers as C calls cut at the feed-forward acti
 model/nn/c_step.py); beamserve-stepwise and beamserve-int8-stepwise (each beam search step one call and its beam
 step and reorder calls of their own, not a run of steps in one call, Seq2Seq.beam_steps); beamserve-slots
 (the static decode state, model/decode/slot_decoder.py: B slots of K beams refilled as sentences finish; CUDA
-graphs on a GPU); hf; ct2-float32; ct2-int8; ct2-float16 (GPU).
+graphs on a GPU); beamserve-slots-compiled (the same, its step through torch.compile's inductor before the
+graphs, compiled in the warm-up pass); hf; ct2-float32; ct2-int8; ct2-float16 (GPU).
 
 A suffix -interN (beamserve-inter2, ct2-float32-inter2) decodes N batches in parallel, each worker with
 --threads / N intra-op threads: CTranslate2's inter_threads, and beamserve's (`Translator.load(...,
@@ -200,6 +201,7 @@ def run_slots(
     B: int,
     K: int,
     steps: int | None,
+    compiled: bool = False,
 ) -> int:
     opts = DecodeOptions(
         beam_size=K,
@@ -209,7 +211,9 @@ def run_slots(
     )
     if (B, K) not in decoders:
         shape = PoolShape(slots=B, beams=K, target_len=steps or 256, source_len=tr.max_source_tokens, ngram_max=0)
-        decoders[B, K] = SlotDecoder(tr.model, shape, device=tr.device, graphs=tr.device.type == "cuda")
+        graphs = tr.device.type == "cuda"
+        decoders[B, K] = SlotDecoder(tr.model, shape, device=tr.device, graphs=graphs, compiled=compiled)
+        decoders[B, K].prepare()  # every bucket compiled and captured before any pass is timed
     hyps = decode_all(decoders[B, K], srcs, [opts] * len(srcs))
     return sum(len(h[0].tokens) + 1 for h in hyps)
 
@@ -347,9 +351,10 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
-    if system == "beamserve-slots":
+    if system in ("beamserve-slots", "beamserve-slots-compiled"):
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
-        return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps)
+        compiled = system.endswith("-compiled")
+        return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps, compiled)
     int8_systems = ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch", "beamserve-int8-es")
     if system in (*int8_systems, "beamserve-int8-segments", "beamserve-int8-stepwise"):
         # PyTorch's ops only: no C row kernels, no C attention (model/kernels/native.py)
@@ -470,6 +475,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
     pairs += [("beamserve-int8", "beamserve"), ("beamserve-int8", "ct2-int8"), ("beamserve-int8-es", "ct2-int8")]
     if "beamserve-slots" in workers:
         pairs += [("beamserve-slots", "beamserve"), ("beamserve-slots", "hf")]
+    if "beamserve-slots-compiled" in workers:
+        pairs += [("beamserve-slots-compiled", "beamserve-slots"), ("beamserve-slots-compiled", "hf")]
     if "beamserve-es" in workers:
         pairs.append(("beamserve-es", "ct2-float32"))
     for system in workers:

@@ -11,6 +11,7 @@
 #   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token, a step under
 #            torch.cuda.set_sync_debug_mode("error"), capture memory bounded, the engine on graphs
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
+#   compiled the static step through torch.compile's inductor before its graphs, against the eager one's graphs
 #   profile  host time against device time per decode step, eager and static
 #   memory   one replica's device memory (loadtests/replica_memory.py)
 #   served   the engine under open-loop arrivals on the static decode state (bench_batching)
@@ -52,6 +53,9 @@ stage() {
     decode) part decode 130 decode.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
               --systems beamserve,beamserve-slots,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 1000 \
               --repeats 2 --out "$out/decode_gpu.md" ;;
+    compiled) part compiled 150 compiled.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
+                --systems beamserve-slots,beamserve-slots-compiled,hf --beams 4 --batch-sizes 64 --sentences 512 \
+                --repeats 1 --out "$out/decode_gpu_compiled.md" ;;
     profile) part profile-eager 30 profile_eager.txt python3 loadtests/profile_decode.py --device cuda
              part profile-static 30 profile_static.txt python3 loadtests/profile_decode.py --device cuda --slots ;;
     memory) part memory 30 memory.txt python3 loadtests/replica_memory.py --device cuda --out "$out/memory_gpu.md" ;;
@@ -69,7 +73,7 @@ stage() {
 }
 
 if (($# == 0)); then
-  set -- tests decode profile memory served
+  set -- tests decode compiled profile memory served
 else
   budget=${STAGE_S:-3600}  # parts named: each its own limit
 fi

@@ -145,6 +145,25 @@ def test_a_step_traces_whole_and_equals_the_eager_step(tr: Translator) -> None:
         torch.testing.assert_close(traced.state.tensors()[name], t, msg=name)
 
 
+@pytest.mark.slow
+def test_the_inductor_compiled_step_decodes_the_eager_steps_tokens(tr: Translator) -> None:
+    # One bucket of target and source positions, so one compilation (some 40 s on two cores).
+    shape = PoolShape(slots=3, beams=2, target_len=16, source_len=16)
+    texts = read_lines("test_2016_flickr.en.gz", 5)
+    sources = [tr.encode(t)[:16] for t in texts]
+    opts = [DecodeOptions(beam_size=2, num_hypotheses=2, max_decoding_length=15)] * len(sources)
+    with torch.inference_mode():
+        eager = decode_all(SlotDecoder(tr.model, shape, device=CPU), sources, opts)
+        decoder = SlotDecoder(tr.model, shape, device=CPU, compiled=True)
+        before = {name: t.clone() for name, t in decoder.state.tensors().items()}
+        decoder.prepare()  # its one bucket compiled, the state as it was
+        assert all(torch.equal(t, before[name]) for name, t in decoder.state.tensors().items())
+        compiled = decode_all(decoder, sources, opts)
+    assert [[h.tokens for h in hyps] for hyps in compiled] == [[h.tokens for h in hyps] for hyps in eager]
+    for got, want in zip(compiled, eager, strict=True):  # fused operators round otherwise: scores within it
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-4)
+
+
 def test_no_state_tensor_moves_over_admit_step_finish_cycles(tr: Translator) -> None:
     shape = PoolShape(slots=3, beams=2, target_len=40, source_len=48)
     decoder = SlotDecoder(tr.model, shape, device=CPU)

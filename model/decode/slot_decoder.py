@@ -40,7 +40,11 @@ class PoolShape:
 class SlotDecoder:
     """A pool of S slots x K beams on one device, for one model."""
 
-    def __init__(self, model: Seq2Seq, shape: PoolShape, *, device: torch.device, graphs: bool = False) -> None:
+    def __init__(
+        self, model: Seq2Seq, shape: PoolShape, *, device: torch.device, graphs: bool = False, compiled: bool = False
+    ) -> None:
+        """compiled: the step through torch.compile's inductor (fullgraph; on CUDA captured as a graph after it),
+        its operators fused into fewer kernels: the same tokens as the eager step, floats within rounding."""
         cfg = model.cfg
         self.model, self.shape, self.device = model, shape, device
         self.state = SlotState.allocate(
@@ -71,6 +75,8 @@ class SlotDecoder:
         self._side = torch.cuda.Stream() if cuda else None  # type: ignore[no-untyped-call]  # reads results
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] | None = {} if graphs else None
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
+        # One graph dynamic in the buckets' lengths (the step's only Python numbers) serves every bucket.
+        self._step = torch.compile(decode_step, fullgraph=True, dynamic=True) if compiled else decode_step
 
     def fits(self, opts: DecodeOptions, source_len: int, max_len: int) -> bool:
         """Whether a sentence with these options can decode in this pool (else: the eager path)."""
@@ -159,7 +165,7 @@ class SlotDecoder:
             graph = self._graphs.get((t_len, p_len)) or self._capture(t_len, p_len)
             graph.replay()
         else:
-            decode_step(self.model, self.state, self.opts, t_len, p_len)
+            self._step(self.model, self.state, self.opts, t_len, p_len)
         for slot in self.steps:
             self.steps[slot] += 1
         if len(self._pending) == RING:
@@ -226,6 +232,24 @@ class SlotDecoder:
         """Slots holding a sentence not yet collected."""
         return self.shape.slots - len(self.free)
 
+    @torch.inference_mode()
+    def prepare(self) -> None:
+        """Compile (compiled) and capture (graphs) every bucket's step now, the state left as it was: else each
+        happens at its bucket's first step, a compilation some tens of seconds into the decoding."""
+        if self._step is decode_step and self._graphs is None:
+            return
+        s = self.shape
+        saved = {name: t.clone() for name, t in self.state.tensors().items()}
+        for t_len in _buckets(s.target_len):
+            for p_len in _buckets(s.source_len):
+                if self._graphs is not None:
+                    if (t_len, p_len) not in self._graphs:
+                        self._capture(t_len, p_len)
+                else:
+                    self._step(self.model, self.state, self.opts, t_len, p_len)
+        for name, t in self.state.tensors().items():
+            t.copy_(saved[name])
+
     def _capture(self, t_len: int, p_len: int) -> torch.cuda.CUDAGraph:
         """Record bucket (t_len, p_len)'s step as a CUDA graph in the shared pool; the state is left as
         it was (the warm-up and captured steps write to it, so it is restored)."""
@@ -235,12 +259,12 @@ class SlotDecoder:
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: the allocator and kernel choices happen outside the capture
-                decode_step(*step)
+            for _ in range(2):  # warm-up: the allocator, kernel choices and compilation happen outside the capture
+                self._step(*step)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            decode_step(*step)
+            self._step(*step)
         for name, t in self.state.tensors().items():
             t.copy_(saved[name])
         self._graphs[(t_len, p_len)] = graph
@@ -250,6 +274,16 @@ class SlotDecoder:
 def _bucket(n: int, cap: int) -> int:
     """The smallest of 16, 32, 64, ... that is at least n, and at most cap."""
     return min(cap, max(16, 1 << (n - 1).bit_length()))
+
+
+def _buckets(cap: int) -> list[int]:
+    """Every bucket of up to cap positions."""
+    found: list[int] = []
+    n = 1
+    while not found or found[-1] < cap:
+        found.append(_bucket(n, cap))
+        n = found[-1] + 1
+    return found
 
 
 def decode_all(
