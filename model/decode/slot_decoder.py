@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -76,7 +77,7 @@ class SlotDecoder:
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] | None = {} if graphs else None
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
         # One graph dynamic in the buckets' lengths (the step's only Python numbers) serves every bucket.
-        self._step = torch.compile(decode_step, fullgraph=True, dynamic=True) if compiled else decode_step
+        self._compiled = torch.compile(decode_step, fullgraph=True, dynamic=True) if compiled else None
 
     def fits(self, opts: DecodeOptions, source_len: int, max_len: int) -> bool:
         """Whether a sentence with these options can decode in this pool (else: the eager path)."""
@@ -165,7 +166,7 @@ class SlotDecoder:
             graph = self._graphs.get((t_len, p_len)) or self._capture(t_len, p_len)
             graph.replay()
         else:
-            self._step(self.model, self.state, self.opts, t_len, p_len)
+            self._run(self.model, self.state, self.opts, t_len, p_len)
         for slot in self.steps:
             self.steps[slot] += 1
         if len(self._pending) == RING:
@@ -232,11 +233,15 @@ class SlotDecoder:
         """Slots holding a sentence not yet collected."""
         return self.shape.slots - len(self.free)
 
+    def _run(self, *step: Any) -> None:
+        """One step: the compiled one, or slots.decode_step as it is named now."""
+        (self._compiled or decode_step)(*step)
+
     @torch.inference_mode()
     def prepare(self) -> None:
         """Compile (compiled) and capture (graphs) every bucket's step now, the state left as it was: else each
         happens at its bucket's first step, a compilation some tens of seconds into the decoding."""
-        if self._step is decode_step and self._graphs is None:
+        if self._compiled is None and self._graphs is None:
             return
         s = self.shape
         saved = {name: t.clone() for name, t in self.state.tensors().items()}
@@ -246,7 +251,7 @@ class SlotDecoder:
                     if (t_len, p_len) not in self._graphs:
                         self._capture(t_len, p_len)
                 else:
-                    self._step(self.model, self.state, self.opts, t_len, p_len)
+                    self._run(self.model, self.state, self.opts, t_len, p_len)
         for name, t in self.state.tensors().items():
             t.copy_(saved[name])
 
@@ -260,11 +265,11 @@ class SlotDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: the allocator, kernel choices and compilation happen outside the capture
-                self._step(*step)
+                self._run(*step)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._step(*step)
+            self._run(*step)
         for name, t in self.state.tensors().items():
             t.copy_(saved[name])
         self._graphs[(t_len, p_len)] = graph
