@@ -195,8 +195,8 @@ class InflightBatch:
             self.cross.extend(cross)
             return torch.arange(B, B + b, device=self.device)
         used = torch.zeros(self.cross.src_mask.shape[0] + b, dtype=torch.bool, device=self.device)
-        for g in self.groups.values():
-            used[g.sentence] = True
+        if self.groups:
+            used[self._alive()] = True
         slots = (~used).nonzero()[:b, 0]
         self.cross.place(cross, slots)
         return slots
@@ -373,7 +373,7 @@ class InflightBatch:
             self.cross = None
             self.cache.resize(0, 0)
             return
-        alive = torch.cat([g.sentence for g in self.groups.values()]).sort().values
+        alive = self._alive().sort().values
         B = self.cross.src_mask.shape[0]
         if self.slotted:
             mask = self.cross.src_mask
@@ -388,6 +388,10 @@ class InflightBatch:
         renumber[alive] = torch.arange(alive.numel(), device=self.device)
         for g in self.groups.values():
             g.sentence = renumber[g.sentence]
+
+    def _alive(self) -> torch.Tensor:
+        """(b,) the source keys' index of every running sentence (groups not empty)."""
+        return torch.cat([g.sentence for g in self.groups.values()])
 
     def _index_rows(self) -> None:
         """Per row: its position, and its query slot among its sentence's beams for cross-attention."""

@@ -15,7 +15,9 @@ are never rebound, so the graphs keep reading them.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,17 +243,21 @@ class SlotDecoder:
     def prepare(self) -> None:
         """Compile (compiled) and capture (graphs) every bucket's step now, the state left as it was: else each
         happens at its bucket's first step, a compilation some tens of seconds into the decoding."""
-        if self._compiled is None and self._graphs is None:
-            return
-        s = self.shape
-        saved = {name: t.clone() for name, t in self.state.tensors().items()}
-        for t_len in _buckets(s.target_len):
-            for p_len in _buckets(s.source_len):
-                if self._graphs is not None:
-                    if (t_len, p_len) not in self._graphs:
-                        self._capture(t_len, p_len)
-                else:
+        buckets = [(t, p) for t in _buckets(self.shape.target_len) for p in _buckets(self.shape.source_len)]
+        if self._graphs is not None:  # each capture keeps the state as it was
+            for t_len, p_len in buckets:
+                if (t_len, p_len) not in self._graphs:
+                    self._capture(t_len, p_len)
+        elif self._compiled is not None:
+            with self._state_kept():
+                for t_len, p_len in buckets:
                     self._run(self.model, self.state, self.opts, t_len, p_len)
+
+    @contextlib.contextmanager
+    def _state_kept(self) -> Iterator[None]:
+        """The state as it was before the block, whatever steps the block runs on it."""
+        saved = {name: t.clone() for name, t in self.state.tensors().items()}
+        yield
         for name, t in self.state.tensors().items():
             t.copy_(saved[name])
 
@@ -259,19 +265,17 @@ class SlotDecoder:
         """Record bucket (t_len, p_len)'s step as a CUDA graph in the shared pool; the state is left as
         it was (the warm-up and captured steps write to it, so it is restored)."""
         assert self._graphs is not None
-        saved = {name: t.clone() for name, t in self.state.tensors().items()}
         step = (self.model, self.state, self.opts, t_len, p_len)
-        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: the allocator, kernel choices and compilation happen outside the capture
-                self._run(*step)
-        torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._run(*step)
-        for name, t in self.state.tensors().items():
-            t.copy_(saved[name])
+        with self._state_kept():
+            stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: the allocator, kernel choices and compilation happen outside the capture
+                    self._run(*step)
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._run(*step)
         self._graphs[(t_len, p_len)] = graph
         return graph
 

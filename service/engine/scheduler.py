@@ -294,13 +294,17 @@ class ContinuousScheduler(Queue):
         """Work a newcomer waits behind: the queue's, less the sentences the running batch has room for now
         (decode_slots, max_batch_size, max_batch_tokens), which the next admission takes however long they then
         decode; so a burst an idle or half-full engine can take at once is not refused for its own size."""
-        rows, sentences, cost, waiting = self.rows, len(self.running), self.cost, 0
-        for it in self.queue:
-            if not waiting and self._fits(it, rows, sentences, cost, self.config.decode_slots):
-                rows, sentences, cost = rows + it.opts.beam_size, sentences + 1, cost + it.cost
-            else:
-                waiting += it.cost
-        return waiting
+        room = self._room(self.config.decode_slots)
+        return sum(it.cost for it in itertools.islice(self.queue, room, None))
+
+    def _room(self, capacity: int, most: float = float("inf")) -> int:
+        """How many queued sentences from the head the running batch has room for (_fits), counting to `most`."""
+        rows, joining, cost = self.rows, 0, self.cost
+        for it in self.queue:  # stops at `most`, or at the first that does not fit
+            if joining >= most or not self._fits(it, rows, len(self.running) + joining, cost, capacity):
+                break
+            rows, joining, cost = rows + it.opts.beam_size, joining + 1, cost + it.cost
+        return joining
 
     def schedule(self, now: float, capacity: int) -> Plan:
         """Admit queued sentences while `capacity` rows, max_batch_size and max_batch_tokens allow (a
@@ -361,20 +365,15 @@ class ContinuousScheduler(Queue):
         """Newcomers join together: max_waiting_steps steps after the last admission, or at once when
         those that fit are at least waiting_served_ratio of the running sentences. A few sentences
         joining a big batch wait for company: each admission runs the encoder, which costs about a
-        decoder step where per-call overhead dominates (small models, GPUs), and copies the batch's
-        cross-attention keys. The steps count from the last admission (as TGI's max_waiting_tokens
+        decoder step where per-call overhead dominates (small models, GPUs), and (off the C attention)
+        copies the batch's cross-attention keys. The steps count from the last admission (as TGI's max_waiting_tokens
         does), not from a sentence's arrival: with a backlog the head has waited long already, and
         counting from arrival let one or two sentences join at nearly every step as rows freed up."""
         cfg = self.config
         if self.stats.steps - self.admitted_step >= cfg.max_waiting_steps:
             return True
-        running, wanted = len(self.running), cfg.waiting_served_ratio * len(self.running)
-        rows, joining, cost = self.rows, 0, self.cost
-        for it in self.queue:  # stops once enough would join, or at the first that does not fit
-            if joining >= wanted or not self._fits(it, rows, running + joining, cost, capacity):
-                break
-            rows, joining, cost = rows + it.opts.beam_size, joining + 1, cost + it.cost
-        return joining >= wanted
+        wanted = cfg.waiting_served_ratio * len(self.running)
+        return self._room(capacity, wanted) >= wanted
 
     def finish(self, seq: int) -> WorkItem:
         item = self.running[seq]
