@@ -22,6 +22,7 @@ SOURCES = [
     "model/kernels/csrc/int8_rows.c",
     "model/kernels/csrc/int8_gemm.c",
     "model/kernels/csrc/int8_vnni.c",
+    "model/kernels/csrc/int8_avx2.c",
     "model/kernels/csrc/f32_gemm.c",
     "model/kernels/csrc/attention.c",
     "model/kernels/csrc/search.c",

@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 import torch
 
-from model.kernels import int8_choice
+from model.kernels import int8_choice, native
 from model.kernels.int8_kernels import KERNELS, best_seconds, exact, multiply, with_forms
 
 # The shipped models' shapes: the fused q/k/v projection, the feed-forward's two and the output projection.
@@ -32,6 +32,8 @@ def test_each_row_count_takes_the_kernel_it_timed_fastest_and_the_choice_is_logg
             assert kernel == min(credited, key=credited.__getitem__)
             assert set(times) <= set(int8_choice.candidates())
     assert "int8 GEMM (40 x 72, " in caplog.text
+    if any("vnni" in times for times in choice.seconds):  # which instructions the packed kernel multiplies with
+        assert f"vnni with {native.vnni_isa()}):" in caplog.text
     assert int8_choice.plan(40, 72) is plan  # measured once a shape
 
 

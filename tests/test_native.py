@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from model import DecodeOptions, Translator
 from model.decode.search import NEG, top_candidates
 from model.kernels import f32_gemm, native, onednn
+from model.kernels.int8_kernels import with_forms
 from model.kernels.quant import linear_int8, quantize_rows, quantize_weight
 from model.nn.kv_cache import KVCache
 from model.nn.transformer import Seq2Seq
@@ -270,10 +271,13 @@ def test_the_int8_gemm_in_c_gives_the_exact_product(M: int, K: int, N: int) -> N
         native.int8_gemm(x, w[:, 1:].contiguous())
 
 
-vnni = pytest.mark.skipif(not native.vnni(), reason="this CPU has no AVX-512 VNNI, or the C kernels are not loaded")
+vnni = pytest.mark.skipif(
+    not native.vnni(), reason="this CPU has neither AVX-512 VNNI nor AVX2, or the C kernels are not loaded"
+)
 
 
 @vnni
+@pytest.mark.parametrize("level", X86_LEVELS)
 @pytest.mark.parametrize(
     ("M", "K", "N"),
     [
@@ -282,7 +286,16 @@ vnni = pytest.mark.skipif(not native.vnni(), reason="this CPU has no AVX-512 VNN
         *[(16, 64, 16), (17, 128, 40), (33, 256, 1000), (47, 64, 33), (64, 1024, 96), (40, 100, 20)],
     ],
 )
-def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(M: int, K: int, N: int) -> None:
+def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(
+    M: int, K: int, N: int, level: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each build's packed kernel (x86-64-v3's: AVX2's sign and pair products, csrc/int8_avx2.c) over the one form.
+    if platform.machine() != "x86_64":
+        pytest.skip("the builds per x86-64 level are made on x86-64")
+    library = _built(level)
+    if library.beamserve_cpu_level() < level or not library.beamserve_vnni():
+        pytest.skip(f"x86-64-v{level}'s build has no packed int8 kernel this CPU runs")
+    monkeypatch.setattr(native, "_LIB", library)
     g = torch.Generator().manual_seed(M * K + N)
     wide = torch.randint(-127, 128, (M, K + 3), dtype=torch.int8, generator=g)
     x, w = wide[:, :K], torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)  # x: rows of a wider tensor
@@ -308,6 +321,22 @@ def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(M: int,
         native.vnni_linear(xf, packed, bias[1:])
     with pytest.raises(ValueError):
         native.vnni_linear(xf, packed, bias, res[:, 1:])
+
+
+@vnni
+def test_the_avx2_kernel_leaves_a_weight_holding_minus_128_to_the_16_bit_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # AVX2's kernel negates weight bytes by the activation's sign, and -128 has no negative in a byte.
+    w = torch.randint(-127, 128, (16, 32), dtype=torch.int8, generator=torch.Generator().manual_seed(5))
+    w[3, 7] = -128
+    monkeypatch.setattr(native, "_PACKED", 1)
+    with pytest.raises(ValueError, match="-128"):
+        native.VnniWeight(w, torch.ones(16))
+    q = with_forms(w, torch.ones(16), ("vnni", "vnni", "int_mm"))
+    assert q.vnni is None and q.plan == ("c", "c", "int_mm")
+    monkeypatch.setattr(native, "_PACKED", 2)  # VNNI's shifted bytes multiply it exactly
+    assert with_forms(w, torch.ones(16), ("vnni",)).vnni is not None
 
 
 def _linears_agree(tr: Translator) -> bool:
@@ -337,14 +366,18 @@ def _built(level: int) -> native.Kernels:
 
 
 def _assert_same_bits(library: native.Kernels, monkeypatch: pytest.MonkeyPatch) -> None:
-    """library's attention, log-softmax, int8 GEMM and (where both builds have it) float32 GEMM and swish give the
-    loaded build's bits on fixed random inputs."""
+    """library's attention, log-softmax, int8 GEMMs (the packed layer where both builds have one: VNNI's, AVX2's)
+    and (where both builds have it) float32 GEMM and swish give the loaded build's bits on fixed random inputs."""
     cases, logits = _step_cases()
     loaded = [native.attend(*case) for case in cases]
     log_probs = [native.log_softmax_(x.clone()) for x in logits]
     g = torch.Generator().manual_seed(4)
     xq, wq = (torch.randint(-127, 128, shape, dtype=torch.int8, generator=g) for shape in [(9, 520), (37, 520)])
     product = native.int8_gemm(xq, wq)
+    packs = native.vnni() and bool(library.beamserve_vnni())
+    if packs:
+        packed, xf = native.VnniWeight(wq, torch.rand(37, generator=g)), torch.randn(9, 520, generator=g)
+        layer = native.vnni_linear(xf, packed, None)
     # float32's GEMM (K past one block of 512, N past a whole panel of 16) and its swish, where both builds have them
     floats = native.f32() and bool(library.beamserve_f32_gemm())
     w, bias, rows = torch.randn(37, 700, generator=g), torch.randn(37, generator=g), torch.randn(13, 700, generator=g)
@@ -364,6 +397,8 @@ def _assert_same_bits(library: native.Kernels, monkeypatch: pytest.MonkeyPatch) 
     for x, expected in zip(logits, log_probs, strict=True):
         assert torch.equal(native.log_softmax_(x.clone()), expected)
     assert torch.equal(native.int8_gemm(xq, wq), product)
+    if packs:
+        assert torch.equal(native.vnni_linear(xf, packed, None), layer)
     if floats:
         again = [
             native.f32_linear(rows[:m], form, b, r)
@@ -648,7 +683,8 @@ def test_a_build_without_a_compiler_says_so_and_fails_where_the_kernels_are_requ
 def test_the_vnni_kernels_use_amx_where_the_cpu_has_it() -> None:
     lines = Path("/proc/cpuinfo").read_text().splitlines()
     flags = set(next(line for line in lines if line.startswith("flags")).split())
-    assert native.amx() == ({"amx_tile", "amx_int8"} <= flags)
+    # AMX's tiles serve the VNNI kernel of the AVX-512 build (an AVX2 build bound on this CPU has neither)
+    assert native.amx() == ({"amx_tile", "amx_int8"} <= flags and native.vnni_isa() == "avx512-vnni")
 
 
 @pytest.mark.skipif(not native.built(), reason="the C kernels are not built")

@@ -7,8 +7,9 @@ faster than torch._int_mm, which is level with it at 64 rows and ahead at 256. A
 would pick the slower one somewhere (the reason to measure: oneDNN's int8 matmul is a JIT kernel on Intel
 and a reference loop on AMD, with the same flags in the same PyTorch build).
 
-BEAMSERVE_INT8_KERNEL=vnni (or onednn, int_mm, c) takes that kernel for every shape, where it is exact here,
-to measure it or test it; unset or `auto`, the kernels are measured.
+The `vnni` kernel is the packed one of csrc/int8_vnni.c, which multiplies with AVX2 where the CPU has no VNNI (the
+log names which). BEAMSERVE_INT8_KERNEL=vnni (or onednn, int_mm, c) takes that kernel for every shape, where it is
+exact here, to measure it or test it; unset or `auto`, the kernels are measured.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model.kernels import native
 from model.kernels.int8_kernels import KERNELS, Int8Weight, best_seconds, exact, multiply, with_forms
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,8 @@ class Choice:
                 f"{k} {t * 1e6:.0f}" for k, t in sorted(times.items(), key=lambda kt: kt[1]) if k != best
             )
             cells.append(f"{rows} rows: {best} {times[best] * 1e6:.0f} us" + (f" ({others})" if others else ""))
-        return f"int8 GEMM ({self.N} x {self.K}, {self.threads} threads): " + "; ".join(cells)
+        isa = f"; vnni with {native.vnni_isa()}" if any("vnni" in times for times in self.seconds) else ""
+        return f"int8 GEMM ({self.N} x {self.K}, {self.threads} threads{isa}): " + "; ".join(cells)
 
 
 _CHOSEN: dict[tuple[int, int, int], Choice] = {}

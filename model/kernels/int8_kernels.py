@@ -3,8 +3,9 @@ own scales, the exact int32 product with the weight's int8 rows, and the product
 column (model/kernels/quant.py). Every kernel gives the same bits; which is fastest depends on the CPU and the
 shape, so model/kernels/int8_choice.py measures them at load.
 
-    vnni     C, AVX-512 VNNI (Intel since Cascade Lake, AMD since Zen 4): one call, quantisation and scale-back
-             fused, over a weight packed once (csrc/int8_vnni.c); the fastest at decoding's few rows
+    vnni     C, AVX-512 VNNI (Intel since Cascade Lake, AMD since Zen 4), or AVX2's exact pair products where the
+             CPU has no VNNI (csrc/int8_avx2.c): one call, quantisation and scale-back fused, over a weight packed
+             once (csrc/int8_vnni.c); the fastest at decoding's few rows
     onednn   oneDNN's int8 matmul over a weight reordered once into its blocked layout, the column scales in
              its epilogue; exact only with VNNI or AMX, and on AMD's Zen 4 (PyTorch 2.13) a reference loop
     int_mm   torch._int_mm over the (N, K) weight's transposed view: oneDNN's int8 GEMM where the CPU has
@@ -89,7 +90,10 @@ def with_forms(qweight: torch.Tensor, scale: torch.Tensor, plan: tuple[str, ...]
         with torch.inference_mode():
             onednn = (torch.ops.onednn.qlinear_prepack(qweight, None), torch.zeros(qweight.shape[0], dtype=torch.int64))
     if "vnni" in plan and native.vnni():
-        vnni = native.VnniWeight(qweight, scale.float())
+        try:
+            vnni = native.VnniWeight(qweight, scale.float())
+        except ValueError:  # a weight the AVX2 kernel cannot multiply exactly (a -128): the 16-bit C kernel can
+            plan = tuple("c" if k == "vnni" else k for k in plan)
     return Int8Weight(qweight, scale.float(), plan, onednn, vnni)
 
 

@@ -4,10 +4,10 @@ around them, and a decode step's attention, log-softmax and candidate ranking.
 An int8 GEMM (model/kernels/int8_kernels.py) is wrapped in per-row passes: quantising the activation rows, and
 scaling the int32 product back per row and per column with the bias. In PyTorch's ops they are eight and three
 passes over memory, each a call of its own; the C kernels do each in one pass and give the same bits
-(tests/test_native.py). With AVX-512 VNNI the whole layer is one call (csrc/int8_vnni.c: quantisation, product
-and scale-back over a weight packed once; with AMX, whole blocks of 16 rows through its tiles); elsewhere C
-multiplies with 16-bit products (csrc/int8_gemm.c), exact on every x86 CPU. model/kernels/int8_choice.py
-measures which kernel is fastest here.
+(tests/test_native.py). With AVX-512 VNNI or AVX2 the whole layer is one call over a weight packed once
+(csrc/int8_vnni.c: quantisation, product and scale-back; with AMX, whole blocks of 16 rows through its tiles;
+csrc/int8_avx2.c the same with AVX2's exact pair products); elsewhere C multiplies with 16-bit products
+(csrc/int8_gemm.c), exact on every x86 CPU. model/kernels/int8_choice.py measures which kernel is fastest here.
 
 A decode step's attention (csrc/attention.c: every row's query against its cached keys and values in
 one pass) and log-softmax (csrc/search.c) compute their own bits, the same on every CPU, vector width
@@ -138,7 +138,7 @@ LEVEL = None if _LOADED is None else _LOADED.level  # the x86-64 level of the ke
 # Which kernels beat PyTorch's vectorised operators on this CPU: a kernel the compiler leaves scalar here
 # (the quantisation without AVX-512, the scale-back without a vector fused multiply-add) would be slower.
 _VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
-_VNNI = _LIB is not None and bool(_LIB.beamserve_vnni())
+_PACKED = _LIB.beamserve_vnni() if _LIB is not None else 0  # 2: AVX-512 VNNI, 1: AVX2, 0: neither
 _F32 = _LIB is not None and bool(_LIB.beamserve_f32_gemm())
 
 
@@ -224,12 +224,18 @@ def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def vnni() -> bool:
-    """Whether the VNNI int8 kernels (csrc/int8_vnni.c) run here: the build has them, the CPU has AVX-512 VNNI."""
-    return _LIB is not None and _VNNI
+    """Whether the packed int8 kernels (csrc/int8_vnni.c) run here: the build has them and the CPU has AVX-512
+    VNNI, or AVX2 (csrc/int8_avx2.c multiplies the packed weight then)."""
+    return _LIB is not None and _PACKED > 0
+
+
+def vnni_isa() -> str:
+    """The instructions the packed int8 kernels multiply with here: "avx512-vnni", "avx2" or "" (none run)."""
+    return {2: "avx512-vnni", 1: "avx2"}.get(_PACKED, "") if _LIB is not None else ""
 
 
 def amx() -> bool:
-    """Whether the VNNI kernels multiply whole blocks of 16 rows with AMX tiles here (csrc/int8_vnni.c: the CPU has
+    """Whether the packed kernels multiply whole blocks of 16 rows with AMX tiles here (csrc/int8_vnni.c: the CPU has
     AMX-INT8 and Linux lends the process its tile registers): the same exact sums, several times as many a cycle."""
     return vnni() and bool(_lib().beamserve_vnni_amx())
 
@@ -321,6 +327,8 @@ class VnniWeight:
         _check(w.dtype == torch.int8 and w.dim() == 2, "vnni_pack", "a 2-d int8 weight")
         self.N, self.K = w.shape
         _check(scale.dtype == torch.float32 and scale.numel() == self.N, "vnni_pack", f"{self.N} float32 scales")
+        if _PACKED == 1 and bool((w == -128).any()):  # csrc/int8_avx2.c negates weights: -128 has no negative
+            raise ValueError("vnni_pack: the AVX2 kernel multiplies weights of -127..127, and this one holds -128")
         w = w.contiguous()
         self.packed = torch.empty(lib.beamserve_vnni_packed_bytes(self.N, self.K), dtype=torch.int8)
         self.comp = torch.empty(self.N, dtype=torch.int32)

@@ -12,11 +12,11 @@
 
 #include "quantize.h"
 
-/* Which kernels this build runs vectorised: bit 0 beamserve_quantize_rows (AVX-512), bit 1 beamserve_scale_back
+/* Which kernels this build runs vectorised: bit 0 beamserve_quantize_rows (AVX2 or AVX-512), bit 1 beamserve_scale_back
  * (a vector fused multiply-add; without one, fmaf is a library call a lane). model/kernels/native.py leaves the
  * others to PyTorch's vectorised operators. */
 int beamserve_vectorised(void) {
-#if defined(__AVX512BW__)
+#if defined(__AVX2__)
     const int quantises = 1;
 #else
     const int quantises = 0;

@@ -9,7 +9,9 @@
  *
  * The packed weight: panels of 16 output columns; in a panel, groups of 4 along K, each group 64 bytes (the
  * 4 values of column 0, then of column 1, ...), so one load feeds one vpdpbusd for 16 columns. Zeros pad N
- * to a whole panel and K to a whole group. */
+ * to a whole panel and K to a whole group.
+ *
+ * Where the CPU has AVX2 and no VNNI, the entry points multiply the same packed weight with int8_avx2.c's kernel. */
 #include "level.h"
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,12 +44,29 @@
 static int64_t groups(int64_t K) { return (K + 3) / 4; }
 static int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }
 
-/* Whether this build has the kernel and this CPU (and its OS) runs it. */
-int beamserve_vnni(void) {
+int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed, int64_t N,
+                             int32_t *y); /* int8_avx2.c */
+int beamserve_avx2_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed, int64_t N,
+                          const float *col_scale, const float *bias, const float *res, int64_t ldr, float *y,
+                          int64_t ldy); /* int8_avx2.c */
+
+static int has_vnni(void) {
 #if HAS_VNNI && defined(__x86_64__)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+
+/* Which kernel multiplies a packed weight here: 2 this file's (the build has it and this CPU runs AVX-512 VNNI),
+ * 1 int8_avx2.c's (AVX2 without VNNI), 0 none. */
+int beamserve_vnni(void) {
+    if (has_vnni()) return 2;
+#if defined(__AVX2__) && defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
 #else
     return 0;
 #endif
@@ -206,7 +225,7 @@ AMX_FN void amx_gemm(const uint8_t *xu, int64_t M16, int64_t G, const int8_t *pa
 /* Whether the kernels multiply whole blocks of 16 rows with AMX here (the CPU has it and Linux lends its tiles). */
 int beamserve_vnni_amx(void) {
 #if HAS_AMX
-    return beamserve_vnni() && amx_ready();
+    return has_vnni() && amx_ready();
 #else
     return 0;
 #endif
@@ -269,8 +288,8 @@ VNNI_ENTRY
 #endif
 int beamserve_vnni_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
                              const int32_t *comp, int64_t N, int32_t *y) {
+    if (!has_vnni()) return beamserve_avx2_int8_gemm(x, M, K, ldx, packed, N, y);
 #if HAS_VNNI
-    if (!beamserve_vnni()) return -1;
     const int64_t G = groups(K);
     uint8_t *xu = malloc((size_t)(M * G * 4 + 1));
     if (!xu) return -2;
@@ -279,7 +298,7 @@ int beamserve_vnni_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx,
     free(xu);
     return 0;
 #else
-    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)comp, (void)N, (void)y;
+    (void)comp;
     return -1;
 #endif
 }
@@ -296,8 +315,8 @@ VNNI_ENTRY
 int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
                           const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
                           int64_t ldr, float *y, int64_t ldy) {
+    if (!has_vnni()) return beamserve_avx2_linear(x, M, K, ldx, packed, N, col_scale, bias, res, ldr, y, ldy);
 #if HAS_VNNI
-    if (!beamserve_vnni()) return -1;
     const int64_t G = groups(K);
     uint8_t *xu = malloc((size_t)(M * G * 4 + (int64_t)sizeof(float) * M)); /* the rows, then their scales */
     if (!xu) return -2;
@@ -311,8 +330,7 @@ int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, con
     free(xu);
     return 0;
 #else
-    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)comp, (void)N, (void)col_scale, (void)bias, (void)res,
-        (void)ldr, (void)y, (void)ldy;
+    (void)comp;
     return -1;
 #endif
 }

@@ -1,12 +1,13 @@
 /* One activation row quantised on its own scale, as model/kernels/quant.py's quantize_rows computes it: the
  * row's largest magnitude / 127, then round(x / scale), the same float division and round-half-to-even. Shared
- * by the row pass (int8_rows.c) and the VNNI linear layer (int8_vnni.c), which takes the bytes shifted by 128. */
+ * by the row pass (int8_rows.c) and the packed linear layers (int8_vnni.c, which takes the bytes shifted by 128, and
+ * int8_avx2.c). */
 #ifndef BEAMSERVE_QUANTIZE_H
 #define BEAMSERVE_QUANTIZE_H
 
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX512BW__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -34,6 +35,28 @@ static inline void quantize_row(const float *x, int64_t cols, int8_t *q, float *
         /* the default rounding mode: to nearest, ties to even, as rintf and torch.round */
         __m512i i = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(x + c), vs));
         _mm_storeu_si128((__m128i *)(q + c), _mm_xor_si128(_mm512_cvtsepi32_epi8(i), vflip));
+    }
+#elif defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + c)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float mx = _mm_cvtss_f32(h);
+    for (; c < cols; c++) {
+        float a = fabsf(x[c]);
+        mx = a > mx ? a : mx;
+    }
+    const float s = scale_of(mx);
+    *scale = s;
+    const __m256 vs = _mm256_set1_ps(s);
+    const __m128i vflip = _mm_set1_epi8((char)flip);
+    for (c = 0; c + 8 <= cols; c += 8) {
+        const __m256i i = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + c), vs)); /* ties to even */
+        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+        _mm_storel_epi64((__m128i *)(q + c), _mm_xor_si128(_mm_packs_epi16(w, w), vflip));
     }
 #else
     float mx = 0.0f;
