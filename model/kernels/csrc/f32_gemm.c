@@ -1,15 +1,16 @@
 /* A float32 linear layer for a decode step's few rows, summing as oneDNN's packed matmul does (model/kernels/gemm.py):
  * each output is its products added in order of k with one rounding each (fused multiply-adds), from zero,
- * within blocks of K (all of K up to 512, then blocks of 512 up to 1,024, then of 1,024), the blocks' sums
- * added in order, then the bias, then the residual. That is what oneDNN computes on this machine at every
- * row count; model/kernels/f32_gemm.py checks it against oneDNN for each weight shape and thread count before
- * the kernel is used, and keeps oneDNN where they differ. oneDNN's call costs 40-50 us before any
+ * within blocks of K, the blocks' sums added in order, then the bias, then the residual. oneDNN's blocks depend
+ * on the instructions it runs: with AVX-512 all of K up to 512, then blocks of 512 up to 1,024, then of 1,024;
+ * with AVX2 all of K up to 1,024, then blocks of 1,024. Each build sums as oneDNN does on a CPU of its level, at
+ * every row count; model/kernels/f32_gemm.py checks it against oneDNN for each weight shape and thread count
+ * before the kernel is used, and keeps oneDNN where they differ (as where oneDNN is held to another level). oneDNN's call costs 40-50 us before any
  * arithmetic, most of a step's GEMM at batch 1; this one a few.
  *
  * The weight is packed once: panels of 16 columns, each K rows of 16 floats, so one load feeds one FMA for
- * 16 outputs (AVX2 with FMA: two loads, two FMAs of 8). Each output's sum is the same sequence of fused
- * multiply-adds whatever the vector width, so both builds give the same bits; builds without AVX2 and FMA
- * report no kernel (-1) and oneDNN serves. */
+ * 16 outputs (AVX2 with FMA: two loads, two FMAs of 8). Within a block each output's sum is the same sequence of
+ * fused multiply-adds whatever the vector width, so both builds give the same bits wherever their blocks agree (K
+ * up to 512 and past 1,024); builds without AVX2 and FMA report no kernel (-1) and oneDNN serves. */
 #include "level.h"
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,7 +26,13 @@
 static int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }
 
 /* K's blocks: each output's products summed in order within a block from zero, the blocks' sums added in order. */
-int64_t beamserve_f32_block(int64_t K) { return K <= 512 ? K : K <= 1024 ? 512 : 1024; }
+int64_t beamserve_f32_block(int64_t K) {
+#if defined(__AVX512F__)
+    return K <= 512 ? K : K <= 1024 ? 512 : 1024;
+#else
+    return K <= 1024 ? K : 1024;
+#endif
+}
 
 int64_t beamserve_f32_packed_floats(int64_t N, int64_t K) { return panels(N) * K * PANEL; }
 
