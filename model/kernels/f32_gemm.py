@@ -34,15 +34,14 @@ _AGREES: dict[tuple[int, int, int], bool] = {}
 _SWISH_AGREES: dict[tuple[int, int, int], bool] = {}
 
 
-# The AVX2 build's kernel (8 lanes) against oneDNN's AVX2 matmul, one thread, en-de's shapes: 1.5-3x as fast at one
-# row, level at 16, 0.8x at 32 and past it (docs/benchmarks.md, "The AVX2 build")
-NARROW_ROWS = 16
-
 
 def most_rows(N: int, K: int) -> int:
-    """The most rows the C kernel serves for (N, K) weights, where it agrees."""
+    """The most rows the C kernel serves for (N, K) weights, where it agrees. The AVX2 build's kernel (8 lanes) is
+    0.8x oneDNN's AVX2 matmul from 32 rows, but a step of up to 64 rows in one call still decodes faster than one
+    with oneDNN's GEMMs between the calls: en-de at batch 8, 0.84x CTranslate2 float32 against 0.72x; not so at
+    256 rows, 0.70x against 0.93x (docs/benchmarks.md, "The AVX2 build")."""
     if native.LEVEL is not None and native.LEVEL < 4:
-        return NARROW_ROWS
+        return MOST_ROWS
     return WIDE_ROWS if N * K <= WIDE_WEIGHT else MOST_ROWS
 
 
