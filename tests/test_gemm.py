@@ -105,8 +105,8 @@ def test_the_c_float32_gemm_serves_few_rows_with_onednn_s_bits(c_in: int, c_out:
     if not f32_gemm.agrees(c_out, c_in):
         pytest.skip(f"the C kernel sums otherwise than oneDNN at ({c_out}, {c_in}) here: oneDNN served every call")
     assert f32_gemm.form(w) is not None  # and it was the C kernel that served the few rows
-    small = c_out * c_in <= f32_gemm.WIDE_WEIGHT  # and a small weight's up to 256; the AVX2 build's up to 64
-    served = [True, small, small, False] if native.LEVEL == 4 else [True, False, False, False]
+    small = c_out * c_in <= f32_gemm.WIDE_WEIGHT  # and a small weight's up to 256
+    served = [True, small, small, False]
     assert [f32_gemm.serving(w, rows) is not None for rows in (64, 65, 256, 257)] == served
 
 
@@ -119,17 +119,17 @@ assert native.LEVEL == 3 and native.f32()
 torch.manual_seed(0)
 w, b = torch.randn(768, 256) * 0.05, torch.randn(768)
 with torch.inference_mode():
-    for rows in (1, 4, 16, 17, 64, 65):
+    for rows in (1, 4, 16, 17, 64, 65, 256, 257):
         x = torch.randn(rows, 256)
         assert torch.equal(linear(x, w, b), onednn.linear(x, w, b)), rows
-served = [f32_gemm.serving(w, rows) is not None for rows in (64, 65)]
+served = [f32_gemm.serving(w, rows) is not None for rows in (256, 257)]
 # oneDNN's AVX2 blocks of K (all of it up to 1,024, then 1,024 each) at a feed-forward's fc2 and a wider one's
 blocks = [f32_gemm.agrees(256, 1024), f32_gemm.agrees(64, 2500)]
 print(f32_gemm.agrees(768, 256), f32_gemm.swish_agrees(768, 256), served, blocks)
 """
 
 
-def test_the_avx2_build_serves_a_float32_gemm_of_up_to_64_rows_with_onednns_avx2_bits() -> None:
+def test_the_avx2_build_serves_a_float32_gemm_with_onednns_avx2_bits() -> None:
     from model.kernels import native
 
     if platform.machine() != "x86_64" or not native.built() or native.ENV in os.environ:

@@ -34,14 +34,10 @@ _AGREES: dict[tuple[int, int, int], bool] = {}
 _SWISH_AGREES: dict[tuple[int, int, int], bool] = {}
 
 
-
 def most_rows(N: int, K: int) -> int:
-    """The most rows the C kernel serves for (N, K) weights, where it agrees. The AVX2 build's kernel (8 lanes) is
-    0.8x oneDNN's AVX2 matmul from 32 rows, but a step of up to 64 rows in one call still decodes faster than one
-    with oneDNN's GEMMs between the calls: en-de at batch 8, 0.84x CTranslate2 float32 against 0.72x; not so at
-    256 rows, 0.70x against 0.93x (docs/benchmarks.md, "The AVX2 build")."""
-    if native.LEVEL is not None and native.LEVEL < 4:
-        return MOST_ROWS
+    """The most rows the C kernel serves for (N, K) weights, where it agrees: in the AVX2 build as in the AVX-512 one
+    (its 8-lane kernel is level with oneDNN's AVX2 matmul at 64 rows and 0.9-1.0x at 256, and a step in one call
+    saves more: docs/benchmarks.md, "The AVX2 build")."""
     return WIDE_ROWS if N * K <= WIDE_WEIGHT else MOST_ROWS
 
 

@@ -110,15 +110,17 @@ int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, cons
  * AVX2's 16 registers. */
 static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, int64_t k0, int64_t k1, const float *w,
                                                       int rows, __m256 acc[MR][2]) {
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 c[MR][2]; /* the sums in a local array, which the compiler keeps in registers (acc[] it stores each k) */
+    for (int r = 0; r < rows; r++) c[r][0] = c[r][1] = _mm256_setzero_ps();
     for (int64_t k = k0; k < k1; k++) {
         const __m256 b0 = _mm256_loadu_ps(w + k * PANEL), b1 = _mm256_loadu_ps(w + k * PANEL + 8);
         for (int r = 0; r < rows; r++) {
             const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
-            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+            c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+            c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
         }
     }
+    for (int r = 0; r < rows; r++) acc[r][0] = c[r][0], acc[r][1] = c[r][1];
 }
 
 int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t N,
@@ -142,15 +144,15 @@ int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, cons
                 for (int r = 0; r < rows; r++)
                     for (int h = 0; h < 2; h++) sum[r][h] = k0 ? _mm256_add_ps(sum[r][h], acc[r][h]) : acc[r][h];
             }
-            for (int r = 0; r < rows; r++) { /* the bias, then the residual: one rounding each, as the AVX-512 build */
-                float out[PANEL];
-                _mm256_storeu_ps(out, sum[r][0]);
-                _mm256_storeu_ps(out + 8, sum[r][1]);
-                float *yr = y + (m0 + r) * ldy + n;
-                const float *rr = res ? res + (m0 + r) * ldr + n : NULL;
-                for (int64_t c = 0; c < cols; c++) {
-                    float v = bias ? out[c] + bias[n + c] : out[c];
-                    yr[c] = rr ? v + rr[c] : v;
+            for (int h = 0; h < 2 && 8 * h < cols; h++) { /* the bias, then the residual: a rounding each */
+                const int64_t c = n + 8 * h;
+                const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols - 8 * h)),
+                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                const __m256 bs = bias ? _mm256_maskload_ps(bias + c, m) : _mm256_setzero_ps();
+                for (int r = 0; r < rows; r++) {
+                    __m256 v = bias ? _mm256_add_ps(sum[r][h], bs) : sum[r][h];
+                    if (res) v = _mm256_add_ps(v, _mm256_maskload_ps(res + (m0 + r) * ldr + c, m));
+                    _mm256_maskstore_ps(y + (m0 + r) * ldy + c, m, v);
                 }
             }
         }

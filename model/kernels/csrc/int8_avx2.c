@@ -30,7 +30,8 @@ static inline int64_t groups(int64_t K) { return (K + 3) / 4; }
 static inline __attribute__((always_inline)) void tile(const int8_t *xs, const uint8_t *xa, int64_t G,
                                                        const int8_t *w, int rows, __m256i acc[MR]) {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_si256();
+    __m256i c[MR]; /* the sums in a local array, which the compiler keeps in registers (acc[] it stores each g) */
+    for (int r = 0; r < rows; r++) c[r] = _mm256_setzero_si256();
     for (int64_t g = 0; g < G; g++) {
         const __m256i b = _mm256_loadu_si256((const __m256i *)(w + g * 4 * PANEL));
         for (int r = 0; r < rows; r++) {
@@ -38,9 +39,10 @@ static inline __attribute__((always_inline)) void tile(const int8_t *xs, const u
             memcpy(&s4, xs + r * G * 4 + g * 4, 4);
             memcpy(&a4, xa + r * G * 4 + g * 4, 4);
             const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(a4), _mm256_sign_epi8(b, _mm256_set1_epi32(s4)));
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
+            c[r] = _mm256_add_epi32(c[r], _mm256_madd_epi16(p, ones));
         }
     }
+    for (int r = 0; r < rows; r++) acc[r] = c[r];
 }
 
 /* Lanes [0, n) of 8 set (n <= 8), for the masked loads and stores of a panel's last columns. */

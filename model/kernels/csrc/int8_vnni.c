@@ -93,8 +93,9 @@ void beamserve_vnni_pack(const int8_t *w, int64_t N, int64_t K, int8_t *packed, 
 #if HAS_VNNI
 /* rows x np panels of sums over every group: xu's rows (row stride 4 G bytes) against the panels at w. */
 VNNI_FN void tile(const uint8_t *xu, int64_t G, const int8_t *w, int rows, int np, __m512i acc[MR][NP]) {
+    __m512i c[MR][NP]; /* the sums in a local array, which the compiler keeps in registers (acc[] it stores each g) */
     for (int r = 0; r < rows; r++)
-        for (int p = 0; p < np; p++) acc[r][p] = _mm512_setzero_si512();
+        for (int p = 0; p < np; p++) c[r][p] = _mm512_setzero_si512();
     for (int64_t g = 0; g < G; g++) {
         __m512i b[NP];
         for (int p = 0; p < np; p++) b[p] = _mm512_loadu_si512(w + (p * G + g) * 4 * PANEL);
@@ -102,9 +103,11 @@ VNNI_FN void tile(const uint8_t *xu, int64_t G, const int8_t *w, int rows, int n
             int32_t four;
             memcpy(&four, xu + r * G * 4 + g * 4, 4);
             const __m512i a = _mm512_set1_epi32(four);
-            for (int p = 0; p < np; p++) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], a, b[p]);
+            for (int p = 0; p < np; p++) c[r][p] = _mm512_dpbusd_epi32(c[r][p], a, b[p]);
         }
     }
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < np; p++) acc[r][p] = c[r][p];
 }
 
 /* One tile's sums, less the compensation, as int32 (out_i32) or scaled back as int8_rows.c's
