@@ -17,56 +17,41 @@ static inline float scale_of(float absmax) { return (absmax < 1e-12f ? 1e-12f : 
 
 /* x (cols,) -> q (cols,) and its scale; each byte of q XORed with `flip` (0x80: q + 128 as an unsigned byte). */
 static inline void quantize_row(const float *x, int64_t cols, int8_t *q, float *scale, uint8_t flip) {
-#if defined(__AVX512BW__)
     /* Compilers do not vectorise the largest-magnitude reduction or the rounding conversion on their own. */
+    int64_t c = 0;
+    float mx = 0.0f;
+#if defined(__AVX512BW__)
     __m512 m = _mm512_setzero_ps();
-    int64_t c = 0;
     for (; c + 16 <= cols; c += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + c)));
-    float mx = _mm512_reduce_max_ps(m);
-    for (; c < cols; c++) {
-        float a = fabsf(x[c]);
-        mx = a > mx ? a : mx;
-    }
-    const float s = scale_of(mx);
-    *scale = s;
-    const __m512 vs = _mm512_set1_ps(s);
-    const __m128i vflip = _mm_set1_epi8((char)flip);
-    for (c = 0; c + 16 <= cols; c += 16) {
-        /* the default rounding mode: to nearest, ties to even, as rintf and torch.round */
-        __m512i i = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(x + c), vs));
-        _mm_storeu_si128((__m128i *)(q + c), _mm_xor_si128(_mm512_cvtsepi32_epi8(i), vflip));
-    }
+    mx = _mm512_reduce_max_ps(m);
 #elif defined(__AVX2__)
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 m = _mm256_setzero_ps();
-    int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + c)));
+    for (; c + 8 <= cols; c += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + c)));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-    float mx = _mm_cvtss_f32(h);
+    mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+#endif
     for (; c < cols; c++) {
         float a = fabsf(x[c]);
         mx = a > mx ? a : mx;
     }
     const float s = scale_of(mx);
     *scale = s;
+    c = 0;
+    /* the default rounding mode: to nearest, ties to even, as rintf and torch.round */
+#if defined(__AVX512BW__)
+    const __m512 vs = _mm512_set1_ps(s);
+    for (; c + 16 <= cols; c += 16) {
+        __m512i i = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(x + c), vs));
+        _mm_storeu_si128((__m128i *)(q + c), _mm_xor_si128(_mm512_cvtsepi32_epi8(i), _mm_set1_epi8((char)flip)));
+    }
+#elif defined(__AVX2__)
     const __m256 vs = _mm256_set1_ps(s);
-    const __m128i vflip = _mm_set1_epi8((char)flip);
-    for (c = 0; c + 8 <= cols; c += 8) {
-        const __m256i i = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + c), vs)); /* ties to even */
+    for (; c + 8 <= cols; c += 8) {
+        const __m256i i = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + c), vs));
         const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
-        _mm_storel_epi64((__m128i *)(q + c), _mm_xor_si128(_mm_packs_epi16(w, w), vflip));
+        _mm_storel_epi64((__m128i *)(q + c), _mm_xor_si128(_mm_packs_epi16(w, w), _mm_set1_epi8((char)flip)));
     }
-#else
-    float mx = 0.0f;
-    for (int64_t c = 0; c < cols; c++) {
-        float a = fabsf(x[c]);
-        mx = a > mx ? a : mx;
-    }
-    const float s = scale_of(mx);
-    *scale = s;
-    int64_t c = 0;
 #endif
     for (; c < cols; c++) q[c] = (int8_t)((uint8_t)(int8_t)(int32_t)rintf(x[c] / s) ^ flip);
 }
