@@ -11,6 +11,8 @@
 #   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token, a step under
 #            torch.cuda.set_sync_debug_mode("error"), capture memory bounded, the engine on graphs
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
+#   shapes   the shapes people deploy: random OPUS-MT-base and NLLB-600M models, beam 4, batch 64, 32 steps:
+#            eager, static/graph and Hugging Face float16
 #   compiled the static step through torch.compile's inductor before its graphs, against the eager one's graphs
 #   profile  host time against device time per decode step, eager and static
 #   memory   one replica's device memory (loadtests/replica_memory.py)
@@ -53,7 +55,10 @@ stage() {
     decode) part decode 130 decode.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
               --systems beamserve,beamserve-slots,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 1000 \
               --repeats 2 --out "$out/decode_gpu.md" ;;
-    compiled) part compiled 150 compiled.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
+    shapes) part shapes 120 shapes.txt python3 loadtests/bench_decode.py --device cuda --models base,nllb-600m \
+              --systems beamserve,beamserve-slots,hf --beams 4 --batch-sizes 64 --steps 32 --sentences 256 \
+              --repeats 1 --out "$out/decode_gpu_shapes.md" ;;
+    compiled) part compiled 120 compiled.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
                 --systems beamserve-slots,beamserve-slots-compiled,hf --beams 4 --batch-sizes 64 --sentences 512 \
                 --repeats 1 --out "$out/decode_gpu_compiled.md" ;;
     profile) part profile-eager 30 profile_eager.txt python3 loadtests/profile_decode.py --device cuda
@@ -73,7 +78,7 @@ stage() {
 }
 
 if (($# == 0)); then
-  set -- tests decode compiled profile memory served
+  set -- tests decode shapes compiled profile served memory
 else
   budget=${STAGE_S:-3600}  # parts named: each its own limit
 fi
