@@ -239,22 +239,29 @@ def test_haproxy_s_own_answers_are_lines_in_the_request_log(tmp_path: Path) -> N
             many = {"X-Request-ID": "many-headers", **{f"x-h{i}": "1" for i in range(front.MAX_HEADERS + 5)}}
             fat = httpx.get(f"{url}/download_file/{handle}/notes.txt", headers=many)
             far = httpx.get(f"{url}/v1/models/{'a' * front.MAX_URL_BYTES}", headers={"X-Request-ID": "long-url"})
-            assert (big.status_code, fat.status_code, far.status_code) == (413, 431, 414)
+            # a 5,000-byte request id: the line would pass LOG_LINE_BYTES and arrive cut, no longer JSON
+            long_id = httpx.post(f"{url}/v1/translate", content=b"a" * 6000, headers={"X-Request-ID": "i" * 5000})
+            assert (big.status_code, fat.status_code, far.status_code, long_id.status_code) == (413, 431, 414, 413)
             deadline = time.monotonic() + 10
             while True:
                 lines = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-                if len(lines) >= 3 or time.monotonic() > deadline:
+                if len(lines) >= 4 or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
     finally:
         log.close()
     by_id = {line["request_id"]: line for line in lines}
-    assert set(by_id) == {"too-big", "many-headers", "long-url"}, lines  # each line whole JSON, a long URL's too
+    # each line whole JSON, a long URL's and a long request id's (its first 256 bytes) too
+    assert set(by_id) == {"too-big", "many-headers", "long-url", "i" * 256}, lines
     assert by_id["too-big"]["status"] == 413 and by_id["too-big"]["route"] == "/v1/translate"
     assert by_id["too-big"]["method"] == "POST" and by_id["too-big"]["front"] == "haproxy"
     assert by_id["too-big"]["beamserve"] == "request" and by_id["too-big"]["duration_s"] >= 0
     assert by_id["many-headers"]["status"] == 431 and by_id["long-url"]["status"] == 414
     assert by_id["many-headers"]["route"] == "/download_file/{handle}/{filename}" and handle not in out.read_text()
+    # HAProxy's notices reach the same socket (each reload stops a proxy): no request's line
+    written = out.read_text()
+    log.record(b"Proxy http_frontend stopped (cumulated conns: FE: 1, BE: 0).\n")
+    assert out.read_text() == written
 
 
 @linux_only

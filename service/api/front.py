@@ -176,12 +176,13 @@ def _defaults(limits: Limits) -> str:
 # Every request's JSON line, to the datagram socket at HAProxy's admin socket path + LOG_SOCKET_SUFFIX
 # (and to Serve's log targets, whose own fields are in their structured data): the request's path (its
 # first 512 bytes, so a line over a 16 KB URL stays whole JSON) and method kept for it (a log line cannot
-# read the request), and whether a gateway answered (each of its answers carries Server-Timing,
-# service/api/http.py). service/api/front_log.py reads them.
+# read the request), its request id (the first 256 bytes: a client's X-Request-ID may be 32 KB, and a line
+# past LOG_LINE_BYTES arrives cut, no longer JSON), and whether a gateway answered (each of its answers
+# carries Server-Timing, service/api/http.py). service/api/front_log.py reads them.
 LOG_SOCKET_SUFFIX = ".requests"
 LOG_LINE_BYTES = 4096
 _LOG_FIELDS = (
-    '{"request_id":"%[var(txn.request_id),json(utf8s)]","path":"%[var(txn.path),bytes(0,512),json(utf8s)]",'
+    '{"request_id":"%[var(txn.request_id),bytes(0,256),json(utf8s)]","path":"%[var(txn.path),bytes(0,512),json(utf8s)]",'
     '"method":"%[var(txn.method),json(utf8s)]","status":%ST,"duration_ms":%Ta,"termination":"%ts",'
     '"gateway":"%[var(txn.gateway)]"}'
 )

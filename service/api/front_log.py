@@ -59,7 +59,10 @@ class FrontLog:
                 logger.exception("HAProxy's log line could not be written: %r", data[:200])
 
     def record(self, data: bytes) -> None:
-        """Write the line in `data` unless a gateway answered it (and so logged it itself)."""
+        """Write the line in `data` unless a gateway answered it (and so logged it itself), or it is not a
+        request's: HAProxy sends its own notices to every log target too (a proxy stopped at a reload)."""
+        if not data.startswith(b"{"):
+            return
         try:
             line = orjson.loads(data.strip())
         except orjson.JSONDecodeError:
