@@ -34,7 +34,7 @@ def stepper(B: int, K: int) -> CachedStepper:
         decoder_attention_heads=2,
         encoder_ffn_dim=32,
         decoder_ffn_dim=32,
-        max_position_embeddings=32,
+        max_position_embeddings=64,
         pad_token_id=23,
         decoder_start_token_id=23,
     )
@@ -122,8 +122,8 @@ def test_cpu_cross_cache_keeps_its_keys_through_select_extend_trim(attention: st
     cross = st.cross
     assert st.cache.lineage is None if attention == "torch" else st.cache.lineage is not None
     # Sources are padded to layers.attended_keys: at least ceil(NAIVE_BMM_MACS / (2 x D)) = 25 positions,
-    # a multiple of 4 (Seq2Seq.cross_cache).
-    least = 28
+    # a multiple of 16 (Seq2Seq.cross_cache).
+    least = 32
     assert cross.padded and cross.src_mask.shape[-1] == least and bool((~cross.src_mask[..., 5:]).all())
     # PyTorch's batched matmul reads keys (B, H, D, S) faster; the C kernel reads (B, H, S, D).
     assert cross.keys_transposed == (attention == "torch")
@@ -133,12 +133,12 @@ def test_cpu_cross_cache_keeps_its_keys_through_select_extend_trim(attention: st
         torch.ones(1, 3, dtype=torch.bool),
     )
     long = st.model.cross_cache(
-        st.model.encode(torch.randint(0, 23, (1, 30)), torch.ones(1, 30, dtype=torch.bool)),
-        torch.ones(1, 30, dtype=torch.bool),
+        st.model.encode(torch.randint(0, 23, (1, 40)), torch.ones(1, 40, dtype=torch.bool)),
+        torch.ones(1, 40, dtype=torch.bool),
     )
     cross.extend(short)
-    cross.extend(long)  # 30 source positions, padded to 32
-    assert cross.keys(0).shape == (5, 2, 32, 8)
+    cross.extend(long)  # 40 source positions, padded to 48
+    assert cross.keys(0).shape == (5, 2, 48, 8)
     torch.testing.assert_close(cross.keys(0)[3, :, :least], short.keys(0)[0])
     assert bool((cross.keys(0)[3, :, least:] == 0).all()) and not cross.src_mask[3, ..., 3:].any()
     cross.select(torch.tensor([3]))  # only the short sentence: trim drops the padding past the least

@@ -1,4 +1,7 @@
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -125,6 +128,34 @@ def test_cross_step_attention_gives_a_sentence_the_same_bits_beside_more_beams_a
         vb = torch.cat([F.pad(v, (0, 0, 0, longest - keys)), torch.randn(3, 4, longest, 64)])
         mask = (torch.arange(longest) < torch.tensor([keys, longest, longest, longest])[:, None])[:, None, None, :]
         assert torch.equal(step_attention(qb, kb, vb, mask, cross=True)[:1, :, :beams], alone), (widest, longest)
+
+
+MKL_AVX2 = """
+import torch
+import torch.nn.functional as F
+from model.nn.layers import step_attention
+
+torch.manual_seed(0)
+for beams in (1, 4, 8):
+    for keys in range(1, 41):
+        q, k, v = torch.randn(1, 4, beams, 64), torch.randn(1, 4, keys, 64), torch.randn(1, 4, keys, 64)
+        alone = step_attention(q, k, v, None, cross=True)
+        for longest in (keys + 3, keys + 9, 48):
+            kb = torch.cat([F.pad(k, (0, 0, 0, longest - keys)), torch.randn(3, 4, longest, 64)])
+            vb = torch.cat([F.pad(v, (0, 0, 0, longest - keys)), torch.randn(3, 4, longest, 64)])
+            qb = torch.cat([q, torch.randn(3, 4, beams, 64)])
+            mask = (torch.arange(longest) < torch.tensor([keys, longest, longest, longest])[:, None])[:, None, None, :]
+            assert torch.equal(step_attention(qb, kb, vb, mask, cross=True)[:1], alone), (beams, keys, longest)
+print("padding-blind")
+"""
+
+
+def test_step_attention_is_padding_blind_in_mkls_avx2_kernels_too() -> None:
+    # MKL picks its batched GEMM's kernels by the CPU: without AVX-512 (or held to AVX2, as here) 4 or 8 query rows
+    # against 4 or 8 keys past a multiple of 16 took another kernel than against more keys (layers.KEY_MULTIPLE)
+    env = {**os.environ, "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    out = subprocess.run([sys.executable, "-c", MKL_AVX2], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "padding-blind", out.stderr[-3000:]
 
 
 @torch.inference_mode()

@@ -75,15 +75,17 @@ def _batched_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # A decode step's attention on CPU sums each query row in an order that does not depend on its batch (how
 # many key positions the batch pads to, how many rows) only while every batch takes the same kernel of
 # ATen's batched GEMM (MKL). MKL picks kernels by the matrix shape, differently by CPU: a lone query row
-# would be a matrix-vector product, below NAIVE_BMM_MACS ATen multiplies in a scalar loop, and on AMD's
+# would be a matrix-vector product, below NAIVE_BMM_MACS ATen multiplies in a scalar loop, on AMD's
 # Zen 4, 2-3 query rows, 4 and more, a key count that is not a multiple of 4, and fewer than 12 keys
-# beside 4 or more rows each take a kernel of their own. So a step's shapes are canonical: self-attention
+# beside 4 or more rows each take a kernel of their own, and in MKL's AVX2 kernels (MKL_ENABLE_INSTRUCTIONS=
+# AVX2, as on CPUs without AVX-512) 4 or 8 query rows against 4 or 8 keys past a multiple of 16 take another
+# than against more keys. So a step's shapes are canonical: self-attention
 # queries (one a row) come MIN_QUERIES to a matrix (zero rows beside them), cross-attention queries (a
 # sentence's beams, whose count varies within a continuous batch) a multiple of CROSS_QUERY_MULTIPLE, and
 # keys number a multiple of KEY_MULTIPLE, at least least_keys(D) (masked ones after the real ones).
 MIN_QUERIES = 2
 CROSS_QUERY_MULTIPLE = 4
-KEY_MULTIPLE = 4
+KEY_MULTIPLE = 16
 LEAST_KEYS = 12
 
 
