@@ -37,7 +37,7 @@ FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
 X86 = platform.machine() in ("x86_64", "AMD64")
 # (BEAMSERVE_LEVEL, compiler flags) of each build in the library.
 LEVELS = [(1, []), (3, ["-march=x86-64-v3"]), (4, ["-march=x86-64-v4"])] if X86 else [(1, [])]
-DEPENDS = [f"model/kernels/csrc/{name}.h" for name in ("vec16", "quantize", "level", "sublayers")]
+DEPENDS = [f"model/kernels/csrc/{name}.h" for name in ("vec16", "vreg", "quantize", "level", "sublayers")]
 NAME = "model.kernels._native"
 
 

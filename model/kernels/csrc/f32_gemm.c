@@ -15,9 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "vreg.h"
 
 #define PANEL 16
 #define MR 6 /* rows a tile: 6 x 4 accumulators, 4 weight vectors and a broadcast in AVX-512's 32 registers */
@@ -172,72 +170,37 @@ int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, cons
  * and 1 - that for positive x; exp(y) as 2 * 2^(n - 1) * p(r) with n = floor(y log2(e) + 1/2), r = y - n ln2 (one
  * fused multiply-add), p a degree-5 polynomial evaluated by fused multiply-adds, 0 below ln(FLT_MIN). With the C
  * GEMM's sums (beamserve_f32_linear) it gives oneDNN's fused linear-and-swish, which model/kernels/f32_gemm.py
- * checks before it serves a shape (AVX2 with FMA: 8 lanes at a time). Returns 0; -1 where this build has no
- * kernel. */
+ * checks before it serves a shape (AVX2 with FMA: 8 lanes at a time, vreg.h's operations either way). Returns 0;
+ * -1 where this build has no kernel. */
+#if defined(WIDE)
+static inline vf swish(vf v) {
+    vf y = MINUS_ABS(v);
+    const vcond tiny = BELOW(y, BITS(0xc2aeac50)); /* ln(FLT_MIN) */
+    y = MAX(MIN(y, BITS(0x42b0c0a5)), BITS(0xc2aeac50));
+    vf fx = FLOOR(ADD(MUL(y, BITS(0x3fb8aa3b)), SET1(0.5f))); /* log2(e) */
+    const vf r = FNMA(fx, BITS(0x3f317218), y);                /* ln 2 */
+    fx = SUB(fx, SET1(1.0f));
+    const vf e2 = ZERO_WHERE(tiny, EXPONENT(INT_ADD(TO_INT(fx), INT_SET1(127))));
+    vf p = FMA(BITS(0x3c07cfce), r, BITS(0x3d2b9d0d));
+    p = FMA(p, r, BITS(0x3e2aad40));
+    p = FMA(p, r, BITS(0x3efffee3));
+    p = FMA(p, r, BITS(0x3f7ffffb));
+    p = FMA(p, r, SET1(1.0f));
+    const vf e = MUL(MUL(p, e2), SET1(2.0f));
+    const vf l = DIV(e, ADD(e, SET1(1.0f)));
+    return MUL(WHERE(SIGN_SET(v), SUB(SET1(1.0f), l), l), v); /* logistic: l where x < 0 */
+}
+#endif
+
 int beamserve_f32_swish(float *x, int64_t n) {
-#if defined(__AVX512F__)
-    const __m512 ln_min = _mm512_castsi512_ps(_mm512_set1_epi32(0xc2aeac50)), ln_max = _mm512_castsi512_ps(_mm512_set1_epi32(0x42b0c0a5));
-    const __m512 log2e = _mm512_castsi512_ps(_mm512_set1_epi32(0x3fb8aa3b)), ln2 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3f317218));
-    const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f), two = _mm512_set1_ps(2.0f);
-    const __m512 p1 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3f7ffffb)), p2 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3efffee3));
-    const __m512 p3 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3e2aad40)), p4 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3d2b9d0d));
-    const __m512 p5 = _mm512_castsi512_ps(_mm512_set1_epi32(0x3c07cfce));
-    const __m512i sign = _mm512_set1_epi32((int)0x80000000);
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        const __mmask16 negative = _mm512_test_epi32_mask(_mm512_castps_si512(v), sign);
-        __m512 y = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign)); /* -|x| */
-        const __mmask16 tiny = _mm512_cmp_ps_mask(y, ln_min, _CMP_LT_OS);
-        y = _mm512_max_ps(_mm512_min_ps(y, ln_max), ln_min);
-        __m512 fx = _mm512_floor_ps(_mm512_add_ps(_mm512_mul_ps(y, log2e), half));
-        const __m512 r = _mm512_fnmadd_ps(fx, ln2, y);
-        fx = _mm512_sub_ps(fx, one);
-        __m512i e2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-        e2 = _mm512_maskz_mov_epi32((__mmask16)~tiny, e2);
-        __m512 p = _mm512_fmadd_ps(p5, r, p4);
-        p = _mm512_fmadd_ps(p, r, p3);
-        p = _mm512_fmadd_ps(p, r, p2);
-        p = _mm512_fmadd_ps(p, r, p1);
-        p = _mm512_fmadd_ps(p, r, one);
-        const __m512 e = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(e2)), two);
-        const __m512 l = _mm512_div_ps(e, _mm512_add_ps(e, one));
-        const __m512 logistic = _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, l), l);
-        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(logistic, v));
-    }
-    return 0;
-#elif defined(__AVX2__) && defined(__FMA__)
-    /* The same steps 8 lanes at a time, masks as blends (oneDNN's AVX2 injector computes it so). */
-    const __m256 ln_min = _mm256_castsi256_ps(_mm256_set1_epi32((int)0xc2aeac50)), ln_max = _mm256_castsi256_ps(_mm256_set1_epi32(0x42b0c0a5));
-    const __m256 log2e = _mm256_castsi256_ps(_mm256_set1_epi32(0x3fb8aa3b)), ln2 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3f317218));
-    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.0f);
-    const __m256 p1 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3f7ffffb)), p2 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3efffee3));
-    const __m256 p3 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3e2aad40)), p4 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3d2b9d0d));
-    const __m256 p5 = _mm256_castsi256_ps(_mm256_set1_epi32(0x3c07cfce));
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000));
-    for (int64_t i = 0; i < n; i += 8) {
-        float lanes[8] = {0};
-        const int64_t count = n - i < 8 ? n - i : 8;
-        memcpy(lanes, x + i, (size_t)count * sizeof(float));
-        const __m256 v = _mm256_loadu_ps(lanes);
-        __m256 y = _mm256_or_ps(v, sign); /* -|x| */
-        const __m256 tiny = _mm256_cmp_ps(y, ln_min, _CMP_LT_OS);
-        y = _mm256_max_ps(_mm256_min_ps(y, ln_max), ln_min);
-        __m256 fx = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(y, log2e), half));
-        const __m256 r = _mm256_fnmadd_ps(fx, ln2, y);
-        fx = _mm256_sub_ps(fx, one);
-        __m256i e2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-        e2 = _mm256_andnot_si256(_mm256_castps_si256(tiny), e2);
-        __m256 p = _mm256_fmadd_ps(p5, r, p4);
-        p = _mm256_fmadd_ps(p, r, p3);
-        p = _mm256_fmadd_ps(p, r, p2);
-        p = _mm256_fmadd_ps(p, r, p1);
-        p = _mm256_fmadd_ps(p, r, one);
-        const __m256 e = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e2)), two);
-        const __m256 l = _mm256_div_ps(e, _mm256_add_ps(e, one));
-        const __m256 logistic = _mm256_blendv_ps(_mm256_sub_ps(one, l), l, v); /* l where x's sign bit is set */
-        _mm256_storeu_ps(lanes, _mm256_mul_ps(logistic, v));
-        memcpy(x + i, lanes, (size_t)count * sizeof(float));
+#if defined(WIDE)
+    int64_t i = 0;
+    for (; i + WIDE <= n; i += WIDE) STOREU(x + i, swish(LOADU(x + i)));
+    if (i < n) { /* the last lanes, zeros past n */
+        float lanes[WIDE] = {0};
+        memcpy(lanes, x + i, (size_t)(n - i) * sizeof(float));
+        STOREU(lanes, swish(LOADU(lanes)));
+        memcpy(x + i, lanes, (size_t)(n - i) * sizeof(float));
     }
     return 0;
 #else

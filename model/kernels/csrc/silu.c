@@ -12,9 +12,7 @@
 #include "level.h"
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "vreg.h"
 
 #define LOG2E 1.442695040888963407359924681001892137426645954152985934135449406931f
 #define LN2_HI 0.693145751953125f
@@ -26,53 +24,8 @@
 #define P1 0.166666671633720397949219f
 #define P0 0.5f
 
-/* One vector's lanes at the build's width: its type and the operations the exponential takes, so it is written once. */
-#if defined(__AVX512F__)
-#define WIDE 16
-typedef __m512 vf;
-typedef __m512i vi;
-#define SET1(c) _mm512_set1_ps(c)
-#define MUL _mm512_mul_ps
-#define ADD _mm512_add_ps
-#define DIV _mm512_div_ps
-#define FMA _mm512_fmadd_ps
-#define TO_INT _mm512_cvtps_epi32
-#define TO_FLOAT _mm512_cvtepi32_ps
-#define INT_ADD _mm512_add_epi32
-#define INT_SUB _mm512_sub_epi32
-#define INT_SET1 _mm512_set1_epi32
-#define HALF_OF(q) _mm512_srai_epi32(q, 1)
-#define EXPONENT(q) _mm512_castsi512_ps(_mm512_slli_epi32(q, 23))
-#define NEGATE(v) _mm512_xor_ps(v, _mm512_set1_ps(-0.0f))
-#define LOADU _mm512_loadu_ps
-#define STOREU _mm512_storeu_ps
 /* 0 where d < -104, infinity where d > 100, u elsewhere */
-#define CUT(u, d)                                                                                                 \
-    _mm512_mask_mov_ps(_mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(d, SET1(-104.0f), _CMP_LT_OQ), u),               \
-                       _mm512_cmp_ps_mask(SET1(100.0f), d, _CMP_LT_OQ), SET1(INFINITY))
-#elif defined(__AVX2__) && defined(__FMA__)
-#define WIDE 8
-typedef __m256 vf;
-typedef __m256i vi;
-#define SET1(c) _mm256_set1_ps(c)
-#define MUL _mm256_mul_ps
-#define ADD _mm256_add_ps
-#define DIV _mm256_div_ps
-#define FMA _mm256_fmadd_ps
-#define TO_INT _mm256_cvtps_epi32
-#define TO_FLOAT _mm256_cvtepi32_ps
-#define INT_ADD _mm256_add_epi32
-#define INT_SUB _mm256_sub_epi32
-#define INT_SET1 _mm256_set1_epi32
-#define HALF_OF(q) _mm256_srai_epi32(q, 1)
-#define EXPONENT(q) _mm256_castsi256_ps(_mm256_slli_epi32(q, 23))
-#define NEGATE(v) _mm256_xor_ps(v, _mm256_set1_ps(-0.0f))
-#define LOADU _mm256_loadu_ps
-#define STOREU _mm256_storeu_ps
-#define CUT(u, d)                                                                                                 \
-    _mm256_blendv_ps(_mm256_andnot_ps(_mm256_cmp_ps(d, SET1(-104.0f), _CMP_LT_OQ), u), SET1(INFINITY),          \
-                     _mm256_cmp_ps(SET1(100.0f), d, _CMP_LT_OQ))
-#endif
+#define CUT(u, d) WHERE(BELOW(SET1(100.0f), d), ZERO_WHERE(BELOW(d, SET1(-104.0f)), u), SET1(INFINITY))
 
 #if defined(WIDE)
 #define PAIR (2 * WIDE)
