@@ -217,7 +217,13 @@ def sweep(
     # decodes on its own thread, and several threads running the model slow all of them down
     # (OpenMP thread teams, see Translator.load and bench_threads.py).
     configs = {name: batching_config(name, sizes_device(args)) for name in names}
-    engine = Engine(tr, configs[names[0]], max_length=256, static_slots=args.static_slots)
+    engine = Engine(
+        tr,
+        configs[names[0]],
+        max_length=256,
+        static_slots=args.static_slots or args.compiled_step,
+        compiled_step=args.compiled_step,
+    )
     runs: list[Probe] = []
     capacities: list[Capacity] = []
 
@@ -285,6 +291,8 @@ def cells(runs: list[Probe]) -> dict[str, list[Probe]]:
 
 def device_text(args: argparse.Namespace) -> str:
     path = "; continuous mode on the static decode state" if getattr(args, "static_slots", False) else ""
+    if getattr(args, "compiled_step", False):
+        path = "; continuous mode on the static decode state, its step compiled by inductor"
     if args.device == "cpu":
         return f"CPU, {args.threads} threads{path}"
     import torch
@@ -417,6 +425,12 @@ def main() -> None:
         "--static-slots",
         action="store_true",
         help="continuous mode on the static decode state (CUDA graphs on a GPU), as Settings.static_slots",
+    )
+    ap.add_argument(
+        "--compiled-step",
+        action="store_true",
+        help="the static decode state's step compiled by inductor before serving, as Settings.compiled_step "
+        "(implies --static-slots)",
     )
     ap.add_argument(
         "--capacity-sentences",

@@ -17,6 +17,7 @@
 #   profile  host time against device time per decode step, eager and static
 #   memory   one replica's device memory (loadtests/replica_memory.py)
 #   served   the engine under open-loop arrivals on the static decode state (bench_batching)
+#   served-compiled  the same with the state's step compiled by inductor (Settings.compiled_step)
 #
 # Wheels. The machine lacks ctranslate2, pytest and pydantic (and Ray, whose wheel is over the device
 # tool's 64 MiB carry: the served part drives the engine a replica runs, without HTTP). Before the call:
@@ -67,6 +68,10 @@ stage() {
     served) part served 120 served.txt python3 loadtests/bench_batching.py --device cuda --static-slots \
               --configs continuous --duration 3 --repeats 1 --bisect 0 --capacity-sentences 512 \
               --rates 256,512,1024,1536,2048 --out "$out/batching_gpu_static.md" ;;
+    served-compiled) part served-compiled 180 served_compiled.txt python3 loadtests/bench_batching.py --device cuda \
+                       --compiled-step --configs continuous --duration 3 --repeats 1 --bisect 0 \
+                       --capacity-sentences 512 --rates 256,512,1024,1536,2048,3072 \
+                       --out "$out/batching_gpu_compiled.md" ;;
     batching) part batching 300 batching.txt python3 loadtests/bench_batching.py --device cuda --duration 5 \
                 --repeats 1 --rates 8,16,32,64,96,128,192,256,320,384,512,640,768,1024,1280,1536,2048 \
                 --out "$out/batching_gpu.md" ;;

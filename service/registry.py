@@ -48,6 +48,7 @@ ENTRY_SETTINGS = {
     "replica_cpus",
     "replica_gpus",
     "static_slots",
+    "compiled_step",
     "allocator",
     "mode",
     "max_batch_tokens",

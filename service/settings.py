@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.options import COMPUTE_TYPES
@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     # Continuous batching on the static decode state, CUDA graphs replayed on a GPU (service/engine/slot_runner.py).
     # Unset: on a GPU, off on a CPU (uses_static_slots).
     static_slots: bool | None = None
+    # The static decode state's step through torch.compile's inductor (model/decode/slot_decoder.py), every
+    # bucket compiled before the replica is ready; on implies static_slots.
+    compiled_step: bool = False
     compute_type: ComputeTypeName | None = None  # CTranslate2's names (model/kernels/compute_type.py); not with dtype
     # Each model's engine in a process of its own (service/engine/engine_process.py), away from the GIL of the
     # replica's event loop; false: a thread of the replica's process. Unset: uses_engine_process.
@@ -114,6 +117,12 @@ class Settings(BaseSettings):
     alone_max_sentences: int = BatchingConfig.alone_max_sentences
     max_queue_wait_s: float = BatchingConfig.max_queue_wait_s
 
+    @model_validator(mode="after")
+    def _compiled_step_on_static_slots(self) -> Settings:
+        if self.compiled_step and self.static_slots is False:
+            raise ValueError("compiled_step compiles the static decode state's step: it needs static_slots")
+        return self
+
     def entries(self) -> list[ModelEntry]:
         """The models to serve (service/registry.py); ValueError says what is wrong."""
         return registry.entries(self.models, self.model_registry)
@@ -124,8 +133,11 @@ class Settings(BaseSettings):
 
     def uses_static_slots(self, device_type: str) -> bool:
         """static_slots, or unset: on a GPU, where replaying the step's graphs decodes faster than the eager
-        decoder; off on a CPU, where the static state decodes slower (docs/benchmarks.md has both)."""
-        return self.static_slots if self.static_slots is not None else device_type == "cuda"
+        decoder; off on a CPU, where the static state decodes slower (docs/benchmarks.md has both). compiled_step
+        compiles that state's step, so it turns it on."""
+        if self.static_slots is not None:
+            return self.static_slots
+        return device_type == "cuda" or self.compiled_step
 
     def uses_engine_process(self, entry: ModelEntry) -> bool:
         """engine_process, or unset: for every model but a pooled one, which loads on demand (a process would add

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
 import threading
@@ -10,12 +11,16 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
+from pydantic import ValidationError
 
 from model import DecodeOptions, Translator
 from model.decode.search import Hypothesis
 from service.batching import BatchingConfig
 from service.engine.engine import Engine, RequestTiming
 from service.engine.scheduler import DeadlineExceededError, QueueFullError, RequestTooLargeError
+from service.engine.slot_runner import SlotStepRunner
+from service.settings import Settings
 from tests.conftest import read_lines, until, wait_for
 
 LONG = (
@@ -297,6 +302,48 @@ def test_static_slots_serve_mixed_requests_as_each_decodes_alone(slot_engine: En
     runner = slot_engine.step_runner
     assert runner.rows == 0 and runner.pool.busy == 0 and slot_engine.active == 0
     assert sum(o.beam_size == 4 for _, _, o in arrivals) > 5  # the pool was used
+
+
+@pytest.mark.slow
+def test_the_compiled_step_serves_mixed_requests_as_each_decodes_alone(reference: Translator) -> None:
+    """Settings.compiled_step: the pool's step through inductor, every bucket compiled before the engine takes a
+    request (some 45 s on two cores); then the same tokens as decoding alone, scores within rounding."""
+    from torch._dynamo.utils import counters
+
+    e = Engine(
+        Translator.load("en-de", "cpu", num_threads=1),
+        BatchingConfig(decode_slots=16, max_queue_wait_s=UNREFUSED),
+        max_length=16,  # one target bucket: two graphs to compile (sources within and at the longest bucket)
+        static_slots=True,
+        compiled_step=True,
+    )
+    try:
+        runner = e.step_runner
+        assert isinstance(runner, SlotStepRunner) and runner.pool._compiled is not None
+        compiled = counters["stats"]["unique_graphs"]
+        assert compiled >= 1  # prepare() compiled
+        arrivals = [(d, ids[:30], o) for d, ids, o in jobs(reference, 16, seed=7)]
+        arrivals = [(d, ids, dataclasses.replace(o, max_decoding_length=16)) for d, ids, o in arrivals]
+        results = asyncio.run(send(e, arrivals))
+        assert counters["stats"]["unique_graphs"] == compiled  # no bucket compiled while serving
+        assert sum(o.beam_size == 4 for _, _, o in arrivals) >= 3  # the pool was used
+        before = {name: t.clone() for name, t in runner.pool.state.tensors().items()}
+        runner.pool.prepare()  # steps every bucket, the state put back as it was
+        assert all(torch.equal(t, before[name]) for name, t in runner.pool.state.tensors().items())
+    finally:
+        e.close()
+    for (_, ids, opts), got in zip(arrivals, results, strict=True):
+        alone = reference.decode_batch([ids], opts)[0]
+        assert [h.tokens for h in got] == [h.tokens for h in alone], opts
+        assert [h.score for h in got] == pytest.approx([h.score for h in alone], abs=1e-4)
+
+
+def test_the_compiled_step_needs_the_static_decode_state(reference: Translator) -> None:
+    with pytest.raises(ValueError, match="needs static_slots"):
+        Engine(reference, BatchingConfig(), compiled_step=True)
+    with pytest.raises(ValidationError, match="needs static_slots"):
+        Settings(compiled_step=True, static_slots=False)
+    assert Settings(compiled_step=True).uses_static_slots("cpu")
 
 
 @pytest.mark.cuda

@@ -26,7 +26,7 @@ CONFIG = BatchingConfig(decode_slots=64, max_queue=256, max_queue_wait_s=math.in
 
 
 def spec(path: str = "en-de", config: BatchingConfig = CONFIG) -> HostSpec:
-    return HostSpec(path, "cpu", None, None, 1, config, 256, False, ("A dog runs.", None), 60.0)
+    return HostSpec(path, "cpu", None, None, 1, config, 256, False, False, ("A dog runs.", None), 60.0)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ are never rebound, so the graphs keep reading them.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,6 +80,8 @@ class SlotDecoder:
         self._side = torch.cuda.Stream() if cuda else None  # type: ignore[no-untyped-call]  # reads results
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] | None = {} if graphs else None
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
+        if compiled and (missing := _compiler_missing(device)):
+            raise RuntimeError(f"compiling the decode step: {missing}")
         # One graph dynamic in the buckets' lengths (the step's only Python numbers) serves every bucket.
         self._compiled = torch.compile(decode_step, fullgraph=True, dynamic=True) if compiled else None
 
@@ -278,6 +282,17 @@ class SlotDecoder:
                 self._run(*step)
         self._graphs[(t_len, p_len)] = graph
         return graph
+
+
+def _compiler_missing(device: torch.device) -> str | None:
+    """What inductor lacks on this host to build its kernels, or None: a C++ compiler for CPU kernels, a C
+    compiler for Triton's launchers on CUDA (found as each finds its own)."""
+    if device.type == "cuda":
+        found = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+        return None if found else "Triton needs a C compiler (gcc or clang on PATH, or CC) and this host has none"
+    if not shutil.which(os.environ.get("CXX", "g++")):  # inductor's config.cpp.cxx
+        return "inductor needs a C++ compiler (g++ on PATH, or CXX) and this host has none"
+    return None
 
 
 def _bucket(n: int, cap: int) -> int:

@@ -281,11 +281,14 @@ class Engine:
         *,
         max_length: int | None = None,
         static_slots: bool = False,
+        compiled_step: bool = False,
     ) -> None:
         """max_length: the longest output any request may ask for (sizes continuous mode's buffers); static_slots:
-        continuous mode on the static decode state (service/engine/slot_runner.py; CUDA graphs on a GPU)."""
+        continuous mode on the static decode state (service/engine/slot_runner.py; CUDA graphs on a GPU), its step
+        compiled by inductor where compiled_step (every bucket before the constructor returns)."""
         self.translator = translator
         self.static_slots = static_slots
+        self.compiled_step = compiled_step
         self.max_length = min(max_length or 10**9, translator.model.cfg.max_position_embeddings)
         self.observer = observer
         self.config = config
@@ -352,11 +355,7 @@ class Engine:
         return items
 
     async def translate(
-        self,
-        sources: list[list[int]],
-        opts: DecodeOptions,
-        timeout_s: float,
-        timing: RequestTiming | None = None,
+        self, sources: list[list[int]], opts: DecodeOptions, timeout_s: float, timing: RequestTiming | None = None
     ) -> list[list[Hypothesis]]:
         """Decode one request's sources; cancelling the awaiting task withdraws its sentences, queued or
         running. `timing`, when given, is filled in with the request's queue wait and decode time."""
@@ -512,7 +511,7 @@ class Engine:
             self.observer.on_generated(generated)
 
     def _fresh_runner(self) -> StepRunner | SlotStepRunner:
-        return step_runner_for(self.translator, self.config, self.max_length, static_slots=self.static_slots)
+        return step_runner_for(self.translator, self.config, self.max_length, self.static_slots, self.compiled_step)
 
     def _sync(self, *, idle: bool = False) -> float | None:
         if self.observer is None:
@@ -523,13 +522,18 @@ class Engine:
 
 
 def step_runner_for(
-    translator: Translator, config: BatchingConfig, max_length: int, *, static_slots: bool
+    translator: Translator, config: BatchingConfig, max_length: int, static_slots: bool, compiled: bool = False
 ) -> StepRunner | SlotStepRunner:
-    """Continuous mode's runner: on the static decode state (CUDA graphs replayed on a GPU), or InflightBatch."""
+    """Continuous mode's runner: on the static decode state (CUDA graphs replayed on a GPU; its step compiled
+    where `compiled`), or InflightBatch."""
+    if compiled and not static_slots:
+        raise ValueError("compiled_step compiles the static decode state's step: it needs static_slots")
     if static_slots:
         graphs = translator.device.type == "cuda"
         beams = DecodeOptions().beam_size  # the pool hosts the default beam; other beams decode beside it
-        return SlotStepRunner(translator, config.decode_slots, max_length, beams=beams, graphs=graphs)
+        return SlotStepRunner(
+            translator, config.decode_slots, max_length, beams=beams, graphs=graphs, compiled=compiled
+        )
     return StepRunner(translator, config.decode_slots, max_length)
 
 

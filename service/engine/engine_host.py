@@ -55,6 +55,7 @@ class HostSpec:
     config: BatchingConfig
     max_length: int
     static_slots: bool
+    compiled_step: bool
     warm_up: tuple[str, str | None]  # a source text as the model takes it, and its language (NLLB's), or None
     stall_s: float  # a turn this long with work waiting: the engine is wedged
 
@@ -174,7 +175,13 @@ class Host:
         self.translator = Translator.load(
             spec.path, spec.device, dtype=spec.dtype, compute_type=spec.compute_type, num_threads=spec.threads
         )
-        self.engine = Engine(self.translator, spec.config, max_length=spec.max_length, static_slots=spec.static_slots)
+        self.engine = Engine(
+            self.translator,
+            spec.config,
+            max_length=spec.max_length,
+            static_slots=spec.static_slots,
+            compiled_step=spec.compiled_step,
+        )
         text, lang = spec.warm_up
         warm_up(self.engine, [self.translator.encode(text, lang=lang)])
         self.engine.observer = Relay(self)  # the warm-up is not traffic

@@ -53,14 +53,14 @@ class ServedModel:
         self.pair = entry.name  # the metrics' pair label: the model's name (its one pair, most often)
         device = torch.device(s.device) if s.device is not None else default_device()  # as Translator.load's
         config = sized_for(device.type, s.model_dump())
-        static_slots = s.uses_static_slots(device.type)
+        static_slots, compiled = s.uses_static_slots(device.type), s.compiled_step
         source, target = entry.pairs[0].split("-")
         warm = (self._source(target, WARMUP), entry.language_tokens.get(source) if entry.language_tokens else None)
         self.engine: Engine | EngineProcess
         if s.uses_engine_process(entry):
             spec = HostSpec(
                 entry.path, str(device), s.dtype, s.compute_type, threads, config, s.max_decoding_length,
-                static_slots, warm, HEALTH_STALL_S,
+                static_slots, compiled, warm, HEALTH_STALL_S,
             )  # fmt: skip
             self.engine = EngineProcess(spec)
             self.facts = self.engine.facts
@@ -69,7 +69,9 @@ class ServedModel:
             translator = Translator.load(
                 entry.path, device, dtype=s.dtype, compute_type=s.compute_type, num_threads=threads
             )
-            self.engine = Engine(translator, config, max_length=s.max_decoding_length, static_slots=static_slots)
+            self.engine = Engine(
+                translator, config, max_length=s.max_decoding_length, static_slots=static_slots, compiled_step=compiled
+            )
             # Warm up on the engine's thread, the only one that runs the model (Translator.load says why).
             warm_up(self.engine, [translator.encode(warm[0], lang=warm[1])])
             self.facts = ModelFacts.of(translator)
@@ -87,13 +89,14 @@ class ServedModel:
         self.metrics.capacity = (config.max_queue, config.decode_slots)
         # What this replica computes with, in its log (each int8 weight shape's GEMM: model/kernels/int8_choice.py).
         logger.info(
-            "%s: licence %s; %s, %s; C kernels %s; continuous batching on %s; the engine %s",
+            "%s: licence %s; %s, %s; C kernels %s; continuous batching on %s%s; the engine %s",
             entry.name,
             facts.licence or "not named by its model card",
             facts.device_type,
             facts.compute_type,
             facts.kernels,
             "the static decode state" if static_slots else "the in-flight batch",
+            ", its step compiled" if compiled else "",
             f"in process {self.engine.process.pid}" if isinstance(self.engine, EngineProcess) else "in this process",
         )
         self.engine.observer = self.metrics  # the warm-up is not traffic

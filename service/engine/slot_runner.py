@@ -23,7 +23,11 @@ class SlotPoolError(RuntimeError):
 class SlotStepRunner:
     """The pool (decode_slots // beams slots of `beams` beams) plus an InflightBatch for the rest."""
 
-    def __init__(self, translator: Translator, slots: int, max_length: int, *, beams: int, graphs: bool) -> None:
+    def __init__(
+        self, translator: Translator, slots: int, max_length: int, *, beams: int, graphs: bool, compiled: bool = False
+    ) -> None:
+        """compiled: the pool's step through torch.compile's inductor, every bucket compiled (and on a GPU
+        captured) here, so no request waits on a compilation."""
         self.translator = translator
         self.batch = InflightBatch(translator.model, rows=slots, max_length=max_length)
         shape = PoolShape(
@@ -32,7 +36,9 @@ class SlotStepRunner:
             target_len=self.batch.max_length,
             source_len=translator.max_source_tokens,
         )
-        self.pool = SlotDecoder(translator.model, shape, device=translator.device, graphs=graphs)
+        self.pool = SlotDecoder(translator.model, shape, device=translator.device, graphs=graphs, compiled=compiled)
+        if compiled:
+            self.pool.prepare()
         # On a GPU the host reads a step's finished sentences while the next step runs.
         self.lag = 1 if translator.device.type == "cuda" else 0
         self.seq_of: dict[int, int] = {}  # pool slot -> the sentence's seq
