@@ -8,7 +8,8 @@
 #   bash loadtests/gpu_run.sh batching packing cudnn   # the longer benchmarks, for a machine held longer
 #
 # Parts, each with its own time limit, cut to what is left of STAGE_S (410 s) and skipped under 20 s:
-#   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token, a step under
+#   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token (the compiled
+#            step's graphs too), a step under
 #            torch.cuda.set_sync_debug_mode("error"), capture memory bounded, the engine on graphs
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
 #   shapes   the shapes people deploy: random OPUS-MT-base and NLLB-600M models, beam 4, batch 64, 32 steps:
@@ -51,7 +52,7 @@ part() {
 
 stage() {
   case $1 in
-    tests) part tests 110 pytest.txt python3 -m pytest -q -rA -s -p no:cacheprovider -o addopts="" -m cuda \
+    tests) part tests 150 pytest.txt python3 -m pytest -q -rA -s -p no:cacheprovider -o addopts="" -m cuda \
              tests/test_cuda.py tests/test_slots.py tests/test_engine.py ;;
     decode) part decode 130 decode.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
               --systems beamserve,beamserve-slots,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 1000 \

@@ -338,6 +338,22 @@ def test_the_compiled_step_serves_mixed_requests_as_each_decodes_alone(reference
         assert [h.score for h in got] == pytest.approx([h.score for h in alone], abs=1e-4)
 
 
+@pytest.mark.cuda
+def test_the_compiled_step_replayed_as_cuda_graphs_serves_mixed_requests_as_each_decodes_alone() -> None:
+    """The GPU's compiled path: inductor's step captured as a graph per bucket, then replayed."""
+    tr = Translator.load("en-de", "cuda", dtype="float32")
+    config = BatchingConfig(decode_slots=64, max_queue_wait_s=UNREFUSED)
+    e = Engine(tr, config, max_length=16, static_slots=True, compiled_step=True)
+    try:
+        arrivals = [(d, ids[:30], dataclasses.replace(o, max_decoding_length=16)) for d, ids, o in jobs(tr, 40, seed=5)]
+        results = asyncio.run(send(e, arrivals))
+        assert e.static_slots and e.step_runner.pool._graphs, "no graph replayed"  # type: ignore[union-attr]
+    finally:
+        e.close()
+    for (_, ids, opts), got in zip(arrivals, results, strict=True):
+        assert [h.tokens for h in got] == [h.tokens for h in tr.decode_batch([ids], opts)[0]], opts
+
+
 def test_the_compiled_step_needs_the_static_decode_state(reference: Translator) -> None:
     with pytest.raises(ValueError, match="needs static_slots"):
         Engine(reference, BatchingConfig(), compiled_step=True)
