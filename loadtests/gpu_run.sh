@@ -9,8 +9,8 @@
 #
 # Parts, each with its own time limit, cut to what is left of STAGE_S (410 s) and skipped under 20 s:
 #   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token (the compiled
-#            step's graphs too), a step under
-#            torch.cuda.set_sync_debug_mode("error"), capture memory bounded, the engine on graphs
+#            step's graphs too), a step under torch.cuda.set_sync_debug_mode("error"), capture memory
+#            bounded, the engine on graphs
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
 #   shapes   the shapes people deploy: random OPUS-MT-base and NLLB-600M models, beam 4, batch 64, 32 steps:
 #            eager, static/graph and Hugging Face float16
