@@ -5,6 +5,7 @@ beam's positions from its cache lineage as from copied rows."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -12,6 +13,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -274,11 +276,25 @@ def test_the_int8_gemm_in_c_gives_the_exact_product(M: int, K: int, N: int) -> N
 vnni = pytest.mark.skipif(
     not native.vnni(), reason="this CPU has neither AVX-512 VNNI nor AVX2, or the C kernels are not loaded"
 )
-PACKED_INT8_LEVELS = [3, 4]  # the builds with a packed int8 kernel: AVX2's (csrc/int8_avx2.c), VNNI's
+# The packed int8 kernels: the x86-64-v3 build's (csrc/int8_avx2.c) with AVX2 alone and with AVX-VNNI, VNNI's
+PACKED_INT8_BUILDS = ["x86-64-v3", "x86-64-v3+avxvnni", "x86-64-v4"]
+
+
+@contextlib.contextmanager
+def _avx_vnni(library: native.Kernels, allowed: bool) -> Iterator[None]:
+    """library's x86-64-v3 packed kernel with AVX-VNNI (where the CPU has it) or with AVX2 alone, then as it was."""
+    was = library.beamserve_avx_vnni()
+    library.beamserve_avx_vnni_allow(int(allowed))
+    try:
+        yield
+    finally:
+        library.beamserve_avx_vnni_allow(1)
+        if not was:  # turned off before: the loaded build under BEAMSERVE_NATIVE_KERNELS=x86-64-v3
+            library.beamserve_avx_vnni_allow(0)
 
 
 @vnni
-@pytest.mark.parametrize("level", PACKED_INT8_LEVELS)
+@pytest.mark.parametrize("build", PACKED_INT8_BUILDS)
 @pytest.mark.parametrize(
     ("M", "K", "N"),
     [
@@ -288,16 +304,27 @@ PACKED_INT8_LEVELS = [3, 4]  # the builds with a packed int8 kernel: AVX2's (csr
     ],
 )
 def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(
-    M: int, K: int, N: int, level: int, monkeypatch: pytest.MonkeyPatch
+    M: int, K: int, N: int, build: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Each build's packed kernel (x86-64-v3's: AVX2's sign and pair products, csrc/int8_avx2.c) over the one form.
+    # Each build's packed kernel (x86-64-v3's: AVX2's sign and pair products, or AVX-VNNI's shifted bytes,
+    # csrc/int8_avx2.c) over the one form.
     if platform.machine() != "x86_64":
         pytest.skip("the builds per x86-64 level are made on x86-64")
+    level = native.LEVELS[build]
     library = _built(level)
     if library.beamserve_cpu_level() < level:
         pytest.skip(f"this CPU does not run x86-64-v{level}")
-    assert library.beamserve_vnni(), f"x86-64-v{level}'s build has no packed int8 kernel"
-    monkeypatch.setattr(native, "_LIB", library)
+    with _avx_vnni(library, build != "x86-64-v3"):
+        if build.endswith("avxvnni") and not library.beamserve_avx_vnni():
+            pytest.skip("this CPU has no AVX-VNNI")
+        want = {"x86-64-v3": 1, "x86-64-v3+avxvnni": 3}.get(build, 2)
+        assert library.beamserve_vnni() == want, f"{build}'s build multiplies otherwise"
+        monkeypatch.setattr(native, "_LIB", library)
+        _check_packed(M, K, N)
+
+
+def _check_packed(M: int, K: int, N: int) -> None:
+    """The loaded packed kernel: the exact product, and the fused layer's bits against its steps in turn."""
     g = torch.Generator().manual_seed(M * K + N)
     wide = torch.randint(-127, 128, (M, K + 3), dtype=torch.int8, generator=g)
     x, w = wide[:, :K], torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)  # x: rows of a wider tensor
@@ -337,8 +364,9 @@ def test_the_avx2_kernel_leaves_a_weight_holding_minus_128_to_the_16_bit_kernel(
         native.VnniWeight(w, torch.ones(16))
     q = with_forms(w, torch.ones(16), ("vnni", "vnni", "int_mm"))
     assert q.vnni is None and q.plan == ("c", "c", "int_mm")
-    monkeypatch.setattr(native, "_PACKED", 2)  # VNNI's shifted bytes multiply it exactly
-    assert with_forms(w, torch.ones(16), ("vnni",)).vnni is not None
+    for shifted in (2, 3):  # VNNI's and AVX-VNNI's shifted bytes multiply it exactly
+        monkeypatch.setattr(native, "_PACKED", shifted)
+        assert with_forms(w, torch.ones(16), ("vnni",)).vnni is not None
 
 
 def _linears_agree(tr: Translator) -> bool:
@@ -402,6 +430,9 @@ def _assert_same_bits(library: native.Kernels, monkeypatch: pytest.MonkeyPatch) 
     assert torch.equal(native.int8_gemm(xq, wq), product)
     if packs:
         assert torch.equal(native.vnni_linear(xf, packed, None), layer)
+        if library.beamserve_avx_vnni():  # the x86-64-v3 build's AVX2 products too, beside its AVX-VNNI ones
+            with _avx_vnni(library, False):
+                assert torch.equal(native.vnni_linear(xf, packed, None), layer)
     if floats:
         again = [
             native.f32_linear(rows[:m], form, b, r)
@@ -450,14 +481,21 @@ def test_clang_builds_every_library_and_its_build_gives_the_same_bits(
             _assert_same_bits(library, patch)
 
 
-@pytest.mark.parametrize(("setting", "level"), [("x86-64-v3", "3"), ("x86-64-v2", "1"), ("x86-64", "1"), ("0", "None")])
+@pytest.mark.parametrize(
+    ("setting", "level"),
+    [("x86-64-v3", "3"), ("x86-64-v3+avxvnni", "3"), ("x86-64-v2", "1"), ("x86-64", "1"), ("0", "None")],
+)
 def test_the_setting_binds_the_level_a_cpu_of_that_level_would(setting: str, level: str) -> None:
     if platform.machine() != "x86_64" or not native.built() or native.ENV in os.environ:
         pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
     env = {**os.environ, native.ENV: setting}
-    code = "from model.kernels import native; print(native.LEVEL)"
+    code = "from model.kernels import native; print(native.LEVEL, native.vnni_isa() or '-')"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == level
+    bound, isa = out.stdout.split()
+    assert bound == level
+    if level == "3" and _built(3).beamserve_cpu_level() >= 3:  # AVX2's products, or AVX-VNNI's where asked and had
+        avx_vnni = "avx_vnni" in Path("/proc/cpuinfo").read_text().split()
+        assert isa == ("avx-vnni" if setting.endswith("avxvnni") and avx_vnni else "avx2")
     env[native.ENV] = "avx2"
     failed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert failed.returncode != 0 and "expected 0, 1 or one of x86-64" in failed.stderr

@@ -34,7 +34,10 @@ from typing import Any
 import torch
 
 ENV = "BEAMSERVE_NATIVE_KERNELS"
-LEVELS = {"x86-64": 1, "x86-64-v2": 2, "x86-64-v3": 3, "x86-64-v4": 4}
+# x86-64-v3 as the psABI defines it (AVX2, FMA: AMD's Zen 2 and 3, Intel's Haswell to Skylake), and with AVX-VNNI
+# beside it (Intel's cores since Alder Lake, its E-core Xeons): the packed int8 kernel multiplies with it where the
+# CPU has it, unless the setting says x86-64-v3.
+LEVELS = {"x86-64": 1, "x86-64-v2": 2, "x86-64-v3": 3, "x86-64-v3+avxvnni": 3, "x86-64-v4": 4}
 MODULE = "model.kernels._native"
 
 # Each kernel's C types (csrc/*.c), "result:arguments", by its name without the level: v void, p a pointer,
@@ -66,6 +69,8 @@ SIGNATURES = {
     "beamserve_encoder_layers": "i:pqqqqppqqqqfqqp",
     "beamserve_embed": "i:pqpqqfpqp",
     "beamserve_vnni": "i:",
+    "beamserve_avx_vnni": "i:",
+    "beamserve_avx_vnni_allow": "v:i",
     "beamserve_vnni_amx": "i:",
     "beamserve_f32_gemm": "i:",
     "beamserve_f32_packed_floats": "q:qq",
@@ -110,9 +115,11 @@ def _load() -> Kernels | None:
     if lib is None:
         return None
     try:
-        return Kernels(lib, lib.beamserve_level(LEVELS.get(setting, 4)))
+        kernels = Kernels(lib, lib.beamserve_level(LEVELS.get(setting, 4)))
     except AttributeError:  # a library built from other sources than these (an install not rebuilt)
         return None
+    kernels.beamserve_avx_vnni_allow(int(setting != "x86-64-v3"))
+    return kernels
 
 
 def library() -> ctypes.CDLL | None:
@@ -138,7 +145,7 @@ LEVEL = None if _LOADED is None else _LOADED.level  # the x86-64 level of the ke
 # Which kernels beat PyTorch's vectorised operators on this CPU: a kernel the compiler leaves scalar here
 # (the quantisation without AVX-512, the scale-back without a vector fused multiply-add) would be slower.
 _VECTORISED = _LIB.beamserve_vectorised() if _LIB is not None else 0
-_PACKED = _LIB.beamserve_vnni() if _LIB is not None else 0  # 2: AVX-512 VNNI, 1: AVX2, 0: neither
+_PACKED = _LIB.beamserve_vnni() if _LIB is not None else 0  # 2: AVX-512 VNNI, 3: AVX-VNNI, 1: AVX2 alone, 0: none
 _F32 = _LIB is not None and bool(_LIB.beamserve_f32_gemm())
 
 
@@ -225,13 +232,14 @@ def int8_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def vnni() -> bool:
     """Whether the packed int8 kernels (csrc/int8_vnni.c) run here: the build has them and the CPU has AVX-512
-    VNNI, or AVX2 (csrc/int8_avx2.c multiplies the packed weight then)."""
+    VNNI, or AVX2 (csrc/int8_avx2.c multiplies the packed weight then, with AVX-VNNI where the CPU has it)."""
     return _LIB is not None and _PACKED > 0
 
 
 def vnni_isa() -> str:
-    """The instructions the packed int8 kernels multiply with here: "avx512-vnni", "avx2" or "" (none run)."""
-    return {2: "avx512-vnni", 1: "avx2"}.get(_PACKED, "") if _LIB is not None else ""
+    """The instructions the packed int8 kernels multiply with here: "avx512-vnni", "avx-vnni", "avx2" or "" (none
+    run)."""
+    return {2: "avx512-vnni", 3: "avx-vnni", 1: "avx2"}.get(_PACKED, "") if _LIB is not None else ""
 
 
 def amx() -> bool:

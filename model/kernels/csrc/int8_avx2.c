@@ -9,13 +9,18 @@
  * int8 kernel's, and the scale-back is int8_rows.c's formula in the same operations.
  *
  * A group of 4 along K of a 16-column panel is 64 bytes: two vectors, columns 0-7 and 8-15, each four products of
- * a column per 32-bit lane after vpmaddwd. */
+ * a column per 32-bit lane after vpmaddwd.
+ *
+ * Where the CPU has AVX-VNNI (AVX-512 VNNI's vpdpbusd on 256-bit registers, without AVX-512: Intel's cores since
+ * Alder Lake, its E-core Xeons), one vpdpbusd makes what those four instructions make, and the layer is
+ * int8_vnni.c's form at half the width: x + 128 as unsigned bytes, the weight's column sums times 128 taken off. */
 #include "level.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX2__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include "quantize.h"
@@ -24,6 +29,17 @@
 #define MR 4 /* activation rows a tile: each weight load feeds 4 rows */
 
 static inline int64_t groups(int64_t K) { return (K + 3) / 4; }
+
+static int avx_vnni_allowed = 1; /* native.py clears it for BEAMSERVE_NATIVE_KERNELS=x86-64-v3: AVX2 alone */
+static int avx_vnni_cpu = -1;    /* -1: not asked yet (cpuid, which a virtual machine's host answers slowly) */
+
+static int has_avx_vnni(void) {
+    if (avx_vnni_cpu < 0) {
+        unsigned a, b, c, d;
+        avx_vnni_cpu = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+    }
+    return avx_vnni_allowed && avx_vnni_cpu;
+}
 
 /* rows x one half of the panel at w (8 columns) of sums over every group: xs's signed rows and xa's magnitudes (row
  * stride 4 G bytes). Both halves at once would hold more sums than AVX2 has registers for. */
@@ -52,10 +68,14 @@ static inline __m256i first(int64_t n) {
 
 /* One tile's sums (columns n of N onward, at most 8) as int32 (out_i32) or scaled back as int8_rows.c's
  * beamserve_scale_back does it: (float)acc * col_scale, then * row_scale + bias in one rounding, then + res. */
-static inline void finish(__m256i acc[MR], int rows, int64_t n, int64_t N, const float *col_scale,
-                          const float *row_scale, const float *bias, const float *res, int64_t ldr, int32_t *out_i32,
-                          float *out, int64_t ldy) {
+static inline void finish(__m256i acc[MR], int rows, int64_t n, int64_t N, const int32_t *comp,
+                          const float *col_scale, const float *row_scale, const float *bias, const float *res,
+                          int64_t ldr, int32_t *out_i32, float *out, int64_t ldy) {
     const __m256i m = first(N - n);
+    if (comp) { /* AVX-VNNI's sums of x + 128: the column sums times 128 off */
+        const __m256i cm = _mm256_maskload_epi32(comp + n, m);
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_sub_epi32(acc[r], cm);
+    }
     __m256 cs = _mm256_setzero_ps(), bs = _mm256_setzero_ps();
     if (out) cs = _mm256_maskload_ps(col_scale + n, m);
     if (out && bias) bs = _mm256_maskload_ps(bias + n, m);
@@ -93,8 +113,9 @@ static void gemm(const int8_t *xs, const uint8_t *xa, int64_t M, int64_t G, cons
                 tile(s, a, G, w, 2, acc);
             else
                 tile(s, a, G, w, 1, acc);
-            finish(acc, rows, n, N, col_scale, row_scale ? row_scale + m0 : NULL, bias, res ? res + m0 * ldr : NULL,
-                   ldr, out_i32 ? out_i32 + m0 * ldy : NULL, out ? out + m0 * ldy : NULL, ldy);
+            finish(acc, rows, n, N, NULL, col_scale, row_scale ? row_scale + m0 : NULL, bias,
+                   res ? res + m0 * ldr : NULL, ldr, out_i32 ? out_i32 + m0 * ldy : NULL, out ? out + m0 * ldy : NULL,
+                   ldy);
         }
     }
 }
@@ -106,19 +127,111 @@ static void magnitudes(const int8_t *xs, int64_t bytes, uint8_t *xa) {
         _mm256_storeu_si256((__m256i *)(xa + i), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(xs + i))));
     for (; i < bytes; i++) xa[i] = (uint8_t)(xs[i] < 0 ? -xs[i] : xs[i]); /* -128 -> 128 */
 }
+
+#define AVX_VNNI_FN static inline __attribute__((always_inline, target("avxvnni")))
+
+#define VP 4 /* panels a block: a tile of few rows spans several, so that enough sums are in flight */
+
+/* rows x np whole panels from w (two vectors of 8 columns each) of sums over every group, xu's unsigned rows (row
+ * stride 4 G bytes): a row's broadcast and a group's weight loads feed one vpdpbusd per vector. A vpdpbusd waits
+ * for its sum's last one, so a tile keeps 6 to 8 sums going: 4 rows of one panel, 2 of two, 1 of four. */
+AVX_VNNI_FN void vnni_tile(const uint8_t *xu, int64_t G, const int8_t *w, int rows, int np, __m256i acc[2 * VP][MR]) {
+    __m256i c[2 * VP][MR]; /* in registers, as tile()'s */
+    for (int v = 0; v < 2 * np; v++)
+        for (int r = 0; r < rows; r++) c[v][r] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < G; g++) {
+        __m256i b[2 * VP];
+        for (int v = 0; v < 2 * np; v++)
+            b[v] = _mm256_loadu_si256((const __m256i *)(w + ((v / 2) * G + g) * 4 * PANEL + (v % 2) * 32));
+        for (int r = 0; r < rows; r++) {
+            int32_t four;
+            memcpy(&four, xu + r * G * 4 + g * 4, 4);
+            const __m256i a = _mm256_set1_epi32(four);
+            for (int v = 0; v < 2 * np; v++) c[v][r] = _mm256_dpbusd_avx_epi32(c[v][r], a, b[v]);
+        }
+    }
+    for (int v = 0; v < 2 * np; v++)
+        for (int r = 0; r < rows; r++) acc[v][r] = c[v][r];
+}
+
+/* gemm() with AVX-VNNI: xu (M rows of 4 G bytes, x + 128) against the packed weight and its column sums comp. A
+ * block of VP panels (16 KB of weight at K = 256) stays in cache while every row tile passes it. */
+__attribute__((noinline, target("avxvnni"))) static void vnni_gemm(
+    const uint8_t *xu, int64_t M, int64_t G, const int8_t *packed, const int32_t *comp, int64_t N,
+    const float *col_scale, const float *row_scale, const float *bias, const float *res, int64_t ldr,
+    int32_t *out_i32, float *out, int64_t ldy) {
+    const int64_t P = (N + PANEL - 1) / PANEL;
+    for (int64_t p0 = 0; p0 < P; p0 += VP) {
+        const int block = P - p0 < VP ? (int)(P - p0) : VP;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int rows = M - m0 < MR ? (int)(M - m0) : MR;
+            const int per = rows >= 3 ? 1 : rows == 2 ? 2 : 4; /* panels a tile */
+            const uint8_t *x = xu + m0 * G * 4;
+            for (int p = 0; p < block; p += per) {
+                const int np = block - p < per ? block - p : per;
+                const int8_t *w = packed + (p0 + p) * G * 4 * PANEL;
+                __m256i acc[2 * VP][MR];
+                /* constant shapes wherever the block is whole, so the compiler keeps the sums in registers */
+                if (rows == 4 && np == 1)
+                    vnni_tile(x, G, w, 4, 1, acc);
+                else if (rows == 3 && np == 1)
+                    vnni_tile(x, G, w, 3, 1, acc);
+                else if (rows == 2 && np == 2)
+                    vnni_tile(x, G, w, 2, 2, acc);
+                else if (rows == 1 && np == 4)
+                    vnni_tile(x, G, w, 1, 4, acc);
+                else
+                    vnni_tile(x, G, w, rows, np, acc);
+                for (int v = 0; v < 2 * np; v++) {
+                    const int64_t n = (p0 + p) * PANEL + 8 * v;
+                    if (n >= N) break;
+                    finish(acc[v], rows, n, N, comp, col_scale, row_scale ? row_scale + m0 : NULL, bias,
+                           res ? res + m0 * ldr : NULL, ldr, out_i32 ? out_i32 + m0 * ldy : NULL,
+                           out ? out + m0 * ldy : NULL, ldy);
+                }
+            }
+        }
+    }
+}
 #endif
+
+/* 1 where the packed weight is multiplied with AVX-VNNI here (the build has AVX2, the CPU AVX-VNNI, and
+ * beamserve_avx_vnni_allow has not turned it off), else 0. */
+int beamserve_avx_vnni(void) {
+#if defined(__AVX2__)
+    return has_avx_vnni();
+#else
+    return 0;
+#endif
+}
+
+/* Whether AVX-VNNI may serve (1, the default) or AVX2's products alone (0: what a CPU without it computes). */
+void beamserve_avx_vnni_allow(int allowed) {
+#if defined(__AVX2__)
+    avx_vnni_allowed = allowed;
+#else
+    (void)allowed;
+#endif
+}
 
 /* x (M, K) int8 with row stride ldx against the packed (N, K) weight -> y (M, N) int32 contiguous, the exact
  * product. Returns 0; -1 where this build has no AVX2, -2 without memory. */
-int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed, int64_t N,
-                             int32_t *y) {
+int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
+                             const int32_t *comp, int64_t N, int32_t *y) {
 #if defined(__AVX2__)
     const int64_t G = groups(K);
+    const int vnni = has_avx_vnni();
     int8_t *xs = malloc((size_t)(M * G * 8 + 1));
     if (!xs) return -2;
     for (int64_t r = 0; r < M; r++) {
-        memcpy(xs + r * G * 4, x + r * ldx, (size_t)K);
-        memset(xs + r * G * 4 + K, 0, (size_t)(G * 4 - K));
+        int8_t *row = xs + r * G * 4;
+        for (int64_t k = 0; k < K; k++) row[k] = (int8_t)(x[r * ldx + k] ^ (vnni ? 0x80 : 0)); /* x + 128 for VNNI */
+        memset(row + K, 0, (size_t)(G * 4 - K));
+    }
+    if (vnni) {
+        vnni_gemm((const uint8_t *)xs, M, G, packed, comp, N, NULL, NULL, NULL, NULL, 0, y, NULL, N);
+        free(xs);
+        return 0;
     }
     uint8_t *xa = (uint8_t *)xs + M * G * 4;
     magnitudes(xs, M * G * 4, xa);
@@ -126,34 +239,40 @@ int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx,
     free(xs);
     return 0;
 #else
-    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)N, (void)y;
+    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)comp, (void)N, (void)y;
     return -1;
 #endif
 }
 
 /* The int8 linear layer of beamserve_vnni_linear (int8_vnni.c), the same arguments less the column sums, the same
  * bits. Returns 0; -1 where this build has no AVX2, -2 without memory. */
-int beamserve_avx2_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed, int64_t N,
-                          const float *col_scale, const float *bias, const float *res, int64_t ldr, float *y,
-                          int64_t ldy) {
+int beamserve_avx2_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
+                          const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
+                          int64_t ldr, float *y, int64_t ldy) {
 #if defined(__AVX2__)
     const int64_t G = groups(K);
+    const int vnni = has_avx_vnni();
     int8_t *xs = malloc((size_t)(M * G * 8 + (int64_t)sizeof(float) * M)); /* the rows, magnitudes, scales */
     if (!xs) return -2;
     uint8_t *xa = (uint8_t *)xs + M * G * 4;
     float *row_scale = (float *)(xa + M * G * 4);
     for (int64_t r = 0; r < M; r++) {
         int8_t *row = xs + r * G * 4;
-        quantize_row(x + r * ldx, K, row, row_scale + r, 0);
+        quantize_row(x + r * ldx, K, row, row_scale + r, vnni ? 0x80 : 0); /* x + 128 as unsigned bytes for VNNI */
         memset(row + K, 0, (size_t)(G * 4 - K));
+    }
+    if (vnni) {
+        vnni_gemm((const uint8_t *)xs, M, G, packed, comp, N, col_scale, row_scale, bias, res, ldr, NULL, y, ldy);
+        free(xs);
+        return 0;
     }
     magnitudes(xs, M * G * 4, xa);
     gemm(xs, xa, M, G, packed, N, col_scale, row_scale, bias, res, ldr, NULL, y, ldy);
     free(xs);
     return 0;
 #else
-    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)N, (void)col_scale, (void)bias, (void)res, (void)ldr,
-        (void)y, (void)ldy;
+    (void)x, (void)M, (void)K, (void)ldx, (void)packed, (void)comp, (void)N, (void)col_scale, (void)bias, (void)res,
+        (void)ldr, (void)y, (void)ldy;
     return -1;
 #endif
 }

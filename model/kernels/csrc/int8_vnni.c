@@ -44,11 +44,13 @@
 static int64_t groups(int64_t K) { return (K + 3) / 4; }
 static int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }
 
-int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed, int64_t N,
-                             int32_t *y); /* int8_avx2.c */
-int beamserve_avx2_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed, int64_t N,
-                          const float *col_scale, const float *bias, const float *res, int64_t ldr, float *y,
-                          int64_t ldy); /* int8_avx2.c */
+/* int8_avx2.c */
+int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
+                             const int32_t *comp, int64_t N, int32_t *y);
+int beamserve_avx2_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
+                          const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
+                          int64_t ldr, float *y, int64_t ldy);
+int beamserve_avx_vnni(void);
 
 static int has_vnni(void) {
 #if HAS_VNNI && defined(__x86_64__)
@@ -61,12 +63,13 @@ static int has_vnni(void) {
 }
 
 /* Which kernel multiplies a packed weight here: 2 this file's (the build has it and this CPU runs AVX-512 VNNI),
- * 1 int8_avx2.c's (AVX2 without VNNI), 0 none. */
+ * 3 int8_avx2.c's with AVX-VNNI, 1 int8_avx2.c's with AVX2 alone, 0 none. */
 int beamserve_vnni(void) {
     if (has_vnni()) return 2;
 #if defined(__AVX2__) && defined(__x86_64__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (!__builtin_cpu_supports("avx2")) return 0;
+    return beamserve_avx_vnni() ? 3 : 1;
 #else
     return 0;
 #endif
@@ -291,7 +294,7 @@ VNNI_ENTRY
 #endif
 int beamserve_vnni_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
                              const int32_t *comp, int64_t N, int32_t *y) {
-    if (!has_vnni()) return beamserve_avx2_int8_gemm(x, M, K, ldx, packed, N, y);
+    if (!has_vnni()) return beamserve_avx2_int8_gemm(x, M, K, ldx, packed, comp, N, y);
 #if HAS_VNNI
     const int64_t G = groups(K);
     uint8_t *xu = malloc((size_t)(M * G * 4 + 1));
@@ -318,7 +321,7 @@ VNNI_ENTRY
 int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
                           const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
                           int64_t ldr, float *y, int64_t ldy) {
-    if (!has_vnni()) return beamserve_avx2_linear(x, M, K, ldx, packed, N, col_scale, bias, res, ldr, y, ldy);
+    if (!has_vnni()) return beamserve_avx2_linear(x, M, K, ldx, packed, comp, N, col_scale, bias, res, ldr, y, ldy);
 #if HAS_VNNI
     const int64_t G = groups(K);
     uint8_t *xu = malloc((size_t)(M * G * 4 + (int64_t)sizeof(float) * M)); /* the rows, then their scales */

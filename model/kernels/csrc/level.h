@@ -13,6 +13,8 @@
 #define BEAMSERVE_LEVELED(name) BEAMSERVE_AT(name, BEAMSERVE_LEVEL)
 
 #define beamserve_attend BEAMSERVE_LEVELED(beamserve_attend)
+#define beamserve_avx_vnni BEAMSERVE_LEVELED(beamserve_avx_vnni)
+#define beamserve_avx_vnni_allow BEAMSERVE_LEVELED(beamserve_avx_vnni_allow)
 #define beamserve_avx2_int8_gemm BEAMSERVE_LEVELED(beamserve_avx2_int8_gemm)
 #define beamserve_avx2_linear BEAMSERVE_LEVELED(beamserve_avx2_linear)
 #define beamserve_beam_advance BEAMSERVE_LEVELED(beamserve_beam_advance)
