@@ -1,7 +1,8 @@
 """The decoder's GEMM shapes, side by side on CPU: float32 F.linear (MKL sgemm) against model.kernels.gemm.linear
 (oneDNN, weights packed once), and every exact int8 kernel of model/kernels/int8_kernels.py (each a whole int8
 linear layer: quantising the rows, the product, the scale-back; the same bits), with the one
-model/kernels/int8_choice.py picks for the row count.
+model/kernels/int8_choice.py picks for the row count; where the packed kernel multiplies with AVX-VNNI, the same
+kernel with AVX2's products alone too.
 
     python loadtests/bench_gemm.py [--threads 1] [--d-model 256] [--ffn 1024] [--vocab 8000] [--out FILE]
     python loadtests/bench_gemm.py --d-model 512 --ffn 2048 --vocab 58101      # OPUS-MT-base's shapes
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reports import emit
 
-from model.kernels import int8_choice
+from model.kernels import int8_choice, native
 from model.kernels.gemm import linear
 from model.kernels.int8_kernels import multiply, with_forms
 from model.kernels.quant import quantize_weight
@@ -58,6 +59,8 @@ def main() -> None:
     C = args.d_model
     shapes = {"q/k/v": (3 * C, C), "ffn fc1": (args.ffn, C), "ffn fc2": (C, args.ffn), "output": (args.vocab, C)}
     kernels = int8_choice.candidates()
+    # Where the packed kernel multiplies with AVX-VNNI, the same kernel with AVX2's products alone beside it.
+    avx2_alone = native.vnni_isa() == "avx-vnni" and "vnni" in kernels
     lines = [
         "# GEMMs on CPU: float32 and every exact int8 kernel",
         "",
@@ -65,8 +68,11 @@ def main() -> None:
         "int8 columns: the whole layer (rows quantised, product, scale-back); `chosen`: what int8_choice picked "
         "at load for that row count.",
         "",
-        "| shape | rows | F.linear | oneDNN float32 | " + " | ".join(f"int8 {k}" for k in kernels) + " | chosen |",
-        "|---|---|---|---|" + "---|" * len(kernels) + "---|",
+        "| shape | rows | F.linear | oneDNN float32 | "
+        + " | ".join(f"int8 {k}" for k in kernels)
+        + (" | int8 vnni, AVX2 alone" if avx2_alone else "")
+        + " | chosen |",
+        "|---|---|---|---|" + "---|" * (len(kernels) + avx2_alone) + "---|",
     ]
     with torch.inference_mode():
         for name, (n_out, n_in) in shapes.items():
@@ -79,6 +85,10 @@ def main() -> None:
                 f32 = best_us(lambda x=x, w=w, b=b: F.linear(x, w, b))
                 ours = best_us(lambda x=x, w=w, b=b: linear(x, w, b))
                 int8 = [best_us(partial(multiply, k, x, q, b, False)) for k in kernels]
+                if avx2_alone:
+                    native.allow_avx_vnni(False)
+                    int8.append(best_us(partial(multiply, "vnni", x, q, b, False)))
+                    native.allow_avx_vnni(True)
                 chosen = plan[min(int8_choice.bucket(rows), len(plan) - 1)]
                 lines.append(
                     f"| {name} ({n_in}->{n_out}) | {rows} | {f32:.1f} | {ours:.1f} | "

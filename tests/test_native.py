@@ -489,13 +489,17 @@ def test_the_setting_binds_the_level_a_cpu_of_that_level_would(setting: str, lev
     if platform.machine() != "x86_64" or not native.built() or native.ENV in os.environ:
         pytest.skip("the builds per x86-64 level are made on x86-64 with a C compiler")
     env = {**os.environ, native.ENV: setting}
-    code = "from model.kernels import native; print(native.LEVEL, native.vnni_isa() or '-')"
+    code = (
+        "from model.kernels import native; isa = native.vnni_isa() or '-'; native.allow_avx_vnni(False); "
+        "print(native.LEVEL, isa, native.vnni_isa() or '-')"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    bound, isa = out.stdout.split()
+    bound, isa, alone = out.stdout.split()
     assert bound == level
     if level == "3" and _built(3).beamserve_cpu_level() >= 3:  # AVX2's products, or AVX-VNNI's where asked and had
         avx_vnni = "avx_vnni" in Path("/proc/cpuinfo").read_text().split()
         assert isa == ("avx-vnni" if setting.endswith("avxvnni") and avx_vnni else "avx2")
+        assert alone == "avx2"  # allow_avx_vnni(False): AVX2's products alone, for a side-by-side measurement
     env[native.ENV] = "avx2"
     failed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert failed.returncode != 0 and "expected 0, 1 or one of x86-64" in failed.stderr

@@ -242,6 +242,16 @@ def vnni_isa() -> str:
     return {2: "avx512-vnni", 3: "avx-vnni", 1: "avx2"}.get(_PACKED, "") if _LIB is not None else ""
 
 
+def allow_avx_vnni(allowed: bool) -> None:
+    """The packed int8 kernels multiply with AVX-VNNI where the CPU has it (True, the default but under
+    BEAMSERVE_NATIVE_KERNELS=x86-64-v3), or with AVX2's products alone (False), for a side-by-side measurement;
+    no other build's kernels change. A weight packed since with AVX-VNNI may hold -128, which AVX2's do not take."""
+    global _PACKED
+    if _LIB is not None:
+        _LIB.beamserve_avx_vnni_allow(int(allowed))
+        _PACKED = _LIB.beamserve_vnni()
+
+
 def amx() -> bool:
     """Whether the packed kernels multiply whole blocks of 16 rows with AMX tiles here (csrc/int8_vnni.c: the CPU has
     AMX-INT8 and Linux lends the process its tile registers): the same exact sums, several times as many a cycle."""
