@@ -307,7 +307,8 @@ def test_static_slots_serve_mixed_requests_as_each_decodes_alone(slot_engine: En
 @pytest.mark.slow
 def test_the_compiled_step_serves_mixed_requests_as_each_decodes_alone(reference: Translator) -> None:
     """Settings.compiled_step: the pool's step through inductor, every bucket compiled before the engine takes a
-    request (some 45 s on two cores); then the same tokens as decoding alone, scores within rounding."""
+    request (some 45 s on two cores); then the same tokens as decoding alone, scores within rounding; a failed
+    compiled step fails its sentences and the engine goes on without the pool."""
     from torch._dynamo.utils import counters
 
     e = Engine(
@@ -330,6 +331,17 @@ def test_the_compiled_step_serves_mixed_requests_as_each_decodes_alone(reference
         before = {name: t.clone() for name, t in runner.pool.state.tensors().items()}
         runner.pool.prepare()  # steps every bucket, the state put back as it was
         assert all(torch.equal(t, before[name]) for name, t in runner.pool.state.tensors().items())
+
+        def broken(*_: object) -> None:
+            raise RuntimeError("a compiled step failed")
+
+        runner.pool._compiled = broken  # type: ignore[assignment]
+        ids, opts = arrivals[0][1], DecodeOptions(max_decoding_length=16)  # the pool's beam
+        with pytest.raises(RuntimeError, match="compiled step failed"):
+            asyncio.run(e.translate([ids], opts, 60))
+        again = asyncio.run(e.translate([ids], opts, 60))[0]  # on the InflightBatch, which needs no compiling
+        assert not e.static_slots and not e.compiled_step and not hasattr(e.step_runner, "pool")
+        assert [h.tokens for h in again] == [h.tokens for h in reference.decode_batch([ids], opts)[0]]
     finally:
         e.close()
     for (_, ids, opts), got in zip(arrivals, results, strict=True):

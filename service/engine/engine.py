@@ -480,7 +480,7 @@ class Engine:
         """Fail every sentence in flight and start from a fresh pool (its state may be half-updated);
         after a failure of the static decode state, on the InflightBatch path alone."""
         if isinstance(exc, SlotPoolError):
-            self.static_slots = False
+            self.static_slots = self.compiled_step = False
         logger.error(
             "a decoder step failed; failing the %d sentences in flight", len(self.continuous.running), exc_info=exc
         )
