@@ -179,7 +179,9 @@ def ban_repeated_ngrams(
     same = (windows[:, :, : n_max - 1] == tail[:, None, :]) | ~compared[:, None, :]  # (N, T, n_max - 1)
     starts = torch.arange(T, device=dev)  # (T,) where each earlier n-gram starts
     match = same.all(-1) & (starts <= pos_t[:, None] - n_t[:, None]) & (n_t[:, None] > 0)  # (N, T) wholly generated
-    banned = windows.gather(2, (n_t - 1).clamp(min=0)[:, None, None].expand(N, T, 1))[..., 0]  # (N, T)
+    # The last token of the n-gram starting at j: hist[j + n - 1] (a 2-d gather: inductor's AVX2 code read a
+    # 3-d gather of the unfolded windows out of bounds).
+    banned = hist.gather(1, starts + (n_t[:, None] - 1).clamp(min=0))  # (N, T)
     # min(x, -inf) bans a token, min(x, +inf) leaves it: touches (N, T) entries, not all (N, V).
     bans = torch.full(match.shape, float("inf"), dtype=log_probs.dtype, device=log_probs.device)
     log_probs.scatter_reduce_(1, banned.clamp(min=0), bans.masked_fill_(match, float("-inf")), reduce="amin")
