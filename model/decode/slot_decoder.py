@@ -31,6 +31,7 @@ from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
 
 RING = 4  # launched steps whose finished flags may wait to be collected
+SPARE = 1  # positions the state holds past the longest bucket (__init__ says why)
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class SlotDecoder:
         its operators fused into fewer kernels: the same tokens as the eager step, floats within rounding."""
         cfg = model.cfg
         self.model, self.shape, self.device = model, shape, device
+        # One position past the longest bucket, which no step reads: every bucket's views of the state are then
+        # strided alike, none the whole (contiguous) tensor, so inductor compiles one graph for all, not four.
         self.state = SlotState.allocate(
-            model, shape.slots, shape.beams, shape.target_len, shape.source_len, device=device
+            model, shape.slots, shape.beams, shape.target_len + SPARE, shape.source_len + SPARE, device=device
         )
         # What the model fixes; no_repeat_ngram_size bounds the slots' own sizes (slots.decode_step).
         self.opts = SearchOptions(
@@ -102,7 +105,7 @@ class SlotDecoder:
         if len(sources) > len(self.free):
             raise ValueError(f"{len(sources)} sentences for {len(self.free)} free slots")
         slots = [self.free.pop(0) for _ in sources]
-        st, dev, P = self.state, self.device, self.shape.source_len
+        st, dev, P = self.state, self.device, self.state.src_mask.shape[1]
         beams = st.search
         idx = torch.tensor(slots, device=dev)
         lengths = [len(s) for s in sources]
