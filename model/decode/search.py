@@ -179,8 +179,8 @@ def ban_repeated_ngrams(
     same = (windows[:, :, : n_max - 1] == tail[:, None, :]) | ~compared[:, None, :]  # (N, T, n_max - 1)
     starts = torch.arange(T, device=dev)  # (T,) where each earlier n-gram starts
     match = same.all(-1) & (starts <= pos_t[:, None] - n_t[:, None]) & (n_t[:, None] > 0)  # (N, T) wholly generated
-    # The last token of the n-gram starting at j: hist[j + n - 1] (a 2-d gather: inductor's AVX2 code read a
-    # 3-d gather of the unfolded windows out of bounds).
+    # The last token of the n-gram starting at j: hist[j + n - 1], a 2-d gather (a 3-d gather of the unfolded
+    # windows, inside the compiled decode step, is read out of bounds by torch 2.13 inductor's AVX2 code).
     banned = hist.gather(1, starts + (n_t[:, None] - 1).clamp(min=0))  # (N, T)
     # min(x, -inf) bans a token, min(x, +inf) leaves it: touches (N, T) entries, not all (N, V).
     bans = torch.full(match.shape, float("inf"), dtype=log_probs.dtype, device=log_probs.device)
