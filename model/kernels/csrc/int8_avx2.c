@@ -223,11 +223,7 @@ int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx,
     const int vnni = has_avx_vnni();
     int8_t *xs = malloc((size_t)(M * G * 8 + 1));
     if (!xs) return -2;
-    for (int64_t r = 0; r < M; r++) {
-        int8_t *row = xs + r * G * 4;
-        for (int64_t k = 0; k < K; k++) row[k] = (int8_t)(x[r * ldx + k] ^ (vnni ? 0x80 : 0)); /* x + 128 for VNNI */
-        memset(row + K, 0, (size_t)(G * 4 - K));
-    }
+    copy_rows_padded(x, M, K, ldx, xs, G * 4, vnni ? 0x80 : 0); /* x + 128 as unsigned bytes for VNNI */
     if (vnni) {
         vnni_gemm((const uint8_t *)xs, M, G, packed, comp, N, NULL, NULL, NULL, NULL, 0, y, NULL, N);
         free(xs);
@@ -244,8 +240,8 @@ int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx,
 #endif
 }
 
-/* The int8 linear layer of beamserve_vnni_linear (int8_vnni.c), the same arguments less the column sums, the same
- * bits. Returns 0; -1 where this build has no AVX2, -2 without memory. */
+/* The int8 linear layer of beamserve_vnni_linear (int8_vnni.c), the same arguments (the column sums serve AVX-VNNI's
+ * shifted bytes), the same bits. Returns 0; -1 where this build has no AVX2, -2 without memory. */
 int beamserve_avx2_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
                           const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
                           int64_t ldr, float *y, int64_t ldy) {
@@ -256,11 +252,7 @@ int beamserve_avx2_linear(const float *x, int64_t M, int64_t K, int64_t ldx, con
     if (!xs) return -2;
     uint8_t *xa = (uint8_t *)xs + M * G * 4;
     float *row_scale = (float *)(xa + M * G * 4);
-    for (int64_t r = 0; r < M; r++) {
-        int8_t *row = xs + r * G * 4;
-        quantize_row(x + r * ldx, K, row, row_scale + r, vnni ? 0x80 : 0); /* x + 128 as unsigned bytes for VNNI */
-        memset(row + K, 0, (size_t)(G * 4 - K));
-    }
+    quantize_rows_padded(x, M, K, ldx, xs, G * 4, row_scale, vnni ? 0x80 : 0); /* x + 128 for VNNI */
     if (vnni) {
         vnni_gemm((const uint8_t *)xs, M, G, packed, comp, N, col_scale, row_scale, bias, res, ldr, NULL, y, ldy);
         free(xs);

@@ -50,7 +50,7 @@ int beamserve_cpu_level(void) {
 /* x (rows, cols) float32 with row stride ld -> q (rows, cols) int8 and scale (rows,): each row on its own
  * scale, its largest magnitude / 127, q = round(x / scale). */
 void beamserve_quantize_rows(const float *x, int64_t rows, int64_t cols, int64_t ld, int8_t *q, float *scale) {
-    for (int64_t r = 0; r < rows; r++) quantize_row(x + r * ld, cols, q + r * cols, scale + r, 0);
+    quantize_rows_padded(x, rows, cols, ld, q, cols, scale, 0);
 }
 
 /* y = acc * col_scale * row_scale (+ bias): acc (rows, cols) int32, y (rows, cols) float32, which may be acc's

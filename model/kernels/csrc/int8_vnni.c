@@ -276,15 +276,6 @@ VNNI_FN void gemm(const uint8_t *xu, int64_t M, int64_t G, const int8_t *packed,
         }
     }
 }
-
-/* x's rows as unsigned bytes, x + 128, each row padded with zeros to 4 G. */
-VNNI_FN void shift_rows(const int8_t *x, int64_t M, int64_t K, int64_t ldx, uint8_t *xu, int64_t G) {
-    for (int64_t r = 0; r < M; r++) {
-        uint8_t *row = xu + r * G * 4;
-        for (int64_t k = 0; k < K; k++) row[k] = (uint8_t)(x[r * ldx + k] + 128);
-        for (int64_t k = K; k < G * 4; k++) row[k] = 0;
-    }
-}
 #endif
 
 /* x (M, K) int8 with row stride ldx against the packed (N, K) weight -> y (M, N) int32 contiguous, the exact
@@ -299,7 +290,7 @@ int beamserve_vnni_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx,
     const int64_t G = groups(K);
     uint8_t *xu = malloc((size_t)(M * G * 4 + 1));
     if (!xu) return -2;
-    shift_rows(x, M, K, ldx, xu, G);
+    copy_rows_padded(x, M, K, ldx, (int8_t *)xu, G * 4, 0x80); /* x + 128 as unsigned bytes */
     gemm(xu, M, G, packed, comp, N, NULL, NULL, NULL, NULL, 0, y, NULL, N);
     free(xu);
     return 0;
@@ -327,11 +318,7 @@ int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, con
     uint8_t *xu = malloc((size_t)(M * G * 4 + (int64_t)sizeof(float) * M)); /* the rows, then their scales */
     if (!xu) return -2;
     float *row_scale = (float *)(xu + M * G * 4);
-    for (int64_t r = 0; r < M; r++) {
-        uint8_t *row = xu + r * G * 4;
-        quantize_row(x + r * ldx, K, (int8_t *)row, row_scale + r, 0x80); /* x + 128 as unsigned bytes */
-        for (int64_t k = K; k < G * 4; k++) row[k] = 0;
-    }
+    quantize_rows_padded(x, M, K, ldx, (int8_t *)xu, G * 4, row_scale, 0x80); /* x + 128 as unsigned bytes */
     gemm(xu, M, G, packed, comp, N, col_scale, row_scale, bias, res, ldr, NULL, y, ldy);
     free(xu);
     return 0;

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -54,6 +55,25 @@ static inline void quantize_row(const float *x, int64_t cols, int8_t *q, float *
     }
 #endif
     for (; c < cols; c++) q[c] = (int8_t)((uint8_t)(int8_t)(int32_t)rintf(x[c] / s) ^ flip);
+}
+
+/* M rows of x (row stride ldx), each quantised by quantize_row into q a row every `width` bytes: its K bytes, then
+ * zeros to width (the packed kernels' whole groups of 4 along K); each row's scale into scale. */
+static inline void quantize_rows_padded(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, int64_t width,
+                                        float *scale, uint8_t flip) {
+    for (int64_t r = 0; r < M; r++) {
+        quantize_row(x + r * ldx, K, q + r * width, scale + r, flip);
+        memset(q + r * width + K, 0, (size_t)(width - K));
+    }
+}
+
+/* M rows of int8 x (row stride ldx) laid out in q as quantize_rows_padded lays them, each byte XORed with flip. */
+static inline void copy_rows_padded(const int8_t *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, int64_t width,
+                                    uint8_t flip) {
+    for (int64_t r = 0; r < M; r++) {
+        for (int64_t k = 0; k < K; k++) q[r * width + k] = (int8_t)((uint8_t)x[r * ldx + k] ^ flip);
+        memset(q + r * width + K, 0, (size_t)(width - K));
+    }
 }
 
 #endif
