@@ -44,7 +44,9 @@ def _faults(mode: str) -> int:
 def test_decoding_reuses_freed_memory_instead_of_faulting_pages_in() -> None:
     default, retained = _faults("default"), _faults("retain")
     logits_pages = 256 * 40000 * 4 // 4096
-    assert default > 8 * logits_pages  # glibc maps and unmaps each step's logits
+    # glibc maps and unmaps step after step's logits: a decode's 8-9 steps fault about 8 x logits_pages, and
+    # under a busy host's other tests as few as 4 x
+    assert default > 3 * logits_pages
     assert retained < default / 10
 
 

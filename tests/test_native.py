@@ -500,8 +500,13 @@ def test_the_setting_binds_the_level_a_cpu_of_that_level_would(setting: str, lev
         avx_vnni = "avx_vnni" in Path("/proc/cpuinfo").read_text().split()
         assert isa == ("avx-vnni" if setting.endswith("avxvnni") and avx_vnni else "avx2")
         assert alone == "avx2"  # allow_avx_vnni(False): AVX2's products alone, for a side-by-side measurement
-    env[native.ENV] = "avx2"
-    failed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_a_setting_that_names_no_level_stops_the_import_and_says_which_it_takes() -> None:
+    env = {**os.environ, native.ENV: "avx2"}
+    failed = subprocess.run(
+        [sys.executable, "-c", "import model.kernels.native"], env=env, capture_output=True, text=True
+    )
     assert failed.returncode != 0 and "expected 0, 1 or one of x86-64" in failed.stderr
 
 
