@@ -7,18 +7,22 @@
 #   bash loadtests/gpu_run.sh               # the stage: the parts below in priority order, ~7 minutes
 #   bash loadtests/gpu_run.sh batching packing cudnn   # the longer benchmarks, for a machine held longer
 #
-# Parts, each with its own time limit, cut to what is left of STAGE_S (410 s) and skipped under 20 s:
+# Parts, each with its own time limit, cut to what is left of STAGE_S (410 s) and skipped under 20 s; with no
+# part named, these in this order (their limits sum past the budget: the later parts run as far as the earlier
+# ones leave time):
 #   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token (the compiled
 #            step's graphs too), a step under torch.cuda.set_sync_debug_mode("error"), capture memory
 #            bounded, the engine on graphs
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
+#   compiled the static step through torch.compile's inductor before its graphs, against the eager one's graphs
+#   profile  host time against device time per decode step: the compiled static step, the static one, the eager
+#            one; the static one at OPUS-MT-base's shapes
 #   shapes   the shapes people deploy: random OPUS-MT-base and NLLB-600M models, beam 4, batch 64, 32 steps:
 #            eager, static/graph and Hugging Face float16
-#   compiled the static step through torch.compile's inductor before its graphs, against the eager one's graphs
-#   profile  host time against device time per decode step, eager and static
+#   served-compiled  the engine under open-loop arrivals on the static decode state, its step compiled by
+#            inductor (Settings.compiled_step)
+#   served   the same with the state's eager step
 #   memory   one replica's device memory (loadtests/replica_memory.py)
-#   served   the engine under open-loop arrivals on the static decode state (bench_batching)
-#   served-compiled  the same with the state's step compiled by inductor (Settings.compiled_step)
 #
 # Wheels. The machine lacks ctranslate2, pytest and pydantic (and Ray, whose wheel is over the device
 # tool's 64 MiB carry: the served part drives the engine a replica runs, without HTTP). Before the call:
@@ -63,8 +67,11 @@ stage() {
     compiled) part compiled 120 compiled.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
                 --systems beamserve-slots,beamserve-slots-compiled,hf --beams 4 --batch-sizes 64 --sentences 512 \
                 --repeats 1 --out "$out/decode_gpu_compiled.md" ;;
-    profile) part profile-eager 30 profile_eager.txt python3 loadtests/profile_decode.py --device cuda
-             part profile-static 30 profile_static.txt python3 loadtests/profile_decode.py --device cuda --slots ;;
+    profile) part profile-compiled 120 profile_compiled.txt python3 loadtests/profile_decode.py --device cuda --compiled
+             part profile-static 30 profile_static.txt python3 loadtests/profile_decode.py --device cuda --slots
+             part profile-eager 30 profile_eager.txt python3 loadtests/profile_decode.py --device cuda
+             part profile-base 60 profile_base.txt python3 loadtests/profile_decode.py --device cuda --model base \
+               --slots ;;
     memory) part memory 30 memory.txt python3 loadtests/replica_memory.py --device cuda --out "$out/memory_gpu.md" ;;
     served) part served 120 served.txt python3 loadtests/bench_batching.py --device cuda --static-slots \
               --configs continuous --duration 3 --repeats 1 --bisect 0 --capacity-sentences 512 \
@@ -84,7 +91,7 @@ stage() {
 }
 
 if (($# == 0)); then
-  set -- tests decode shapes compiled profile served memory
+  set -- tests decode compiled profile shapes served-compiled served memory
 else
   budget=${STAGE_S:-3600}  # parts named: each its own limit
 fi

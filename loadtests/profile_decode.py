@@ -1,9 +1,13 @@
-"""Profile one decode of the shipped en-de model: where the time goes, per operator, and host time
-against device time per decoder step.
+"""Profile one decode: where the time goes, per operator, and host time against device time per decoder step.
 
-    python loadtests/profile_decode.py --device cuda            # today's path, batches of 64
-    python loadtests/profile_decode.py --device cuda --slots    # the static decode state, CUDA graphs
+    python loadtests/profile_decode.py --device cuda              # the shipped en-de, batches of 64
+    python loadtests/profile_decode.py --device cuda --slots      # the static decode state, CUDA graphs
+    python loadtests/profile_decode.py --device cuda --compiled   # that state's step through inductor first
+    python loadtests/profile_decode.py --device cuda --model base --slots   # OPUS-MT-base's shapes
     python loadtests/profile_decode.py --compute-type int8 --threads 1
+
+--model: a shipped model (en-de, en-fr) decoding naturally, or one of bench_decode's random models (base,
+nllb-600m) decoding exactly --steps tokens, as bench_decode runs them.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +23,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "loadtests"))
+
+from bench_decode import RANDOM_MODELS, make_base_model, make_nllb_model  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
 from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
@@ -25,6 +33,8 @@ from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="en-de", help="en-de, en-fr, or a random model: base, nllb-600m")
+    p.add_argument("--steps", type=int, default=32, help="tokens each sentence decodes on a random model")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
     p.add_argument("--compute-type", default=None, help="float32, int8, bfloat16, ... (model/kernels/compute_type.py)")
@@ -33,21 +43,44 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "multi30k")
     p.add_argument("--slots", action="store_true", help="decode through the static decode state (--batch slots)")
+    p.add_argument("--compiled", action="store_true", help="the static state's step through inductor (implies --slots)")
     args = p.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        profile(args, _model_dir(args.model, Path(work)))
+
+
+def _model_dir(name: str, work: Path) -> Path | str:
+    """A shipped model's name, or a random model of those shapes built under `work`."""
+    if name == "base":
+        return make_base_model(work)
+    if name == "nllb-600m":
+        return make_nllb_model(work)
+    return name
+
+
+def profile(args: argparse.Namespace, model: Path | str) -> None:
     import os
 
     data = Path(os.environ.get("BEAMSERVE_DATA", args.data))
-    tr = Translator.load(
-        "en-de", args.device, dtype=args.dtype, compute_type=args.compute_type, num_threads=args.threads
-    )
+    tr = Translator.load(model, args.device, dtype=args.dtype, compute_type=args.compute_type, num_threads=args.threads)
     with gzip.open(data / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f][: args.batch * 2]
-    enc = sorted((tr.encode(t) for t in texts), key=len)
+    lang = "eng_Latn" if tr.languages else None  # a model with language tokens: its source's first
+    enc = sorted((tr.encode(t, lang=lang) for t in texts), key=len)
     opts = DecodeOptions(beam_size=args.beam_size, max_batch_size=args.batch)
+    if args.model in RANDOM_MODELS:  # random weights rarely emit </s>: exactly --steps tokens, as bench_decode
+        opts = DecodeOptions(
+            beam_size=args.beam_size,
+            max_batch_size=args.batch,
+            max_length_ratio=None,
+            max_decoding_length=args.steps,
+            min_decoding_length=args.steps - 1,
+        )
     steps = [0]
-    if args.slots:
+    if args.slots or args.compiled:
         shape = PoolShape(slots=args.batch, beams=args.beam_size, target_len=256, source_len=tr.max_source_tokens)
-        pool = SlotDecoder(tr.model, shape, device=tr.device, graphs=tr.device.type == "cuda")
+        graphs = tr.device.type == "cuda"
+        pool = SlotDecoder(tr.model, shape, device=tr.device, graphs=graphs, compiled=args.compiled)
 
         def run() -> None:
             before = pool._launches
@@ -58,13 +91,17 @@ def main() -> None:
         def run() -> None:
             tr.translate_ids(enc, opts)
 
-    run()  # warm-up (and, with --slots on CUDA, the graphs' capture)
+    run()  # warm-up (and with --slots on CUDA the graphs' capture, with --compiled the compilation)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     sync()
     start = time.perf_counter()
     run()
     sync()
-    print(f"{len(enc)} sentences, beam {args.beam_size}, batch {args.batch}: {time.perf_counter() - start:.3f}s")
+    path = "compiled static state" if args.compiled else "static state" if args.slots else "translate_ids"
+    print(
+        f"{args.model}, {path}: {len(enc)} sentences, beam {args.beam_size}, batch {args.batch}: "
+        f"{time.perf_counter() - start:.3f}s"
+    )
     acts = [torch.profiler.ProfilerActivity.CPU]
     if args.device.startswith("cuda"):
         acts.append(torch.profiler.ProfilerActivity.CUDA)
