@@ -276,8 +276,9 @@ def test_the_int8_gemm_in_c_gives_the_exact_product(M: int, K: int, N: int) -> N
 vnni = pytest.mark.skipif(
     not native.vnni(), reason="this CPU has neither AVX-512 VNNI nor AVX2, or the C kernels are not loaded"
 )
-# The packed int8 kernels: the x86-64-v3 build's (csrc/int8_avx2.c) with AVX2 alone and with AVX-VNNI, VNNI's
-PACKED_INT8_BUILDS = ["x86-64-v3", "x86-64-v3+avxvnni", "x86-64-v4"]
+# The packed int8 kernels: the x86-64-v3 build's (csrc/int8_avx2.c) with AVX2 alone and with AVX-VNNI, the
+# x86-64-v4 build's (csrc/int8_vnni.c) with VNNI alone and with AMX's tiles
+PACKED_INT8_BUILDS = ["x86-64-v3", "x86-64-v3+avxvnni", "x86-64-v4", "x86-64-v4+amx"]
 
 
 @contextlib.contextmanager
@@ -291,6 +292,17 @@ def _avx_vnni(library: native.Kernels, allowed: bool) -> Iterator[None]:
         library.beamserve_avx_vnni_allow(1)
         if not was:  # turned off before: the loaded build under BEAMSERVE_NATIVE_KERNELS=x86-64-v3
             library.beamserve_avx_vnni_allow(0)
+
+
+@contextlib.contextmanager
+def _amx(library: native.Kernels, allowed: bool) -> Iterator[None]:
+    """library's packed kernel with AMX (where the CPU has it) or with VNNI alone, then as it was."""
+    was = library.beamserve_vnni_amx()
+    library.beamserve_amx_allow(int(allowed))
+    try:
+        yield
+    finally:
+        library.beamserve_amx_allow(int(was))  # off where it was off, or where the CPU has none to turn on
 
 
 @vnni
@@ -314,11 +326,14 @@ def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(
     library = _built(level)
     if library.beamserve_cpu_level() < level:
         pytest.skip(f"this CPU does not run x86-64-v{level}")
-    with _avx_vnni(library, build != "x86-64-v3"):
+    with _avx_vnni(library, build != "x86-64-v3"), _amx(library, build.endswith("+amx")):
         if build.endswith("avxvnni") and not library.beamserve_avx_vnni():
             pytest.skip("this CPU has no AVX-VNNI")
+        if build.endswith("+amx") and not library.beamserve_vnni_amx():
+            pytest.skip("this CPU has no AMX (or Linux lends no tiles)")
         want = {"x86-64-v3": 1, "x86-64-v3+avxvnni": 3}.get(build, 2)
         assert library.beamserve_vnni() == want, f"{build}'s build multiplies otherwise"
+        assert library.beamserve_vnni_amx() == build.endswith("+amx"), f"{build}'s build multiplies otherwise"
         monkeypatch.setattr(native, "_LIB", library)
         _check_packed(M, K, N)
 
@@ -500,6 +515,16 @@ def test_the_setting_binds_the_level_a_cpu_of_that_level_would(setting: str, lev
         avx_vnni = "avx_vnni" in Path("/proc/cpuinfo").read_text().split()
         assert isa == ("avx-vnni" if setting.endswith("avxvnni") and avx_vnni else "avx2")
         assert alone == "avx2"  # allow_avx_vnni(False): AVX2's products alone, for a side-by-side measurement
+
+
+@vnni
+@pytest.mark.skipif(not native.amx(), reason="this CPU has no AMX (or Linux lends no tiles)")
+@pytest.mark.parametrize(("setting", "tiles"), [("x86-64-v4", "False"), ("x86-64-v4+amx", "True")])
+def test_x86_64_v4_computes_as_a_cpu_without_amx_and_its_amx_setting_with_it(setting: str, tiles: str) -> None:
+    env = {**os.environ, native.ENV: setting}
+    code = "from model.kernels import native; print(native.LEVEL, native.vnni_isa(), native.amx())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["4", "avx512-vnni", tiles]
 
 
 def test_a_setting_that_names_no_level_stops_the_import_and_says_which_it_takes() -> None:

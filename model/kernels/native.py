@@ -37,7 +37,7 @@ ENV = "BEAMSERVE_NATIVE_KERNELS"
 # x86-64-v3 as the psABI defines it (AVX2, FMA: AMD's Zen 2 and 3, Intel's Haswell to Skylake), and with AVX-VNNI
 # beside it (Intel's cores since Alder Lake, its E-core Xeons): the packed int8 kernel multiplies with it where the
 # CPU has it, unless the setting says x86-64-v3.
-LEVELS = {"x86-64": 1, "x86-64-v2": 2, "x86-64-v3": 3, "x86-64-v3+avxvnni": 3, "x86-64-v4": 4}
+LEVELS = {"x86-64": 1, "x86-64-v2": 2, "x86-64-v3": 3, "x86-64-v3+avxvnni": 3, "x86-64-v4": 4, "x86-64-v4+amx": 4}
 MODULE = "model.kernels._native"
 
 # Each kernel's C types (csrc/*.c), "result:arguments", by its name without the level: v void, p a pointer,
@@ -72,6 +72,7 @@ SIGNATURES = {
     "beamserve_avx_vnni": "i:",
     "beamserve_avx_vnni_allow": "v:i",
     "beamserve_vnni_amx": "i:",
+    "beamserve_amx_allow": "v:i",
     "beamserve_f32_gemm": "i:",
     "beamserve_f32_packed_floats": "q:qq",
     "beamserve_f32_pack": "v:pqqp",
@@ -104,8 +105,9 @@ class Kernels:
 
 def _load() -> Kernels | None:
     """The level of the library this CPU runs, at most the one BEAMSERVE_NATIVE_KERNELS names (`x86-64-v3`,
-    `x86-64`: what a CPU of that level computes, for measurements and tests); None where turned off (`0`) or not
-    built."""
+    `x86-64`: what a CPU of that level computes, for measurements and tests; `x86-64-v3` without AVX-VNNI and
+    `x86-64-v4` without AMX, their `+avxvnni` and `+amx` with them where the CPU has them); None where turned off
+    (`0`) or not built."""
     setting = os.environ.get(ENV, "1")
     if setting == "0":
         return None
@@ -119,6 +121,7 @@ def _load() -> Kernels | None:
     except AttributeError:  # a library built from other sources than these (an install not rebuilt)
         return None
     kernels.beamserve_avx_vnni_allow(int(setting != "x86-64-v3"))
+    kernels.beamserve_amx_allow(int(setting != "x86-64-v4"))
     return kernels
 
 
@@ -250,6 +253,14 @@ def allow_avx_vnni(allowed: bool) -> None:
     if _LIB is not None:
         _LIB.beamserve_avx_vnni_allow(int(allowed))
         _PACKED = _LIB.beamserve_vnni()
+
+
+def allow_amx(allowed: bool) -> None:
+    """The packed int8 kernels multiply blocks of 16 rows with AMX where the CPU has it (True, the default but under
+    BEAMSERVE_NATIVE_KERNELS=x86-64-v4), or with AVX-512 VNNI alone (False, as Zen 4 and Intel before Sapphire
+    Rapids do), for a side-by-side measurement; the same exact sums either way."""
+    if _LIB is not None:
+        _LIB.beamserve_amx_allow(int(allowed))
 
 
 def amx() -> bool:

@@ -146,8 +146,10 @@ VNNI_FN void finish(__m512i acc[MR][NP], int rows, int np, int64_t n0, int64_t N
  * weight's 64-byte groups, so the weight is read as packed. Linux lends a process the tile registers once asked
  * (arch_prctl ARCH_REQ_XCOMP_PERM); where the CPU, the OS or the call says no, the VNNI loop serves. */
 static int amx_state = -1; /* -1: not asked yet */
+static int amx_allowed = 1; /* native.py clears it for BEAMSERVE_NATIVE_KERNELS=x86-64-v4: VNNI alone */
 
 static int amx_ready(void) {
+    if (!amx_allowed) return 0;
     if (amx_state < 0) {
         unsigned a, b, c, d, lo, hi;
         int ok = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1); /* AMX-TILE, AMX-INT8 */
@@ -228,12 +230,22 @@ AMX_FN void amx_gemm(const uint8_t *xu, int64_t M16, int64_t G, const int8_t *pa
 #endif
 #endif
 
-/* Whether the kernels multiply whole blocks of 16 rows with AMX here (the CPU has it and Linux lends its tiles). */
+/* Whether the kernels multiply whole blocks of 16 rows with AMX here (the CPU has it, Linux lends its tiles and
+ * beamserve_amx_allow has not turned it off). */
 int beamserve_vnni_amx(void) {
 #if HAS_AMX
     return has_vnni() && amx_ready();
 #else
     return 0;
+#endif
+}
+
+/* Whether AMX may serve (1, the default) or VNNI's vpdpbusd alone (0: what a CPU without AMX computes). */
+void beamserve_amx_allow(int allowed) {
+#if HAS_AMX
+    amx_allowed = allowed;
+#else
+    (void)allowed;
 #endif
 }
 

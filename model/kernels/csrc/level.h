@@ -49,6 +49,7 @@
 #define beamserve_vectorised BEAMSERVE_LEVELED(beamserve_vectorised)
 #define beamserve_vnni BEAMSERVE_LEVELED(beamserve_vnni)
 #define beamserve_vnni_amx BEAMSERVE_LEVELED(beamserve_vnni_amx)
+#define beamserve_amx_allow BEAMSERVE_LEVELED(beamserve_amx_allow)
 #define beamserve_vnni_int8_gemm BEAMSERVE_LEVELED(beamserve_vnni_int8_gemm)
 #define beamserve_vnni_linear BEAMSERVE_LEVELED(beamserve_vnni_linear)
 #define beamserve_vnni_pack BEAMSERVE_LEVELED(beamserve_vnni_pack)
