@@ -13,7 +13,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -282,27 +282,26 @@ PACKED_INT8_BUILDS = ["x86-64-v3", "x86-64-v3+avxvnni", "x86-64-v4", "x86-64-v4+
 
 
 @contextlib.contextmanager
-def _avx_vnni(library: native.Kernels, allowed: bool) -> Iterator[None]:
-    """library's x86-64-v3 packed kernel with AVX-VNNI (where the CPU has it) or with AVX2 alone, then as it was."""
-    was = library.beamserve_avx_vnni()
-    library.beamserve_avx_vnni_allow(int(allowed))
+def _allowed(has: Callable[[], int], allow: Callable[[int], None], allowed: bool) -> Iterator[None]:
+    """A packed kernel's optional instructions (the x86-64-v3 build's AVX-VNNI, the x86-64-v4 build's AMX) allowed
+    or not while the block runs, then as they were: off where they were off (the loaded build under a
+    BEAMSERVE_NATIVE_KERNELS that turns them off), or where the CPU has none to turn on."""
+    was = has()
+    allow(int(allowed))
     try:
         yield
     finally:
-        library.beamserve_avx_vnni_allow(1)
-        if not was:  # turned off before: the loaded build under BEAMSERVE_NATIVE_KERNELS=x86-64-v3
-            library.beamserve_avx_vnni_allow(0)
+        allow(int(was))
 
 
-@contextlib.contextmanager
-def _amx(library: native.Kernels, allowed: bool) -> Iterator[None]:
-    """library's packed kernel with AMX (where the CPU has it) or with VNNI alone, then as it was."""
-    was = library.beamserve_vnni_amx()
-    library.beamserve_amx_allow(int(allowed))
-    try:
-        yield
-    finally:
-        library.beamserve_amx_allow(int(was))  # off where it was off, or where the CPU has none to turn on
+def _avx_vnni(library: native.Kernels, allowed: bool) -> contextlib.AbstractContextManager[None]:
+    """library's x86-64-v3 packed kernel with AVX-VNNI (where the CPU has it) or with AVX2 alone."""
+    return _allowed(library.beamserve_avx_vnni, library.beamserve_avx_vnni_allow, allowed)
+
+
+def _amx(library: native.Kernels, allowed: bool) -> contextlib.AbstractContextManager[None]:
+    """library's x86-64-v4 packed kernel with AMX (where the CPU has it) or with VNNI alone."""
+    return _allowed(library.beamserve_vnni_amx, library.beamserve_amx_allow, allowed)
 
 
 @vnni
