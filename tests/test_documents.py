@@ -902,8 +902,8 @@ def test_a_document_goes_on_through_another_server_when_its_server_stops(client:
         "BEAMSERVE_MODELS": "en-de",
         "BEAMSERVE_RECORDS_STORAGE": str(SETTINGS["records_storage"]),
         "BEAMSERVE_ENGINE_PROCESS": "false",  # one process less to start: the handover is the gateway's
-        # One sentence's beams at a time, in chunks of 8: Serve's shutdown (~5 s, more on a busy host) goes on
-        # translating until it hands over, and a batched server would finish the document meanwhile.
+        # One sentence's beams at a time, in chunks of 8: slow enough that the document is still translating
+        # when the SIGTERM comes, which hands it over at once (Gateway.drain).
         "BEAMSERVE_MAX_TEXTS": "8",
         "BEAMSERVE_DECODE_SLOTS": "4",
     }

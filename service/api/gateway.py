@@ -124,10 +124,15 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
         for model in self.local:
             model.reconfigure(config)
 
-    def drain(self) -> int:
+    async def drain(self) -> int:
         """Stop accepting translations (503, and /readyz 503) so a load balancer moves away; the ones
-        accepted go on. Returns how many are in flight."""
+        accepted go on, and the running documents are handed over now (service/routing/document_jobs.py), as
+        the replica's stop would after its drain: resumable from their last chunk saved, they are no reason to
+        keep the server up. Returns how many translations are in flight."""
         self.draining = True
+        documents: DocumentJobs | None = self.__dict__.get("documents")
+        if documents is not None:
+            await documents.stop()
         return self.in_flight
 
     def translations_in_flight(self) -> int:
