@@ -792,24 +792,34 @@ def test_waiting_documents_say_their_place_and_past_a_key_s_share_an_upload_is_r
     key = {"Authorization": "DeepL-Auth-Key any-key"}
     used = httpx.get(f"{server}/v2/usage", headers=key).json()["character_count"]
 
-    def upload(text: str) -> httpx.Response:
+    def status(document_id: str, document_key: str) -> dict[str, Any]:
+        return httpx.post(f"{server}/v2/document/{document_id}", json={"document_key": document_key}).json()
+
+    def upload(text: str) -> tuple[httpx.Response, dict[str, Any] | None]:
+        """The upload's answer and, where accepted, its status at once: the queue drains while the other
+        uploads still arrive, so a document's place is first asked as it is accepted."""
         files = {"file": ("part.txt", text.encode())}
         form = {"source_lang": "EN", "target_lang": "DE"}
-        return httpx.post(f"{server}/v2/document", files=files, data=form, headers=key, timeout=60)
+        r = httpx.post(f"{server}/v2/document", files=files, data=form, headers=key, timeout=60)
+        return r, status(r.json()["document_id"], r.json()["document_key"]) if r.status_code == 200 else None
 
     with ThreadPoolExecutor(60) as pool:
-        answers = list(pool.map(upload, texts))
+        uploads = list(pool.map(upload, texts))
+    answers = [r for r, _ in uploads]
     refused = [r for r in answers if r.status_code == 429]
     accepted = [(r.json(), text) for r, text in zip(answers, texts, strict=True) if r.status_code == 200]
     assert len(accepted) + len(refused) == 60 and refused, [r.status_code for r in answers]
     assert all(r.headers["retry-after"] == "5" and "of one key's" in r.json()["message"] for r in refused)
     places: dict[str, list[int]] = {h["document_id"]: [] for h, _ in accepted}  # each one's, as polled
+    for r, first in uploads:
+        if first is not None and first["status"] == "queued":
+            places[r.json()["document_id"]].append(first["queue_position"])
     pending = {h["document_id"]: h["document_key"] for h, _ in accepted}
-    ended: list[dict[str, object]] = []
+    ended: list[dict[str, Any]] = []
     deadline = time.monotonic() + 120
     while pending and time.monotonic() < deadline:  # those ended polled no more: the last few, polled often
         for document_id, document_key in list(pending.items()):
-            st = httpx.post(f"{server}/v2/document/{document_id}", json={"document_key": document_key}).json()
+            st = status(document_id, document_key)
             if st["status"] == "queued":
                 places[document_id].append(st["queue_position"])
             elif st["status"] != "translating":
