@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -180,17 +181,22 @@ def prepare(name: str, work: Path, systems: list[str]) -> tuple[Path, Path, dict
     return own, hf, ct2
 
 
+def cell_options(K: int, steps: int | None, **more: Any) -> DecodeOptions:
+    """beamserve's options for a cell: beam K, no length ratio, and on a random model exactly `steps` tokens a
+    sentence (`more`: other options)."""
+    return DecodeOptions(
+        beam_size=K,
+        max_length_ratio=None,
+        max_decoding_length=steps or 256,
+        min_decoding_length=(steps - 1) if steps else 0,
+        **more,
+    )
+
+
 def run_beamserve(
     tr: Translator, srcs: list[list[int]], B: int, K: int, steps: int | None, early_stopping: bool = False
 ) -> int:
-    opts = DecodeOptions(
-        beam_size=K,
-        max_batch_size=B,
-        max_length_ratio=None,
-        early_stopping=early_stopping,
-        max_decoding_length=steps or 256,
-        min_decoding_length=(steps - 1) if steps else 0,
-    )
+    opts = cell_options(K, steps, max_batch_size=B, early_stopping=early_stopping)
     return sum(len(h[0].tokens) + 1 for h in tr.translate_ids(srcs, opts))
 
 
@@ -203,12 +209,7 @@ def run_slots(
     steps: int | None,
     compiled: bool = False,
 ) -> int:
-    opts = DecodeOptions(
-        beam_size=K,
-        max_length_ratio=None,
-        max_decoding_length=steps or 256,
-        min_decoding_length=(steps - 1) if steps else 0,
-    )
+    opts = cell_options(K, steps)
     if (B, K) not in decoders:
         shape = PoolShape(slots=B, beams=K, target_len=steps or 256, source_len=tr.max_source_tokens, ngram_max=0)
         graphs = tr.device.type == "cuda"

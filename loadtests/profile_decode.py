@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "loadtests"))
 
-from bench_decode import RANDOM_MODELS, make_base_model, make_nllb_model  # noqa: E402
+from bench_decode import RANDOM_MODELS, cell_options, make_base_model, make_nllb_model  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
 from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
@@ -67,15 +67,10 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
         texts = [line.strip() for line in f][: args.batch * 2]
     lang = "eng_Latn" if tr.languages else None  # a model with language tokens: its source's first
     enc = sorted((tr.encode(t, lang=lang) for t in texts), key=len)
-    opts = DecodeOptions(beam_size=args.beam_size, max_batch_size=args.batch)
     if args.model in RANDOM_MODELS:  # random weights rarely emit </s>: exactly --steps tokens, as bench_decode
-        opts = DecodeOptions(
-            beam_size=args.beam_size,
-            max_batch_size=args.batch,
-            max_length_ratio=None,
-            max_decoding_length=args.steps,
-            min_decoding_length=args.steps - 1,
-        )
+        opts = cell_options(args.beam_size, args.steps, max_batch_size=args.batch)
+    else:
+        opts = DecodeOptions(beam_size=args.beam_size, max_batch_size=args.batch)
     steps = [0]
     if args.slots or args.compiled:
         shape = PoolShape(slots=args.batch, beams=args.beam_size, target_len=256, source_len=tr.max_source_tokens)
