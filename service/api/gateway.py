@@ -130,9 +130,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
         the replica's stop would after its drain: resumable from their last chunk saved, they are no reason to
         keep the server up. Returns how many translations are in flight."""
         self.draining = True
-        documents: DocumentJobs | None = self.__dict__.get("documents")
-        if documents is not None:
-            await documents.stop()
+        await self._hand_documents_over()
         return self.in_flight
 
     def translations_in_flight(self) -> int:
@@ -142,10 +140,14 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
         """Serve stops the replica (scale-down, rollout, SIGTERM): its running documents are handed over to the
         replica that next reads their status (service/routing/document_jobs.py), none failed. (Serve's ingress
         wrapper awaits a destructor that is a coroutine function, and only such a one.)"""
+        await self._hand_documents_over()
+        await asyncio.to_thread(tracing.flush)  # the spans of its last requests
+
+    async def _hand_documents_over(self) -> None:
+        """The running documents handed over to the replica that next reads their status, none failed."""
         documents: DocumentJobs | None = self.__dict__.get("documents")  # None: __init__ refused to start
         if documents is not None:
             await documents.stop()
-        await asyncio.to_thread(tracing.flush)  # the spans of its last requests
 
     @app.post(
         "/v1/translate",
