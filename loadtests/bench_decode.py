@@ -40,6 +40,7 @@ import gzip
 import json
 import multiprocessing
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -301,7 +302,7 @@ def _serve_system(conn: Connection, system: str, spec: dict[str, object]) -> Non
     try:
         run = _runner(system, spec, args)
     except Exception as e:  # reported to the parent, which leaves the system out and says why
-        conn.send(e)
+        conn.send(_sendable(e))
         return
     conn.send(None)  # ready
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -312,7 +313,17 @@ def _serve_system(conn: Connection, system: str, spec: dict[str, object]) -> Non
             tokens = run(n, B, K)
             conn.send((tokens, clock() - start))
         except Exception as e:
-            conn.send(e)
+            conn.send(_sendable(e))
+
+
+def _sendable(e: Exception) -> Exception:
+    """e as the parent can receive it: its type and message in a RuntimeError where e does not pickle
+    (inductor's errors hold modules)."""
+    try:
+        pickle.dumps(e)
+        return e
+    except Exception:
+        return RuntimeError(f"{type(e).__name__}: {str(e)[-2000:]}")
 
 
 def _receive(conn: Connection) -> tuple[int, int, int] | None:

@@ -16,7 +16,8 @@
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
 #   compiled the static step through torch.compile's inductor before its graphs, against the eager one's graphs
 #   profile  host time against device time per decode step: the compiled static step, the static one, the eager
-#            one; the static one at OPUS-MT-base's shapes
+#            one; the static one at OPUS-MT-base's shapes (each its own part: profile-compiled, profile-static,
+#            profile-eager, profile-base)
 #   shapes   the shapes people deploy: random OPUS-MT-base and NLLB-600M models, beam 4, batch 64, 32 steps:
 #            eager, static/graph and Hugging Face float16
 #   served-compiled  the engine under open-loop arrivals on the static decode state, its step compiled by
@@ -67,11 +68,13 @@ stage() {
     compiled) part compiled 120 compiled.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
                 --systems beamserve-slots,beamserve-slots-compiled,hf --beams 4 --batch-sizes 64 --sentences 512 \
                 --repeats 1 --out "$out/decode_gpu_compiled.md" ;;
-    profile) part profile-compiled 120 profile_compiled.txt python3 loadtests/profile_decode.py --device cuda --compiled
-             part profile-static 30 profile_static.txt python3 loadtests/profile_decode.py --device cuda --slots
-             part profile-eager 30 profile_eager.txt python3 loadtests/profile_decode.py --device cuda
-             part profile-base 60 profile_base.txt python3 loadtests/profile_decode.py --device cuda --model base \
-               --slots ;;
+    profile) for p in profile-compiled profile-static profile-eager profile-base; do stage $p; done ;;
+    profile-compiled) part profile-compiled 120 profile_compiled.txt python3 loadtests/profile_decode.py --device cuda \
+                        --compiled ;;
+    profile-static) part profile-static 30 profile_static.txt python3 loadtests/profile_decode.py --device cuda --slots ;;
+    profile-eager) part profile-eager 30 profile_eager.txt python3 loadtests/profile_decode.py --device cuda ;;
+    profile-base) part profile-base 60 profile_base.txt python3 loadtests/profile_decode.py --device cuda --model base \
+                    --slots ;;
     memory) part memory 30 memory.txt python3 loadtests/replica_memory.py --device cuda --out "$out/memory_gpu.md" ;;
     served) part served 120 served.txt python3 loadtests/bench_batching.py --device cuda --static-slots \
               --configs continuous --duration 3 --repeats 1 --bisect 0 --capacity-sentences 512 \

@@ -2,16 +2,15 @@
 service/error_codes.py, each with its one HTTP status, and a message), CodedError (a typed error of a
 layer below the routes that names its code), and the model's and Ray's own errors mapped to codes.
 
-A leaf: nothing here imports the rest of the service, so every layer raises these."""
+A leaf: nothing here imports the rest of the service, so every layer raises these; Ray is imported only
+when a raised error is looked up, so the engine and the text parsers run without it (the GPU stage)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable
 from typing import Any, ClassVar, TypeVar
-
-from ray.exceptions import ActorUnavailableError, RayActorError
-from ray.serve.exceptions import BackPressureError
 
 from model.errors import InputTooLongError, InvalidTextError
 from service.error_codes import CODES, RETRY_AFTER_S, status_of
@@ -30,15 +29,20 @@ class CodedError(Exception):
             raise TypeError(f"{cls.__name__}.code {cls.code!r} is not an error code")
 
 
-# The errors of the model and of Ray, which cannot name a code themselves -> their code.
-TYPES: dict[type[Exception], str] = {
-    InputTooLongError: "input_too_long",
-    InvalidTextError: "invalid_text",
-    BackPressureError: "overloaded",  # Serve's queue ahead of a replica (max_queued_requests) is full
-    # The pair's replica died or restarts mid-request: Serve replaces it within seconds.
-    RayActorError: "replica_unavailable",
-    ActorUnavailableError: "replica_unavailable",
-}
+@functools.cache
+def types() -> dict[type[Exception], str]:
+    """The errors of the model and of Ray, which cannot name a code themselves -> their code."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
+    from ray.serve.exceptions import BackPressureError
+
+    return {
+        InputTooLongError: "input_too_long",
+        InvalidTextError: "invalid_text",
+        BackPressureError: "overloaded",  # Serve's queue ahead of a replica (max_queued_requests) is full
+        # The pair's replica died or restarts mid-request: Serve replaces it within seconds.
+        RayActorError: "replica_unavailable",
+        ActorUnavailableError: "replica_unavailable",
+    }
 
 
 def message(body: dict[str, Any]) -> str:
@@ -77,7 +81,7 @@ def api_error(exc: BaseException) -> ApiError | None:
     code = (
         cause.code
         if isinstance(cause, CodedError)
-        else next((c for k, c in TYPES.items() if isinstance(cause, k)), None)
+        else next((c for k, c in types().items() if isinstance(cause, k)), None)
     )
     if code is None:
         return None

@@ -18,13 +18,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import torch
 
-from loadtests.otlp_receiver import Receiver
+if TYPE_CHECKING:  # the OTLP receiver's protobufs are imported by the fixture that starts it
+    from loadtests.otlp_receiver import Receiver
 from service.runtime import free_loopback_port as free_port  # below Ray's ephemeral ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -325,6 +326,7 @@ RECEIVER: list[Receiver] = []  # the shared server's trace receiver while it run
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Real Ray Serve on 127.0.0.1 with the shipped models, shared by every service test. It traces the
     requests that come with a sampled traceparent (none other: trace_ratio 0), to an OTLP receiver."""
+    from loadtests.otlp_receiver import Receiver
     from service import runtime
     from service.settings import Settings
 

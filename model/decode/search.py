@@ -415,13 +415,14 @@ def top_indices(scores: torch.Tensor, n: int, order: torch.Tensor | None = None)
     the token greedy search's argmax does, and each search keeps its candidates in one order everywhere.
 
     Each float32 score's bits become an integer of the same order (a negative's magnitude bits flipped),
-    shifted above the order's place; topk over those int64 keys has no ties.
+    shifted above the order's place, less the order; topk over those int64 keys has no ties. (Subtracting
+    keeps every constant within 32 bits, as Triton needs of inductor's code for it.)
     """
     bits = (scores + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes +0.0, equal to it
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # (b, M): as the scores are, as signed integers
     if order is None:
         order = torch.arange(scores.shape[1], device=scores.device)
-    return ((ordered.to(torch.int64) << 32) | (0xFFFFFFFF - order)).topk(n, dim=1).indices
+    return ((ordered.to(torch.int64) << 32) - order).topk(n, dim=1).indices
 
 
 def _extend(tokens: torch.Tensor, beam: torch.Tensor, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
