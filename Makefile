@@ -108,9 +108,12 @@ format: install
 	$(VENV)/bin/ruff format $(CODE)
 
 # Wheels the GPU stage (loadtests/gpu_run.sh) needs that the lent GPU machines lack, for their Python,
-# at this environment's versions, into .whl/ (about 50 MB) to carry with the call.
+# at this environment's versions, into .whl/ (about 5 MB) to carry with the call. Not CTranslate2: its
+# wheel (41 MB) links CUDA 12's cuBLAS, which those machines' CUDA 13 lacks; `make gpu-wheels
+# GPU_EXTRA=ctranslate2` adds it for a CUDA 12 machine.
 GPU_PY ?= 3.12
-GPU_WHEELS := ctranslate2 pytest pluggy iniconfig packaging pygments pydantic pydantic-core pydantic-settings \
+GPU_EXTRA ?=
+GPU_WHEELS := $(GPU_EXTRA) pytest pluggy iniconfig packaging pygments pydantic pydantic-core pydantic-settings \
   python-dotenv annotated-types typing-inspection typing-extensions
 gpu-wheels: install
 	rm -rf .whl

@@ -25,11 +25,12 @@
 #   served   the same with the state's eager step
 #   memory   one replica's device memory (loadtests/replica_memory.py)
 #
-# Wheels. The machine lacks ctranslate2, pytest and pydantic (and Ray, whose wheel is over the device
-# tool's 64 MiB carry: the served part drives the engine a replica runs, without HTTP). Before the call:
+# Wheels. The machine lacks pytest and pydantic (and Ray and OpenTelemetry: the served part drives the
+# engine a replica runs, without HTTP, and nothing the stage imports needs them). Before the call:
 #   make gpu-wheels          # downloads them for the machine's Python (GPU_PY, 3.12) into .whl/
 # and carry ".whl" in the call. They are unpacked into a temporary directory on PYTHONPATH, nothing
-# installed. Without them the tests part fails to import and decode reports CTranslate2 as not run.
+# installed. Without them the tests part fails to import. CTranslate2's wheel links CUDA 12, so on a
+# CUDA 13 machine decode reports it as not run (GPU_EXTRA=ctranslate2 adds it where CUDA 12 is).
 set -uo pipefail
 out=${OUT:-gpu_out}; mkdir -p "$out"
 start=$(date +%s); budget=${STAGE_S:-410}

@@ -107,6 +107,8 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
     host = time.process_time() - cpu_start
     events = prof.key_averages()
     print(events.table(sort_by="self_cpu_time_total", row_limit=20))
+    if args.device.startswith("cuda"):  # the kernels by device time, those the replayed graphs launch included
+        print(events.table(sort_by="self_device_time_total", row_limit=25))
     device = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
     per = (
         f" over {steps[0]} steps: {host / steps[0] * 1e3:.2f} ms host, {device / steps[0] * 1e3:.2f} ms device a step"

@@ -1,7 +1,8 @@
 """The codebase's own rules, read from its source: model/ and service/ as floors that import only
 downwards with no import cycle, model/ never importing the service or Ray, no module importing another
 module's private name (a private helper is one module's business), every declared
-runtime dependency is used, and every benchmark report names the commit it measured."""
+runtime dependency is used, every benchmark report names the commit it measured, and the GPU stage
+imports nothing the GPU machines lack."""
 
 from __future__ import annotations
 
@@ -249,6 +250,47 @@ def test_the_declared_runtime_dependencies_are_the_ones_used() -> None:
     assert not unused, f"declared, never used: {unused}"
     assert not used - set(declared), f"imported, not declared: {sorted(used - set(declared))}"
     assert not set(USED_UNIMPORTED) - set(declared)
+
+
+# What the lent GPU machines' image lacks that the service uses; the GPU stage's parts run without them.
+GPU_IMAGE_LACKS = ("ray", "opentelemetry", "fastapi", "starlette", "uvicorn", "ctranslate2")
+GPU_STAGE_SCRIPTS = ("bench_decode.py", "bench_batching.py", "profile_decode.py", "replica_memory.py")
+
+
+def test_the_gpu_stage_imports_nothing_the_gpu_image_lacks() -> None:
+    """loadtests/gpu_run.sh runs on a machine with torch and no Ray, OpenTelemetry or FastAPI: its scripts
+    and the CUDA tests must import without them (the engine, not Serve), or the one GPU call of a session
+    is spent on an ImportError."""
+    import subprocess
+    import sys
+
+    block = f"""
+import runpy, sys
+class Lacks:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {GPU_IMAGE_LACKS!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, Lacks())
+sys.path[:0] = [".", "loadtests"]  # as gpu_run.sh's PYTHONPATH and `python loadtests/x.py` have them
+"""
+    scripts = "".join(
+        f"""
+sys.argv = ["{name}", "--help"]
+try:
+    runpy.run_path("loadtests/{name}", run_name="__main__")
+except SystemExit as e:
+    assert e.code == 0, "{name}"
+"""
+        for name in GPU_STAGE_SCRIPTS
+    )
+    collect = """
+import pytest
+cuda = ["tests/test_cuda.py", "tests/test_slots.py", "tests/test_engine.py"]
+sys.exit(pytest.main(["-q", "--co", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "cuda", *cuda]))
+"""
+    for code in (block + scripts, block + collect):
+        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 # GPU runs whose reports name no commit: running them again needs a GPU (make gpu-wheels, loadtests/gpu_run.sh).
