@@ -108,9 +108,12 @@ def test_a_finished_sentence_is_refilled_by_the_last_block(attention: str) -> No
     rows = torch.tensor([2, 3, 4, 5])
     st.reorder(rows, torch.tensor([1, 2]))
     assert row_marks(st) == [int(before[r]) for r in rows]
-    if attention == "c":  # rows and sentences stay in search order
+    if attention == "c":  # rows stay in search order; the source keys stay in their slots, the rows read them there
         assert st.identity and st.phys.tolist() == list(range(4))
-        torch.testing.assert_close(st.cross.k[0], cross_k[[1, 2]])
+        assert torch.equal(st.cross.k[0], cross_k)
+        assert st.cross.beams == 2 and st.cross.row_index is not None and st.cross.row_index.tolist() == [2, 3, 4, 5]
+        st.reorder(torch.tensor([0, 1]), torch.tensor([0]))  # then sentence 2 finished: sentence 1 reads slot 1
+        assert torch.equal(st.cross.k[0], cross_k) and st.cross.row_index.tolist() == [2, 3]
     else:
         assert st.phys.tolist() == [2, 3, 0, 1]  # sentence 1 stays in block 1, sentence 2 fills block 0
         torch.testing.assert_close(st.cross.k[0], cross_k[[2, 1]])  # cross-attention follows the blocks

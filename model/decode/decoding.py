@@ -19,7 +19,9 @@ class CachedStepper:
     -> cache row), so that a reorder copies few rows: a beam continuing its parent stays where the
     parent was (only extra siblings are copied), and a finished sentence's block is refilled by the
     last block instead of shifting every block after it. A lineage cache (attention in C) copies no
-    keys at all, so its rows stay in search order and a reorder gathers only the lineage.
+    keys at all, so its rows stay in search order and a reorder gathers only the lineage; nor does a
+    sentence's end move the source keys there: the rows point at their sentences' slots (row_index),
+    as the C attention reads them.
     """
 
     steps_in_c = True  # False: every step a call of its own, to measure beam_steps against
@@ -33,6 +35,7 @@ class CachedStepper:
         self.cache.resize(B, 0)  # one row per sentence until beam search's first reorder
         self.phys = torch.arange(B, device=memory.device)  # (N,) cache row of each search row
         self.identity = True  # phys is arange: nothing to permute
+        self.slots = torch.arange(B, device=memory.device)  # (b,) cross-cache slot of each live sentence (lineage)
 
     def step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         if self.identity:
@@ -52,8 +55,11 @@ class CachedStepper:
         """Search row i continues search row rows[i]; rows (b * K,) are sentence-major."""
         if self.cache.lineage is not None:  # rows stay in search order: a reorder moves only the lineage
             self.cache.follow(rows)
-            if sentences is not None:
-                self.cross.select(sentences)
+            if sentences is not None:  # the others' source keys stay where they are, unread
+                K = self.beams
+                self.slots = self.slots.index_select(0, sentences)  # (b,)
+                beam = torch.arange(K, device=rows.device)
+                self.cross.row_index, self.cross.beams = (self.slots[:, None] * K + beam).view(-1), K  # (b K,)
             self.phys = torch.arange(rows.numel(), device=rows.device)
             return
         K, B = self.beams, self.cross.src_mask.shape[0]
