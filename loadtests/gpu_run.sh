@@ -1,29 +1,30 @@
 #!/usr/bin/env bash
 # The GPU stage: everything that needs a GPU, in one call of the lent GPU machine (15 minutes, its
-# start-up included), within 7 minutes on an H100 or H200. Runs from the repository root with the
+# start-up included), within 8 minutes on an H100 or H200. Runs from the repository root with the
 # machine's own python3 (torch with CUDA, transformers, sentencepiece, safetensors); writes every
 # report and log under ${OUT:-gpu_out}/, with summary.txt saying what each part did.
 #
-#   bash loadtests/gpu_run.sh               # the stage: the parts below in priority order, ~7 minutes
+#   bash loadtests/gpu_run.sh               # the stage: the parts below in priority order, ~8 minutes
+#   bash loadtests/gpu_run.sh profile-static decode    # parts by name, each its own limit
 #   bash loadtests/gpu_run.sh batching packing cudnn   # the longer benchmarks, for a machine held longer
 #
-# Parts, each with its own time limit, cut to what is left of STAGE_S (410 s) and skipped under 20 s; with no
+# Parts, each with its own time limit, cut to what is left of STAGE_S (480 s) and skipped under 20 s; with no
 # part named, these in this order (their limits sum past the budget: the later parts run as far as the earlier
-# ones leave time):
+# ones leave time; on an H200 all of them took about 560 s):
 #   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token (the compiled
 #            step's graphs too), a step under torch.cuda.set_sync_debug_mode("error"), capture memory
 #            bounded, the engine on graphs
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
-#   compiled the static step through torch.compile's inductor before its graphs, against the eager one's graphs
-#   profile  host time against device time per decode step: the compiled static step, the static one, the eager
-#            one; the static one at OPUS-MT-base's shapes (each its own part: profile-compiled, profile-static,
-#            profile-eager, profile-base)
+#   profile-static, profile-base  host against device time per decode step, and the kernels by device time:
+#            the static step at en-de's and at OPUS-MT-base's shapes
 #   shapes   the shapes people deploy: random OPUS-MT-base and NLLB-600M models, beam 4, batch 64, 32 steps:
 #            eager, static/graph and Hugging Face float16
-#   served-compiled  the engine under open-loop arrivals on the static decode state, its step compiled by
-#            inductor (Settings.compiled_step)
-#   served   the same with the state's eager step
+#   served   the engine under open-loop arrivals on the static decode state
+#   compiled the static step through torch.compile's inductor before its graphs, against the eager one's graphs
+#   profile-compiled, profile-eager  the same profile of the compiled static step and of the eager decoder
+#   served-compiled  the engine under arrivals, its static step compiled by inductor (Settings.compiled_step)
 #   memory   one replica's device memory (loadtests/replica_memory.py)
+# (`profile` names the four profile parts.)
 #
 # Wheels. The machine lacks pytest and pydantic (and Ray and OpenTelemetry: the served part drives the
 # engine a replica runs, without HTTP, and nothing the stage imports needs them). Before the call:
@@ -33,7 +34,7 @@
 # CUDA 13 machine decode reports it as not run (GPU_EXTRA=ctranslate2 adds it where CUDA 12 is).
 set -uo pipefail
 out=${OUT:-gpu_out}; mkdir -p "$out"
-start=$(date +%s); budget=${STAGE_S:-410}
+start=$(date +%s); budget=${STAGE_S:-480}
 wheels=$(mktemp -d); trap 'rm -rf "$wheels"' EXIT
 for w in .whl/*.whl; do [ -e "$w" ] && python3 -m zipfile -e "$w" "$wheels"; done
 export PYTHONPATH=$PWD:$wheels PYTHONUNBUFFERED=1 BEAMSERVE_DATA=${BEAMSERVE_DATA:-$PWD/tests/data/multi30k}
@@ -95,7 +96,8 @@ stage() {
 }
 
 if (($# == 0)); then
-  set -- tests decode compiled profile shapes served-compiled served memory
+  set -- tests decode profile-static profile-base shapes served compiled profile-compiled served-compiled \
+    profile-eager memory
 else
   budget=${STAGE_S:-3600}  # parts named: each its own limit
 fi
