@@ -15,8 +15,9 @@
 #            step's graphs too), a step under torch.cuda.set_sync_debug_mode("error"), capture memory
 #            bounded, the engine on graphs
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
-#   profile-static, profile-base  host against device time per decode step, and the kernels by device time:
-#            the static step at en-de's and at OPUS-MT-base's shapes
+#   profile-static, profile-base, profile-wide  host against device time per decode step, the kernels by device
+#            time and their count a step: the static step at en-de's and OPUS-MT-base's shapes, batch 64, and
+#            en-de's at batch 256 (the served engine's 1,024 rows)
 #   shapes   the shapes people deploy: random OPUS-MT-base and NLLB-600M models, beam 4, batch 64, 32 steps:
 #            eager, static/graph and Hugging Face float16
 #   served   the engine under open-loop arrivals on the static decode state
@@ -24,7 +25,7 @@
 #   profile-compiled, profile-eager  the same profile of the compiled static step and of the eager decoder
 #   served-compiled  the engine under arrivals, its static step compiled by inductor (Settings.compiled_step)
 #   memory   one replica's device memory (loadtests/replica_memory.py)
-# (`profile` names the four profile parts.)
+# (`profile` names the five profile parts.)
 #
 # Wheels. The machine lacks pytest and pydantic (and Ray and OpenTelemetry: the served part drives the
 # engine a replica runs, without HTTP, and nothing the stage imports needs them). Before the call:
@@ -70,10 +71,12 @@ stage() {
     compiled) part compiled 120 compiled.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
                 --systems beamserve-slots,beamserve-slots-compiled,hf --beams 4 --batch-sizes 64 --sentences 512 \
                 --repeats 1 --out "$out/decode_gpu_compiled.md" ;;
-    profile) for p in profile-compiled profile-static profile-eager profile-base; do stage $p; done ;;
+    profile) for p in profile-compiled profile-static profile-wide profile-eager profile-base; do stage $p; done ;;
     profile-compiled) part profile-compiled 120 profile_compiled.txt python3 loadtests/profile_decode.py --device cuda \
                         --compiled ;;
     profile-static) part profile-static 30 profile_static.txt python3 loadtests/profile_decode.py --device cuda --slots ;;
+    profile-wide) part profile-wide 30 profile_wide.txt python3 loadtests/profile_decode.py --device cuda --slots \
+                    --batch 256 ;;
     profile-eager) part profile-eager 30 profile_eager.txt python3 loadtests/profile_decode.py --device cuda ;;
     profile-base) part profile-base 60 profile_base.txt python3 loadtests/profile_decode.py --device cuda --model base \
                     --slots ;;
@@ -96,8 +99,8 @@ stage() {
 }
 
 if (($# == 0)); then
-  set -- tests decode profile-static profile-base shapes served compiled profile-compiled served-compiled \
-    profile-eager memory
+  set -- tests decode profile-static profile-base profile-wide shapes served compiled profile-compiled \
+    served-compiled profile-eager memory
 else
   budget=${STAGE_S:-3600}  # parts named: each its own limit
 fi

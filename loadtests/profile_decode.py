@@ -116,6 +116,9 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
         else ""
     )
     print(f"host CPU time {host:.3f} s, device time {device:.3f} s{per}")
+    if args.device.startswith("cuda"):  # the device's own events: kernels (and copies), in graphs or not
+        kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        print(f"device events {kernels}" + (f", {kernels / steps[0]:.0f} a step" if steps[0] else ""))
 
 
 if __name__ == "__main__":
