@@ -143,6 +143,8 @@ def _product(kernel: str, x: torch.Tensor, q: Int8Weight, bias: torch.Tensor | N
         y = torch.ops.onednn.qlinear_pointwise(
             xq, 1.0, 0, packed, q.scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
         )[:M]
+        if log_softmax and native.scales_back():  # the row scales, the bias and the log-softmax in one pass
+            return ops.rescale_log_softmax_(y, xs, bias)
         y = torch.addcmul(bias, y, xs, out=y) if bias is not None else y.mul_(xs)  # the row scales, then the bias
         return ops.log_softmax_(y) if log_softmax else y
     # (M, N) int32, exact

@@ -55,6 +55,7 @@ SIGNATURES = {
     "beamserve_log_softmax": "v:pqqq",
     "beamserve_silu": "v:pq",
     "beamserve_scale_back_log_softmax": "v:pqqpppp",
+    "beamserve_rescale_log_softmax": "v:pqqpp",
     "beamserve_top_candidates": "i:ppqqqqppp",
     "beamserve_beam_step": "i:pqqqppppppqpppqippp",
     "beamserve_beam_advance": "i:pqqqppppppqpqppfqipqqqqpppp",
@@ -500,6 +501,27 @@ def scale_back_log_softmax_(
     lib.beamserve_scale_back_log_softmax(
         acc.data_ptr(), M, N, col_scale.data_ptr(), row_scale.data_ptr(), b, y.data_ptr()
     )
+    return y
+
+
+def rescale_log_softmax_(y: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y (M, N) contiguous float32, a product times its column scales -> each row's log-softmax of y * row_scale
+    (M, 1) + bias (N,), written over y: the same bits as torch.addcmul(bias, y, row_scale), then log_softmax_.
+    Only where scales_back() and steps()."""
+    M, N = y.shape
+    _check(
+        y.dtype == row_scale.dtype == torch.float32 and y.is_contiguous() and row_scale.is_contiguous()
+        and row_scale.numel() == M and all(t.device.type == "cpu" for t in (y, row_scale)),
+        "rescale_log_softmax",
+        "y (M, N) and row_scale (M, 1) contiguous float32 on CPU",
+    )  # fmt: skip
+    _check(
+        bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N),
+        "rescale_log_softmax",
+        f"the bias must be {N} contiguous float32s",
+    )
+    b = None if bias is None else bias.data_ptr()
+    _lib().beamserve_rescale_log_softmax(y.data_ptr(), M, N, row_scale.data_ptr(), b)
     return y
 
 

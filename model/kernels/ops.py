@@ -34,6 +34,7 @@ SCHEMAS = {
     "scale_back_log_softmax_": (
         "scale_back_log_softmax_(Tensor(a!) acc, Tensor col_scale, Tensor row_scale, Tensor? bias) -> ()"
     ),
+    "rescale_log_softmax_": "rescale_log_softmax_(Tensor(a!) y, Tensor row_scale, Tensor? bias) -> ()",
     "log_softmax_": "log_softmax_(Tensor(a!) x) -> ()",
     "vnni_gemm": "vnni_gemm(Tensor x, Tensor packed, Tensor comp, int N, int K) -> Tensor",
     "vnni_linear": (
@@ -65,6 +66,10 @@ def _scale_back_log_softmax_(
     acc: torch.Tensor, col: torch.Tensor, row: torch.Tensor, bias: torch.Tensor | None
 ) -> None:
     native.scale_back_log_softmax_(acc, col, row, bias)
+
+
+def _rescale_log_softmax_(y: torch.Tensor, row: torch.Tensor, bias: torch.Tensor | None) -> None:
+    native.rescale_log_softmax_(y, row, bias)
 
 
 def _log_softmax_(x: torch.Tensor) -> None:
@@ -141,6 +146,7 @@ IMPLS: dict[str, Callable[..., object]] = {
     "quantize_rows": native.quantize_rows,
     "scale_back_": _scale_back_,
     "scale_back_log_softmax_": _scale_back_log_softmax_,
+    "rescale_log_softmax_": _rescale_log_softmax_,
     "log_softmax_": _log_softmax_,
     "vnni_gemm": _vnni_gemm,
     "vnni_linear": _vnni_linear,
@@ -170,6 +176,7 @@ FAKES: dict[str, Callable[..., object]] = {
     "quantize_rows": lambda x: (x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[0], 1)),
     "scale_back_": _nothing,
     "scale_back_log_softmax_": _nothing,
+    "rescale_log_softmax_": _nothing,
     "log_softmax_": _nothing,
     "vnni_gemm": lambda x, packed, comp, N, K: _rows(x, N, torch.int32),
     "vnni_linear": lambda x, packed, comp, scale, N, K, bias, residual, log_softmax: _rows(x, N),
@@ -223,6 +230,11 @@ class Traced:
     ) -> torch.Tensor:
         _OPS.scale_back_log_softmax_.default(acc, col_scale, row_scale, bias)
         return acc.view(torch.float32)
+
+    @staticmethod
+    def rescale_log_softmax_(y: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        _OPS.rescale_log_softmax_.default(y, row_scale, bias)
+        return y
 
     @staticmethod
     def log_softmax_(x: torch.Tensor) -> torch.Tensor:
@@ -314,6 +326,7 @@ int8_gemm = _routed(native.int8_gemm, Traced.int8_gemm)
 quantize_rows = _routed(native.quantize_rows, Traced.quantize_rows)
 scale_back_ = _routed(native.scale_back_, Traced.scale_back_)
 scale_back_log_softmax_ = _routed(native.scale_back_log_softmax_, Traced.scale_back_log_softmax_)
+rescale_log_softmax_ = _routed(native.rescale_log_softmax_, Traced.rescale_log_softmax_)
 log_softmax_ = _routed(native.log_softmax_, Traced.log_softmax_)
 vnni_gemm = _routed(native.vnni_gemm, Traced.vnni_gemm)
 vnni_linear = _routed(native.vnni_linear, Traced.vnni_linear)

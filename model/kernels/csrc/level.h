@@ -40,6 +40,7 @@
 #define beamserve_linear_forward BEAMSERVE_LEVELED(beamserve_linear_forward)
 #define beamserve_log_softmax BEAMSERVE_LEVELED(beamserve_log_softmax)
 #define beamserve_quantize_rows BEAMSERVE_LEVELED(beamserve_quantize_rows)
+#define beamserve_rescale_log_softmax BEAMSERVE_LEVELED(beamserve_rescale_log_softmax)
 #define beamserve_scale_back BEAMSERVE_LEVELED(beamserve_scale_back)
 #define beamserve_scale_back_log_softmax BEAMSERVE_LEVELED(beamserve_scale_back_log_softmax)
 #define beamserve_self_attend_step BEAMSERVE_LEVELED(beamserve_self_attend_step)
