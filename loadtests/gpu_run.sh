@@ -83,7 +83,7 @@ stage() {
     memory) part memory 30 memory.txt python3 loadtests/replica_memory.py --device cuda --out "$out/memory_gpu.md" ;;
     served) part served 120 served.txt python3 loadtests/bench_batching.py --device cuda --static-slots \
               --configs continuous --duration 3 --repeats 1 --bisect 0 --capacity-sentences 512 \
-              --rates 256,512,1024,1536,2048 --out "$out/batching_gpu_static.md" ;;
+              --rates 256,512,1024,1536,2048,2560,3072 --out "$out/batching_gpu_static.md" ;;
     served-compiled) part served-compiled 180 served_compiled.txt python3 loadtests/bench_batching.py --device cuda \
                        --compiled-step --configs continuous --duration 3 --repeats 1 --bisect 0 \
                        --capacity-sentences 512 --rates 256,512,1024,1536,2048,3072 \
