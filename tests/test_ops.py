@@ -47,6 +47,7 @@ def _samples() -> dict[str, tuple[object, ...]]:
         "scale_back_": (acc.clone(), _randn(N).abs(), _randn(M, 1).abs(), _randn(N)),
         "scale_back_log_softmax_": (acc.clone(), _randn(N).abs(), _randn(M, 1).abs(), None),
         "log_softmax_": (_randn(M, N),),
+        "rescale_log_softmax_": (_randn(M, N), _randn(M, 1).abs(), _randn(N)),
         "attend": (_randn(2, 4, 16), k, v, 7, None, None),
         "self_attend_step": (_randn(2, 3 * 64), k.clone(), v.clone(), 3, None, None),
         "layer_norm": (_randn(M, K), _randn(K), _randn(K), 1e-5),
@@ -113,6 +114,15 @@ def test_the_in_place_operators_write_what_their_kernels_write() -> None:
     (x,) = _samples()["log_softmax_"]
     assert isinstance(x, torch.Tensor)
     assert torch.equal(ops.log_softmax_(x.clone()), native.log_softmax_(x.clone()))
+    y, rows, bias = _samples()["rescale_log_softmax_"]
+    assert isinstance(y, torch.Tensor) and isinstance(rows, torch.Tensor) and isinstance(bias, torch.Tensor)
+    want = torch.log_softmax(torch.addcmul(bias, y, rows), -1)  # the two passes it makes one
+    got = ops.rescale_log_softmax_(y.clone(), rows, bias)
+    assert torch.equal(got, native.rescale_log_softmax_(y.clone(), rows, bias))
+    torch.testing.assert_close(got, want)  # its log-softmax's own bits (csrc/search.c), near PyTorch's
+    assert torch.equal(
+        native.rescale_log_softmax_(y.clone(), rows, bias), native.log_softmax_(torch.addcmul(bias, y, rows))
+    )
     qkv, k, v, at, _, _ = _samples()["self_attend_step"]
     assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and isinstance(qkv, torch.Tensor)
     k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
