@@ -62,6 +62,7 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
     import os
 
     data = Path(os.environ.get("BEAMSERVE_DATA", args.data))
+    cuda = args.device.startswith("cuda")
     tr = Translator.load(model, args.device, dtype=args.dtype, compute_type=args.compute_type, num_threads=args.threads)
     with gzip.open(data / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         texts = [line.strip() for line in f][: args.batch * 2]
@@ -74,12 +75,11 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
     steps = [0]
     if args.slots or args.compiled:
         shape = PoolShape(slots=args.batch, beams=args.beam_size, target_len=256, source_len=tr.max_source_tokens)
-        graphs = tr.device.type == "cuda"
-        pool = SlotDecoder(tr.model, shape, device=tr.device, graphs=graphs, compiled=args.compiled)
+        pool = SlotDecoder(tr.model, shape, device=tr.device, graphs=cuda, compiled=args.compiled)
 
         def run() -> None:
             before = pool._launches
-            decode_all(pool, enc, [opts] * len(enc), lag=1 if tr.device.type == "cuda" else 0)
+            decode_all(pool, enc, [opts] * len(enc), lag=1 if cuda else 0)
             steps[0] = pool._launches - before
     else:
 
@@ -87,7 +87,7 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
             tr.translate_ids(enc, opts)
 
     run()  # warm-up (and with --slots on CUDA the graphs' capture, with --compiled the compilation)
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
     start = time.perf_counter()
     run()
@@ -98,7 +98,7 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
         f"{time.perf_counter() - start:.3f}s"
     )
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if args.device.startswith("cuda"):
+    if cuda:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     cpu_start = time.process_time()
     with torch.profiler.profile(activities=acts) as prof:
@@ -107,7 +107,7 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
     host = time.process_time() - cpu_start
     events = prof.key_averages()
     print(events.table(sort_by="self_cpu_time_total", row_limit=20))
-    if args.device.startswith("cuda"):  # the kernels by device time, those the replayed graphs launch included
+    if cuda:  # the kernels by device time, those the replayed graphs launch included
         print(events.table(sort_by="self_device_time_total", row_limit=25))
     device = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
     per = (
@@ -116,7 +116,7 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
         else ""
     )
     print(f"host CPU time {host:.3f} s, device time {device:.3f} s{per}")
-    if args.device.startswith("cuda"):  # the device's own events: kernels (and copies), in graphs or not
+    if cuda:  # the device's own events: kernels (and copies), in graphs or not
         kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
         print(f"device events {kernels}" + (f", {kernels / steps[0]:.0f} a step" if steps[0] else ""))
 

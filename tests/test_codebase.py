@@ -259,8 +259,8 @@ GPU_STAGE_SCRIPTS = ("bench_decode.py", "bench_batching.py", "profile_decode.py"
 
 def test_the_gpu_stage_imports_nothing_the_gpu_image_lacks() -> None:
     """loadtests/gpu_run.sh runs on a machine with torch and no Ray, OpenTelemetry or FastAPI: its scripts
-    and the CUDA tests must import without them (the engine, not Serve), or the one GPU call of a session
-    is spent on an ImportError."""
+    and the CUDA tests must import without them (the engine, not Serve), or the stage's one call of the GPU
+    machine is spent on an ImportError."""
     import subprocess
     import sys
 

@@ -467,9 +467,14 @@ def _check_scales(
     _check(col_scale.dtype == row_scale.dtype == torch.float32, "scale_back", "the scales must be float32")
     _check(col_scale.is_contiguous() and row_scale.is_contiguous(), "scale_back", "the scales must be contiguous")
     _check(col_scale.numel() == N and row_scale.numel() == M, "scale_back", f"scales for ({M}, {N})")
+    _check_bias(bias, N, "scale_back")
+
+
+def _check_bias(bias: torch.Tensor | None, N: int, kernel: str) -> None:
+    """A kernel's bias: none, or N contiguous float32s."""
     _check(
         bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N),
-        "scale_back",
+        kernel,
         f"the bias must be {N} contiguous float32s",
     )
 
@@ -515,11 +520,7 @@ def rescale_log_softmax_(y: torch.Tensor, row_scale: torch.Tensor, bias: torch.T
         "rescale_log_softmax",
         "y (M, N) and row_scale (M, 1) contiguous float32 on CPU",
     )  # fmt: skip
-    _check(
-        bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.numel() == N),
-        "rescale_log_softmax",
-        f"the bias must be {N} contiguous float32s",
-    )
+    _check_bias(bias, N, "rescale_log_softmax")
     b = None if bias is None else bias.data_ptr()
     _lib().beamserve_rescale_log_softmax(y.data_ptr(), M, N, row_scale.data_ptr(), b)
     return y
