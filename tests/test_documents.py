@@ -811,8 +811,8 @@ def test_waiting_documents_say_their_place_and_past_a_key_s_share_an_upload_is_r
     assert len(accepted) + len(refused) == 60 and refused, [r.status_code for r in answers]
     assert all(r.headers["retry-after"] == "5" and "of one key's" in r.json()["message"] for r in refused)
     places: dict[str, list[int]] = {h["document_id"]: [] for h, _ in accepted}  # each one's, as polled
-    for r, first in uploads:
-        if first is not None and first["status"] == "queued":
+    for r, first in uploads:  # a place is said once the document joins the queue, a moment after its upload
+        if first is not None and first["status"] == "queued" and "queue_position" in first:
             places[r.json()["document_id"]].append(first["queue_position"])
     pending = {h["document_id"]: h["document_key"] for h, _ in accepted}
     ended: list[dict[str, Any]] = []
@@ -820,7 +820,7 @@ def test_waiting_documents_say_their_place_and_past_a_key_s_share_an_upload_is_r
     while pending and time.monotonic() < deadline:  # those ended polled no more: the last few, polled often
         for document_id, document_key in list(pending.items()):
             st = status(document_id, document_key)
-            if st["status"] == "queued":
+            if st["status"] == "queued" and "queue_position" in st:
                 places[document_id].append(st["queue_position"])
             elif st["status"] != "translating":
                 ended.append(st)

@@ -77,8 +77,8 @@ class DeepLRoutes(RouteBase):
 
     @app.post("/v2/document/{document_id}", responses=errors(DeepLError, 400, 403, 404, 503))
     async def deepl_document_status(self, document_id: str, request: Request) -> dict[str, Any]:
-        """DeepL-compatible: the document's status, queue_position while queued (beamserve's), seconds_remaining while
-        translating, billed_characters once done."""
+        """DeepL-compatible: the document's status, queue_position once it waits in its place (beamserve's),
+        seconds_remaining while translating, billed_characters once done."""
         client = await self._client(request)
         key = str((await read_body(request, deepl.form_field)).get("document_key", ""))
         return (await self.documents.status(document_id, key, client.id)).answer()
