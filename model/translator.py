@@ -15,7 +15,9 @@ from pathlib import Path
 import torch
 
 from model.decode.align import Link, attention_alignment
+from model.decode.confidence import ScoringResult
 from model.decode.decoding import generate, pad_batch
+from model.decode.scoring import token_log_probs
 from model.decode.search import Hypothesis, SearchOptions
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
 from model.io import checkpoint, generation, model_card
@@ -37,6 +39,7 @@ __all__ = [
     "InputTooLongError",
     "InvalidTextError",
     "LanguageError",
+    "ScoringResult",
     "SourceError",
     "TranslationResult",
     "Translator",
@@ -255,6 +258,57 @@ class Translator:
             for (i, _, src_spans, _, tgt_spans), picks in zip(chunk, best, strict=True):
                 out[i] = [Link(t, src_spans[s]) for t, s in zip(tgt_spans, picks, strict=True) if t[0] < t[1]]
         return out
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        *,
+        batch_size: int = 32,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+    ) -> list[ScoringResult]:
+        """Each (source, target)'s tokens scored teacher-forced (model/decode/scoring.py), as CTranslate2's
+        score_batch: the log-probability of every target token, </s> included (and, with language tokens,
+        `tgt_lang`'s forced first), their total and length-normalised score. Raises SourceError for a source
+        or target the model cannot take (the index is the pair's), LanguageError as `translate` does."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources and {len(targets)} targets: give one target per source")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not self.tokenizer.languages and (src_lang or tgt_lang):
+            raise LanguageError(
+                f"{self.name or 'this model'} has no language tokens: give neither src_lang nor tgt_lang"
+            )
+        if self.tokenizer.languages and tgt_lang is None:
+            raise LanguageError("this model translates into many languages: name the target language (tgt_lang)")
+        limit, eos = self.max_source_tokens, self.model.cfg.eos_token_id
+        pairs = []
+        for i, (source, target) in enumerate(zip(sources, targets, strict=True)):
+            try:
+                check_text(target)
+                src = self.encode(source, lang=src_lang)
+                if not src:
+                    raise InvalidTextError("an empty source: there is nothing to score a translation of")
+                tgt = [*self.tokenizer.spans(target, target=True, lang=tgt_lang)[0], eos]
+                if len(tgt) > limit:
+                    raise InputTooLongError(f"the target has {len(tgt)} tokens; this model accepts at most {limit}")
+            except SourceError as exc:
+                raise type(exc)(exc.reason, i) from None
+            pairs.append((src, tgt))
+        out: list[list[float]] = [[] for _ in pairs]
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][1]))  # like lengths together: less padding
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            found = token_log_probs(self.model, [pairs[i][0] for i in chunk], [pairs[i][1] for i in chunk])
+            for i, log_probs in zip(chunk, found, strict=True):
+                out[i] = log_probs
+        forced = 1 if tgt_lang is not None else 0
+        names = {i: code for code, i in self.tokenizer.languages.items()}
+        return [
+            ScoringResult([names.get(t) or self.tokenizer.pieces.get(t, "<unk>") for t in tgt], log_probs, forced)
+            for (_, tgt), log_probs in zip(pairs, out, strict=True)
+        ]
 
     def translate(
         self,

@@ -70,7 +70,9 @@ class MemoryRef(BaseModel):
         le=1.0,
         allow_inf_nan=False,
         description="1: exact matches alone (after normalising whitespace and placeholders); below it, a unit at this "
-        "fuzzy match (rapidfuzz's ratio) or nearer answers too",
+        "fuzzy match (rapidfuzz's ratio) or nearer is looked up too, and answers where it says what the sentence "
+        "says (its numbers and placeholders carried over, any other difference checked by the model); else it is "
+        "offered in memory_suggestions",
     )
 
 
@@ -134,7 +136,8 @@ class TranslateRequest(DecodeFields):
         description=(
             "a translation memory's id (POST /v1/memories), or {id, min_match}: each sentence the memory holds is "
             "answered from it, the rest translated; each translation then says where its sentences came from "
-            "(origin, memory_matches); needs the source named"
+            "(origin, memory_matches) and the units near a sentence that did not answer it (memory_suggestions); "
+            "needs the source named"
         ),
         examples=[{"id": "0f8e6a3c2b1d4e5f8a9b0c1d2e3f4a5b", "min_match": 0.9}],
     )
@@ -164,6 +167,14 @@ class DetectedLanguage(BaseModel):
     confidence: float  # 0-1 among the languages served; 0 for a text with no letters
 
 
+class MemorySuggestion(BaseModel):
+    """A memory's unit near a sentence that it did not answer (the model translated the sentence): to edit."""
+
+    source: str
+    target: str
+    match: float  # its fuzzy match in [0, 1]
+
+
 class Translation(BaseModel):
     text: str
     score: float
@@ -178,6 +189,44 @@ class Translation(BaseModel):
     # a sentence the model translated; origin sums them up.
     origin: Literal["model", "memory", "mixed"] | None = None
     memory_matches: list[float | None] | None = None
+    # With a translation memory asked: each sentence's unit near it that did not answer it, None elsewhere.
+    memory_suggestions: list[MemorySuggestion | None] | None = None
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(min_length=2, max_length=16, examples=["en"])
+    target: str = Field(min_length=2, max_length=16, examples=["de"])
+    texts: list[str] = Field(min_length=1, description="source sentences")
+    translations: list[str] = Field(min_length=1, description="a translation of each text, to score")
+    timeout_s: float | None = Field(
+        None, gt=0, strict=True, allow_inf_nan=False, description="answer 504 after this long (capped by the server)"
+    )
+
+    @field_validator("source", "target")
+    @classmethod
+    def _language_code(cls, code: str) -> str:
+        return code.strip().lower()
+
+    @model_validator(mode="after")
+    def _one_translation_a_text(self) -> ScoreRequest:
+        if len(self.texts) != len(self.translations):
+            raise ValueError(f"{len(self.texts)} texts and {len(self.translations)} translations: give one a text")
+        return self
+
+
+class Scored(BaseModel):
+    tokens: list[str]  # the translation's pieces, </s> last (a multilingual model's target language token first)
+    log_probs: list[float]  # each token's log-probability, teacher-forced
+    total: float
+    normalized: float  # the mean of log_probs (CTranslate2's length-normalised score)
+    confidence: float  # as a translation's: exp(the mean), a forced language token at probability 1
+
+
+class ScoreResponse(BaseModel):
+    model: str
+    scores: list[Scored]
 
 
 class Usage(BaseModel):

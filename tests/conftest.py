@@ -10,6 +10,7 @@ import fcntl
 import functools
 import gzip
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -231,6 +232,31 @@ def nllb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         model.save_pretrained(str(out))
 
     return once_per_run(tmp_path_factory, "nllb", build)
+
+
+@pytest.fixture(scope="session")
+def m2m100_dir(nllb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An M2M100 directory as transformers saves it (vocab.json, its languages named by set) over nllb_dir's
+    BPE model, with seeded random weights whose </s> row is scaled up, and 8 "madeup" words."""
+    import sentencepiece as spm
+    import transformers
+
+    def build(out: Path) -> None:
+        model_file = shutil.copyfile(nllb_dir / "sentencepiece.bpe.model", out / "sentencepiece.bpe.model")
+        pieces = spm.SentencePieceProcessor(model_file=str(model_file))
+        vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+        vocab |= {pieces.id_to_piece(i): i + 1 for i in range(3, pieces.get_piece_size())}
+        (out / "vocab.json").write_text(json.dumps(vocab))
+        tok = transformers.M2M100Tokenizer(str(out / "vocab.json"), str(model_file), src_lang="en", tgt_lang="de")
+        tok.save_pretrained(str(out))
+        config = transformers.M2M100Config.from_pretrained(nllb_dir, vocab_size=tok.get_lang_id("zu") + 9)
+        torch.manual_seed(1)
+        model = transformers.M2M100ForConditionalGeneration(config).eval()
+        with torch.no_grad():
+            model.model.shared.weight[EOS] *= 4
+        model.save_pretrained(str(out))
+
+    return once_per_run(tmp_path_factory, "m2m100", build)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 
 from service.errors import ApiError
 from service.text import tmx
-from service.text.memory import SCAN_ALL, MemoryIndex, normal
+from service.text.memory import SCAN_ALL, Carried, MemoryIndex, carried, normal
 
 from .conftest import read_lines
 
@@ -292,3 +292,169 @@ def test_the_command_line_imports_a_memory_the_server_answers_from_and_exports_i
     assert tmx.read(exported.stdout.encode(), "en", "de") == tmx.read(TMX, "en", "de")
     bad = beamserve("import", str(tmp_path / "in.tmx"), "--name", "x")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--source" in bad.stderr
+
+
+MEANINGS = b"""<?xml version="1.0" encoding="UTF-8"?>
+<tmx version="1.4"><header srclang="en" segtype="sentence" datatype="plaintext" adminlang="en"
+ creationtool="t" creationtoolversion="1" o-tmf="t"/>
+<body>
+<tu><tuv xml:lang="en"><seg>The payment was accepted.</seg></tuv>
+    <tuv xml:lang="de"><seg>Die Zahlung wurde akzeptiert.</seg></tuv></tu>
+<tu><tuv xml:lang="en"><seg>Don't turn off the device during the update.</seg></tuv>
+    <tuv xml:lang="de"><seg>Schalten Sie das Ger\xc3\xa4t w\xc3\xa4hrend des Updates nicht aus.</seg></tuv></tu>
+<tu><tuv xml:lang="en"><seg>Your order {id} has shipped.</seg></tuv>
+    <tuv xml:lang="de"><seg>Ihre Bestellung {id} wurde versandt.</seg></tuv></tu>
+<tu><tuv xml:lang="en"><seg>Two dogs are playing in the snow.</seg></tuv>
+    <tuv xml:lang="de"><seg>Zwei Hunde spielen im Schnee.</seg></tuv></tu>
+<tu><tuv xml:lang="en"><seg>A man is riding a bike.</seg></tuv>
+    <tuv xml:lang="de"><seg>Ein Mann f\xc3\xa4hrt Fahrrad.</seg></tuv></tu>
+<tu><tuv xml:lang="en"><seg>Room 12 is on floor 3.</seg></tuv>
+    <tuv xml:lang="de"><seg>Zimmer 12 liegt im 3. Stock.</seg></tuv></tu>
+</body></tmx>"""
+
+# Sentences a unit nearly repeats (each clears 0.75) that say something else: a negation added or dropped, a
+# number or quantity word changed, a person changed. None may come back as its unit's target.
+OTHER_MEANINGS = {
+    "The payment was not accepted.": "Die Zahlung wurde akzeptiert.",
+    "Do turn off the device during the update.": "Schalten Sie das Gerät während des Updates nicht aus.",
+    "A man is not riding a bike.": "Ein Mann fährt Fahrrad.",
+    "A woman is riding a bike.": "Ein Mann fährt Fahrrad.",
+    "Three dogs are playing in the snow.": "Zwei Hunde spielen im Schnee.",
+    "Many dogs are playing in the snow.": "Zwei Hunde spielen im Schnee.",
+    "Room 12 is on floor 3 or 4.": "Zimmer 12 liegt im 3. Stock.",
+}
+
+
+def test_a_match_carries_the_sentence_s_numbers_and_placeholders_or_nothing() -> None:
+    order = ("Your order {id} has shipped.", "Ihre Bestellung {id} wurde versandt.")
+    assert carried(*order, "Your order 7781 has shipped.") == Carried("Ihre Bestellung 7781 wurde versandt.", True)
+    assert carried(*order, "Your order %s has shipped.") == Carried("Ihre Bestellung %s wurde versandt.", True)
+    assert carried(*order, "Your order 7781 has not shipped.") == Carried("Ihre Bestellung 7781 wurde versandt.", False)
+    assert carried(*order, "Your order 7781 has shipped 2 boxes.") is None  # a number with no place in the target
+    swapped = carried("2 of 3 done", "2 von 3 fertig", "3 of 2 done")
+    assert swapped == Carried("3 von 2 fertig", True)  # replaced at once, not one after the other
+    assert carried("2 of 2 done", "2 von 2 fertig", "3 of 4 done") is None  # one of the unit's for two
+    assert carried("Pay 1,000.50 now", "Zahlen Sie jetzt 1.000,50", "Pay 2,000.50 now") is None  # written otherwise
+    assert carried("Pay 1,000.50 now", "Zahlen Sie 1,000.50", "Pay 2,000.50 now") == Carried(
+        "Zahlen Sie 2,000.50", True
+    )
+    assert carried("Seat A4, row 3", "Platz A4, Reihe 3", "Seat A5, row 3") == Carried("Platz A4, Reihe 3", False)
+    # An exact match whose target cannot take the sentence's placeholders is no exact match.
+    index = MemoryIndex({"Hello {name}.": "Hallo."})
+    assert index.lookup("Hello {user}.", 1.0) is None
+    found = index.lookup("Hello {user}.", 0.9)
+    assert found is not None and found.score < 1.0
+
+
+def test_a_fuzzy_match_that_says_something_else_is_offered_not_answered(client: httpx.Client) -> None:
+    memory = made(client, MEANINGS)
+    for fuzzy in (0.75, 0.5):
+        out = translated(client, list(OTHER_MEANINGS), memory={"id": memory, "min_match": fuzzy})
+        for (sentence, unit_target), t in zip(OTHER_MEANINGS.items(), out, strict=True):
+            assert t["text"] != unit_target and t["origin"] == "model", (sentence, t)
+            offered = t["memory_suggestions"][0]  # type: ignore[index]
+            assert offered is not None and offered["target"] == unit_target and offered["match"] >= fuzzy, t
+            assert t["memory_matches"] == [None]
+            model = translated(client, [sentence])[0]
+            assert (t["text"], t["confidence"]) == (model["text"], model["confidence"])  # the model's, as alone
+
+
+def test_numbers_and_placeholders_are_carried_into_the_match_or_it_is_not_used(client: httpx.Client) -> None:
+    memory = made(client, MEANINGS)
+    asked = {"id": memory, "min_match": 0.75}
+    cases = {
+        "Your order 7781 has shipped.": "Ihre Bestellung 7781 wurde versandt.",
+        "Your order {order_id} has shipped.": "Ihre Bestellung {order_id} wurde versandt.",
+        "Room 14 is on floor 2.": "Zimmer 14 liegt im 2. Stock.",
+    }
+    out = translated(client, list(cases), memory=asked)
+    scored = client.post(
+        "/v1/score", json={"source": "en", "target": "de", "texts": list(cases), "translations": list(cases.values())}
+    ).json()["scores"]
+    for (sentence, answer), t, s in zip(cases.items(), out, scored, strict=True):
+        assert (t["text"], t["origin"]) == (answer, "memory"), (sentence, t)
+        assert 0.75 <= t["memory_matches"][0] < 1.0 and t["memory_suggestions"] == [None]  # type: ignore[index]
+        assert t["confidence"] == round(s["confidence"], 4)  # the model's confidence in the answer, not the ratio
+    # A number the unit has no place for: the model translates, the unit is offered.
+    for sentence in ("Your order 7781 has shipped twice in 2 days.", "Room 12 is on floor 3 and 12."):
+        t = translated(client, [sentence], memory={"id": memory, "min_match": 0.5})[0]
+        assert t["origin"] == "model" and t["memory_suggestions"] != [None], t
+
+
+def test_a_difference_the_model_agrees_with_answers_from_the_memory_and_exact_matches_always_do(
+    client: httpx.Client,
+) -> None:
+    memory = made(client, MEANINGS)
+    near = translated(client, ["Two dogs are playing in the snow"], memory={"id": memory, "min_match": 0.75})[0]
+    assert (near["text"], near["origin"]) == ("Zwei Hunde spielen im Schnee.", "memory"), near
+    exact = translated(client, ["The payment was accepted.", "Your order {n} has shipped."], memory=memory)
+    assert [t["text"] for t in exact] == ["Die Zahlung wurde akzeptiert.", "Ihre Bestellung {n} wurde versandt."]
+    assert all(t["origin"] == "memory" and t["memory_matches"] == [1.0] for t in exact)
+    scored = client.post(
+        "/v1/score",
+        json={
+            "source": "en",
+            "target": "de",
+            "texts": ["The payment was accepted."],
+            "translations": [exact[0]["text"]],
+        },
+    ).json()["scores"][0]
+    assert exact[0]["confidence"] == round(scored["confidence"], 4) < 0.9  # the model doubts it; the match is exact
+
+
+def test_deepl_s_default_threshold_and_its_client_never_answer_another_meaning(
+    client: httpx.Client, server: str
+) -> None:
+    import deepl
+
+    memory = made(client, MEANINGS)
+    translator = deepl.DeepLClient("any", server_url=server)
+    out = translator.translate_text(list(OTHER_MEANINGS), source_lang="EN", target_lang="DE", translation_memory=memory)
+    assert [o.text for o in out] != list(OTHER_MEANINGS.values())
+    for o, unit_target in zip(out, OTHER_MEANINGS.values(), strict=True):
+        assert o.text != unit_target, o.text
+    raw = client.post(
+        "/v2/translate",
+        json={
+            "text": ["The payment was not accepted.", "Your order 7781 has shipped."],
+            "source_lang": "EN",
+            "target_lang": "DE",
+            "translation_memory_id": memory,
+        },
+    ).json()["translations"]
+    assert raw[0]["origin"] == "model" and raw[0]["memory_suggestions"][0]["target"] == "Die Zahlung wurde akzeptiert."
+    assert (raw[1]["text"], raw[1]["origin"]) == ("Ihre Bestellung 7781 wurde versandt.", "memory")
+    libre = client.post(
+        "/translate",
+        json={
+            "q": "The payment was not accepted.",
+            "source": "en",
+            "target": "de",
+            "memory": {"id": memory, "min_match": 0.75},
+        },
+    ).json()
+    assert libre["origin"] == "model" and libre["memory_suggestions"][0]["source"] == "The payment was accepted."
+
+
+def test_the_score_route_gives_the_library_s_scores_and_refuses_by_name(client: httpx.Client) -> None:
+    from model import Translator
+
+    texts, translations = ["A man is riding a bike.", "Two dogs."], ["Ein Mann fährt Fahrrad.", "Zwei Hunde."]
+    r = client.post("/v1/score", json={"source": "EN", "target": "de", "texts": texts, "translations": translations})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "en-de"
+    mine = Translator.load("en-de", "cpu").score(texts, translations)
+    for got, want in zip(body["scores"], mine, strict=True):
+        assert got["tokens"] == want.tokens and got["log_probs"] == pytest.approx(want.log_probs, abs=1e-5)
+        assert got["normalized"] == pytest.approx(want.normalized, abs=1e-5)
+    bad = [
+        ({"source": "en", "target": "de", "texts": ["a"], "translations": []}, 422),
+        ({"source": "en", "target": "de", "texts": ["a", "b"], "translations": ["x"]}, 422),
+        ({"source": "en", "target": "xx", "texts": ["a"], "translations": ["x"]}, 400),
+        ({"source": "en", "target": "de", "texts": [" "], "translations": ["x"]}, 422),
+        ({"source": "en", "target": "de", "texts": ["a"], "translations": ["Wort " * 700]}, 422),
+    ]
+    for body_, status in bad:
+        r = client.post("/v1/score", json=body_)
+        assert r.status_code == status, (body_, r.text)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.decode.decoding import pad_batch
+from model.decode.decoding import pad_batch, shifted
 from model.nn.transformer import Seq2Seq
 
 
@@ -32,11 +32,7 @@ def attention_alignment(model: Seq2Seq, sources: list[list[int]], targets: list[
     """
     cfg = model.cfg
     src_ids, src_mask = pad_batch(sources, cfg.pad_token_id, model.embed.weight.device)  # (B, S)
-    width = max(1, max(map(len, targets)))
-    tgt_in = torch.full((len(targets), width), cfg.pad_token_id, dtype=torch.long, device=src_ids.device)  # (B, T)
-    tgt_in[:, 0] = cfg.decoder_start_token_id
-    for i, tgt in enumerate(targets):
-        tgt_in[i, 1 : len(tgt)] = torch.tensor(tgt[:-1], dtype=torch.long)
+    tgt_in = shifted(targets, cfg.decoder_start_token_id, cfg.pad_token_id, src_ids.device)  # (B, T)
     weights: list[torch.Tensor] = []
     cross = model.decoders[-1].cross_attn
 

@@ -112,6 +112,17 @@ def pad_batch(batch: list[list[int]], pad_id: int, device: torch.device) -> tupl
     return ids.to(device), mask.to(device)
 
 
+def shifted(targets: list[list[int]], start: int, pad: int, device: torch.device) -> torch.Tensor:
+    """Teacher forcing's decoder inputs: each target behind the start token, its last id left off, right-padded
+    -> (B, T), T the longest target (at least 1). Position t's state predicts targets[b][t]."""
+    width = max(1, max(map(len, targets), default=1))
+    tgt_in = torch.full((len(targets), width), pad, dtype=torch.long)  # (B, T)
+    tgt_in[:, 0] = start
+    for i, tgt in enumerate(targets):
+        tgt_in[i, 1 : len(tgt)] = torch.tensor(tgt[:-1], dtype=torch.long)
+    return tgt_in.to(device)
+
+
 def generate(
     model: Seq2Seq,
     src_ids: torch.Tensor,

@@ -116,13 +116,17 @@ class Seq2Seq(nn.Module):
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Teacher-forced decoding of every position at once. tgt_in: (B, T) -> logits (B, T, V)."""
+        return self.output(self.decoder_states(tgt_in, memory, src_mask))
+
+    def decoder_states(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """The last decoder layer's states, teacher-forced, before the output projection: (B, T) -> (B, T, C)."""
         T = tgt_in.shape[1]
         self._check_length(T)
         x = self.embed_at(tgt_in, torch.arange(T, device=tgt_in.device), target=True)
         mask = src_mask[:, None, None, :]
         for layer in self.decoder_layers:
             x = layer(x, memory, mask)
-        return self.output(x)
+        return x
 
     def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         return self.decode(tgt_in, self.encode(src_ids, src_mask), src_mask)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from service.api.bodies import multipart_body, openapi_body
 from service.errors import ApiError, message
-from service.schemas import TranslateRequest, TranslateResponse
+from service.schemas import MemorySuggestion, TranslateRequest, TranslateResponse
 from service.text.documents import FILE_FIELD, FORMATS
 from service.text.languages import name
 
@@ -92,6 +92,7 @@ class DeepLTranslation(BaseModel):
     # beamserve's, with a translation memory: where its sentences came from (as /v1's)
     origin: str | None = None
     memory_matches: list[float | None] | None = None
+    memory_suggestions: list[MemorySuggestion | None] | None = None
 
 
 class DeepLTranslateResponse(BaseModel):
@@ -296,6 +297,7 @@ def response(req: TranslateRequest, out: TranslateResponse) -> DeepLTranslateRes
                 confidence=t.confidence,
                 origin=t.origin,
                 memory_matches=t.memory_matches,
+                memory_suggestions=t.memory_suggestions,
             )
         )
     return DeepLTranslateResponse(translations=translations)

@@ -38,6 +38,8 @@ from service.schemas import (
     ModelInfo,
     ModelsResponse,
     Readiness,
+    ScoreRequest,
+    ScoreResponse,
     TranslateRequest,
     TranslateResponse,
     errors,
@@ -164,6 +166,20 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
                 routed = await self.router.translate(req, terms, recall=await self._recall(req, client))
                 bill.refund_after = routed.echoed_characters
                 return json_response(routed.response)
+
+    @app.post(
+        "/v1/score",
+        response_model=ScoreResponse,
+        responses=TRANSLATE_ERRORS,
+        openapi_extra=openapi_body(ScoreRequest, ("application/json",)),
+    )
+    async def score(self, request: Request) -> Response:
+        """Each translation's tokens scored by the pair's model (as CTranslate2's score_batch), billed as its text."""
+        with self._accepting():
+            client = await self._client(request)
+            req = parse_json(ScoreRequest, await request.body())
+            async with self._billed(client, sum(map(len, req.texts))):
+                return json_response(await self.router.score(req))
 
     @app.get("/", include_in_schema=False)
     async def page(self) -> Response:

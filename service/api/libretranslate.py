@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.api.bodies import multipart_body, openapi_body
 from service.errors import ApiError, message
-from service.schemas import DetectedLanguage, MemoryRef, TranslateRequest, TranslateResponse
+from service.schemas import DetectedLanguage, MemoryRef, MemorySuggestion, TranslateRequest, TranslateResponse
 from service.text.detect import Detected
 from service.text.documents import FILE_FIELD, FORMATS
 from service.text.languages import name
@@ -55,6 +55,8 @@ class LibreTranslateResponse(BaseModel):
     # beamserve's, with a translation memory: where each translation's sentences came from (as /v1's)
     origin: str | list[str | None] | None = None
     memory_matches: list[float | None] | list[list[float | None] | None] | None = None
+    # beamserve's, with a translation memory: the units near a sentence that did not answer it (as /v1's)
+    memory_suggestions: list[MemorySuggestion | None] | list[list[MemorySuggestion | None] | None] | None = None
 
 
 OPENAPI = openapi_body(LibreTranslateRequest)  # Mastodon sends JSON, other clients forms
@@ -169,6 +171,9 @@ def response(single: bool, extra: int, answer: TranslateResponse) -> dict[str, A
     if any(t.origin is not None for t in answer.translations):
         result["origin"] = shaped([t.origin for t in answer.translations])
         result["memory_matches"] = shaped([t.memory_matches for t in answer.translations])
+        result["memory_suggestions"] = shaped(
+            [[s.model_dump() if s else None for s in t.memory_suggestions or []] for t in answer.translations]
+        )
     return result
 
 

@@ -5,6 +5,8 @@ the model replica and the gateway, and the gateway never imports torch.
 
 from dataclasses import dataclass, field
 
+from service.text.memory import Suggestion
+
 NBest = list[tuple[str, float]]  # (text, score) hypotheses, best first
 
 
@@ -29,6 +31,9 @@ class Translated:
     source_tokens: int
     target_tokens: int
     pivot: dict[str, str] = field(default_factory=dict)
-    confidence: list[float] = field(default_factory=list)  # each one's best hypothesis's (model/decode/confidence.py)
-    # With a translation memory asked: each one's sentences' unit matches (None: translated by the model).
+    # Each one's best hypothesis's (model/decode/confidence.py); None for a memory's answer no model scored.
+    confidence: list[float | None] = field(default_factory=list)
+    # With a translation memory asked: each one's sentences' unit matches (None: translated by the model), and
+    # the units near a sentence that did not answer it, offered to edit.
     recalled: list[list[float | None]] = field(default_factory=list)
+    suggested: list[list[Suggestion | None]] = field(default_factory=list)

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import torch
 
 from model.decode.align import Link
+from model.decode.confidence import ScoringResult
 from model.decode.inflight import InflightBatch
 from model.decode.search import Hypothesis
 from model.options import DecodeOptions
@@ -388,6 +389,14 @@ class Engine:
         """Translator.align on the engine's thread, between two turns."""
         align = partial(self.translator.align, pairs, src_lang=src_lang, tgt_lang=tgt_lang)
         return await asyncio.wrap_future(self.call(align))
+
+    async def score(
+        self, pairs: list[tuple[str, str]], *, src_lang: str | None, tgt_lang: str | None
+    ) -> list[ScoringResult]:
+        """Translator.score on the engine's thread, between two turns."""
+        sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+        score = partial(self.translator.score, sources, targets, src_lang=src_lang, tgt_lang=tgt_lang)
+        return await asyncio.wrap_future(self.call(score))
 
     def health(self, stall_s: float) -> str | None:
         """Why the engine cannot serve, or None: its thread has died, or work has waited stall_s seconds

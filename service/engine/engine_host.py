@@ -8,7 +8,8 @@ loop, which moves ids in and hypotheses out (docs/benchmarks.md, "Served one at 
 
 Started as `python -m service.engine.engine_host FD`, FD its end of a socket pair. Messages are pickled tuples:
 parent -> host: a HostSpec first, then ("translate", rid, sources, opts, timeout_s, traced), ("align", rid, pairs,
-src_lang, tgt_lang), ("state", rid), ("cancel", rid), ("reconfigure", config), ("close",);
+src_lang, tgt_lang), ("score", rid, pairs, src_lang, tgt_lang), ("state", rid), ("cancel", rid), ("reconfigure",
+config), ("close",);
 host -> parent: ("ready", (ModelFacts, state)) or ("failed", traceback) first, then ("done", rid, result, state),
 ("error", rid, exception, state), ("report", Report) and ("health", problem or None).
 The engine's thread sends each answer as its last sentence finishes, and its metrics' reports: no hop through
@@ -236,6 +237,11 @@ class Host:
             _, rid, pairs, src_lang, tgt_lang = message
             align = partial(self.translator.align, pairs, src_lang=src_lang, tgt_lang=tgt_lang)
             self.engine.call(align).add_done_callback(partial(self.answer, rid, None))
+        elif kind == "score":
+            _, rid, pairs, src_lang, tgt_lang = message
+            sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+            score = partial(self.translator.score, sources, targets, src_lang=src_lang, tgt_lang=tgt_lang)
+            self.engine.call(score).add_done_callback(partial(self.answer, rid, None))
         elif kind == "state":
             self.send(("done", message[1], None, self.state()))
         elif kind == "cancel":

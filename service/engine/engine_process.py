@@ -30,6 +30,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from model.decode.align import Link
+from model.decode.confidence import ScoringResult
 from model.decode.search import Hypothesis
 from model.options import DecodeOptions
 from service.batching import BatchingConfig
@@ -141,6 +142,11 @@ class EngineProcess:
         self, pairs: list[tuple[str, str]], *, src_lang: str | None, tgt_lang: str | None
     ) -> list[list[Link]]:
         return await self._call("align", pairs, src_lang, tgt_lang)
+
+    async def score(
+        self, pairs: list[tuple[str, str]], *, src_lang: str | None, tgt_lang: str | None
+    ) -> list[ScoringResult]:
+        return await self._call("score", pairs, src_lang, tgt_lang)
 
     async def refresh(self) -> None:
         """The host's counts as of now, where it answers within STATE_S (its reader thread answers, whatever the

@@ -1,10 +1,11 @@
-"""ModelCalls: what the gateway calls on a model deployment's replica (translate, align), each call
+"""ModelCalls: what the gateway calls on a model deployment's replica (translate, align, score), each call
 forwarded to the replica's ServedModel for it and any failure answered as an ApiError, not raised
 across Ray. PairModel (service/engine/replica.py) holds one model; ModelPool (service/engine/pool.py)
 finds the multiplexed model the call names."""
 
 from typing import TYPE_CHECKING
 
+from model.decode.confidence import ScoringResult
 from model.options import DecodeOptions
 from service.engine.answers import Decoded
 from service.errors import ApiError, returned
@@ -29,6 +30,14 @@ class ModelCalls:
     ) -> Decoded | ApiError:
         async def call() -> Decoded:
             return await (await self._served()).translate(pair, texts, options, timeout_s, pieces, trace)
+
+        return await returned(call())
+
+    async def score(
+        self, pair: str, texts: list[tuple[str, str]], trace: dict[str, str] | None = None
+    ) -> list[ScoringResult] | ApiError:
+        async def call() -> list[ScoringResult]:
+            return await (await self._served()).score(pair, texts, trace)
 
         return await returned(call())
 

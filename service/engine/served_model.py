@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from model.decode.confidence import ScoringResult
 from model.errors import InputTooLongError
 from model.io import checkpoint, model_card
 from model.io.codec import TextCodec
@@ -35,9 +36,9 @@ from service.text.sentences import join_translations
 
 logger = logging.getLogger(__name__)
 WARMUP = "A man in a blue shirt is standing on a ladder."
-# Alignment runs between decoder steps; 16 pairs take 57 ms on one CPU thread (about 3 steps of a full
-# batch), 64 pairs 236 ms.
-ALIGN_PAIRS_PER_TURN = 16
+# Alignment and scoring run between decoder steps; 16 pairs take 57 ms on one CPU thread (about 3 steps of a
+# full batch), 64 pairs 236 ms.
+PAIRS_PER_TURN = 16
 # A turn is one decoder step (milliseconds) or one request-mode batch (seconds at most on a CPU).
 HEALTH_STALL_S = 60.0
 
@@ -246,10 +247,26 @@ class ServedModel:
         source_lang, target_lang = self._languages(pair)
         links: list[list[Any]] = []
         async with self._using():
-            for start in range(0, len(tagged), ALIGN_PAIRS_PER_TURN):
-                chunk = tagged[start : start + ALIGN_PAIRS_PER_TURN]
+            for start in range(0, len(tagged), PAIRS_PER_TURN):
+                chunk = tagged[start : start + PAIRS_PER_TURN]
                 links += await self.engine.align(chunk, src_lang=source_lang, tgt_lang=target_lang)
         return [[[*k.target, max(0, k.source[0] - shift), max(0, k.source[1] - shift)] for k in one] for one in links]
+
+    async def score(
+        self, pair: str, texts: list[tuple[str, str]], trace: dict[str, str] | None = None
+    ) -> list[ScoringResult]:
+        """Per (source, translation) of `pair`, the translation's tokens scored teacher-forced (Translator.score),
+        on the engine's thread a few pairs a turn, as alignment. Raises SourceError."""
+        with tracing.continued(f"score {pair}", trace, **{"beamserve.pairs": len(texts)}):
+            target = pair.split("-")[1]
+            tagged = [(self._source(target, s), t) for s, t in texts]
+            source_lang, target_lang = self._languages(pair)
+            out: list[ScoringResult] = []
+            async with self._using():
+                for start in range(0, len(tagged), PAIRS_PER_TURN):
+                    chunk = tagged[start : start + PAIRS_PER_TURN]
+                    out += await self.engine.score(chunk, src_lang=source_lang, tgt_lang=target_lang)
+            return out
 
     def engine_bytes(self) -> int:
         """The resident memory of the engine's own process (0 for an engine in this one)."""

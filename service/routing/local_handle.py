@@ -45,12 +45,13 @@ class LocalMethod:
 
 
 class LocalHandle:
-    """The methods a gateway asks of a pair's model (translate, align, info), on an object in this
+    """The methods a gateway asks of a pair's model (translate, align, score, info), on an object in this
     process; its typed errors reach the router raised as they are, as a replica's reach it wrapped."""
 
     def __init__(self, model: Any) -> None:
         self.translate = LocalMethod(model.translate)
         self.align = LocalMethod(model.align)
+        self.score = LocalMethod(model.score)
         self.info = LocalMethod(model.info)
 
 

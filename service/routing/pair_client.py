@@ -1,4 +1,4 @@
-"""A pair's model as the router calls it: translate, align and info, each typed and answered within its
+"""A pair's model as the router calls it: translate, align, score and info, each typed and answered within its
 time (2 s of grace past it, then 504). The replica's typed errors are raised as ApiErrors, and a call
 whose replica died under it is made once more (Serve routes it to a live or restarted replica) while
 RETRY_MIN_S of its time is left."""
@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from model.decode.confidence import ScoringResult
 from model.options import DecodeOptions
 from service import tracing
 from service.engine.answers import Decoded
@@ -47,6 +48,15 @@ class PairClient:
             trace = tracing.carrier()
             links: Links = await self._call(lambda _: self.handle.align.remote(self.pair, pairs, trace), timeout)
         return links
+
+    async def score(self, pairs: list[tuple[str, str]], timeout: float) -> list[ScoringResult]:
+        """Each (sentence, translation)'s tokens scored by the model (Translator.score)."""
+        with tracing.client_span(f"call score {self.pair}", **{"beamserve.pairs": len(pairs)}):
+            trace = tracing.carrier()
+            found: list[ScoringResult] = await self._call(
+                lambda _: self.handle.score.remote(self.pair, pairs, trace), timeout
+            )
+        return found
 
     async def info(self, timeout: float) -> dict[str, Any]:
         found: dict[str, Any] = await self._call(lambda _: self.handle.info.remote(), timeout)

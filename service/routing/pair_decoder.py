@@ -7,23 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from model.decode.confidence import confidence
+from model.decode.confidence import ScoringResult, confidence
 from model.options import DecodeOptions
 from service import request_log, tracing
 from service.engine.answers import Translated
+from service.errors import ApiError
 from service.metrics import gateway_metrics
 from service.routing.admission import PairAdmission
 from service.routing.cache import Entry, TranslationCache
 from service.routing.pair_client import Links, PairClient
+from service.routing.recall import recalled
 from service.routing.request_checks import Defaults
-from service.routing.served_pairs import ServedPairs
+from service.routing.served_pairs import PIVOT, ServedPairs
 from service.text.memory import Recall
 
-FUZZY_INLINE = 4  # a request's sentences looked up fuzzily on the event loop; more go to a thread
 INFO_TIMEOUT_S = 10.0  # a pair's info(), asked once for its model's digest (the cache's key) and decoding defaults
 
 
@@ -61,7 +61,11 @@ class PairDecoder:
         sentence to its pivot translation."""
         if recall is not None:
             return await recalled(
-                sentences, recall, lambda rest: self.decode(pair, rest, opts, timeout, cache=cache, pieces=pieces)
+                sentences,
+                recall,
+                lambda rest: self.decode(pair, rest, opts, timeout, cache=cache, pieces=pieces),
+                None if pair in self.served.pivoted else lambda pairs: self.score(pair, pairs, timeout),
+                opts.length_penalty,
             )
         if pair in self.served.pivoted:
             first, second = self.served.legs(pair)
@@ -72,7 +76,10 @@ class PairDecoder:
             middle = [nbest[0][0] for nbest in there.nbest]
             left = max(0.1, deadline - time.monotonic())
             out = await self.decode(second, middle, opts, left, cache=cache, pieces=pieces)
-            sure = [a * b for a, b in zip(there.confidence, out.confidence, strict=True)]  # both legs' tokens
+            sure: list[float | None] = [  # both legs' tokens
+                a * b if a is not None and b is not None else None
+                for a, b in zip(there.confidence, out.confidence, strict=True)
+            ]
             return replace(
                 out, source_tokens=there.source_tokens, pivot=dict(zip(sentences, middle, strict=True)), confidence=sure
             )
@@ -110,6 +117,14 @@ class PairDecoder:
             target_tokens=sum(e.target_tokens for e in entries),
             confidence=[confidence(e.nbest[0][1], e.target_tokens, opts.length_penalty) for e in entries],
         )
+
+    async def score(self, pair: str, pairs: list[tuple[str, str]], timeout: float) -> list[ScoringResult]:
+        """Each (sentence, translation)'s tokens scored by the pair's model, within its admission; a pair through
+        the pivot has no one model to score it (ApiError)."""
+        if pair in self.served.pivoted:
+            raise ApiError("unsupported_pair", f"{pair} is translated through {PIVOT} by two models: none scores it")
+        with self.admission[pair].holding(len(pairs)):
+            return await self.clients[pair].score(pairs, timeout)
 
     async def align(self, pair: str, wanted: list[tuple[str, str]], pivot: dict[str, str], timeout: float) -> Links:
         """Links of (sentence, translation) pairs; through the pivot (`pivot`: each sentence's translation
@@ -149,32 +164,3 @@ class PairDecoder:
         if pair not in self.infos:
             self.infos[pair] = await self.clients[pair].info(INFO_TIMEOUT_S)
         return self.infos[pair]
-
-
-async def recalled(
-    sentences: list[str], recall: Recall, decode: Callable[[list[str]], Awaitable[Translated]]
-) -> Translated:
-    """The sentences' translation with the memory's units answering those it holds (their n-best the unit's target
-    alone, their confidence its match; `recalled` says which), `decode` the rest."""
-    asked = {"beamserve.sentences": len(sentences), "beamserve.memory.min_match": recall.min_match}
-    with tracing.span("memory", **asked) as looked:
-        if recall.min_match < 1.0 and len(sentences) > FUZZY_INLINE:  # fuzzy lookups of many: off the event loop
-            found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match)
-        else:
-            found = recall.index.find(sentences, recall.min_match)
-        if looked is not None:
-            looked.set_attribute("beamserve.memory.found", len(found))
-    rest = [s for s in dict.fromkeys(sentences) if s not in found]
-    out = await decode(rest) if rest else Translated([], 0, 0)
-    decoded = dict(zip(rest, zip(out.nbest, out.confidence, strict=True), strict=True))
-    nbest, sure, matches = [], [], []
-    for sentence in sentences:
-        match = found.get(sentence)
-        if match is not None:
-            nbest.append([(match.target, 0.0)])
-            sure.append(match.score)
-        else:
-            nbest.append(decoded[sentence][0])
-            sure.append(decoded[sentence][1])
-        matches.append([round(match.score, 4) if match is not None else None])
-    return replace(out, nbest=nbest, confidence=sure, recalled=matches)

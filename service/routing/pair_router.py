@@ -28,13 +28,23 @@ from service.routing.pair_health import PairHealth
 from service.routing.request_checks import RequestChecks
 from service.routing.served_pairs import PIVOT, ServedPairs
 from service.routing.sources import Sources
-from service.schemas import DetectedLanguage, TranslateRequest, TranslateResponse, Translation, Usage
+from service.schemas import (
+    DetectedLanguage,
+    MemorySuggestion,
+    Scored,
+    ScoreRequest,
+    ScoreResponse,
+    TranslateRequest,
+    TranslateResponse,
+    Translation,
+    Usage,
+)
 from service.settings import Settings
 from service.text import glossary
 from service.text.glossary import Terms
 from service.text.html_render import alignments_wanted, rendered
 from service.text.html_text import HtmlDocument, Link, parse_documents
-from service.text.memory import Recall
+from service.text.memory import Recall, Suggestion
 from service.text.protect import from_html, has_protected, to_html
 from service.text.sentences import join_translations, split_sentences
 
@@ -74,8 +84,9 @@ def in_order(groups: dict[str, list[int]], parts: list[list[T]]) -> list[T]:
     return [out[i] for i in range(len(out))]
 
 
-def grouped(recalled: list[list[float | None]], counts: list[int]) -> list[list[float | None]]:
-    """Consecutive groups' memory matches joined, `counts` of them to each group (empty without a memory)."""
+def grouped(recalled: list[list[T]], counts: list[int]) -> list[list[T]]:
+    """Consecutive groups' memory matches (or suggestions) joined, `counts` of them to each group (empty
+    without a memory)."""
     if not recalled:
         return []
     parts = iter(recalled)
@@ -89,14 +100,22 @@ def origin(matches: list[float | None]) -> Literal["model", "memory", "mixed"]:
     return "mixed" if any(m is not None for m in matches) else "model"
 
 
-def weakest(confidence: list[float], counts: list[int]) -> list[float]:
+def weakest(confidence: list[float | None], counts: list[int]) -> list[float | None]:
     """Each text's confidence, its sentences' `counts[i]` in a row: the least of theirs (the sentence to check
-    decides); 1.0 for a text with none."""
-    out, at = [], 0
+    decides; None for a memory's answer no model scored, where every sentence is such); 1.0 for a text with
+    none."""
+    out: list[float | None] = []
+    at = 0
     for n in counts:
-        out.append(min(confidence[at : at + n], default=1.0))
+        known = [c for c in confidence[at : at + n] if c is not None]
+        out.append(min(known, default=1.0) if known or n == 0 else None)
         at += n
     return out
+
+
+def offered(near: list[Suggestion | None]) -> list[MemorySuggestion | None]:
+    """A text's memory suggestions, each sentence's (None: no unit was offered for it)."""
+    return [MemorySuggestion(source=s.source, target=s.target, match=s.match) if s else None for s in near]
 
 
 class PairRouter:
@@ -192,6 +211,7 @@ class PairRouter:
         n = opts.num_hypotheses
         pivot = PIVOT if pair in self.pairs.pivoted else None
         recalled = out.recalled or [[] for _ in out.nbest]  # each text's memory matches (none asked: empty)
+        suggested = out.suggested or [[] for _ in out.nbest]
         translations = [  # built from the replica's typed answer: nothing to validate
             Translation.model_construct(
                 text=hs[0][0],
@@ -200,13 +220,45 @@ class PairRouter:
                 scores=[h[1] for h in hs] if n > 1 else None,
                 detected_source=None,
                 pivot=pivot,
-                confidence=round(sure, 4),
+                confidence=round(sure, 4) if sure is not None else None,
                 origin=origin(matches) if recall is not None else None,
                 memory_matches=matches if recall is not None else None,
+                memory_suggestions=offered(near) if recall is not None else None,
             )
-            for hs, sure, matches in zip(out.nbest, out.confidence, recalled, strict=True)
+            for hs, sure, matches, near in zip(out.nbest, out.confidence, recalled, suggested, strict=True)
         ]
         return translations, Usage(source_tokens=out.source_tokens, target_tokens=out.target_tokens), 0
+
+    async def score(self, req: ScoreRequest) -> ScoreResponse:
+        """Each (text, translation)'s tokens scored by the pair's model, teacher-forced (Translator.score): a pair
+        its model translates directly, the texts within the server's limits, as a translation's."""
+        source, target = self.pairs.code(req.source), self.pairs.code(req.target)
+        pair = f"{source}-{target}"
+        request_log.current().metric_pair = pair if self.pairs.serves(pair) else "unknown"
+        self.pairs.check(source, target)
+        self.checks.texts(req.texts)
+        self.checks.texts(req.translations)
+        if self.health.down(pair):
+            raise ApiError(
+                "pair_unavailable",
+                f"the {pair} model is not available now; retry later",
+                retry_after(RETRY_AFTER_S["pair_unavailable"]),
+            )
+        timeout = self.checks.timeout(req.timeout_s)
+        found = await self.decoder.score(pair, list(zip(req.texts, req.translations, strict=True)), timeout)
+        return ScoreResponse(
+            model=pair,
+            scores=[
+                Scored(
+                    tokens=s.tokens,
+                    log_probs=s.log_probs,
+                    total=s.total,
+                    normalized=s.normalized,
+                    confidence=round(s.confidence, 6),
+                )
+                for s in found
+            ],
+        )
 
     def languages_of(self, req: TranslateRequest) -> TranslateRequest:
         """The request with its languages as the served codes (`pt-BR` is `pt`, `zh-Hant` is `zt`):
@@ -260,7 +312,11 @@ class PairRouter:
             joined = [join_translations(h, seps) for h, (_, seps) in zip(per_text, pieces, strict=True)]
             counts = [len(s) for s, _ in pieces]
             return replace(
-                out, nbest=joined, confidence=weakest(out.confidence, counts), recalled=grouped(out.recalled, counts)
+                out,
+                nbest=joined,
+                confidence=weakest(out.confidence, counts),
+                recalled=grouped(out.recalled, counts),
+                suggested=grouped(out.suggested, counts),
             )
         docs = await asyncio.to_thread(parse_documents, [to_html(t) for t in texts])
         out, renders = await self._html(ask, docs)
@@ -306,5 +362,10 @@ class PairRouter:
             links = cast(list[list[Link]], await self.decoder.align(ask.pair, wanted, out.pivot, left))
         runs = iter(len(sents) for sents, _ in pieces)  # each document's sentences: those of its runs
         per_doc = [sum(next(runs) for _ in doc.texts) for doc in docs]
-        out = replace(out, confidence=weakest(out.confidence, per_doc), recalled=grouped(out.recalled, per_doc))
+        out = replace(
+            out,
+            confidence=weakest(out.confidence, per_doc),
+            recalled=grouped(out.recalled, per_doc),
+            suggested=grouped(out.suggested, per_doc),
+        )
         return out, rendered(docs, pieces, per_run, dict(zip(wanted, links, strict=True)), n)

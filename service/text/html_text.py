@@ -402,7 +402,11 @@ def _render_run(run: Run, translation: str, links: list[Link]) -> str:
     for element in run.elements:
         start, end = placed[element.order]
         if element.verbatim is not None:  # its own content where its words' translation was
-            start, end = _outside_punctuation(text, *_whole_words(text, start, end), run.text, element)
+            copied = _copied(text, run.text[element.start : element.end], skip)
+            if copied is not None:  # the translation holds it as written (a memory's unit, a model that copies)
+                start, end = copied
+            else:
+                start, end = _outside_punctuation(text, *_whole_words(text, start, end), run.text, element)
             # Spaced from the words around as it was in the source ("Acme Cloud</span> Hemd", not "</span>Hemd").
             before = (
                 " "
@@ -423,6 +427,16 @@ def _render_run(run: Run, translation: str, links: list[Link]) -> str:
         at = max(at, pos)
     out.append(_text(text, at, len(text), skip))
     return "".join(out)
+
+
+def _copied(text: str, content: str, skip: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """Where the translation holds an element's content as written, where it holds it once and clear of the
+    spans already placed: there it goes, and no word the alignment linked to it is lost."""
+    content = content.strip()
+    at = text.find(content) if content else -1
+    if at < 0 or text.find(content, at + 1) >= 0 or any(a < at + len(content) and at < b for a, b in skip):
+        return None
+    return at, at + len(content)
 
 
 def _whole_words(text: str, start: int, end: int) -> tuple[int, int]:

@@ -7,6 +7,14 @@ Normalising: Unicode NFC, runs of whitespace as one space, the ends trimmed, and
 from the sentence's gets the sentence's placeholders in the target, in their order: "Hello {user}"
 answered from the unit "Hello {name}" -> "Hallo {name}" is "Hallo {user}".
 
+A match is a translation of another sentence, so it answers only what it can carry over (`carried`): the
+sentence's numbers and placeholders put in the unit's target in place of the unit's own, where each of those
+stands in the target as often as in the unit's source (else the match is not used). With no other difference
+the carried target answers; with any other (a word added, dropped or changed: "not", "two", a name), the
+model decides (service/routing/pair_decoder.py): the target is scored against the sentence and answers only
+where the model finds it about as likely as its own translation. A match not used is offered beside the
+model's translation (`Suggestion`) for a person to edit.
+
 A fuzzy lookup in a small memory (SCAN_ALL units or fewer) scores every unit whose length can reach the
 minimum (a ratio r between strings of lengths a and b needs |a - b| <= (1 - r)(a + b): the units are
 kept sorted by length, the window a slice). In a larger one it scores the CANDIDATES units of that
@@ -27,9 +35,13 @@ import numpy as np
 from rapidfuzz import fuzz, process
 
 PLACEHOLDER = re.compile(r"\$?\{[^{}\s]{0,64}\}|%(?:\d{1,2}\$)?[sd]")
+# What a match carries over from the sentence: its placeholders and its numbers (digits, with the group and
+# decimal separators between them), each standing alone, not inside a word ("3rd", "A4").
+SLOT = re.compile(rf"{PLACEHOLDER.pattern}|(?<!\w)\d+(?:[.,]\d+)*(?!\w)")
 WORD = re.compile(r"\w+")
 SCAN_ALL = 5_000
 CANDIDATES = 256
+FUZZY_TOP = 0.9999  # the highest fuzzy match: 1.0 is exact alone
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,21 @@ class Match:
     source: str  # the unit's source segment
     target: str  # its translation, the sentence's placeholders in it where the match is exact
     score: float  # 1.0 exact (after normalising); else the fuzzy ratio in [0, 1)
+
+
+@dataclass(frozen=True)
+class Carried:
+    target: str  # the unit's target with the sentence's numbers and placeholders in place of the unit's
+    same: bool  # nothing else differs: the sentence is the unit's source but for those
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A unit near a sentence that did not answer it: offered beside the model's translation, to edit."""
+
+    source: str
+    target: str
+    match: float  # its fuzzy ratio (1.0: an exact match whose numbers or placeholders could not be carried)
 
 
 @dataclass(frozen=True)
@@ -76,7 +103,11 @@ class MemoryIndex:
         key = normal(sentence)
         found = self.exact.get(key)
         if found is not None:
-            return Match(found[0], _placed(found[1], found[0], sentence), 1.0)
+            carry = carried(found[0], found[1], sentence)
+            if carry is not None:  # its placeholders renamed as the sentence's
+                return Match(found[0], carry.target, 1.0)
+            # The target holds a placeholder other than as often as the source: no exact match.
+            return Match(found[0], found[1], FUZZY_TOP) if min_match < 1.0 else None
         if min_match >= 1.0 or not key:
             return None
         n = len(key)
@@ -86,7 +117,7 @@ class MemoryIndex:
         if best is None:
             return None
         source, target = self.exact[best[0]]
-        return Match(source, target, min(best[1] / 100, 0.9999))  # exact is 1.0 alone
+        return Match(source, target, min(best[1] / 100, FUZZY_TOP))  # exact is 1.0 alone
 
     def find(self, sentences: list[str], min_match: float) -> dict[str, Match]:
         """Each distinct sentence the memory answers, with its match."""
@@ -107,10 +138,27 @@ class MemoryIndex:
         return [self.keys[lo + int(i)] for i in np.flatnonzero(shared >= least)[:CANDIDATES]]
 
 
-def _placed(target: str, source: str, sentence: str) -> str:
-    """The target with the unit's placeholders renamed as the sentence's, in order, where they differ."""
-    theirs, ours = PLACEHOLDER.findall(source), PLACEHOLDER.findall(sentence)
-    if theirs == ours or len(theirs) != len(ours):
-        return target
-    rename = dict(zip(theirs, ours, strict=True))
-    return PLACEHOLDER.sub(lambda m: rename.get(m.group(0), m.group(0)), target)
+def carried(source: str, target: str, sentence: str) -> Carried | None:
+    """The unit (source -> target) carried over to the sentence: each of its numbers and placeholders that
+    the sentence has otherwise replaced in the target (in order: the unit's k-th is the sentence's k-th), or
+    None where that cannot be done (the sentence has more or fewer of them, one of the unit's stands for two
+    of the sentence's, or the target holds it a different number of times than the source)."""
+    theirs, ours = _slots(source), _slots(sentence)
+    if len(theirs[1]) != len(ours[1]):
+        return None
+    swap: dict[str, str] = {}
+    for old, new in zip(theirs[1], ours[1], strict=True):
+        if swap.setdefault(old, new) != new:
+            return None
+    swap = {old: new for old, new in swap.items() if old != new}
+    in_target = SLOT.findall(target)
+    if any(in_target.count(old) != theirs[1].count(old) for old in swap):
+        return None
+    out = SLOT.sub(lambda m: swap.get(m.group(0), m.group(0)), target) if swap else target
+    return Carried(out, theirs[0] == ours[0])
+
+
+def _slots(text: str) -> tuple[str, list[str]]:
+    """The text (NFC, whitespace runs as one space) with its numbers and placeholders as NUL, and those."""
+    flat = " ".join(unicodedata.normalize("NFC", text).split())
+    return SLOT.sub("\x00", flat), SLOT.findall(flat)
