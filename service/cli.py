@@ -15,6 +15,8 @@ from model.options import COMPUTE_TYPES
 if TYPE_CHECKING:
     from model.translator import SourceError, Translator
 
+SCORE_CHUNK = 256  # pairs `beamserve score` scores a call: its progress bar moves by these
+
 
 def _decode_args(p: argparse.ArgumentParser) -> None:
     """The decoding options the CLI offers (model/options.py), then the device and thread flags."""
@@ -30,6 +32,11 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, help=f"{f.metadata['help']} ({default})")
         else:
             p.add_argument(flag, type=hints[f.name], default=None, help=f"{f.metadata['help']} ({default})")
+    _model_args(p)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """The languages, device, compute type and thread flags of a command that loads a model."""
     p.add_argument("--src-lang", default=None, help="a model with language tokens (NLLB: eng_Latn; M2M100: en)")
     p.add_argument("--tgt-lang", default=None, help="the target's, as --src-lang")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
@@ -139,6 +146,43 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(ev.report())
     if args.output:
         Path(args.output).write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    import json
+
+    from model import SourceError
+    from model.train.data import read_text
+
+    sources, targets = read_text(Path(args.src)), read_text(Path(args.tgt))
+    if len(sources) != len(targets):
+        print(
+            f"beamserve score: {len(sources)} lines in --src, {len(targets)} in --tgt: give one a line", file=sys.stderr
+        )
+        return 2
+    tr = _load(args)
+    out = []
+    start = 0
+    try:
+        with tqdm(total=len(sources), unit="sent", file=sys.stderr, disable=args.quiet) as bar:
+            for start in range(0, len(sources), SCORE_CHUNK):
+                chunk = slice(start, start + SCORE_CHUNK)
+                found = tr.score(sources[chunk], targets[chunk], src_lang=args.src_lang, tgt_lang=args.tgt_lang)
+                out += found
+                bar.update(len(found))
+    except SourceError as exc:
+        shifted = type(exc)(exc.reason, (exc.index or 0) + start)
+        print(f"beamserve score: {_line_problem(f'{args.src} / {args.tgt}', shifted)}", file=sys.stderr)
+        return 2
+    finally:
+        tr.close()
+    for r in out:
+        if args.json:
+            fields = {"tokens": r.tokens, "log_probs": r.log_probs, "total": r.total, "normalized": r.normalized}
+            print(json.dumps(fields, ensure_ascii=False))
+        else:
+            print(f"{r.normalized:.6f}")
     return 0
 
 
@@ -391,6 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="also write the translations here")
     _decode_args(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("score", help="each line of --tgt scored as a translation of the line of --src (log-probs)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--src", required=True, help="source sentences, one a line")
+    p.add_argument("--tgt", required=True, help="their translations, one a line")
+    p.add_argument("--json", action="store_true", help="a JSON object a line: tokens, log_probs, total, normalized")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _model_args(p)
+    p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("train", help="train a model on a parallel corpus (resumable)")
     p.add_argument("--data", required=True, help="directory with {train,val}.{lang}[.gz]")

@@ -373,7 +373,9 @@ def test_numbers_and_placeholders_are_carried_into_the_match_or_it_is_not_used(c
     ).json()["scores"]
     for (sentence, answer), t, s in zip(cases.items(), out, scored, strict=True):
         assert (t["text"], t["origin"]) == (answer, "memory"), (sentence, t)
-        assert 0.75 <= t["memory_matches"][0] < 1.0 and t["memory_suggestions"] == [None]  # type: ignore[index]
+        # {order_id} for {id} is exact (placeholders renamed); the numbers' matches are fuzzy
+        assert 0.75 <= t["memory_matches"][0] <= 1.0 and t["memory_suggestions"] == [None]  # type: ignore[index]
+        assert (t["memory_matches"][0] == 1.0) == ("{" in sentence)  # type: ignore[index]
         assert t["confidence"] == round(s["confidence"], 4)  # the model's confidence in the answer, not the ratio
     # A number the unit has no place for: the model translates, the unit is offered.
     for sentence in ("Your order 7781 has shipped twice in 2 days.", "Room 12 is on floor 3 and 12."):

@@ -119,3 +119,30 @@ def test_what_cannot_be_scored_is_refused_by_index(tiny_dir: Path) -> None:
     with pytest.raises(Exception, match="lone surrogate"):
         ours.score(["A dog."], ["\ud800"])
     assert math.isfinite(ours.score(["A dog."], ["Ein Hund."])[0].normalized)
+
+
+def test_the_command_line_scores_a_line_of_translations_per_source(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    sources, targets = ["A man is riding a bike.", "Two dogs."], ["Ein Mann fährt Fahrrad.", "Zwei Hunde."]
+    (tmp_path / "src.txt").write_text("\n".join(sources) + "\n")
+    (tmp_path / "tgt.txt").write_text("\n".join(targets) + "\n")
+
+    def beamserve(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "service.cli", "score", "--model", "en-de", "--quiet", *args]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    files = ("--src", str(tmp_path / "src.txt"), "--tgt", str(tmp_path / "tgt.txt"))
+    plain, rows = beamserve(*files), beamserve(*files, "--json")
+    assert plain.returncode == 0 and rows.returncode == 0, plain.stderr + rows.stderr
+    want = Translator.load("en-de", "cpu").score(sources, targets)
+    assert [float(x) for x in plain.stdout.split()] == pytest.approx([w.normalized for w in want], abs=1e-5)
+    got = [json.loads(line) for line in rows.stdout.splitlines()]
+    assert [g["tokens"] for g in got] == [w.tokens for w in want]
+    (tmp_path / "tgt.txt").write_text("Ein Mann.\n")
+    short = beamserve(*files)
+    assert short.returncode == 2 and "2 lines in --src, 1 in --tgt" in short.stderr

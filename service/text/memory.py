@@ -21,7 +21,9 @@ kept sorted by length, the window a slice). In a larger one it scores the CANDID
 window sharing the most words with the sentence (an inverted index of words, those in more than a
 fifth of the units left out as they tell nothing): the unit a sentence nearly repeats shares most of its
 words, and scoring a few hundred units keeps a lookup in 100,000 within a millisecond or two
-(loadtests/bench_memory_lookup.py).
+(loadtests/bench_memory_lookup.py). Either way a lookup scores at most WORK pairs of characters (a long
+text against long units: those sharing the most words, as many as fit), and scores them without holding
+the GIL, so a lookup on a thread leaves the gateway's event loop free.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ WORD = re.compile(r"\w+")
 SCAN_ALL = 5_000
 CANDIDATES = 256
 FUZZY_TOP = 0.9999  # the highest fuzzy match: 1.0 is exact alone
+# Character pairs a fuzzy lookup scores at most (a ratio costs about 0.02 ns a pair on a 2020s core: some 5 ms),
+# so a long text against long units costs what a sentence does, whatever the memory holds.
+WORK = 250_000_000
 
 
 @dataclass(frozen=True)
@@ -86,14 +91,14 @@ class MemoryIndex:
             self.exact[normal(source)] = (source, target)
         self.keys = sorted(self.exact, key=len)  # the normal forms, shortest first
         self.lengths = [len(k) for k in self.keys]
-        self.postings: dict[str, np.ndarray] = {}  # word -> the keys' positions holding it (large memories)
-        if len(self.keys) > SCAN_ALL:
-            lists: dict[str, list[int]] = {}
-            for i, key in enumerate(self.keys):
-                for word in set(WORD.findall(key.lower())):
-                    lists.setdefault(word, []).append(i)
-            common = len(self.keys) // 5
-            self.postings = {w: np.array(ids, dtype=np.int32) for w, ids in lists.items() if len(ids) <= common}
+        self.starts = np.cumsum([0, *self.lengths])  # (n + 1,) the characters of the keys before each
+        lists: dict[str, list[int]] = {}
+        for i, key in enumerate(self.keys):
+            for word in set(WORD.findall(key.lower())):
+                lists.setdefault(word, []).append(i)
+        common = len(self.keys) // 5 if len(self.keys) > SCAN_ALL else len(self.keys)
+        # word -> the keys' positions holding it
+        self.postings = {w: np.array(ids, dtype=np.int32) for w, ids in lists.items() if len(ids) <= common}
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -113,11 +118,16 @@ class MemoryIndex:
         n = len(key)
         lo = bisect.bisect_left(self.lengths, n * min_match / (2 - min_match))
         hi = bisect.bisect_right(self.lengths, n * (2 - min_match) / max(min_match, 1e-9))
-        best = process.extractOne(key, self._choices(key, lo, hi), scorer=fuzz.ratio, score_cutoff=min_match * 100)
-        if best is None:
+        choices = self._choices(key, lo, hi)
+        if not choices:
             return None
-        source, target = self.exact[best[0]]
-        return Match(source, target, min(best[1] / 100, FUZZY_TOP))  # exact is 1.0 alone
+        # cdist scores without holding the GIL: a lookup on a thread leaves the event loop free meanwhile.
+        ratios = process.cdist([key], choices, scorer=fuzz.ratio, score_cutoff=min_match * 100, workers=1)[0]
+        best = int(np.argmax(ratios))  # the first of the best, as extractOne
+        if ratios[best] < min_match * 100 or ratios[best] == 0:
+            return None
+        source, target = self.exact[choices[best]]
+        return Match(source, target, min(float(ratios[best]) / 100, FUZZY_TOP))  # exact is 1.0 alone
 
     def find(self, sentences: list[str], min_match: float) -> dict[str, Match]:
         """Each distinct sentence the memory answers, with its match."""
@@ -125,17 +135,26 @@ class MemoryIndex:
         return {s: m for s, m in found.items() if m is not None}
 
     def _choices(self, key: str, lo: int, hi: int) -> list[str]:
-        """The keys to score: the length window's, or in a large memory those of it sharing most words with key."""
-        if not self.postings:
+        """The keys to score: the length window's, or in a large memory or where those are more work than
+        WORK, those of it sharing most words with key, at most CANDIDATES and WORK's worth."""
+        if lo >= hi:
+            return []
+        chars = WORK // max(1, len(key))  # the characters of keys a lookup of key may score
+        if len(self.keys) <= SCAN_ALL and self.starts[hi] - self.starts[lo] <= chars:
             return self.keys[lo:hi]
         found = [self.postings[w] for w in set(WORD.findall(key.lower())) if w in self.postings]
-        if not found or lo >= hi:
+        if not found:
             return []
         shared = np.bincount(np.concatenate(found), minlength=len(self.keys))[lo:hi]  # (window,) words in common
         above = np.cumsum(np.bincount(shared)[::-1])[::-1]  # above[t]: the keys sharing t words or more
         fits = np.flatnonzero(above[1:] <= CANDIDATES)  # the fewest words in common that keeps to CANDIDATES
         least = int(fits[0]) + 1 if fits.size else len(above) - 1
-        return [self.keys[lo + int(i)] for i in np.flatnonzero(shared >= least)[:CANDIDATES]]
+        picked = lo + np.flatnonzero(shared >= least)[:CANDIDATES]
+        sizes = self.starts[picked + 1] - self.starts[picked]  # (picked,) their lengths
+        if sizes.sum() > chars:  # long keys: those sharing the most words, as many as WORK scores
+            ranked = np.argsort(-shared[picked - lo], kind="stable")
+            picked = np.sort(picked[ranked][np.cumsum(sizes[ranked]) <= chars])
+        return [self.keys[int(i)] for i in picked]
 
 
 def carried(source: str, target: str, sentence: str) -> Carried | None:
