@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -460,3 +461,55 @@ def test_the_score_route_gives_the_library_s_scores_and_refuses_by_name(client: 
     for body_, status in bad:
         r = client.post("/v1/score", json=body_)
         assert r.status_code == status, (body_, r.text)
+
+
+def test_fuzzy_lookups_of_long_texts_in_a_memory_of_long_units_leave_the_gateway_answering(
+    client: httpx.Client, tmp_path: Path, server: str
+) -> None:
+    """Four 2,000-character texts a request, four requests at once, against 5,000 units of about 2,000
+    characters at DeepL's default threshold: each lookup's work is bounded and scored off the event loop, so
+    /healthz answers within 0.2 s throughout, and every request is answered without a 5xx."""
+    import asyncio
+
+    from .conftest import REPO, SETTINGS
+
+    rng = random.Random(5)
+    words = [w for line in read_lines("train.en.gz", 400) for w in line.split()]
+
+    def long_text() -> str:
+        text = ""
+        while len(text) < 1990:
+            text += rng.choice(words) + " "
+        return text.strip()[:1999]
+
+    units = {long_text(): "Ein langer Text." for _ in range(5000)}
+    (tmp_path / "long.tmx").write_bytes(tmx.write(units, "en", "de"))
+    command = [sys.executable, "-m", "service.cli", "tm", "import", str(tmp_path / "long.tmx"), "--name", "long"]
+    command += ["--source", "en", "--target", "de", "--store", str(SETTINGS["records_storage"])]
+    made = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    memory = made.stdout.split("\t")[0]
+    warm = {"texts": ["A dog."], "source": "en", "target": "de", "memory": {"id": memory, "min_match": 0.75}}
+    assert client.post("/v1/translate", json=warm, timeout=120).status_code == 200  # the index built
+
+    async def run() -> tuple[list[int], float]:
+        async with httpx.AsyncClient(base_url=server, timeout=120) as c:
+            body = {
+                "text": [long_text() for _ in range(4)],
+                "source_lang": "EN",
+                "target_lang": "DE",
+                "split_sentences": "0",
+                "translation_memory_id": memory,
+            }
+            asked = [asyncio.create_task(c.post("/v2/translate", json=body)) for _ in range(4)]
+            worst = 0.0
+            while not all(a.done() for a in asked):
+                t = time.perf_counter()
+                assert (await c.get("/healthz")).status_code == 200
+                worst = max(worst, time.perf_counter() - t)
+                await asyncio.sleep(0.02)
+            return [(await a).status_code for a in asked], worst
+
+    statuses, worst = asyncio.run(run())
+    assert all(s < 500 for s in statuses), statuses
+    assert worst < 0.2, f"/healthz took {worst:.3f}s"
