@@ -513,3 +513,29 @@ def test_fuzzy_lookups_of_long_texts_in_a_memory_of_long_units_leave_the_gateway
     statuses, worst = asyncio.run(run())
     assert all(s < 500 for s in statuses), statuses
     assert worst < 0.2, f"/healthz took {worst:.3f}s"
+
+
+def test_a_document_answers_what_its_memory_says_and_its_status_offers_the_rest(client: httpx.Client) -> None:
+    memory = made(client, MEANINGS)
+    text = b"The payment was not accepted.\n\nYour order 7781 has shipped.\n"
+    files = {"file": ("orders.txt", text, "text/plain")}
+    data = {"source_lang": "EN", "target_lang": "DE", "translation_memory_id": memory}
+    up = client.post("/v2/document", files=files, data=data)
+    assert up.status_code == 200, up.text
+    doc = up.json()
+    deadline = time.monotonic() + 60
+    while (status := client.post(f"/v2/document/{doc['document_id']}", data=doc).json())["status"] != "done":
+        assert status["status"] in ("queued", "translating") and time.monotonic() < deadline, status
+        time.sleep(0.1)
+    result = client.post(f"/v2/document/{doc['document_id']}/result", data=doc).text
+    model = translated(client, ["The payment was not accepted."])[0]["text"]
+    assert result == f"{model}\n\nIhre Bestellung 7781 wurde versandt.\n"
+    assert status["memory_sentences"] == 1
+    assert status["memory_suggestions"] == [
+        {
+            "segment": 0,
+            "source": "The payment was accepted.",
+            "target": "Die Zahlung wurde akzeptiert.",
+            "match": 0.9259,
+        }
+    ]

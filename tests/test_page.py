@@ -328,4 +328,14 @@ def test_a_sentence_from_the_chosen_memory_is_marked_and_an_approved_translation
     assert tmx.read(units, "en", "de")[other] == approved
     type_text(browser, other + " ")
     until(browser, lambda: by_id(browser, "origin").text == "From the translation memory", "the approved unit")
+    # A near match that says something else: the model's translation, the unit offered beside it.
+    by_id(browser, "fuzzy").click()
+    model = httpx.post(
+        f"{server}/v1/translate", json={"texts": ["Two men are not sitting on a bench."], "source": "en", "target": "de"}
+    ).json()["translations"][0]["text"]
+    type_text(browser, "Two men are not sitting on a bench.")
+    until(browser, lambda: by_id(browser, "suggestions-section").is_displayed(), "the near match offered")
+    assert by_id(browser, "translation").get_attribute("value") == model != approved
+    assert approved in by_id(browser, "suggestions-list").text and "% match" in by_id(browser, "suggestions-list").text
+    assert by_id(browser, "origin").text == ""
     assert console_errors(browser) == []

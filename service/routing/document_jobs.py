@@ -39,7 +39,7 @@ from service.errors import ApiError, api_error, retry_after
 from service.routing import document_parts
 from service.routing.document_queue import DocumentQueue
 from service.routing.pair_router import PairRouter
-from service.schemas import TranslateRequest
+from service.schemas import TranslateRequest, Translation
 from service.store.records import Records, StoreUnavailableError
 from service.text.documents import FORMATS, extension
 from service.text.glossary import Terms
@@ -65,6 +65,7 @@ PASSING = {"overloaded", "replica_unavailable", "pair_unavailable", "timeout"}
 RETRY_WAIT_S = 5.0
 REFUSED_FOR_S = 300.0
 ABANDONED = "the server translating it stopped; upload it again"
+MAX_SUGGESTIONS = 100  # a document's memory suggestions its status holds
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class DocumentStatus:
     updated: float = field(default_factory=time.time)
     error_message: str = ""
     request: dict[str, Any] = field(default_factory=dict)  # the TranslateRequest's fields set, but its texts
+    # With a translation memory: the sentences its units answered, and the first MAX_SUGGESTIONS units near a
+    # sentence that did not answer it ({segment, source, target, match}), offered to edit.
+    memory_sentences: int = 0
+    memory_suggestions: list[dict[str, Any]] = field(default_factory=list)
 
     def stale(self) -> bool:
         """Still queued or translating, its status not renewed for STALE_S: its replica stopped."""
@@ -102,6 +107,9 @@ class DocumentStatus:
             out["seconds_remaining"] = round((self.segments - self.done_segments) / rate) if rate else None
         if status == "done":
             out["billed_characters"] = self.characters
+        if self.request.get("memory") is not None:  # beamserve's: what the memory answered and offered
+            out["memory_sentences"] = self.memory_sentences
+            out["memory_suggestions"] = self.memory_suggestions
         if status == "error":
             out["error_message"] = self.error_message or ABANDONED
         return out
@@ -213,10 +221,13 @@ class DocumentJobs:
                 await self._save(status)
                 for at in range(len(out), len(parsed.segments), step):
                     chunk = replace(job, req=job.req.model_copy(update={"texts": parsed.segments[at : at + step]}))
-                    done = await translated(self.router, chunk, status, self._save)
+                    routed = await translated(self.router, chunk, status, self._save)
+                    done = [t.text for t in routed]
                     await document_parts.save(self.records, status.document_id, status.owner, at, done)
                     out += done
-                    status = replace(status, done_segments=len(out), updated=time.time())
+                    status = replace(
+                        status, done_segments=len(out), updated=time.time(), **remembered(status, routed, at)
+                    )
                     await self._save(status)
             result = await asyncio.to_thread(allocator.released, parsed.rebuild, out)
             if not await self._settle(status):  # given up as stopped by another replica, and refunded
@@ -357,9 +368,20 @@ class DocumentJobs:
         return found.body, status
 
 
+def remembered(status: DocumentStatus, routed: list[Translation], at: int) -> dict[str, Any]:
+    """The status's memory counts with a chunk's translations (segments from `at`) added."""
+    offered = list(status.memory_suggestions)
+    for i, t in enumerate(routed):
+        for s in t.memory_suggestions or []:
+            if s is not None and len(offered) < MAX_SUGGESTIONS:
+                offered.append({"segment": at + i, **s.model_dump()})
+    answered = sum(m is not None for t in routed for m in t.memory_matches or [])
+    return {"memory_sentences": status.memory_sentences + answered, "memory_suggestions": offered}
+
+
 async def translated(
     router: PairRouter, chunk: Job, status: DocumentStatus, save: Callable[[DocumentStatus], Awaitable[None]]
-) -> list[str]:
+) -> list[Translation]:
     """A document chunk's translations (its texts in chunk.req); a refusal for a passing reason (PASSING) is
     waited out and the chunk sent again, the document's status renewed meanwhile (`save`), for up to
     REFUSED_FOR_S of refusals in a row."""
@@ -367,7 +389,7 @@ async def translated(
     while True:
         try:
             routed = await router.translate(chunk.req, chunk.terms, pieces=True, recall=chunk.recall)
-            return [t.text for t in routed.response.translations]
+            return routed.response.translations
         except ApiError as exc:
             now = time.monotonic()
             refused_since = refused_since if refused_since is not None else now

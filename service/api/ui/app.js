@@ -51,6 +51,7 @@ async function translate() {
     $("alternatives-section").hidden = true;
     $("origin").textContent = "";
     $("approve").hidden = true;
+    $("suggestions-section").hidden = true;
     return;
   }
   const alternatives = Number($("alternatives").value);
@@ -58,7 +59,7 @@ async function translate() {
   if ($("source").value !== "auto") body.source = $("source").value;
   if ($("html").checked) body.tag_handling = "html";
   if (alternatives) Object.assign(body, { num_hypotheses: alternatives + 1, beam_size: Math.max(4, alternatives + 1) });
-  if ($("memory").value) body.memory = $("memory").value;
+  if ($("memory").value) body.memory = $("fuzzy").checked ? { id: $("memory").value, min_match: 0.75 } : $("memory").value;
   const headers = keyed({ "content-type": "application/json" });
   $("go").disabled = true;
   try {
@@ -124,6 +125,20 @@ function remembered(t) {
     : found === matches.length ? "From the translation memory"
       : `${found} of ${matches.length} sentences from the translation memory`;
   $("approve").hidden = !$("memory").value || !t.text || found === matches.length;
+  // Units near a sentence that did not answer it: shown to edit from, never as the translation.
+  const near = (t.memory_suggestions || []).filter((s) => s !== null);
+  $("suggestions-list").replaceChildren(...near.map((s) => {
+    const li = document.createElement("li");
+    const source = document.createElement("span");
+    source.textContent = s.source;
+    source.lang = $("source").value === "auto" ? "" : $("source").value;
+    const target = document.createElement("span");
+    target.textContent = s.target;
+    target.lang = $("target").value;
+    li.append(source, " \u2192 ", target, ` (${Math.round(s.match * 100)}% match)`);
+    return li;
+  }));
+  $("suggestions-section").hidden = near.length === 0;
 }
 
 function keyed(headers) {
@@ -243,6 +258,7 @@ async function start() {
   $("html").addEventListener("change", later);
   $("alternatives").addEventListener("change", later);
   $("memory").addEventListener("change", later);
+  $("fuzzy").addEventListener("change", later);
   $("api-key").addEventListener("change", memories);
   $("approve").addEventListener("click", approve);
   memories();
