@@ -330,10 +330,10 @@ def test_a_sentence_from_the_chosen_memory_is_marked_and_an_approved_translation
     until(browser, lambda: by_id(browser, "origin").text == "From the translation memory", "the approved unit")
     # A near match that says something else: the model's translation, the unit offered beside it.
     by_id(browser, "fuzzy").click()
-    model = httpx.post(
-        f"{server}/v1/translate", json={"texts": ["Two men are not sitting on a bench."], "source": "en", "target": "de"}
-    ).json()["translations"][0]["text"]
-    type_text(browser, "Two men are not sitting on a bench.")
+    near = "Two men are not sitting on a bench."
+    asked = {"texts": [near], "source": "en", "target": "de"}
+    model = httpx.post(f"{server}/v1/translate", json=asked).json()["translations"][0]["text"]
+    type_text(browser, near)
     until(browser, lambda: by_id(browser, "suggestions-section").is_displayed(), "the near match offered")
     assert by_id(browser, "translation").get_attribute("value") == model != approved
     assert approved in by_id(browser, "suggestions-list").text and "% match" in by_id(browser, "suggestions-list").text
