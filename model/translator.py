@@ -270,8 +270,9 @@ class Translator:
     ) -> list[ScoringResult]:
         """Each (source, target)'s tokens scored teacher-forced (model/decode/scoring.py), as CTranslate2's
         score_batch: the log-probability of every target token, </s> included (and, with language tokens,
-        `tgt_lang`'s forced first), their total and length-normalised score. Raises SourceError for a source
-        or target the model cannot take (the index is the pair's), LanguageError as `translate` does."""
+        `tgt_lang`'s forced first), their total and length-normalised score; a blank source reads as </s> alone.
+        Raises SourceError for a source or target the model cannot take (the index is the pair's), LanguageError
+        as `translate` does."""
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources and {len(targets)} targets: give one target per source")
         if batch_size < 1:
@@ -287,9 +288,8 @@ class Translator:
         for i, (source, target) in enumerate(zip(sources, targets, strict=True)):
             try:
                 check_text(target)
-                src = self.encode(source, lang=src_lang)
-                if not src:
-                    raise InvalidTextError("an empty source: there is nothing to score a translation of")
+                # A blank source is </s> alone (with its language token), as Hugging Face's tokenizer has it.
+                src = self.encode(source, lang=src_lang) or self.tokenizer.encode("", src_lang)
                 tgt = [*self.tokenizer.spans(target, target=True, lang=tgt_lang)[0], eos]
                 if len(tgt) > limit:
                     raise InputTooLongError(f"the target has {len(tgt)} tokens; this model accepts at most {limit}")

@@ -455,7 +455,7 @@ def test_the_score_route_gives_the_library_s_scores_and_refuses_by_name(client: 
         ({"source": "en", "target": "de", "texts": ["a"], "translations": []}, 422),
         ({"source": "en", "target": "de", "texts": ["a", "b"], "translations": ["x"]}, 422),
         ({"source": "en", "target": "xx", "texts": ["a"], "translations": ["x"]}, 400),
-        ({"source": "en", "target": "de", "texts": [" "], "translations": ["x"]}, 422),
+        ({"source": "en", "target": "de", "texts": ["a" * 2001], "translations": ["x"]}, 422),
         ({"source": "en", "target": "de", "texts": ["a"], "translations": ["Wort " * 700]}, 422),
     ]
     for body_, status in bad:

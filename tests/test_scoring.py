@@ -52,7 +52,7 @@ def test_the_shipped_models_score_as_marian_in_transformers(name: str, tmp_path:
     model = transformers.MarianMTModel.from_pretrained(tmp_path).eval()
     tok = transformers.MarianTokenizer.from_pretrained(tmp_path)
     ours = Translator.load(name, "cpu")
-    sources = read_lines("val.en.gz", len(TARGETS))
+    sources = [*read_lines("val.en.gz", len(TARGETS) - 1), ""]  # a blank source: </s> alone, as theirs
     targets = TARGETS if name == "en-de" else ["Un homme fait du vélo.", "Deux chiens jouent.", "", "Un mot."]
     mine = ours.score(sources, targets)
     labels = [tok(text_target=t).input_ids for t in targets]
@@ -112,8 +112,6 @@ def test_what_cannot_be_scored_is_refused_by_index(tiny_dir: Path) -> None:
     ours = Translator.load(tiny_dir, "cpu")
     with pytest.raises(ValueError, match="one target per source"):
         ours.score(["a"], [])
-    with pytest.raises(Exception, match=r"texts\[1\]: an empty source"):
-        ours.score(["A dog.", "  "], ["Ein Hund.", "x"])
     with pytest.raises(InputTooLongError, match=r"texts\[0\]"):
         ours.score(["A dog."], ["Hund " * 600])
     with pytest.raises(Exception, match="lone surrogate"):

@@ -58,7 +58,7 @@ def bound(document: dict[str, Any], s: Settings, languages: frozenset[str]) -> d
                 elif name == "source" and option.get("type") == "string":
                     # Omitted, null or "auto": detected (LibreTranslate's clients send "auto").
                     option["enum"] = [*codes, "auto"]
-                elif name in ("texts", "q", "text"):
+                elif name in ("texts", "q", "text", "translations"):
                     _bound_texts(option, s)
                 if name in REFUSED_VALUES and "enum" in option:
                     option["enum"] = [v for v in option["enum"] if v not in REFUSED_VALUES[name]]

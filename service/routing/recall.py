@@ -22,6 +22,9 @@ from service import tracing
 from service.engine.answers import NBest, Translated
 from service.text.memory import Carried, Match, Recall, Suggestion, carried
 
+# Character pairs of fuzzy lookups a request makes on the event loop (some 0.2 ms): more go to a thread, whose
+# hop costs a request more than a lookup of a few sentences, as it waits for the GIL beside the engine's thread.
+INLINE_WORK = 10_000_000
 CHECK_MARGIN = 0.05  # nats a token a carried target may be less likely than the model's own translation
 Decode = Callable[[list[str]], Awaitable[Translated]]
 Score = Callable[[list[tuple[str, str]]], Awaitable[list[ScoringResult]]]
@@ -35,12 +38,13 @@ def agrees(scored: ScoringResult, own: float | None) -> bool:
 
 
 async def lookups(sentences: list[str], recall: Recall) -> dict[str, Match]:
-    """The memory's match for each distinct sentence it holds; a fuzzy lookup off the event loop."""
+    """The memory's match for each distinct sentence it holds; fuzzy lookups of more than INLINE_WORK off the
+    event loop."""
     asked = {"beamserve.sentences": len(sentences), "beamserve.memory.min_match": recall.min_match}
     with tracing.span("memory", **asked) as looked:
-        if recall.min_match < 1.0:
+        if recall.min_match < 1.0 and recall.index.work(sentences, recall.min_match) > INLINE_WORK:
             found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match)
-        else:  # exact matches alone: dictionary lookups
+        else:  # exact matches, or fuzzy ones cheaper than the thread's hop: here
             found = recall.index.find(sentences, recall.min_match)
         if looked is not None:
             looked.set_attribute("beamserve.memory.found", len(found))

@@ -129,6 +129,20 @@ class MemoryIndex:
         source, target = self.exact[choices[best]]
         return Match(source, target, min(float(ratios[best]) / 100, FUZZY_TOP))  # exact is 1.0 alone
 
+    def work(self, sentences: list[str], min_match: float) -> int:
+        """About how many character pairs fuzzy lookups of the sentences score (each at most WORK): what
+        decides whether they are worth a thread."""
+        total = 0
+        for sentence in dict.fromkeys(sentences):
+            n = len(sentence)
+            lo = bisect.bisect_left(self.lengths, n * min_match / (2 - min_match))
+            hi = bisect.bisect_right(self.lengths, n * (2 - min_match) / max(min_match, 1e-9))
+            chars = int(self.starts[hi] - self.starts[lo])
+            if hi - lo > CANDIDATES and len(self.keys) > SCAN_ALL:
+                chars = chars * CANDIDATES // (hi - lo)
+            total += min(WORK, n * chars)
+        return total
+
     def find(self, sentences: list[str], min_match: float) -> dict[str, Match]:
         """Each distinct sentence the memory answers, with its match."""
         found = {s: self.lookup(s, min_match) for s in dict.fromkeys(sentences)}
