@@ -86,6 +86,7 @@ def test_a_large_memory_finds_what_scoring_every_unit_finds() -> None:
         words[rng.randrange(len(words))] = "zebra"
         query = " ".join(words)
         got = index.lookup(query, 0.8)
+        assert index.lookup(query, 0.8, apart=True) == got, query  # cdist on a thread = extractOne here
         full = process.extractOne(normal(query), index.keys, scorer=fuzz.ratio, score_cutoff=80)
         assert (got is None) == (full is None), query
         if got is not None and full is not None:

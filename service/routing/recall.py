@@ -43,7 +43,7 @@ async def lookups(sentences: list[str], recall: Recall) -> dict[str, Match]:
     asked = {"beamserve.sentences": len(sentences), "beamserve.memory.min_match": recall.min_match}
     with tracing.span("memory", **asked) as looked:
         if recall.min_match < 1.0 and recall.index.work(sentences, recall.min_match) > INLINE_WORK:
-            found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match)
+            found = await asyncio.to_thread(recall.index.find, sentences, recall.min_match, apart=True)
         else:  # exact matches, or fuzzy ones cheaper than the thread's hop: here
             found = recall.index.find(sentences, recall.min_match)
         if looked is not None:
@@ -69,8 +69,12 @@ async def recalled(
             answers[sentence] = carry
     rest = [s for s in dict.fromkeys(sentences) if s not in answers or not answers[s].same]
     asked = list(answers)
-    scoring = score([(s, answers[s].target) for s in asked]) if score is not None and asked else _no()
-    out, scores = await asyncio.gather(decode(rest) if rest else _nothing(), scoring)
+    if score is not None and asked:  # the model's translation and its scores of the units at once
+        out, scores = await asyncio.gather(
+            decode(rest) if rest else _nothing(), score([(s, answers[s].target) for s in asked])
+        )
+    else:
+        out, scores = await decode(rest) if rest else Translated([], 0, 0), []
     scored = dict(zip(asked, scores, strict=True)) if scores else {}
     decoded = dict(zip(rest, zip(out.nbest, out.confidence, strict=True), strict=True))
     for sentence in [s for s in asked if not answers[s].same]:
