@@ -124,7 +124,9 @@ class MemoryIndex:
             return None
         least = min_match * 100
         if apart:  # cdist releases the GIL: the event loop runs meanwhile
-            ratios = process.cdist([key], choices, scorer=fuzz.ratio, score_cutoff=least, workers=1)[0]
+            ratios = process.cdist([key], choices, scorer=fuzz.ratio, score_cutoff=least, workers=1, dtype=np.float64)[
+                0
+            ]
             best = int(np.argmax(ratios))  # the first of the best, as extractOne
             winner = (choices[best], float(ratios[best])) if ratios[best] >= least and ratios[best] > 0 else None
         else:
