@@ -10,6 +10,7 @@ import random
 import struct
 import zipfile
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -197,3 +198,72 @@ def test_mutated_files_read_or_are_refused_by_name() -> None:
 
 def test_zlib_errors_are_among_those_named() -> None:
     assert zlib.error in ooxml_text._UNREADABLE
+
+
+def with_lying_member(data: bytes, name: str, body: bytes, claimed: int, method: int) -> bytes:
+    """A zip document with one member more, `body` compressed by `method`, whose local and central headers
+    claim it unpacks to `claimed` bytes."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as z, zipfile.ZipFile(out, "w") as new:
+        for info in z.infolist():
+            new.writestr(info, z.read(info), compress_type=info.compress_type)
+        new.writestr(name, body, compress_type=method)
+    b = bytearray(out.getvalue())
+    local = b.rfind(b"PK\x03\x04")
+    central = b.rfind(b"PK\x01\x02")
+    b[local + 22 : local + 26] = struct.pack("<I", claimed)
+    b[central + 24 : central + 28] = struct.pack("<I", claimed)
+    return bytes(b)
+
+
+def lying_files() -> list[tuple[str, bytes]]:
+    from tests.test_documents import ODT_BODY, book, open_document, word
+
+    return [
+        ("a.docx", word()),
+        ("a.odt", open_document("odt", ODT_BODY)),
+        ("a.epub", book()),
+    ]
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
+def test_a_member_compressed_by_bzip2_or_lzma_is_refused_before_it_is_inflated(method: int) -> None:
+    for name, data in lying_files():
+        lying = with_lying_member(data, "media/picture.png", bytes(2_000_000), 200, method)
+        assert len(lying) < 100_000
+        err = refused(name, lying)
+        assert err.code == "invalid_document" and "stored or deflated" in err.detail, (name, err.detail)
+
+
+def test_a_deflated_member_that_lies_about_its_size_is_inflated_no_further_than_it_claims(tmp_path: Path) -> None:
+    """A 350 MB deflate stream (350 KB packed) whose headers claim 200 bytes, in each zip-based format: the
+    parse, in a process of its own, grows by less than 100 MB (it inflated 350 MB before) and refuses the
+    file by name (its CRC-32 is the whole stream's)."""
+    import subprocess
+    import sys
+
+    zeros = bytes(350_000_000)
+    for name, data in lying_files():
+        (tmp_path / name).write_bytes(with_lying_member(data, "media/picture.png", zeros, 200, zipfile.ZIP_DEFLATED))
+    del zeros
+    script = (
+        "import resource, sys\n"
+        "from pathlib import Path\n"
+        "from service.errors import ApiError\n"
+        "from service.text import documents\n"
+        "data = Path(sys.argv[1]).read_bytes()\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n"
+        "    documents.parse(Path(sys.argv[1]).name, data)\n"
+        "    print('read', end=' ')\n"
+        "except ApiError as exc:\n"
+        "    print(exc.code, end=' ')\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    for name, _ in lying_files():
+        run = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / name)], capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, run.stderr
+        outcome, grown_mb = run.stdout.split()
+        assert outcome == "invalid_document" and int(grown_mb) < 100, (name, run.stdout)

@@ -79,6 +79,6 @@ def epub_document(data: bytes) -> Parsed:
         for path, doc in books:
             written[path] = doc.with_fragments(translations[at : at + len(doc.runs)]).encode()
             at += len(doc.runs)
-        return rezipped(z, written)
+        return rezipped("epub", z, written)
 
     return Parsed(segments, True, rebuild)

@@ -98,6 +98,8 @@ def odf_document(kind: str, data: bytes) -> Parsed:
                 p.remove(child)
             p.text = None
             pieces.fill(p, translated)
-        return rezipped(z, {n: etree.tostring(t, xml_declaration=True, encoding="UTF-8") for n, t in trees.items()})
+        return rezipped(
+            kind, z, {n: etree.tostring(t, xml_declaration=True, encoding="UTF-8") for n, t in trees.items()}
+        )
 
     return Parsed(segments, True, rebuild)

@@ -25,7 +25,7 @@ import re
 import zipfile
 import zlib
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,6 +227,10 @@ def _order(name: str, d: Dialect) -> tuple[int, list[Any]] | None:
 MAX_XML_BYTES = 32_000_000
 MAX_ELEMENTS = 500_000
 # Every error the zip module, zlib and the XML parser raise on a malformed file.
+# The compression methods a member may use: stored and deflated, what Office, OpenDocument and EPUB files are
+# written with. A deflated member is inflated READ_PIECE at a time.
+MEMBER_METHODS = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
+READ_PIECE = 1 << 16
 _UNREADABLE = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, zlib.error, EOFError,
                OSError, ValueError, UnicodeDecodeError)  # fmt: skip
 
@@ -264,9 +268,10 @@ def office_document(kind: str, data: bytes) -> Parsed:
         z, parts = read()  # afresh: the same paragraphs, in the same order
         for paragraph, translated in zip(_paragraphs(parts, d), translations, strict=True):
             paragraph.rebuild(translated)
-        return rezipped(
-            z, {n: etree.tostring(t, xml_declaration=True, encoding="UTF-8", standalone=True) for n, t in parts.items()}
-        )
+        written = {
+            n: etree.tostring(t, xml_declaration=True, encoding="UTF-8", standalone=True) for n, t in parts.items()
+        }
+        return rezipped(kind, z, written)
 
     return Parsed(segments, True, rebuild)
 
@@ -276,24 +281,42 @@ def check_members(kind: str, z: zipfile.ZipFile, read: Collection[str] = ()) -> 
     that does not: found as the file is read, not as its translation is written."""
     for info in z.infolist():
         if info.filename not in read:
-            zip_member(kind, z, info.filename)
+            for _ in member_pieces(kind, z, info.filename):
+                pass
 
 
-def rezipped(z: zipfile.ZipFile, written: Mapping[str, bytes]) -> bytes:
+def rezipped(kind: str, z: zipfile.ZipFile, written: Mapping[str, bytes]) -> bytes:
     """The zip again: the `written` members' new bytes, every other member byte for byte, all in their order and
     with their compression (an OpenDocument's or EPUB's mimetype stays first and stored)."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as new:
         for info in z.infolist():
             body = written.get(info.filename)
-            new.writestr(info, body if body is not None else z.read(info), compress_type=info.compress_type)
+            body = body if body is not None else zip_member(kind, z, info.filename)
+            new.writestr(info, body, compress_type=info.compress_type)
     return out.getvalue()
 
 
 def zip_member(kind: str, z: zipfile.ZipFile, name: str) -> bytes:
-    """A zip member's bytes, or ApiError invalid_document naming it."""
+    """A zip member's bytes, or ApiError invalid_document naming it: read a piece at a time, so no more than the
+    size its directory claims is inflated (ZipFile.read inflates a deflated member's stream up to 2 GiB, whatever
+    the directory says, before it cuts it to that size)."""
+    return b"".join(member_pieces(kind, z, name))
+
+
+def member_pieces(kind: str, z: zipfile.ZipFile, name: str) -> Iterator[bytes]:
+    """A zip member's bytes READ_PIECE at a time, up to the size its directory claims (CRC-32 checked there)."""
+    info = z.getinfo(name)
+    if info.compress_type not in MEMBER_METHODS:  # bzip2 and LZMA inflate a whole stream a call
+        raise ApiError(
+            "invalid_document",
+            f"the {kind} file's part {name[:200]!r} is compressed by method {info.compress_type}; "
+            "a document's parts are stored or deflated",
+        )
     try:
-        return z.read(name)
+        with z.open(info) as f:
+            while piece := f.read(READ_PIECE):
+                yield piece
     except _UNREADABLE as exc:
         raise ApiError(
             "invalid_document", f"the {kind} file's part {name[:200]!r} does not unpack ({_why(exc)})"
