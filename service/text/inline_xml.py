@@ -1,6 +1,6 @@
 """An XML element's mixed content (text among inline elements) as an HTML fragment, and that content written
 back from the fragment's translation: what XLIFF segments (service/text/xliff_text.py) and OpenDocument
-paragraphs (service/text/odf_text.py) share.
+paragraphs (service/text/odf_text.py) share, with the top-down walk that gives each element what it inherits.
 
 An inline element that holds text to translate is a <span data-x="i"> around its text, so the word alignment
 carries it over to the words it covers (service/text/html_text.py); any other (a code, a picture, a space
@@ -12,17 +12,29 @@ from __future__ import annotations
 import copy
 import html
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from lxml import etree
 
+T = TypeVar("T")
 _TOKEN = re.compile(r"<(/?)(span|img)(?: data-x=\"(\d+)\")?\s*/?>|([^<]+)")
 
 
 def local_name(element: Any) -> str:
     """An element's name without its namespace; "" for a comment or processing instruction."""
     return etree.QName(element).localname if isinstance(element.tag, str) else ""
+
+
+def top_down(root: Any, state: T, inherit: Callable[[Any, T], T]) -> Iterator[tuple[Any, T]]:
+    """Each element of the tree (root first, then in document order, as root.iter()) with the state `inherit`
+    gives it from its parent's: an inherited flag in one pass over the tree, where asking each element's
+    ancestors costs elements x depth."""
+    stack = [(root, inherit(root, state))]
+    while stack:
+        element, here = stack.pop()
+        yield element, here
+        stack.extend((child, inherit(child, here)) for child in reversed(element) if isinstance(child.tag, str))
 
 
 class InlineXml:

@@ -19,7 +19,7 @@ from typing import Any
 from lxml import etree
 
 from service.errors import ApiError
-from service.text.inline_xml import InlineXml
+from service.text.inline_xml import InlineXml, top_down
 from service.text.ooxml_text import MAX_ELEMENTS, MAX_XML_BYTES, check_members, parse_bounded, rezipped, zip_member
 from service.text.parsed import Parsed
 
@@ -36,12 +36,16 @@ KINDS = {
 }
 
 
-def _translated(p: Any) -> bool:
-    """A paragraph with words, outside a cell whose value is not a string."""
-    if not "".join(_own_text(p)).strip():
-        return False
-    cell = next((a for a in p.iterancestors() if a.tag == f"{TABLE}table-cell"), None)
-    return cell is None or cell.get(f"{OFFICE}value-type", "string") == "string"
+def _paragraphs(root: Any) -> list[Any]:
+    """The paragraphs to translate: those with words, outside a cell whose value is not a string (the nearest
+    cell passed down the tree, not looked up each paragraph's ancestors)."""
+    found = []
+    nearest: Any = None  # the cell a paragraph is in
+    for p, cell in top_down(root, nearest, lambda e, cell: e if e.tag == f"{TABLE}table-cell" else cell):
+        words = p.tag in PARAGRAPHS and "".join(_own_text(p)).strip()
+        if words and (cell is None or cell.get(f"{OFFICE}value-type", "string") == "string"):
+            found.append(p)
+    return found
 
 
 def _holds_text(element: Any) -> bool:
@@ -79,7 +83,7 @@ def odf_document(kind: str, data: bytes) -> Parsed:
             raise ApiError("document_too_large", why)
         budget = [MAX_ELEMENTS]
         trees = {n: parse_bounded(kind, n, zip_member(kind, z, n), budget) for n in parts}
-        paragraphs = [p for n in parts for p in trees[n].iter(*PARAGRAPHS) if _translated(p)]
+        paragraphs = [p for n in parts for p in _paragraphs(trees[n])]
         return z, trees, paragraphs
 
     z, trees, paragraphs = read()

@@ -19,7 +19,7 @@ from typing import Any
 from lxml import etree
 
 from service.errors import ApiError
-from service.text.inline_xml import InlineXml, local_name
+from service.text.inline_xml import InlineXml, local_name, top_down
 from service.text.ooxml_text import MAX_ELEMENTS, MAX_XML_BYTES, parse_bounded
 from service.text.parsed import Parsed
 
@@ -58,14 +58,15 @@ def _words(element: Any) -> bool:
 
 def _segments(root: Any) -> list[_Segment]:
     if root.tag == f"{V12}xliff":
-        ns, holders = V12, root.iter(f"{V12}trans-unit")
+        ns, tag = V12, f"{V12}trans-unit"
     elif root.tag == f"{V2}xliff":
-        ns, holders = V2, root.iter(f"{V2}segment")  # each unit's segments; <ignorable> is not one
+        ns, tag = V2, f"{V2}segment"  # each unit's segments; <ignorable> is not one
     else:
         raise ApiError("invalid_document", "not an XLIFF file: its root is not <xliff> of version 1.2 or 2.x")
     found = []
-    for holder in holders:
-        if holder.get("translate") == "no" or any(a.get("translate") == "no" for a in holder.iterancestors()):
+    # translate="no" on an element holds for everything in it: passed down, not looked up the ancestors.
+    for holder, off in top_down(root, False, lambda e, off: off or e.get("translate") == "no"):
+        if holder.tag != tag or off:
             continue
         source, target = holder.find(f"{ns}source"), holder.find(f"{ns}target")
         if _words(source) and not _words(target):
