@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     # The gateway's translation cache (service/routing/cache.py), per gateway replica; either at 0 turns it off.
     cache_entries: int = 50_000
     cache_bytes: int = 64_000_000
+    # The lookup indexes of translation memories each gateway replica keeps (service/store/memories.py), in bytes
+    # of their units and word index: the least recently used out first. One memory's index is kept whatever.
+    memory_index_bytes: int = 256_000_000
     # Batching: BatchingConfig's fields (service/engine/scheduler.py, where each is described), tunable live
     # through the Serve config's user_config. Sizes left None are the replica's device's (sized_for).
     mode: Mode = BatchingConfig.mode

@@ -24,6 +24,7 @@ from service.api.keys import KeyLimits, Keys, load_keys
 from service.api.libretranslate_routes import LibreTranslateRoutes
 from service.api.memory_routes import MemoryRoutes
 from service.api.route_base import TRANSLATE_ERRORS
+from service.engine import allocator
 from service.error_codes import RETRY_AFTER_S
 from service.errors import ApiError, retry_after
 from service.metrics import gateway_metrics
@@ -107,7 +108,7 @@ class Gateway(DeepLGlossaryRoutes, LibreTranslateRoutes, MemoryRoutes):
             trusted_networks(self.settings.trusted_proxies),
         )
         self.glossaries = Glossaries(self.records)
-        self.memories = Memories(self.records)
+        self.memories = Memories(self.records, self.settings.memory_index_bytes, allocator.trimmed)
         self.documents = DocumentJobs(self.records, self.router, self._refund_owner, self._owner_job)
         gateway_metrics()
         app.openapi = openapi.served(app, self.settings, self.router.pairs.languages)  # type: ignore[method-assign]

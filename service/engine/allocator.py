@@ -79,9 +79,14 @@ def released(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     try:
         return work(*args, **kwargs)
     finally:
-        trim = _malloc_trim()
-        if trim is not None:
-            trim(0)
+        trimmed()
+
+
+def trimmed() -> None:
+    """The C library's freed heap given back to the system now (a memory's index dropped, its strings freed)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 @functools.cache

@@ -17,7 +17,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,6 @@ INFO_KIND = "memory_info"
 ID = re.compile(r"[0-9a-f]{32}")
 MAX_MEMORIES = 100  # memories of one API key
 MAX_SEGMENT_CHARS = 5_000  # characters of a unit's source or target
-INDEXES_KEPT_UNITS = 1_000_000  # units of the lookup indexes a gateway replica keeps, least recently used out first
 WRITE_KIND = "memory-write"  # the claim a replica holds while it adds units to a memory
 WRITE_CLAIM_S = 30.0  # how long a claim lasts if its holder never gives it up (a 200,000-unit write takes ~2 s)
 WRITE_POLL_S = 0.01
@@ -85,8 +84,14 @@ def checked_units(units: dict[str, str]) -> dict[str, str]:
 
 
 class Memories:
-    def __init__(self, records: Records) -> None:
+    def __init__(
+        self, records: Records, index_bytes: int = 256_000_000, release: Callable[[], None] = lambda: None
+    ) -> None:
+        """index_bytes: the lookup indexes this replica keeps, at most (Settings.memory_index_bytes); release():
+        the heap freed given back to the system, called once an index is dropped (glibc's malloc_trim)."""
         self.records = records
+        self.index_bytes = index_bytes
+        self.release = release
         self._indexes: OrderedDict[str, tuple[float, MemoryIndex]] = OrderedDict()  # id -> (updated, index)
         self._lock = asyncio.Lock()  # one unit added at a time on this replica
 
@@ -113,7 +118,7 @@ class Memories:
             raise ApiError("memory_not_found", f"no memory {memory_id[:64]!r}")
         await self.records.delete(INFO_KIND, memory_id)
         await self.records.delete(KIND, memory_id)
-        self._indexes.pop(memory_id, None)
+        await self._forget(memory_id)
 
     async def add(self, memory_id: str, owner: str, units: dict[str, str]) -> Memory:
         """Units added to the memory (a source it holds gets the new target)."""
@@ -142,6 +147,8 @@ class Memories:
         pair's memory), built once per change of the memory on this replica."""
         info = await self.records.get(INFO_KIND, memory_id) if ID.fullmatch(memory_id) else None
         if info is None or info.owner != owner:
+            if info is None:  # deleted, maybe through another replica: its index goes here too
+                await self._forget(memory_id)
             raise ApiError("memory_not_found", f"no memory {memory_id[:64]!r}")
         about = orjson.loads(info.body)
         if (about["source"], about["target"]) != (source, target):
@@ -154,14 +161,34 @@ class Memories:
             self._indexes.move_to_end(memory_id)
             return kept[1]
         memory = await self.get(memory_id, owner)
-        built = await asyncio.to_thread(MemoryIndex, memory.units)
+        built = await asyncio.to_thread(lambda: _sized(MemoryIndex(memory.units)))
+        stale = self._indexes.pop(memory_id, None)
         self._indexes[memory_id] = (memory.updated, built)
-        while sum(len(i) for _, i in self._indexes.values()) > INDEXES_KEPT_UNITS and len(self._indexes) > 1:
-            self._indexes.popitem(last=False)
+        gone = [stale] if stale is not None else []
+        while self.kept_bytes() > self.index_bytes and len(self._indexes) > 1:
+            gone.append(self._indexes.popitem(last=False)[1])
+        if gone:
+            del gone, stale
+            await asyncio.to_thread(self.release)
         return built
+
+    def kept_bytes(self) -> int:
+        """The bytes of the lookup indexes this replica keeps."""
+        return sum(i.nbytes for _, i in self._indexes.values())
+
+    async def _forget(self, memory_id: str) -> None:
+        """The memory's index dropped here, and the heap it held given back to the system."""
+        if self._indexes.pop(memory_id, None) is not None:
+            await asyncio.to_thread(self.release)
 
     async def _put(self, memory: Memory) -> Memory:
         body = await asyncio.to_thread(memory.dumps)
         await self.records.put(KIND, memory.memory_id, memory.owner, body)
         await self.records.put(INFO_KIND, memory.memory_id, memory.owner, orjson.dumps(memory.info()))
         return memory
+
+
+def _sized(index: MemoryIndex) -> MemoryIndex:
+    """The index with its size counted (on the thread that built it, not the event loop)."""
+    _ = index.nbytes
+    return index

@@ -29,7 +29,9 @@ the GIL, so a lookup on a thread leaves the gateway's event loop free.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
+import sys
 import unicodedata
 from dataclasses import dataclass
 
@@ -102,6 +104,14 @@ class MemoryIndex:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    @functools.cached_property
+    def nbytes(self) -> int:
+        """About the memory this index holds: its strings, lists, word index and dictionaries."""
+        strings = sum(sys.getsizeof(k) + sys.getsizeof(s) + sys.getsizeof(t) for k, (s, t) in self.exact.items())
+        words = sum(sys.getsizeof(w) + a.nbytes + 112 for w, a in self.postings.items())  # 112: an array's header
+        tables = sys.getsizeof(self.exact) + sys.getsizeof(self.postings) + 16 * len(self.keys) + 72 * len(self.exact)
+        return strings + words + tables + self.starts.nbytes
 
     def lookup(self, sentence: str, min_match: float, *, apart: bool = False) -> Match | None:
         """The sentence's match at min_match or above (1.0: exact matches alone), or None. `apart`: on a thread of
