@@ -341,15 +341,7 @@ class Engine:
     def submit(self, sources: list[list[int]], opts: DecodeOptions, deadline: float) -> list[WorkItem]:
         """Queue the non-empty sources of one request (all or none)."""
         items = [WorkItem(ids, opts, deadline) for ids in sources if ids]
-        config = self.config
-        if len(items) > config.max_queue:
-            raise RequestTooLargeError(
-                f"request has {len(items)} sentences; this server queues at most {config.max_queue}"
-            )
-        if config.mode == "continuous" and opts.beam_size > config.decode_slots:
-            raise RequestTooLargeError(
-                f"beam_size {opts.beam_size} is more than the {config.decode_slots} decode slots this server has"
-            )
+        _refuse_too_large(len(items), opts.beam_size, self.config)
         with self._cv:
             self.scheduler.admit(items)
             self._cv.notify()
@@ -528,6 +520,16 @@ class Engine:
         device = self.translator.device
         gpu = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         return self.observer.sync(self.stats, self.queued, self._active, gpu, idle=idle)
+
+
+def _refuse_too_large(sentences: int, beam_size: int, config: BatchingConfig) -> None:
+    """RequestTooLargeError for a request that no wait would let in."""
+    if sentences > config.max_queue:
+        raise RequestTooLargeError(f"request has {sentences} sentences; this server queues at most {config.max_queue}")
+    if config.mode == "continuous" and beam_size > config.decode_slots:
+        raise RequestTooLargeError(
+            f"beam_size {beam_size} is more than the {config.decode_slots} decode slots this server has"
+        )
 
 
 def step_runner_for(

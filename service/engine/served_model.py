@@ -8,9 +8,10 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -158,29 +159,8 @@ class ServedModel:
             return False
 
     def pieces(self, pair: str, text: str) -> list[str]:
-        """A text longer than the model takes as consecutive pieces that each fit (joined, the text), cut
-        between words: each the longest run of words from where the last ended that fits, found by halving
-        (a few encodings a piece, not one per word); InputTooLongError for a word too long alone (no cut of it
-        would be language)."""
-        parts = re.split(r"(\s+)", text)
-        out: list[str] = []
-        start = 0
-        while start < len(parts):
-            if not self._fits(pair, parts[start]):
-                raise InputTooLongError(
-                    f"a word of {len(parts[start])} characters is longer than this model takes "
-                    f"({self.codec.max_source_tokens} tokens)"
-                )
-            fit, past = start + 1, len(parts) + 1  # parts[start:fit] fits; parts[start:past] does not (or ends)
-            while past - fit > 1:
-                mid = (fit + past) // 2
-                if self._fits(pair, "".join(parts[start:mid])):
-                    fit = mid
-                else:
-                    past = mid
-            out.append("".join(parts[start:fit]))
-            start = fit
-        return out
+        """A text longer than the model takes for `pair` as pieces that each fit (word_pieces)."""
+        return word_pieces(text, partial(self._fits, pair), self.codec.max_source_tokens)
 
     async def translate(
         self,
@@ -309,3 +289,27 @@ class ServedModel:
             # The model's process: the engine's own when it has one.
             "resident_bytes": self.engine_bytes() if process else allocator.resident_bytes(),
         }
+
+
+def word_pieces(text: str, fits: Callable[[str], bool], max_tokens: int) -> list[str]:
+    """`text` as consecutive pieces that each fit (joined, the text), cut between words: each the longest run of
+    words from where the last ended that fits, found by halving (a few encodings a piece, not one per word);
+    InputTooLongError for a word too long alone (no cut of it would be language)."""
+    parts = re.split(r"(\s+)", text)
+    out: list[str] = []
+    start = 0
+    while start < len(parts):
+        if not fits(parts[start]):
+            raise InputTooLongError(
+                f"a word of {len(parts[start])} characters is longer than this model takes ({max_tokens} tokens)"
+            )
+        fit, past = start + 1, len(parts) + 1  # parts[start:fit] fits; parts[start:past] does not (or ends)
+        while past - fit > 1:
+            mid = (fit + past) // 2
+            if fits("".join(parts[start:mid])):
+                fit = mid
+            else:
+                past = mid
+        out.append("".join(parts[start:fit]))
+        start = fit
+    return out

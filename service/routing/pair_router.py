@@ -238,12 +238,7 @@ class PairRouter:
         self.pairs.check(source, target)
         self.checks.texts(req.texts)
         self.checks.texts(req.translations)
-        if self.health.down(pair):
-            raise ApiError(
-                "pair_unavailable",
-                f"the {pair} model is not available now; retry later",
-                retry_after(RETRY_AFTER_S["pair_unavailable"]),
-            )
+        self._available(pair, [pair])
         timeout = self.checks.timeout(req.timeout_s)
         found = await self.decoder.score(pair, list(zip(req.texts, req.translations, strict=True)), timeout)
         return ScoreResponse(
@@ -277,14 +272,18 @@ class PairRouter:
         self.pairs.check(req.source or "", req.target)
         summary.add_texts(pair, req.texts)
         self.health.refresh_soon()
-        if any(self.health.down(p) for p in self.pairs.legs(pair)):  # down or loading: this pair fails, not the pod
+        self._available(pair, self.pairs.legs(pair))
+        self.checks.texts(req.texts)
+        return pair
+
+    def _available(self, pair: str, legs: list[str]) -> None:
+        """503 pair_unavailable where a model `pair` needs is down or loading: this pair fails, not the pod."""
+        if any(self.health.down(p) for p in legs):
             raise ApiError(
                 "pair_unavailable",
                 f"the {pair} model is not available now; retry later",
                 retry_after(RETRY_AFTER_S["pair_unavailable"]),
             )
-        self.checks.texts(req.texts)
-        return pair
 
     async def infos(self) -> list[dict[str, Any]]:
         """Per pair, its model replica's info() (see PairModel.info) with the pair's name, source and
