@@ -72,11 +72,11 @@ def test_each_format_gives_back_what_it_took_when_nothing_is_translated() -> Non
     srt = documents.parse("a.srt", SRT.encode())
     assert srt.segments == ["<i>A man is riding</i> a bike.", "Two dogs &amp; a cat."]
     out = srt.rebuild(["<i>Ein Mann fährt</i> Fahrrad.", "Zwei Hunde &amp; eine Katze."]).decode()
-    # Numbers and timings as they came; a cue's text over as many lines as it had, unescaped.
+    # Numbers, timings and blank lines as they came; a cue's text over as many lines as it had, unescaped.
     assert out == (
         "1\n00:00:01,000 --> 00:00:03,500\n<i>Ein Mann fährt</i>\nFahrrad.\n\n"
         "2\n00:00:04,000 --> 00:00:05,000\nZwei Hunde & eine Katze.\n\n"
-        "3\n00:00:06,000 --> 00:00:07,000\n"
+        "3\n00:00:06,000 --> 00:00:07,000\n\n"
     )
 
 
@@ -100,6 +100,50 @@ def test_a_document_that_cannot_be_read_is_refused_by_name(name: str, data: byte
     with pytest.raises(ApiError) as err:
         documents.parse(name, data)
     assert err.value.code == code and needle in err.value.detail, err.value.detail
+
+
+# Subtitles as their formats' parsers read them: a cue starts at its timing line whether or not a blank line
+# came before it, a line of spaces ends a cue as a blank one does, a line end is CR, LF or CR LF.
+CUES = {
+    "srt, a cue not followed by a blank line": (
+        "a.srt",
+        "1\n00:00:01,000 --> 00:00:02,000\nA dog runs.\n2\n00:00:03,000 --> 00:00:04,000\nA cat sleeps.\n",
+    ),
+    "srt, a line of spaces between cues": (
+        "a.srt",
+        "1\n00:00:01,000 --> 00:00:02,000\nA dog runs.\n   \n2\n00:00:03,000 --> 00:00:04,000\nA cat sleeps.\n",
+    ),
+    "srt, CR line ends": (
+        "a.srt",
+        "1\r00:00:01,000 --> 00:00:02,000\rA dog runs.\r\r2\r00:00:03,000 --> 00:00:04,000\rA cat sleeps.\r",
+    ),
+    "srt, CR LF line ends": (
+        "a.srt",
+        "1\r\n00:00:01,000 --> 00:00:02,000\r\nA dog runs.\r\n\r\n2\r\n00:00:03,000 --> 00:00:04,000\r\nA cat sleeps.",
+    ),
+    "vtt, CR line ends": (
+        "a.vtt",
+        "WEBVTT\r\r00:01.000 --> 00:02.000\rA dog runs.\r\r00:03.000 --> 00:04.000\rA cat sleeps.\r",
+    ),
+    "vtt, a cue not followed by a blank line": (
+        "a.vtt",
+        "WEBVTT\n\n00:01.000 --> 00:02.000\nA dog runs.\n00:03.000 --> 00:04.000\nA cat sleeps.\n",
+    ),
+    "vtt, a cue right after the header": (
+        "a.vtt",
+        "WEBVTT\n00:01.000 --> 00:02.000\nA dog runs.\n \t\n00:03.000 --> 00:04.000\nA cat sleeps.\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CUES)
+def test_every_cue_is_read_at_its_timing_line_whatever_its_line_ends(case: str) -> None:
+    name, text = CUES[case]
+    parsed = documents.parse(name, text.encode())
+    assert parsed.segments == ["A dog runs.", "A cat sleeps."]
+    out = parsed.rebuild(["Ein Hund rennt.", "Eine Katze schläft."]).decode()
+    # Every other line, and every line end, as it came.
+    assert out == text.replace("A dog runs.", "Ein Hund rennt.").replace("A cat sleeps.", "Eine Katze schläft.")
 
 
 def test_webvtt_keeps_its_header_blocks_and_cue_settings_and_its_markup_as_markup() -> None:
@@ -348,6 +392,23 @@ def reopened(name: str, data: bytes) -> list[str]:
         return [item.get_content().decode() for item in read.get_items_of_type(ebooklib.ITEM_DOCUMENT)]
     doc = opendocument.load(io.BytesIO(data))
     return [teletype.extractText(p) for kind in (odf_text.H, odf_text.P) for p in doc.getElementsByType(kind)]
+
+
+def test_every_cue_of_a_subtitle_file_comes_back_translated_whatever_its_line_ends(
+    client: httpx.Client, server: str
+) -> None:
+    """The subtitle files a parser reading only blank-line blocks of LF lines got wrong (a cue lost into the one
+    before it, a CR-only file `done` untranslated): each cue translated as /v1 translates it, in the file as it
+    came."""
+    import deepl
+
+    translator = deepl.Translator("any-key", server_url=server)
+    for case, (name, text) in CUES.items():
+        parsed = documents.parse(name, text.encode())
+        want = parsed.rebuild(on_v1(client, parsed.segments, **({"tag_handling": "html"} if parsed.html else {})))
+        got = document(translator, text.encode(), source_lang="EN", target_lang="DE", filename=name)
+        assert got == want, case
+        assert b"A dog runs." not in got and b"A cat sleeps." not in got and got.count(b"-->") == 2, case
 
 
 def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs(

@@ -141,9 +141,9 @@ def test_a_corrupt_deflate_stream_and_overlapping_members_are_named_400s() -> No
 
 
 def mutations(seed: int, count: int) -> list[tuple[str, bytes]]:
-    """Valid Office, OpenDocument, EPUB, XLIFF and WebVTT files (tests/test_documents.py's) with bytes flipped,
+    """Valid Office, OpenDocument, EPUB, XLIFF, WebVTT and SubRip files (tests/test_documents.py's) with bytes flipped,
     runs of bytes zeroed, members duplicated or truncated, headers' methods and flags changed: `count` of them."""
-    from tests.test_documents import ODT_BODY, VTT, XLIFF2, XLIFF12, book, open_document, slides, word, workbook
+    from tests.test_documents import ODT_BODY, SRT, VTT, XLIFF2, XLIFF12, book, open_document, slides, word, workbook
 
     rng = random.Random(seed)
     files = [
@@ -155,6 +155,7 @@ def mutations(seed: int, count: int) -> list[tuple[str, bytes]]:
         ("a.xlf", XLIFF12.encode()),
         ("a.xliff", XLIFF2.encode()),
         ("a.vtt", VTT.encode()),
+        ("a.srt", SRT.encode()),
     ]
     out = []
     for _ in range(count):

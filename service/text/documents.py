@@ -180,6 +180,7 @@ def _html(text: str, bom: str) -> Parsed:
 
 _CUE_TIMING = re.compile(r"^\s*\d\d:\d\d:\d\d[,.]\d{3}\s*-->\s*\d\d:\d\d:\d\d[,.]\d{3}")
 _VTT_TIMING = re.compile(r"^\s*(?:\d+:)?\d\d:\d\d\.\d{3}[ \t]+-->[ \t]+(?:\d+:)?\d\d:\d\d\.\d{3}")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # a line with its end: CR LF, CR or LF (WebVTT's)
 _VTT_KEPT = re.compile(r"(?:WEBVTT|NOTE|STYLE|REGION)(?:[ \t]|$)")  # the header and blocks that are not cues
 _TAG = re.compile(r"(<[^<>]*>|\{\\[^{}]*\})")  # <i>, </b>, <font ...>, and ASS overrides such as {\an8}
 
@@ -195,40 +196,83 @@ def _web_subtitles(text: str, bom: str) -> Parsed:
 
 
 def _cues(text: str, bom: str, *, web: bool) -> Parsed:
-    """SubRip's or WebVTT's cues: each cue's text a segment (SubRip's escaped into markup, WebVTT's markup
-    already), the rest of each block as it came."""
-    newline = "\r\n" if "\r\n" in text else "\n"
-    blocks = re.split(r"(?:\r?\n){2,}", text.strip("\r\n"))
-    timing_line = _VTT_TIMING if web else _CUE_TIMING
-    cues: list[tuple[list[str], list[str]]] = []  # (number or identifier and timing lines, text lines)
-    for n, block in enumerate(blocks, 1):
-        lines = block.splitlines()
-        if web and _VTT_KEPT.match(lines[0]):
-            cues.append((lines, []))
-            continue
-        timing = next((i for i, line in enumerate(lines[:2]) if timing_line.match(line)), None)
-        if timing is None:
+    """SubRip's or WebVTT's cues, read line by line as WebVTT's parser reads them: a line end is CR, LF or CR LF;
+    a cue starts at its timing line (the line before it its number or identifier) and its text runs to a blank
+    line (or one of spaces), or to the next timing line. Each cue's text is a segment (SubRip's escaped into
+    markup, WebVTT's markup already); every other line, its line end and each blank line stay as they came.
+    ApiError invalid_document for a line outside a cue that is no cue's number, header or note."""
+    lines = _LINE.findall(text)
+    timing = _VTT_TIMING if web else _CUE_TIMING
+    kept: list[str | int] = []  # the file's lines as they came, and in place of each cue's text its index
+    cues: list[tuple[list[str], list[str]]] = []  # each cue's text lines and their line ends
+    i, block = 0, 1
+    if web:  # the header: WEBVTT and the lines after it up to a blank one, or to a timing line (a cue's start)
+        while i < len(lines) and _content(lines[i]).strip() and (i == 0 or "-->" not in lines[i]):
+            kept.append(lines[i])
+            i += 1
+    while i < len(lines):
+        line = _content(lines[i])
+        if not line.strip():
+            kept.append(lines[i])
+            i += 1
+            block += 0 if i >= 2 and not _content(lines[i - 2]).strip() else 1  # a run of them ends one block
+        elif web and _VTT_KEPT.match(line):  # NOTE, STYLE, REGION: up to a blank line
+            while i < len(lines) and _content(lines[i]).strip():
+                kept.append(lines[i])
+                i += 1
+        elif timing.match(line) or (i + 1 < len(lines) and timing.match(_content(lines[i + 1]))):
+            if not timing.match(line):  # its number or identifier
+                kept.append(lines[i])
+                i += 1
+            kept.append(lines[i])
+            i += 1
+            said: list[str] = []
+            ends: list[str] = []
+            while i < len(lines) and _content(lines[i]).strip() and not _starts_cue(lines, i, timing, web):
+                said.append(_content(lines[i]))
+                ends.append(lines[i][len(said[-1]) :])
+                i += 1
+            kept.append(len(cues))
+            cues.append((said, ends))
+        else:
             example = "00:00:01.000 --> 00:00:02.000" if web else "00:00:01,000 --> 00:00:02,000"
-            raise ApiError("invalid_document", f"{'block' if web else 'subtitle'} {n} has no timing line ({example})")
-        cues.append((lines[: timing + 1], lines[timing + 1 :]))
-    spoken = [i for i, (_, words) in enumerate(cues) if any(w.strip() for w in words)]
+            raise ApiError(
+                "invalid_document", f"{'block' if web else 'subtitle'} {block} has no timing line ({example})"
+            )
+    spoken = [c for c, (said, _) in enumerate(cues) if any(w.strip() for w in said)]
 
     def rebuild(translations: list[str]) -> bytes:
         done = dict(zip(spoken, translations, strict=True))
         out = []
-        for i, (head, words) in enumerate(cues):
-            if i in done:
-                body = _wrap(done[i] if web else _plain(done[i]), len([w for w in words if w.strip()]))
-            else:
-                body = words
-            out.append(newline.join(head + body))
-        return (bom + (newline * 2).join(out) + newline).encode()
+        for piece in kept:
+            if isinstance(piece, str):
+                out.append(piece)
+                continue
+            said, ends = cues[piece]
+            if piece in done:
+                said = _wrap(done[piece] if web else _plain(done[piece]), len(said))
+            out += [w + end for w, end in zip(said, ends[len(ends) - len(said) :], strict=True)]  # the last lines' ends
+        return (bom + "".join(out)).encode()
 
-    def segment(i: int) -> str:
-        said = " ".join(w.strip() for w in cues[i][1] if w.strip())
+    def segment(c: int) -> str:
+        said = " ".join(w.strip() for w in cues[c][0] if w.strip())
         return said if web else _markup(said)
 
-    return Parsed([segment(i) for i in spoken], True, rebuild)
+    return Parsed([segment(c) for c in spoken], True, rebuild)
+
+
+def _content(line: str) -> str:
+    """A line without its line end."""
+    return line.rstrip("\r\n")
+
+
+def _starts_cue(lines: list[str], i: int, timing: re.Pattern[str], web: bool) -> bool:
+    """Whether line i begins the next cue though no blank line came before it: a timing line (WebVTT: any line
+    with -->), or a SubRip cue's number right before one."""
+    line = _content(lines[i])
+    if timing.match(line) or (web and "-->" in line):
+        return True
+    return not web and line.strip().isdigit() and i + 1 < len(lines) and bool(timing.match(_content(lines[i + 1])))
 
 
 def _markup(text: str) -> str:
