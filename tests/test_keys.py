@@ -84,9 +84,29 @@ def test_a_key_added_with_the_cli_works_on_both_gateways_until_it_is_rotated_or_
     assert "made-by-cli" in listed and "characters_per_month 5000" in listed and key not in listed
     usage = httpx.get(f"{url}/v2/usage", headers={"Authorization": f"DeepL-Auth-Key {key}"}).json()
     assert usage["character_limit"] == 5000  # the key's own limit, counted as the file's keys are
+    deepl_key = {"Authorization": f"DeepL-Auth-Key {key}"}
+    made = httpx.post(
+        f"{url}/v2/glossaries",
+        json={
+            "name": "kept",
+            "source_lang": "en",
+            "target_lang": "de",
+            "entries": "bike\tVelo",
+            "entries_format": "tsv",
+        },
+        headers=deepl_key,
+    )
+    assert made.status_code == 201, made.text
+    used = httpx.get(f"{url}/v2/usage", headers=deepl_key).json()["character_count"]
+    assert used > 0
     rotated = keys("rotate", "made-by-cli").strip()
     assert rotated != key
     wait_for(lambda: statuses(rotated) == {200} and statuses(key) == {403}, "the rotation on both", timeout_s=10)
+    # The rotated key owns what the old one made and used: its glossary, its usage (the eight requests since).
+    new_key = {"Authorization": f"DeepL-Auth-Key {rotated}"}
+    glossary = httpx.get(f"{url}/v2/glossaries/{made.json()['glossary_id']}", headers=new_key)
+    assert glossary.status_code == 200 and glossary.json()["name"] == "kept"
+    assert httpx.get(f"{url}/v2/usage", headers=new_key).json()["character_count"] >= used + 8 * len(TEXT)
     keys("revoke", "made-by-cli")
     wait_for(lambda: statuses(rotated) == {403}, "the revocation on both gateways", timeout_s=10)
     failed = subprocess.run(

@@ -59,12 +59,7 @@ ANONYMOUS = Client("anonymous")  # every request while keys are off
 
 
 def client_id(key: str) -> str:
-    return _id_of(api_keys.digest(key))
-
-
-def _id_of(digest: str) -> str:
-    """A key's client id, from its SHA-256: what storage and logs name it by (a file's key, or a stored one)."""
-    return "key-" + digest[:16]
+    return api_keys.client_id_of(api_keys.digest(key))
 
 
 def load_keys(keys: str, keys_file: str, defaults: KeyLimits) -> dict[str, Client]:
@@ -194,7 +189,7 @@ class Keys:
 
     def _managed_client(self, key: api_keys.StoredKey) -> Client:
         given = {n: getattr(key, n) for n in api_keys.LIMITS if getattr(key, n)}
-        return Client(_id_of(key.digest), replace(self.defaults, **given))
+        return Client(key.client_id, replace(self.defaults, **given))
 
     def _limiters(self) -> tuple[MovingWindowRateLimiter, FixedWindowRateLimiter]:
         if self._limits is None:  # made on first use, inside the replica's event loop
