@@ -411,6 +411,26 @@ def test_every_cue_of_a_subtitle_file_comes_back_translated_whatever_its_line_en
         assert b"A dog runs." not in got and b"A cat sleeps." not in got and got.count(b"-->") == 2, case
 
 
+def test_the_served_upload_of_a_hostile_book_is_a_named_4xx(server: str) -> None:
+    """On the real server, through DeepL's document route: the crowded book 413, the entity-declaring one 400, each
+    answered at its upload with what is wrong."""
+    from tests.test_hostile_documents import CROWDED, long_book
+
+    key = {"Authorization": "DeepL-Auth-Key any-key"}
+    for data, status, needle in (
+        (long_book(120, CROWDED), 413, "tags"),
+        (long_book(2, "<p>A man.</p>", doctype='<!DOCTYPE html [ <!ENTITY a "b"> ]>'), 400, "internal subset"),
+    ):
+        r = httpx.post(
+            f"{server}/v2/document",
+            files={"file": ("book.epub", data)},
+            data={"target_lang": "DE", "source_lang": "EN"},
+            headers=key,
+            timeout=120,
+        )
+        assert r.status_code == status and needle in r.json()["message"], r.text
+
+
 def test_the_deepl_client_translates_each_format_as_v1_translates_its_paragraphs(
     client: httpx.Client, server: str
 ) -> None:

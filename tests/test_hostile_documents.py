@@ -303,3 +303,48 @@ def test_deep_nesting_costs_an_xliff_or_odf_file_its_elements_not_elements_times
     for name, build in (("deep.xlf", xliff), ("deep.odt", odt)):
         flat, deep = parse_seconds(name, build(1)), parse_seconds(name, build(250))
         assert deep < 2 * flat + 0.1, (name, flat, deep)
+
+
+def long_book(chapters: int, body: str, doctype: str = "<!DOCTYPE html>") -> bytes:
+    """An EPUB of `chapters` XHTML documents, each of `body`, all in its spine."""
+    items = "".join(f'<item id="c{i}" href="c{i}.xhtml" media-type="application/xhtml+xml"/>' for i in range(chapters))
+    spine = "".join(f'<itemref idref="c{i}"/>' for i in range(chapters))
+    opf = (
+        '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0" unique-identifier="id">'
+        '<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:identifier id="id">urn:uuid:1</dc:identifier>'
+        f"<dc:title>Book</dc:title></metadata><manifest>{items}</manifest><spine>{spine}</spine></package>"
+    )
+    container = (
+        '<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+        '<rootfiles><rootfile full-path="content.opf" media-type="application/oebps-package+xml"/></rootfiles>'
+        "</container>"
+    )
+    page = f'<?xml version="1.0"?>\n{doctype}\n<html xmlns="http://www.w3.org/1999/xhtml"><body>{body}</body></html>'
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("mimetype", "application/epub+zip", compress_type=zipfile.ZIP_STORED)
+        z.writestr("META-INF/container.xml", container)
+        z.writestr("content.opf", opf)
+        for i in range(chapters):
+            z.writestr(f"c{i}.xhtml", page)
+    return out.getvalue()
+
+
+# 4,900 tags a chapter, within the 5,000 one HTML document may hold.
+CROWDED = "<p><b>A</b></p>" * 1225
+
+
+def test_an_epub_s_tags_are_bounded_per_book_not_per_chapter() -> None:
+    """A book of chapters each within one HTML document's 5,000 tags is refused once its chapters hold more than
+    500,000 in all (900 such chapters took 29 s and 1.4 GB to read), while the tags are counted."""
+    assert len(documents.parse("a.epub", long_book(100, CROWDED)).segments) == 100 * 1225
+    err = refused("a.epub", long_book(120, CROWDED))
+    assert err.code == "document_too_large" and "more than 500000 tags" in err.detail, err.detail
+
+
+def test_an_epub_chapter_whose_doctype_declares_entities_is_refused_by_name() -> None:
+    """HTML's parser reads a DOCTYPE to its first ">": an internal subset's entities would be translated as text
+    and the chapter would come back no longer XHTML."""
+    subset = '<!DOCTYPE html [ <!ENTITY who "a man"> ]>'
+    err = refused("a.epub", long_book(2, "<p>&who; rides a bike.</p>", doctype=subset))
+    assert err.code == "invalid_document" and "c0.xhtml" in err.detail and "internal subset" in err.detail, err.detail

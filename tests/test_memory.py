@@ -265,6 +265,21 @@ def test_memories_are_refused_by_name(client: httpx.Client) -> None:
         "/v1/memories", files={"file": ("m.tmx", b"<tmx")}, data={"name": "m", "source_lang": "en", "target_lang": "de"}
     )
     assert r.status_code == 400 and r.json()["error"] == "invalid_memory"
+    other = (
+        b'<tmx version="1.4"><body><tu><tuv xml:lang="en"><seg>A</seg></tuv>'
+        b'<tuv xml:lang="es"><seg>B</seg></tuv></tu></body></tmx>'
+    )
+    r = client.post(
+        "/v1/memories", files={"file": ("m.tmx", other)}, data={"name": "m", "source_lang": "en", "target_lang": "de"}
+    )
+    # No unit for the pair: refused, not made an empty memory that answers nothing.
+    assert r.status_code == 400 and r.json()["error"] == "invalid_memory" and "languages: en, es" in r.text, r.text
+    # A name whose bytes are not UTF-8: refused, not stored as the parser's U+FFFD.
+    parts = [(b'name="name"', b"Pr\xe9sentation"), (b'name="source_lang"', b"en"), (b'name="target_lang"', b"de")]
+    raw = b"".join(b"--B\r\nContent-Disposition: form-data; " + h + b"\r\n\r\n" + v + b"\r\n" for h, v in parts)
+    raw += b'--B\r\nContent-Disposition: form-data; name="file"; filename="m.tmx"\r\n\r\n' + TMX + b"\r\n--B--\r\n"
+    r = client.post("/v1/memories", content=raw, headers={"Content-Type": "multipart/form-data; boundary=B"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request" and "name: not UTF-8" in r.text, r.text
     unserved = {"name": "m", "source_lang": "en", "target_lang": "xx"}
     r = client.post("/v1/memories", files={"file": ("m.tmx", TMX)}, data=unserved)
     assert r.status_code == 400 and r.json()["error"] == "unsupported_pair"

@@ -7,6 +7,9 @@ from typing import Any, TypeVar
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from python_multipart.multipart import parse_options_header
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from service.errors import ApiError
 
@@ -79,8 +82,46 @@ async def read_body(request: Request, field: Callable[[str, list[str]], Any]) ->
         if not isinstance(body, dict):
             raise ApiError("invalid_request", "the JSON body must be an object")
         return body
-    form = await request.form()
+    form = await form_of(request)
     return {key: field(key, [str(v) for v in form.getlist(key)]) for key in form}
+
+
+async def form_of(request: Request) -> FormData:
+    """The request's form (multipart or urlencoded); ApiError invalid_request for a field whose bytes are not UTF-8:
+    the parsers would decode them as Latin-1 (multipart) or to U+FFFD (urlencoded), and a name stored so would not
+    be what was sent."""
+    content_type, _ = parse_options_header(request.headers.get("content-type", ""))
+    if content_type != b"multipart/form-data":
+        form = await request.form()
+        bad = [k for k, v in form.multi_items() if isinstance(v, str) and "\ufffd" in v]
+    else:
+        parser = _Utf8Parts(request.headers, request.stream())
+        try:
+            form = await parser.parse()
+        except MultiPartException as exc:
+            raise ApiError("invalid_request", f"the multipart body does not parse: {exc.message}") from None
+        request._form = form  # what Request.form() would have kept: it reads the stream only once
+        bad = parser.not_utf8
+    if bad:
+        raise ApiError("invalid_request", f"{bad[0][:100]}: not UTF-8 text")
+    return form
+
+
+class _Utf8Parts(MultiPartParser):
+    """Starlette's multipart parser, noting each field whose bytes are not the UTF-8 it was to decode."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.not_utf8: list[str] = []
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None and self._charset == "utf-8":
+            try:
+                bytes(part.data).decode("utf-8")
+            except UnicodeDecodeError:
+                self.not_utf8.append(part.field_name)
+        super().on_part_end()
 
 
 def multipart_body(

@@ -16,6 +16,7 @@ from fastapi import Request, Response
 from starlette.datastructures import UploadFile
 
 from service import request_log
+from service.api.bodies import form_of
 from service.api.keys import Client, Keys
 from service.engine import allocator
 from service.error_codes import RETRY_AFTER_S
@@ -141,7 +142,7 @@ class RouteBase:
         """An upload's file (`what` it must be) and its other fields (multipart/form-data)."""
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise ApiError("unsupported_media_type", f"{what} is uploaded as multipart/form-data with a file")
-        form = await request.form()
+        form = await form_of(request)
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise ApiError("invalid_request", f"file: {what} is required")

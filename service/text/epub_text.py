@@ -48,7 +48,8 @@ def _documents(z: zipfile.ZipFile) -> list[str]:
 def epub_document(data: bytes) -> Parsed:
     """An .epub file (its zip already checked: documents.unzipped_safely) as segments; ApiError invalid_document
     for a file that is not an EPUB or a content document that is not UTF-8 or not readable HTML,
-    document_too_large past ooxml_text's MAX_XML_BYTES of content documents."""
+    document_too_large past ooxml_text's MAX_XML_BYTES of content documents or its MAX_ELEMENTS tags in them all
+    (each document's own bound, html_text's, is a hundredth of that)."""
     try:
         z = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, ValueError) as exc:
@@ -60,6 +61,7 @@ def epub_document(data: bytes) -> Parsed:
             "document_too_large", f"its content documents unpack to {size} bytes; a book holds at most {MAX_XML_BYTES}"
         )
     books: list[tuple[str, HtmlDocument]] = []
+    tags = 0
     for path in paths:
         raw = zip_member("epub", z, path)
         try:
@@ -70,6 +72,12 @@ def epub_document(data: bytes) -> Parsed:
         except (HtmlLimitError, HtmlSyntaxError) as exc:
             raise ApiError("invalid_document", f"the epub file's {path[:200]!r}: {exc}") from None
         books.append((path, doc))
+        tags += doc.tags
+        if tags > MAX_ELEMENTS:
+            raise ApiError(
+                "document_too_large",
+                f"its content documents hold more than {MAX_ELEMENTS} tags; a book holds at most that",
+            )
     check_members("epub", z, read=paths)
     segments = ["".join(run.original) for _, doc in books for run in doc.runs]
 

@@ -293,6 +293,8 @@ class _Splitter(HTMLParser):
             self._markup(markup)
 
     def handle_decl(self, decl: str) -> None:
+        if "[" in decl and decl[:7].upper() == "DOCTYPE":  # the parser reads it to its first ">": the rest as text
+            raise HtmlSyntaxError("the DOCTYPE declares an internal subset (entities), which HTML does not have")
         self._declaration(f"<!{decl}>")
 
     def handle_pi(self, data: str) -> None:
@@ -328,6 +330,7 @@ class HtmlDocument:
         splitter.feed(fragment)
         splitter.close()
         self.parts = splitter.parts
+        self.tags = splitter.tags  # of any kind, as MAX_ELEMENTS counts them
         self.runs = [p for p in self.parts if isinstance(p, Run) and not p.blank]
         self.texts = [run.text.strip() for run in self.runs]
 

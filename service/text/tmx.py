@@ -26,7 +26,8 @@ CODES = {"bpt", "ept", "it", "ph", "ut"}  # inline native codes: markup of the f
 
 def read(data: bytes, source: str, target: str) -> dict[str, str]:
     """The file's units for the pair as {source segment: target segment}; ApiError invalid_memory where
-    the file is not TMX, memory_too_large past MAX_UNITS."""
+    the file is not TMX or holds no unit for the pair (an empty memory would answer nothing), memory_too_large
+    past MAX_UNITS."""
     try:
         root = parse_bounded("TMX", "", data, [MAX_ELEMENTS])
     except ApiError as exc:  # parse_bounded's words are a document's: the limit here is the TMX file's
@@ -37,6 +38,7 @@ def read(data: bytes, source: str, target: str) -> dict[str, str]:
     if body is None:
         raise ApiError("invalid_memory", "the file is not TMX: its root is not <tmx> with a <body>")
     units: dict[str, str] = {}
+    seen: set[str] = set()  # the languages of the file's segments, to say what it holds
     for tu in body:
         if _local(tu.tag) != "tu":
             continue
@@ -46,12 +48,20 @@ def read(data: bytes, source: str, target: str) -> dict[str, str]:
                 continue
             lang = (tuv.get(XML_LANG) or tuv.get("lang") or "").split("-")[0].split("_")[0].lower()
             seg = _child(tuv, "seg")
+            if len(seen) < 64:
+                seen.add(lang or "none named")
             if lang in (source, target) and seg is not None:
                 sides[lang] = " ".join(_text(seg).split())
         if sides.get(source) and sides.get(target):
             units[sides[source]] = sides[target]
             if len(units) > MAX_UNITS:
                 raise ApiError("memory_too_large", f"the file holds more than {MAX_UNITS} units for {source}-{target}")
+    if not units:
+        held = ", ".join(sorted(seen)[:10]) or "no segments"
+        raise ApiError(
+            "invalid_memory",
+            f"the file holds no unit with both a {source} and a {target} segment (its languages: {held})",
+        )
     return units
 
 
