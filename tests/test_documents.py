@@ -993,9 +993,10 @@ def test_a_document_goes_on_through_another_server_when_its_server_stops(client:
         "BEAMSERVE_MODELS": "en-de",
         "BEAMSERVE_RECORDS_STORAGE": str(SETTINGS["records_storage"]),
         "BEAMSERVE_ENGINE_PROCESS": "false",  # one process less to start: the handover is the gateway's
-        # One sentence's beams at a time, in chunks of 8: slow enough that the document is still translating
-        # when the SIGTERM comes, which hands it over at once (Gateway.drain).
-        "BEAMSERVE_MAX_TEXTS": "8",
+        # One sentence's beams at a time, in chunks of 2 (400 chunks, each saved): slow enough that the document
+        # is still translating when the SIGTERM comes, however idle the machine, which hands it over at once
+        # (Gateway.drain).
+        "BEAMSERVE_MAX_TEXTS": "2",
         "BEAMSERVE_DECODE_SLOTS": "4",
     }
     with serving(env) as (other, proc):
