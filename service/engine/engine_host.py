@@ -185,7 +185,6 @@ class Host:
         )
         text, lang = spec.warm_up
         warm_up(self.engine, [self.translator.encode(text, lang=lang)])
-        self.engine.observer = Relay(self)  # the warm-up is not traffic
         self.resident_bytes = allocator.resident_bytes()  # kept by watch(): a read of /proc an answer costs more
 
     def state(
@@ -296,6 +295,9 @@ def main() -> None:
         conn.send(("failed", traceback.format_exc()))
         os._exit(1)
     conn.send(("ready", (ModelFacts.of(host.translator), host.state())))
+    # Reports only once "ready" is sent: the engine's thread sends them, and one sent first would be read as
+    # the ready message. The warm-up is not traffic either.
+    host.engine.observer = Relay(host)
     threading.Thread(target=host.watch, name="beamserve-engine-watch", daemon=True).start()
     host.serve()
     os._exit(0)  # no waiting on daemon threads or torch's teardown
