@@ -22,7 +22,7 @@ worker node SIGKILLed (raylet, agents, workers) and started again 5 s later as K
 the records store SIGTERMed and started on its file again, every process of the head SIGKILLed and `ray
 start` again. The run fails (exit 1) unless:
 - no 5xx answer is anything but beamserve's JSON error, none is a 500, and no connection goes unanswered
-  but while the head is down (the front runs on the head here);
+  but the head's: refused while the head is down, or closed when it died (the front runs on the head here);
 - every accepted document ends done (its translation downloaded, one line for each line it had) or failed,
   and its key was billed its billed_characters (done) or nothing (failed): never twice, never for a failure;
 - every glossary made is there at the end with its entries;
@@ -105,6 +105,7 @@ class Answer:
     status: int  # 0: no HTTP answer
     body: str = ""  # when not 200
     error: str = ""  # the exception when there was no answer
+    ended: float = 0.0  # when the answer (or the exception) came, seconds since the load began
 
 
 @dataclass
@@ -171,9 +172,9 @@ async def call(
     try:
         r = await http.request(method, path, **kw)
     except httpx.HTTPError as exc:
-        run.answers.append(Answer(kind, sent, 0, error=type(exc).__name__))
+        run.answers.append(Answer(kind, sent, 0, error=type(exc).__name__, ended=run.now()))
         return None
-    run.answers.append(Answer(kind, sent, r.status_code, "" if r.status_code == 200 else r.text[:300]))
+    run.answers.append(Answer(kind, sent, r.status_code, "" if r.status_code == 200 else r.text[:300], run.now()))
     return r
 
 
@@ -460,17 +461,17 @@ def verdict(run: Run, seconds: float, failures: list[str]) -> None:
     recoveries = []
     for k, f in enumerate(run.faults):
         until = run.faults[k + 1].at if k + 1 < len(run.faults) else seconds
+        # The failures in a fault's wake may run on past the next fault: its recovery is not cut off there.
         failed = sorted(
-            (a for a in run.answers if a.kind in TEXTS and f.at <= a.sent < until and a.status != 200),
-            key=lambda a: a.sent,
+            (a for a in run.answers if a.kind in TEXTS and f.at <= a.sent and a.status != 200), key=lambda a: a.sent
         )
         recovery, end = 0.0, f.at
         for a in failed:
             if a.sent - end > QUIET_S:
                 break
             recovery, end = a.sent - f.at, a.sent
-        ours = [a for a in failed if a.sent <= end]
-        stray = [a for a in failed if a.sent > end]
+        ours = [a for a in failed if a.sent < until and a.sent <= end]
+        stray = [a for a in failed if end < a.sent < until]
         recoveries.append(recovery)
         detail = f" ({f.detail})" if f.detail else ""
         said = f"took {f.took:.1f} s, failed {codes(ours) or 0}, recovered {recovery:.1f} s"
@@ -478,8 +479,12 @@ def verdict(run: Run, seconds: float, failures: list[str]) -> None:
             f"; later, apart from it: {codes(stray)} at {', '.join(f'{a.sent:.0f}' for a in stray)} s" if stray else ""
         )
         print(f"  {f.at:6.1f} s {f.kind}{detail}: {said}")
+    # The front runs on the head here: a connection refused while the head is down, or one it held when it
+    # died (sent before, closed as the head's processes were killed), is the head's.
     head_down = [(f.at, f.at + f.took + RECOVERY_S) for f in run.faults if f.kind == "head-restart"]
-    unanswered = [a for a in run.answers if a.status == 0 and not any(s <= a.sent <= e for s, e in head_down)]
+    unanswered = [
+        a for a in run.answers if a.status == 0 and not any(s <= a.sent <= e or s <= a.ended <= e for s, e in head_down)
+    ]
     bad = [a for a in run.answers if a.status == 500 or (a.status >= 500 and not json_error(a.body))]
     for a in (bad + unanswered)[:5]:
         print(f"  e.g. {a.kind} at {a.sent:.1f} s: {a.status or a.error} {a.body[:160]}")
