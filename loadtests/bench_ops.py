@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    if not native.steps():
+    if not native.built():
         sys.exit("the C kernels are not built or turned off here: nothing to compare")
     torch.set_num_threads(1)
     lines = ["# The C kernels' calls: the library's own against their PyTorch operators", ""]

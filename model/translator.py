@@ -197,7 +197,7 @@ class Translator:
             h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
         h.update(self.tokenizer.fingerprint())
         h.update(f"compute_type:{self.compute_type}".encode())  # int8 GEMMs translate differently
-        if self.device.type == "cpu" and native.steps():  # the C decode-step kernels' own last bits
+        if self.device.type == "cpu" and native.built():  # the C decode-step kernels' own last bits
             h.update(b"kernels:c")
         return h.hexdigest()
 

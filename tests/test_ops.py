@@ -14,7 +14,7 @@ from model import Translator
 from model.kernels import native, ops
 
 WHY_NOT = f"turned off ({native.ENV}=0)" if os.environ.get(native.ENV) == "0" else "not built here"
-pytestmark = pytest.mark.skipif(not native.steps(), reason=f"the C kernels are {WHY_NOT}")
+pytestmark = pytest.mark.skipif(not native.built(), reason=f"the C kernels are {WHY_NOT}")
 vnni = pytest.mark.skipif(not native.vnni(), reason="the VNNI kernels need AVX-512 VNNI")
 f32 = pytest.mark.skipif(not native.f32(), reason="the float32 kernel needs AVX-512")
 

@@ -173,7 +173,7 @@ def test_log_softmax_over_the_logits_gives_the_same_values_to_the_bit(
 ) -> None:
     """Written over contiguous logits, the values a new tensor would get: ATen's, or with the C kernels
     built, theirs (model/kernels/native.py)."""
-    if kernels == "c" and not native.steps():
+    if kernels == "c" and not native.built():
         pytest.skip("the C kernels are not built here")
     if kernels == "torch":
         monkeypatch.setattr(native, "_LIB", None)
@@ -222,7 +222,7 @@ def _beam_steps(seed: int, shape: tuple[int, int, int, int], opts: SearchOptions
     return steps
 
 
-@pytest.mark.skipif(not native.steps(), reason="the C kernels are not built, or turned off")
+@pytest.mark.skipif(not native.built(), reason="the C kernels are not built, or turned off")
 @pytest.mark.parametrize("shape", [(1, 4, 50, 8), (3, 4, 20, 6), (5, 2, 30, 5), (2, 1, 10, 4), (4, 5, 40, 10)])
 @pytest.mark.parametrize(("early_stopping", "length_penalty"), [(False, 1.0), (True, 0.6), (False, 0.0)])
 def test_the_beam_step_in_c_gives_the_same_answer_and_state_as_pytorchs_ops(
@@ -259,7 +259,7 @@ class RandomStepper:
         pass
 
 
-@pytest.mark.skipif(not native.steps(), reason="the C kernels are not built, or turned off")
+@pytest.mark.skipif(not native.built(), reason="the C kernels are not built, or turned off")
 @pytest.mark.parametrize(
     "rules",
     [
@@ -289,7 +289,7 @@ def test_a_beam_step_as_one_c_call_gives_the_searchs_answer_in_pytorchs_ops(
     assert calls, "the C step did not run"
 
 
-@pytest.mark.skipif(not native.steps(), reason="the C kernels are not built, or turned off")
+@pytest.mark.skipif(not native.built(), reason="the C kernels are not built, or turned off")
 def test_a_rule_naming_a_token_outside_the_vocabulary_is_refused_in_c_as_in_pytorch() -> None:
     options = SearchOptions(beam_size=2, eos_token_id=3, suppressed_token_ids=(40,))
     with pytest.raises(IndexError):

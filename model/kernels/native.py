@@ -178,12 +178,6 @@ def available() -> bool:
     return quantizes() or scales_back()
 
 
-def steps() -> bool:
-    """Whether a decode step's C kernels (attention, log-softmax, candidate ranking) run here: wherever the
-    library is built and not turned off."""
-    return _LIB is not None
-
-
 def multiplies_int8(x: torch.Tensor) -> bool:
     """Whether int8_gemm takes x: the library is loaded, x on CPU (torch.compile traces the kernels as the
     operators of model/kernels/ops.py)."""
@@ -254,14 +248,6 @@ def allow_avx_vnni(allowed: bool) -> None:
     if _LIB is not None:
         _LIB.beamserve_avx_vnni_allow(int(allowed))
         _PACKED = _LIB.beamserve_vnni()
-
-
-def allow_amx(allowed: bool) -> None:
-    """The packed int8 kernels multiply blocks of 16 rows with AMX where the CPU has it (True, the default but under
-    BEAMSERVE_NATIVE_KERNELS=x86-64-v4), or with AVX-512 VNNI alone (False, as Zen 4 and Intel before Sapphire
-    Rapids do), for a side-by-side measurement; the same exact sums either way."""
-    if _LIB is not None:
-        _LIB.beamserve_amx_allow(int(allowed))
 
 
 def amx() -> bool:
@@ -497,7 +483,7 @@ def scale_back_log_softmax_(
     acc: torch.Tensor, col_scale: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """scale_back_, then log_softmax_ of each row, a row at a time (the row still in cache): the same bits as
-    the two calls. Only where scales_back() and steps()."""
+    the two calls. Only where scales_back()."""
     lib = _lib()
     M, N = acc.shape
     _check_scales(acc, col_scale, row_scale, bias)
@@ -512,7 +498,7 @@ def scale_back_log_softmax_(
 def rescale_log_softmax_(y: torch.Tensor, row_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """y (M, N) contiguous float32, a product times its column scales -> each row's log-softmax of y * row_scale
     (M, 1) + bias (N,), written over y: the same bits as torch.addcmul(bias, y, row_scale), then log_softmax_.
-    Only where scales_back() and steps()."""
+    Only where scales_back()."""
     M, N = y.shape
     _check(
         y.dtype == row_scale.dtype == torch.float32 and y.is_contiguous() and row_scale.is_contiguous()
@@ -536,7 +522,7 @@ def attend(
     length: int | torch.Tensor,
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v for each row's one query over its own positions; only where steps().
+    """softmax(q k^T / sqrt(D)) v for each row's one query over its own positions; only where built().
 
     q: (N, H, D) float32, contiguous. k, v: (R, H, T, D) float32 with equal strides and unit stride over D.
     length: positions every row attends over, or (N,) int64 per row. rows: where position t of row n
@@ -581,7 +567,7 @@ def self_attend_step(
     for every row, or (N,) int64 per row (rows at their own positions, no lineage). With a lineage (R', T') int64,
     lineage[n, pos] is set to n and row n reads position t from buffer row lineage[n, t]. Returns (N, H, D);
     IndexError, with nothing written, where a position or a lineage row would lie outside the cache. Only where
-    steps()."""
+    built()."""
     lib = _lib()
     N, R, H, T, D = qkv.shape[0], k.shape[0], k.shape[1], k.shape[2], k.shape[3]
     if not (
@@ -655,7 +641,7 @@ def copy_rows(k: torch.Tensor, v: torch.Tensor, dest: torch.Tensor, src: torch.T
 
 def log_softmax_(x: torch.Tensor) -> torch.Tensor:
     """Each row of x (M, V) float32 on CPU, unit column stride, replaced by its log-softmax; returns x.
-    Only where steps()."""
+    Only where built()."""
     lib = _lib()
     _check(x.dtype == torch.float32 and x.device.type == "cpu", "log_softmax_", "x must be float32 on CPU")
     rows = x.view(-1, x.shape[-1]) if x.dim() != 2 else x  # a view: x's own memory, or a RuntimeError
@@ -671,7 +657,7 @@ def top_candidates(
     log_probs: torch.Tensor, run_scores: torch.Tensor, n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """search.top_candidates in one pass: log_probs (b, K, V) and run_scores (b, K) float32 on CPU, n at
-    most MOST_CANDIDATES -> scores, beam, token, each (b, n). Only where steps()."""
+    most MOST_CANDIDATES -> scores, beam, token, each (b, n). Only where built()."""
     lib = _lib()
     b, K, V = log_probs.shape
     _check(0 < n <= min(MOST_CANDIDATES, K * V), "top_candidates", f"1 to {MOST_CANDIDATES} candidates of K * V")
@@ -700,7 +686,7 @@ def beam_step(
     """search.beam_step in one call, over log_probs (b, K, V) float32 contiguous, for one length penalty and one
     early_stopping: state is the BeamState's run_scores, run_tokens, fin_scores, fin_tokens, fin_flags and
     improvable, updated in place; pos, max_lengths (b,) int64; norm (b,) float32, (pos + 1) ** length_penalty.
-    Returns src_beam, token (b, K) and done (b,), as search.beam_step. Only where steps() and 2 K <=
+    Returns src_beam, token (b, K) and done (b,), as search.beam_step. Only where built() and 2 K <=
     MOST_CANDIDATES."""
     lib = _lib()
     b, K, V = log_probs.shape

@@ -391,11 +391,6 @@ def rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
     )  # fmt: skip
 
 
-def _layer(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None]:
-    """A linear layer's weight, bias and int8 form (or None), as _c_structs takes them."""
-    return linear.weight, linear.bias, int8_of(linear)  # type: ignore[return-value]
-
-
 # What serves a layer in C: its struct, and the row counts at which: an int8 weight's plan (int8_choice), or a
 # float32 one's (f32_gemm.most_rows).
 CStructs = tuple[tuple[native.LinearC, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...] | None, ...]]
