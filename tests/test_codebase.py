@@ -311,6 +311,20 @@ def test_every_report_names_the_commit_it_measured() -> None:
     assert not unnamed, f"reports that name no commit: {unnamed}"
 
 
+def test_the_loadtests_readme_names_every_script_and_every_report() -> None:
+    """loadtests/README.md's tables say what each script asks and where its reports are: every script and
+    helper in one row, and every report in results/ under a script (by name or by a `name*.md` pattern)."""
+    readme = (ROOT / "loadtests" / "README.md").read_text()
+    named = set(re.findall(r"`([\w*]+\.(?:py|sh|md))`", readme))
+    scripts = {p.name for p in (ROOT / "loadtests").iterdir() if p.suffix in (".py", ".sh")}
+    assert scripts - named == set(), f"scripts loadtests/README.md does not name: {sorted(scripts - named)}"
+    assert {n for n in named if n.endswith((".py", ".sh"))} - scripts == set(), "README names scripts that are gone"
+    patterns = [re.compile(re.escape(n).replace(r"\*", ".*") + "$") for n in named if n.endswith(".md")]
+    reports = [r.name for r in (ROOT / "loadtests" / "results").glob("*.md")]
+    unlisted = [r for r in reports if not any(p.match(r) for p in patterns)]
+    assert not unlisted, f"reports under no script in loadtests/README.md: {unlisted}"
+
+
 def test_make_serve_installs_what_serving_needs_and_no_test_or_benchmark_tool() -> None:
     import tomllib
 
