@@ -1,0 +1,128 @@
+"""Triton kernels for the GPU decode step over the static decode state (model/decode/slots.py): each one
+computes what the step's PyTorch operators compute there, in one launch instead of several.
+
+- `add_layer_norm`: the residual sum and its LayerNorm in one pass over each row (the sublayer's output
+  added to its input, then normalised: post-norm's output, pre-norm's next input).
+- `slot_self_attention`: one decode step's self-attention over the slot cache: each row's new key and
+  value written at its own position and its query attended over positions 0..pos, the cache read once
+  (slots._self_attention's index writes, mask and two matmuls).
+
+Each kernel is tested against its PyTorch reference on CPU tensors under Triton's interpreter
+(TRITON_INTERPRET=1, tests/test_triton.py); on a GPU the same source compiles. Importing this module needs
+triton (a dev dependency; the CPU serving install does not have it).
+
+Shapes: N hypothesis rows, C model width, H heads, D head dim, T cache positions.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_layer_norm(
+    X, R, W, B, SUM, Y,  # (N, C) each but W, B (C,)
+    C, eps,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < C
+    x = tl.load(X + row * C + cols, mask=inside, other=0.0).to(tl.float32)
+    x += tl.load(R + row * C + cols, mask=inside, other=0.0).to(tl.float32)
+    tl.store(SUM + row * C + cols, x.to(SUM.dtype.element_ty), mask=inside)
+    mean = tl.sum(x, axis=0) / C
+    centred = tl.where(inside, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / C + eps)
+    w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=inside, other=0.0).to(tl.float32)
+    tl.store(Y + row * C + cols, (centred * rstd * w + b).to(Y.dtype.element_ty), mask=inside)
+
+
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x + residual and its LayerNorm, each (N, C) as x: (sum, normed). x and residual contiguous (N, C);
+    the sum and the statistics in float32 whatever x's type, as F.layer_norm computes them."""
+    if x.shape != residual.shape or x.dim() != 2 or weight.shape != (x.shape[1],) or bias.shape != weight.shape:
+        raise ValueError(f"add_layer_norm: x {tuple(x.shape)}, residual {tuple(residual.shape)}, weight and bias (C,)")
+    x, residual = x.contiguous(), residual.contiguous()
+    N, C = x.shape
+    summed, normed = torch.empty_like(x), torch.empty_like(x)
+    _add_layer_norm[(N,)](x, residual, weight, bias, summed, normed, C, eps, BLOCK=triton.next_power_of_2(C))
+    return summed, normed
+
+
+@triton.jit
+def _slot_self_attention(
+    Q, KN, VN,  # (N, H, D) each row's query, new key, new value
+    K, V,  # (N, H, T, D) the cache, written at each row's position
+    POS,  # (N,) int64 each row's position
+    OUT,  # (N, H, D)
+    H, T, D, t_len, scale,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    in_d = d < D
+    pos = tl.load(POS + n)
+    head = (n * H + h) * D
+    q = tl.load(Q + head + d, mask=in_d, other=0.0).to(tl.float32)
+    k_new = tl.load(KN + head + d, mask=in_d, other=0.0)
+    v_new = tl.load(VN + head + d, mask=in_d, other=0.0)
+    cache = (n * H + h) * T * D
+    tl.store(K + cache + pos * D + d, k_new, mask=in_d)
+    tl.store(V + cache + pos * D + d, v_new, mask=in_d)
+    # Online softmax over the positions 0..pos, BLOCK_T at a time; position pos's key and value are the
+    # new ones (taken from registers: the store above need not be visible to this program's loads).
+    best = tl.full((), float("-inf"), tl.float32)
+    total = tl.full((), 0.0, tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for start in range(0, t_len, BLOCK_T):
+        t = start + tl.arange(0, BLOCK_T)
+        seen = t <= pos
+        where = cache + t[:, None] * D + d[None, :]
+        both = seen[:, None] & in_d[None, :]
+        k = tl.load(K + where, mask=both, other=0.0)
+        v = tl.load(V + where, mask=both, other=0.0)
+        now = (t == pos)[:, None]
+        k = tl.where(now, k_new[None, :], k).to(tl.float32)
+        v = tl.where(now, v_new[None, :], v).to(tl.float32)
+        scores = tl.where(seen, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))  # (BLOCK_T,)
+        new_best = tl.maximum(best, tl.max(scores, axis=0))
+        weights = tl.exp(scores - new_best)
+        shrink = tl.exp(best - new_best)
+        total = total * shrink + tl.sum(weights, axis=0)
+        acc = acc * shrink + tl.sum(weights[:, None] * v, axis=0)
+        best = new_best
+    tl.store(OUT + head + d, (acc / total).to(OUT.dtype.element_ty), mask=in_d)
+
+
+def slot_self_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    t_len: int,
+) -> torch.Tensor:
+    """Each row n's new key and value (N, H, D) written into the cache (N, H, T, D) at position pos[n], and its
+    query (N, H, D) attended over its positions 0..pos[n] (every pos[n] < t_len <= T): softmax(q k^T / sqrt(D))
+    v -> (N, H, D). The caches contiguous and updated in place."""
+    N, H, D = q.shape
+    T = k_cache.shape[2]
+    if k_cache.shape != (N, H, T, D) or v_cache.shape != k_cache.shape or not k_cache.is_contiguous():
+        raise ValueError(f"slot_self_attention: caches {tuple(k_cache.shape)} for queries {tuple(q.shape)}")
+    if not v_cache.is_contiguous() or pos.shape != (N,) or pos.dtype != torch.int64 or not 0 < t_len <= T:
+        raise ValueError("slot_self_attention: contiguous caches, (N,) int64 positions, 0 < t_len <= T")
+    q, k_new, v_new = q.contiguous(), k_new.contiguous(), v_new.contiguous()
+    out = torch.empty_like(q)
+    _slot_self_attention[(N, H)](
+        q, k_new, v_new, k_cache, v_cache, pos, out, H, T, D, t_len, D**-0.5,
+        BLOCK_T=min(64, triton.next_power_of_2(t_len)), BLOCK_D=triton.next_power_of_2(D),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,100 @@
+"""The GPU step's Triton kernels (model/kernels/triton_step.py) against the PyTorch operators they replace,
+on CPU tensors under Triton's interpreter where there is no GPU (on one, compiled): the step math of
+model/decode/slots.py, at shapes that leave partial blocks (a width, a head dimension and a cache length
+that are no power of two)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated, at their module's import
+
+import torch.nn.functional as F
+
+from model.kernels import triton_step
+from model.nn.layers import attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_the_kernels_run_on_this_machine_s_triton() -> None:
+    """Where there is no GPU the interpreter runs them (so these tests check the kernels' own source)."""
+    interpreted = type(triton_step._add_layer_norm).__name__ == "InterpretedFunction"
+    assert interpreted == (DEVICE == "cpu")
+
+
+def test_add_layer_norm_is_the_sum_and_f_layer_norm_of_it() -> None:
+    g = torch.Generator().manual_seed(0)
+    for n, c in ((1, 8), (7, 96), (12, 333)):
+        x = (torch.randn(n, c, generator=g) * 3).to(DEVICE)
+        r = (torch.randn(n, c, generator=g) + 1).to(DEVICE)
+        w, b = torch.randn(c, generator=g).to(DEVICE), torch.randn(c, generator=g).to(DEVICE)
+        summed, normed = triton_step.add_layer_norm(x, r, w, b, 1e-5)
+        assert torch.equal(summed, x + r)
+        torch.testing.assert_close(normed, F.layer_norm(x + r, (c,), w, b, 1e-5), atol=1e-5, rtol=1e-5)
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pos: torch.Tensor,
+    t: int,
+) -> torch.Tensor:
+    """slots._self_attention's math: the index writes at each row's position, then attention over the mask."""
+    rows = torch.arange(q.shape[0], device=q.device)
+    k[rows, :, pos] = k_new
+    v[rows, :, pos] = v_new
+    mask = (torch.arange(t, device=q.device) <= pos[:, None])[:, None, None, :]  # (N, 1, 1, t)
+    return attention(q[:, :, None], k[:, :, :t], v[:, :, :t], mask)[:, :, 0]  # (N, H, D)
+
+
+def test_slot_self_attention_writes_each_row_s_key_and_attends_as_the_step_s_operators() -> None:
+    g = torch.Generator().manual_seed(1)
+    for n, h, d, t, t_len in ((3, 2, 8, 16, 16), (6, 4, 24, 80, 70), (5, 1, 64, 130, 129)):
+        k = torch.randn(n, h, t, d, generator=g).to(DEVICE)
+        v = torch.randn(n, h, t, d, generator=g).to(DEVICE)
+        q, k_new, v_new = (torch.randn(n, h, d, generator=g).to(DEVICE) for _ in range(3))
+        pos = torch.randint(0, t_len, (n,), generator=g).to(DEVICE)
+        pos[0] = 0  # a first step attends to its own key alone
+        pos[-1] = t_len - 1
+        k_ref, v_ref = k.clone(), v.clone()
+        want = reference_attention(q, k_new, v_new, k_ref, v_ref, pos, t_len)
+        got = triton_step.slot_self_attention(q, k_new, v_new, k, v, pos, t_len)
+        assert torch.equal(k, k_ref) and torch.equal(v, v_ref)  # written where the step writes, nothing else
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_row_s_attention_is_the_same_alone_and_beside_others() -> None:
+    g = torch.Generator().manual_seed(2)
+    n, h, d, t = 4, 2, 16, 40
+    k, v = torch.randn(n, h, t, d, generator=g).to(DEVICE), torch.randn(n, h, t, d, generator=g).to(DEVICE)
+    q, k_new, v_new = (torch.randn(n, h, d, generator=g).to(DEVICE) for _ in range(3))
+    pos = torch.tensor([3, 39, 0, 17], device=DEVICE)
+    together = triton_step.slot_self_attention(q, k_new, v_new, k.clone(), v.clone(), pos, t)
+    for i in range(n):
+        alone = triton_step.slot_self_attention(
+            q[i : i + 1],
+            k_new[i : i + 1],
+            v_new[i : i + 1],
+            k[i : i + 1].clone(),
+            v[i : i + 1].clone(),
+            pos[i : i + 1],
+            t,
+        )
+        assert torch.equal(alone[0], together[i])
+
+
+def test_a_wrong_shape_is_refused_before_a_launch() -> None:
+    x = torch.zeros(2, 8, device=DEVICE)
+    try:
+        triton_step.add_layer_norm(x, x, torch.ones(7, device=DEVICE), torch.zeros(7, device=DEVICE), 1e-5)
+    except ValueError as exc:
+        assert "add_layer_norm" in str(exc)
+    else:
+        raise AssertionError("a (7,) weight for width 8 was taken")
