@@ -90,6 +90,23 @@ def test_a_row_s_attention_is_the_same_alone_and_beside_others() -> None:
         assert torch.equal(alone[0], together[i])
 
 
+def test_slot_cross_attention_attends_each_beam_over_its_slot_s_source_as_the_step_s_operators() -> None:
+    """slots._cross_attention's math: a slot's K beams are the queries of one attention over its source."""
+    g = torch.Generator().manual_seed(3)
+    for s, beams, h, d, p, p_len in ((2, 1, 2, 8, 16, 16), (3, 4, 4, 24, 90, 70), (2, 2, 1, 64, 130, 129)):
+        k = torch.randn(s, h, p, d, generator=g).to(DEVICE)
+        v = torch.randn(s, h, p, d, generator=g).to(DEVICE)
+        q = torch.randn(s * beams, h, d, generator=g).to(DEVICE)
+        lengths = torch.randint(1, p_len + 1, (s,), generator=g)
+        lengths[0] = 1  # a one-token source
+        src_mask = (torch.arange(p)[None, :] < lengths[:, None]).to(DEVICE)  # (S, P)
+        queries = q.view(s, beams, h, d).transpose(1, 2)  # (S, H, K, D)
+        mask = src_mask[:, None, None, :p_len]
+        want = attention(queries, k[:, :, :p_len], v[:, :, :p_len], mask).transpose(1, 2).reshape(s * beams, h, d)
+        got = triton_step.slot_cross_attention(q, k, v, src_mask, p_len)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_wrong_shape_is_refused_before_a_launch() -> None:
     x = torch.zeros(2, 8, device=DEVICE)
     try:

@@ -6,12 +6,15 @@ computes what the step's PyTorch operators compute there, in one launch instead 
 - `slot_self_attention`: one decode step's self-attention over the slot cache: each row's new key and
   value written at its own position and its query attended over positions 0..pos, the cache read once
   (slots._self_attention's index writes, mask and two matmuls).
+- `slot_cross_attention`: each row's query attended over its slot's source keys and values where the
+  source mask holds (slots._cross_attention's view of the K beams as one slot's queries).
 
 Each kernel is tested against its PyTorch reference on CPU tensors under Triton's interpreter
 (TRITON_INTERPRET=1, tests/test_triton.py); on a GPU the same source compiles. Importing this module needs
 triton (a dev dependency; the CPU serving install does not have it).
 
-Shapes: N hypothesis rows, C model width, H heads, D head dim, T cache positions.
+Shapes: N = S * K hypothesis rows of S slots, C model width, H heads, D head dim, T cache positions,
+P source positions.
 """
 
 from __future__ import annotations
@@ -56,6 +59,15 @@ def add_layer_norm(
 
 
 @triton.jit
+def _online_softmax_step(best, total, acc, scores, v):
+    """One block of an online softmax: scores (BLOCK,) with -inf where masked, v (BLOCK, BLOCK_D) float32."""
+    new_best = tl.maximum(best, tl.max(scores, axis=0))
+    weights = tl.exp(scores - new_best)
+    shrink = tl.exp(best - new_best)
+    return new_best, total * shrink + tl.sum(weights, axis=0), acc * shrink + tl.sum(weights[:, None] * v, axis=0)
+
+
+@triton.jit
 def _slot_self_attention(
     Q, KN, VN,  # (N, H, D) each row's query, new key, new value
     K, V,  # (N, H, T, D) the cache, written at each row's position
@@ -92,12 +104,8 @@ def _slot_self_attention(
         k = tl.where(now, k_new[None, :], k).to(tl.float32)
         v = tl.where(now, v_new[None, :], v).to(tl.float32)
         scores = tl.where(seen, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))  # (BLOCK_T,)
-        new_best = tl.maximum(best, tl.max(scores, axis=0))
-        weights = tl.exp(scores - new_best)
-        shrink = tl.exp(best - new_best)
-        total = total * shrink + tl.sum(weights, axis=0)
-        acc = acc * shrink + tl.sum(weights[:, None] * v, axis=0)
-        best = new_best
+        # The first block holds position 0, which every row attends: no block after it meets -inf alone.
+        best, total, acc = _online_softmax_step(best, total, acc, scores, v)
     tl.store(OUT + head + d, (acc / total).to(OUT.dtype.element_ty), mask=in_d)
 
 
@@ -124,5 +132,60 @@ def slot_self_attention(
     _slot_self_attention[(N, H)](
         q, k_new, v_new, k_cache, v_cache, pos, out, H, T, D, t_len, D**-0.5,
         BLOCK_T=min(64, triton.next_power_of_2(t_len)), BLOCK_D=triton.next_power_of_2(D),
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _slot_cross_attention(
+    Q,  # (N, H, D)
+    K, V,  # (S, H, P, D) each slot's source keys and values
+    MASK,  # (S, P) bool, True on real source tokens
+    OUT,  # (N, H, D)
+    beams, H, P, D, p_len, scale,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = n // beams
+    d = tl.arange(0, BLOCK_D)
+    in_d = d < D
+    head = (n * H + h) * D
+    q = tl.load(Q + head + d, mask=in_d, other=0.0).to(tl.float32)
+    source = (slot * H + h) * P * D
+    best = tl.full((), float("-inf"), tl.float32)
+    total = tl.full((), 0.0, tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for start in range(0, p_len, BLOCK_P):
+        p = start + tl.arange(0, BLOCK_P)
+        seen = (p < p_len) & (tl.load(MASK + slot * P + p, mask=p < p_len, other=0) != 0)
+        where = source + p[:, None] * D + d[None, :]
+        both = seen[:, None] & in_d[None, :]
+        k = tl.load(K + where, mask=both, other=0.0).to(tl.float32)
+        v = tl.load(V + where, mask=both, other=0.0).to(tl.float32)
+        scores = tl.where(seen, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))  # (BLOCK_P,)
+        # A block with nothing to attend leaves the sums as they were (exp(-inf - -inf) would be NaN).
+        if tl.max(seen.to(tl.int32), axis=0) > 0:
+            best, total, acc = _online_softmax_step(best, total, acc, scores, v)
+    tl.store(OUT + head + d, (acc / total).to(OUT.dtype.element_ty), mask=in_d)
+
+
+def slot_cross_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, src_mask: torch.Tensor, p_len: int
+) -> torch.Tensor:
+    """Each row n's query (N, H, D) attended over slot n // K's source keys and values (S, H, P, D) at the
+    positions below p_len where src_mask (S, P) holds (every slot has one): softmax(q k^T / sqrt(D)) v ->
+    (N, H, D), N = S * K."""
+    N, H, D = q.shape
+    S, P = src_mask.shape
+    if k.shape != (S, H, P, D) or v.shape != k.shape or N % S or not 0 < p_len <= P:
+        raise ValueError(f"slot_cross_attention: sources {tuple(k.shape)}, mask {(S, P)}, queries {tuple(q.shape)}")
+    if src_mask.dtype != torch.bool:
+        raise ValueError("slot_cross_attention: a bool source mask")
+    q, k, v, src_mask = q.contiguous(), k.contiguous(), v.contiguous(), src_mask.contiguous()
+    out = torch.empty_like(q)
+    _slot_cross_attention[(N, H)](
+        q, k, v, src_mask, out, N // S, H, P, D, p_len, D**-0.5,
+        BLOCK_P=min(64, triton.next_power_of_2(p_len)), BLOCK_D=triton.next_power_of_2(D),
     )  # fmt: skip
     return out
