@@ -107,6 +107,32 @@ def test_slot_cross_attention_attends_each_beam_over_its_slot_s_source_as_the_st
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_constrained_log_softmax_is_the_step_s_log_softmax_and_constraints() -> None:
+    """search.constrain as decode_step calls it (per-row options, sync=False), n-gram bans off: each row in
+    turn starting (a forced first token or none), too early for the end, at its last token, or free; one row
+    both starting and at its last token (the forced end wins, as constrain orders them)."""
+    from model.decode.search import SearchOptions, constrain
+
+    g = torch.Generator().manual_seed(4)
+    for v, forced_eos in ((50, 0), (333, None), (5000, 2)):
+        n = 8
+        logits = (torch.randn(n, v, generator=g) * 4).to(DEVICE)
+        pos = torch.tensor([0, 0, 3, 5, 9, 2, 0, 7], device=DEVICE)
+        max_len = torch.tensor([10, 10, 10, 6, 20, 3, 1, 40], device=DEVICE)  # rows 3 and 6: the last token
+        min_len = torch.tensor([0, 2, 4, 0, 0, 3, 0, 1], device=DEVICE)  # rows 1, 2, 5: too early for </s>
+        first = torch.tensor([7, -1, 7, -1, 3, -1, 9, -1], device=DEVICE)  # rows 0 and 6 forced at pos 0
+        opts = SearchOptions(eos_token_id=0, suppressed_token_ids=(1, v - 1), forced_eos_token_id=forced_eos)
+        suppressed = torch.zeros(v, dtype=torch.bool, device=DEVICE)
+        suppressed[list(opts.suppressed_token_ids)] = True
+        want = constrain(
+            torch.log_softmax(logits.float(), dim=-1), pos, max_len, opts,
+            min_lengths=min_len, first_tokens=first, sync=False,
+        )  # fmt: skip
+        got = triton_step.constrained_log_softmax(logits, pos, max_len, min_len, first, suppressed, 0, forced_eos)
+        assert torch.equal(torch.isinf(got), torch.isinf(want))  # the same tokens ruled out
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_wrong_shape_is_refused_before_a_launch() -> None:
     x = torch.zeros(2, 8, device=DEVICE)
     try:

@@ -8,13 +8,16 @@ computes what the step's PyTorch operators compute there, in one launch instead 
   (slots._self_attention's index writes, mask and two matmuls).
 - `slot_cross_attention`: each row's query attended over its slot's source keys and values where the
   source mask holds (slots._cross_attention's view of the K beams as one slot's queries).
+- `constrained_log_softmax`: the step's log-softmax and its logit constraints but the n-gram bans
+  (search.constrain: suppressed ids, each row's minimum length, forced first token and forced end) in
+  two passes over each row, where PyTorch makes a pass for each.
 
 Each kernel is tested against its PyTorch reference on CPU tensors under Triton's interpreter
 (TRITON_INTERPRET=1, tests/test_triton.py); on a GPU the same source compiles. Importing this module needs
 triton (a dev dependency; the CPU serving install does not have it).
 
 Shapes: N = S * K hypothesis rows of S slots, C model width, H heads, D head dim, T cache positions,
-P source positions.
+P source positions, V vocabulary.
 """
 
 from __future__ import annotations
@@ -187,5 +190,70 @@ def slot_cross_attention(
     _slot_cross_attention[(N, H)](
         q, k, v, src_mask, out, N // S, H, P, D, p_len, D**-0.5,
         BLOCK_P=min(64, triton.next_power_of_2(p_len)), BLOCK_D=triton.next_power_of_2(D),
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _constrained_log_softmax(
+    X,  # (N, V) the step's logits
+    OUT,  # (N, V) float32 log-probabilities, constrained
+    POS, MAX_LEN, MIN_LEN, FIRST,  # (N,) int64 each: tokens so far, limit, minimum, forced first (-1: none)
+    SUPPRESSED,  # (V,) bool: never generated
+    V, eos, forced_eos,  # forced_eos -1: none
+    BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    x_row = X + row * V
+    best = tl.full((), float("-inf"), tl.float32)
+    total = tl.full((), 0.0, tl.float32)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = tl.load(x_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        new_best = tl.maximum(best, tl.max(x, axis=0))
+        total = total * tl.exp(best - new_best) + tl.sum(tl.exp(x - new_best), axis=0)
+        best = new_best
+    log_total = best + tl.log(total)
+    pos = tl.load(POS + row)
+    first = tl.load(FIRST + row)
+    too_early = pos < tl.load(MIN_LEN + row)
+    starting = (pos == 0) & (first >= 0)
+    last = (forced_eos >= 0) & (tl.load(MAX_LEN + row) == pos + 1)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        inside = cols < V
+        y = tl.load(x_row + cols, mask=inside, other=0.0).to(tl.float32) - log_total
+        y = tl.where(tl.load(SUPPRESSED + cols, mask=inside, other=0) != 0, float("-inf"), y)
+        y = tl.where(too_early & (cols == eos), float("-inf"), y)
+        # A forced token: every other -inf, its log-probability 0; the forced end last, as constrain orders them.
+        y = tl.where(starting, tl.where(cols == first, 0.0, float("-inf")), y)
+        y = tl.where(last, tl.where(cols == forced_eos, 0.0, float("-inf")), y)
+        tl.store(OUT + row * V + cols, y, mask=inside)
+
+
+def constrained_log_softmax(
+    logits: torch.Tensor,
+    pos: torch.Tensor,
+    max_len: torch.Tensor,
+    min_len: torch.Tensor,
+    first_token: torch.Tensor,
+    suppressed: torch.Tensor,
+    eos: int,
+    forced_eos: int | None,
+) -> torch.Tensor:
+    """log_softmax(logits (N, V)) in float32 with search.constrain's constraints but the n-gram bans, each row
+    by its own (N,) int64 position, length limit, minimum length and forced first token (-1: none);
+    suppressed (V,) bool. -> (N, V) float32."""
+    N, V = logits.shape
+    rows = (pos, max_len, min_len, first_token)
+    if any(t.shape != (N,) or t.dtype != torch.int64 for t in rows) or suppressed.shape != (V,):
+        raise ValueError(f"constrained_log_softmax: (N,) int64 per row and a (V,) mask for logits {(N, V)}")
+    if suppressed.dtype != torch.bool:
+        raise ValueError("constrained_log_softmax: a bool mask of suppressed ids")
+    logits = logits.contiguous()
+    out = torch.empty(N, V, dtype=torch.float32, device=logits.device)
+    _constrained_log_softmax[(N,)](
+        logits, out, *(t.contiguous() for t in rows), suppressed.contiguous(), V, eos,
+        -1 if forced_eos is None else forced_eos, BLOCK_V=min(4096, triton.next_power_of_2(V)),
     )  # fmt: skip
     return out
