@@ -35,7 +35,7 @@ FLOORS: list[set[str]] = [
     {"model.kernels"},
     {"model.nn"},
     {"model.decode", "model.io"},
-    {"model.workers"},
+    {"model.workers", "model.plan"},
     {"model.translator"},
     {"model", "model.train"},
     {

@@ -1,12 +1,14 @@
 """The GPU step's Triton kernels (model/kernels/triton_step.py) against the PyTorch operators they replace,
 on CPU tensors under Triton's interpreter where there is no GPU (on one, compiled): the step math of
 model/decode/slots.py, at shapes that leave partial blocks (a width, a head dimension and a cache length
-that are no power of two)."""
+that are no power of two); and the whole static pool decoding with them (model/plan.py's "triton" set) as
+with PyTorch's operators."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -141,3 +143,50 @@ def test_a_wrong_shape_is_refused_before_a_launch() -> None:
         assert "add_layer_norm" in str(exc)
     else:
         raise AssertionError("a (7,) weight for width 8 was taken")
+
+
+def test_the_static_step_with_the_triton_kernels_decodes_as_with_pytorch_s_operators() -> None:
+    """The whole pool (model/decode/slot_decoder.py) on the shipped en-de, once with slots.TORCH_STEP and once
+    with model/plan.py's Triton kernels: the same tokens for every sentence and hypothesis, scores within
+    1e-5, with n-gram bans, minimum lengths, several hypotheses and sentences joining while others decode."""
+    from model import DecodeOptions, Translator
+    from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all
+    from model.plan import step_kernels
+
+    from .conftest import read_lines
+
+    tr = Translator.load("en-de", DEVICE, num_threads=1)
+    texts = read_lines("test_2016_flickr.en.gz", 6)
+    sources = [tr.encode(t) for t in texts]
+    opts = [
+        DecodeOptions(
+            beam_size=2,
+            num_hypotheses=1 + i % 2,
+            no_repeat_ngram_size=(0, 2, 3)[i % 3],
+            min_decoding_length=(0, 6)[i % 2],
+            max_decoding_length=24,
+            length_penalty=(1.0, 0.6)[i % 2],
+        )
+        for i in range(len(sources))
+    ]
+    shape = PoolShape(slots=3, beams=2, target_len=32, source_len=48)
+    results = {}
+    for name in ("torch", "triton"):
+        decoder = SlotDecoder(tr.model, shape, device=torch.device(DEVICE), kernels=step_kernels(name))
+        with torch.inference_mode():
+            results[name] = decode_all(decoder, sources, opts, join_every=2)
+    for i, (want, got) in enumerate(zip(results["torch"], results["triton"], strict=True)):
+        assert [h.tokens for h in got] == [h.tokens for h in want], i
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-5), i
+    assert all(results["torch"])
+
+
+def test_an_unknown_step_kernel_set_is_refused_by_name() -> None:
+    from model.plan import step_kernels
+
+    try:
+        step_kernels("cuda-magic")
+    except ValueError as exc:
+        assert "torch, triton" in str(exc)
+    else:
+        raise AssertionError("an unknown kernel set was taken")

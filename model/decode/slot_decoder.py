@@ -16,6 +16,7 @@ are never rebound, so the graphs keep reading them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 from collections import deque
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from model.decode.search import NEG, Hypothesis, SearchOptions
-from model.decode.slots import SlotState, decode_step
+from model.decode.slots import TORCH_STEP, SlotState, StepKernels, decode_step
 from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
 
@@ -47,10 +48,21 @@ class SlotDecoder:
     """A pool of S slots x K beams on one device, for one model."""
 
     def __init__(
-        self, model: Seq2Seq, shape: PoolShape, *, device: torch.device, graphs: bool = False, compiled: bool = False
+        self,
+        model: Seq2Seq,
+        shape: PoolShape,
+        *,
+        device: torch.device,
+        graphs: bool = False,
+        compiled: bool = False,
+        kernels: StepKernels = TORCH_STEP,
     ) -> None:
         """compiled: the step through torch.compile's inductor (fullgraph; on CUDA captured as a graph after it),
-        its operators fused into fewer kernels: the same tokens as the eager step, floats within rounding."""
+        its operators fused into fewer kernels: the same tokens as the eager step, floats within rounding.
+        kernels: what computes the step's attentions and log-probabilities (model/plan.py chooses)."""
+        if compiled and kernels is not TORCH_STEP:
+            raise ValueError(f"a compiled step compiles PyTorch's operators, not the {kernels.name} kernels")
+        self.kernels = kernels
         cfg = model.cfg
         self.model, self.shape, self.device = model, shape, device
         # One position past the longest bucket, which no step reads: every bucket's views of the state are then
@@ -244,7 +256,10 @@ class SlotDecoder:
 
     def _run(self, *step: Any) -> None:
         """One step: the compiled one, or slots.decode_step as it is named now."""
-        (self._compiled or decode_step)(*step)
+        if self._compiled is not None:
+            self._compiled(*step)
+        else:
+            functools.partial(decode_step, kernels=self.kernels)(*step)
 
     @torch.inference_mode()
     def prepare(self) -> None:

@@ -16,6 +16,7 @@ L layers, H heads, D head dim, V vocabulary, C model width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
@@ -101,12 +102,80 @@ class SlotState:
         return int(self.search.run_scores.shape[1])
 
 
+def torch_self_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows_pos: torch.Tensor,
+    self_mask: torch.Tensor,
+    t_len: int,
+) -> torch.Tensor:
+    """Each row's key and value (N, H, D) written at its position of the cache (N, H, T, D), its query (N, H, D)
+    attended over the positions self_mask (N, 1, 1, t) holds -> (N, H, D)."""
+    rows = torch.arange(q.shape[0], device=q.device)
+    k_cache[rows, :, rows_pos] = k_new
+    v_cache[rows, :, rows_pos] = v_new
+    k, v = k_cache[:, :, :t_len], v_cache[:, :, :t_len]  # (N, H, t, D)
+    return attention(q[:, :, None], k, v, self_mask)[:, :, 0]
+
+
+def torch_cross_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, src_mask: torch.Tensor, p_len: int
+) -> torch.Tensor:
+    """A slot's K beams (N, H, D), N = S K, as the queries of one attention over its source (S, H, P, D) where
+    src_mask (S, P) holds -> (N, H, D)."""
+    N, H, D = q.shape
+    S = src_mask.shape[0]
+    queries = q.view(S, N // S, H, D).transpose(1, 2)  # (S, H, K, D)
+    out = attention(queries, k[:, :, :p_len], v[:, :, :p_len], src_mask[:, None, None, :p_len])  # (S, H, K, D)
+    return out.transpose(1, 2).reshape(N, H, D)
+
+
+@dataclass(frozen=True)
+class RowOptions:
+    """Each hypothesis row's options at a step (N,): what the logits' constraints read."""
+
+    pos: torch.Tensor  # tokens generated so far
+    max_len: torch.Tensor
+    min_len: torch.Tensor
+    ngram: torch.Tensor
+    first_token: torch.Tensor
+    history: torch.Tensor  # (N, t) generated tokens
+
+
+def torch_log_probs(logits: torch.Tensor, rows: RowOptions, opts: SearchOptions) -> torch.Tensor:
+    """The constrained log-probabilities (N, V) float32 of the logits (N, V): search.constrain's, as every search
+    applies them."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return constrain(
+        log_probs, rows.pos, rows.max_len, opts, rows.history,
+        min_lengths=rows.min_len, ngram_sizes=rows.ngram, first_tokens=rows.first_token, sync=False,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepKernels:
+    """What a step computes its attentions and log-probabilities with, each the same math: TORCH_STEP, PyTorch's
+    operators (the reference), or another set the execution plan chooses at load (model/plan.py)."""
+
+    name: str
+    self_attention: Callable[..., torch.Tensor]  # as torch_self_attention
+    cross_attention: Callable[..., torch.Tensor]  # as torch_cross_attention
+    log_probs: Callable[[torch.Tensor, RowOptions, SearchOptions], torch.Tensor]  # as torch_log_probs
+
+
+TORCH_STEP = StepKernels("torch", torch_self_attention, torch_cross_attention, torch_log_probs)
+
+
 def decode_step(
     model: Seq2Seq,
     state: SlotState,
     opts: SearchOptions,
     t_len: int | None = None,
     p_len: int | None = None,
+    kernels: StepKernels = TORCH_STEP,
 ) -> None:
     """One decoder step and beam step for every slot, in place; inactive slots keep their state.
 
@@ -114,7 +183,7 @@ def decode_step(
     and, as no_repeat_ngram_size, the bound of `state.ngram`; the per-sentence options are the
     state's tensors. t_len and p_len (buckets: every active slot's position is below t_len and its
     source within p_len) limit the target and source positions the step reads; all three are static
-    shapes.
+    shapes. kernels: what computes the attentions and the log-probabilities.
     """
     S, K = state.search.run_scores.shape
     N = S * K
@@ -127,27 +196,22 @@ def decode_step(
     rows_pos = per_row(state.pos.clamp(max=t_len - 1))
     x = model.embed_at(state.tokens[:, None], rows_pos[:, None], target=True)  # (N, 1, C)
     self_mask = (torch.arange(t_len, device=x.device) <= rows_pos[:, None])[:, None, None, :]  # (N, 1, 1, t)
-    cross_mask = state.src_mask[:, None, None, :p_len]  # (S, 1, 1, p)
     for i, layer in enumerate(model.decoders):
         x = layer.sublayers(
             x,
-            partial(_self_attention, layer, i, state, rows_pos, self_mask, t_len),
-            partial(_cross_attention, layer, i, state, cross_mask, p_len),
+            partial(_self_attention, kernels, layer, i, state, rows_pos, self_mask, t_len),
+            partial(_cross_attention, kernels, layer, i, state, p_len),
         )
-    # torch's log-softmax, not output(log_probs=True)'s C kernel: a step traces whole (CUDA graphs).
-    log_probs = torch.log_softmax(model.output(x[:, 0]).float(), dim=-1)  # (N, V)
-    history = state.search.run_tokens[:, :, :t_len].reshape(N, t_len)  # (N, t)
-    constrain(
-        log_probs,
+    options = RowOptions(
         rows_pos,
         per_row(state.max_len),
-        opts,
-        history,
-        min_lengths=per_row(state.min_len),
-        ngram_sizes=per_row(state.ngram),
-        first_tokens=per_row(state.first_token),
-        sync=False,
+        per_row(state.min_len),
+        per_row(state.ngram),
+        per_row(state.first_token),
+        state.search.run_tokens[:, :, :t_len].reshape(N, t_len),  # (N, t)
     )
+    # Not output(log_probs=True)'s C kernel: a step traces whole (CUDA graphs).
+    log_probs = kernels.log_probs(model.output(x[:, 0]), options, opts)  # (N, V)
     active = state.active
     src_beam, token, done = beam_step(
         log_probs.view(S, K, -1),
@@ -173,6 +237,7 @@ def decode_step(
 
 
 def _self_attention(
+    kernels: StepKernels,
     layer: DecoderLayer,
     i: int,
     state: SlotState,
@@ -185,29 +250,23 @@ def _self_attention(
     """Layer i's self-attention with each row's keys/values written at its own position, plus the residual.
     h: (N, 1, C)."""
     k_new, v_new = layer.self_attn.project_kv(h)  # (N, H, 1, D)
-    rows = torch.arange(h.shape[0], device=h.device)
-    state.self_k[i, rows, :, rows_pos] = k_new[:, :, 0]
-    state.self_v[i, rows, :, rows_pos] = v_new[:, :, 0]
     q = layer.self_attn.project_q(h)  # (N, H, 1, D)
-    k, v = state.self_k[i, :, :, :t_len], state.self_v[i, :, :, :t_len]  # (N, H, t, D)
-    return layer.self_attn.merge_heads(attention(q, k, v, self_mask), residual)
+    out = kernels.self_attention(
+        q[:, :, 0], k_new[:, :, 0], v_new[:, :, 0], state.self_k[i], state.self_v[i], rows_pos, self_mask, t_len
+    )  # (N, H, D)
+    return layer.self_attn.merge_heads(out[:, :, None], residual)
 
 
 def _cross_attention(
+    kernels: StepKernels,
     layer: DecoderLayer,
     i: int,
     state: SlotState,
-    cross_mask: torch.Tensor,
     p_len: int,
     h: torch.Tensor,
     residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Layer i's encoder-decoder attention, plus the residual: a slot's K beams are the query positions of one
-    attention over its source. h: (N, 1, C)."""
+    """Layer i's encoder-decoder attention over each slot's source, plus the residual. h: (N, 1, C)."""
     q = layer.cross_attn.project_q(h)  # (N, H, 1, D)
-    N, H, _, D = q.shape
-    S = state.src_mask.shape[0]
-    q = q.view(S, N // S, H, D).transpose(1, 2)  # (S, H, K, D)
-    k, v = state.cross_k[i, :, :, :p_len], state.cross_v[i, :, :, :p_len]  # (S, H, p, D)
-    out = attention(q, k, v, cross_mask)  # (S, H, K, D)
-    return layer.cross_attn.merge_heads(out.transpose(1, 2).reshape(N, H, 1, D), residual)
+    out = kernels.cross_attention(q[:, :, 0], state.cross_k[i], state.cross_v[i], state.src_mask, p_len)
+    return layer.cross_attn.merge_heads(out[:, :, None], residual)

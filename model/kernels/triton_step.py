@@ -8,9 +8,9 @@ computes what the step's PyTorch operators compute there, in one launch instead 
   (slots._self_attention's index writes, mask and two matmuls).
 - `slot_cross_attention`: each row's query attended over its slot's source keys and values where the
   source mask holds (slots._cross_attention's view of the K beams as one slot's queries).
-- `constrained_log_softmax`: the step's log-softmax and its logit constraints but the n-gram bans
-  (search.constrain: suppressed ids, each row's minimum length, forced first token and forced end) in
-  two passes over each row, where PyTorch makes a pass for each.
+- `constrained_log_softmax`: the step's log-softmax and its logit constraints (search.constrain:
+  n-gram bans given as a mask, suppressed ids, each row's minimum length, forced first token and forced
+  end) in two passes over each row, where PyTorch makes a pass for each.
 
 Each kernel is tested against its PyTorch reference on CPU tensors under Triton's interpreter
 (TRITON_INTERPRET=1, tests/test_triton.py); on a GPU the same source compiles. Importing this module needs
@@ -200,8 +200,9 @@ def _constrained_log_softmax(
     OUT,  # (N, V) float32 log-probabilities, constrained
     POS, MAX_LEN, MIN_LEN, FIRST,  # (N,) int64 each: tokens so far, limit, minimum, forced first (-1: none)
     SUPPRESSED,  # (V,) bool: never generated
+    BANS,  # (N, V) float32, 0 or -inf: each row's banned tokens (HAS_BANS)
     V, eos, forced_eos,  # forced_eos -1: none
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr, HAS_BANS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     x_row = X + row * V
@@ -223,6 +224,8 @@ def _constrained_log_softmax(
         cols = start + tl.arange(0, BLOCK_V)
         inside = cols < V
         y = tl.load(x_row + cols, mask=inside, other=0.0).to(tl.float32) - log_total
+        if HAS_BANS:  # before the forced tokens, which override a ban as constrain orders them
+            y += tl.load(BANS + row * V + cols, mask=inside, other=0.0)
         y = tl.where(tl.load(SUPPRESSED + cols, mask=inside, other=0) != 0, float("-inf"), y)
         y = tl.where(too_early & (cols == eos), float("-inf"), y)
         # A forced token: every other -inf, its log-probability 0; the forced end last, as constrain orders them.
@@ -240,20 +243,24 @@ def constrained_log_softmax(
     suppressed: torch.Tensor,
     eos: int,
     forced_eos: int | None,
+    bans: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """log_softmax(logits (N, V)) in float32 with search.constrain's constraints but the n-gram bans, each row
-    by its own (N,) int64 position, length limit, minimum length and forced first token (-1: none);
-    suppressed (V,) bool. -> (N, V) float32."""
+    """log_softmax(logits (N, V)) in float32 with search.constrain's constraints, each row by its own (N,) int64
+    position, length limit, minimum length and forced first token (-1: none); suppressed (V,) bool; bans (N, V)
+    float32, 0 or -inf (the n-gram bans, found by search.ban_repeated_ngrams) or None. -> (N, V) float32."""
     N, V = logits.shape
     rows = (pos, max_len, min_len, first_token)
     if any(t.shape != (N,) or t.dtype != torch.int64 for t in rows) or suppressed.shape != (V,):
         raise ValueError(f"constrained_log_softmax: (N,) int64 per row and a (V,) mask for logits {(N, V)}")
     if suppressed.dtype != torch.bool:
         raise ValueError("constrained_log_softmax: a bool mask of suppressed ids")
+    if bans is not None and (bans.shape != (N, V) or bans.dtype != torch.float32):
+        raise ValueError(f"constrained_log_softmax: bans (N, V) float32 for logits {(N, V)}")
     logits = logits.contiguous()
     out = torch.empty(N, V, dtype=torch.float32, device=logits.device)
     _constrained_log_softmax[(N,)](
-        logits, out, *(t.contiguous() for t in rows), suppressed.contiguous(), V, eos,
-        -1 if forced_eos is None else forced_eos, BLOCK_V=min(4096, triton.next_power_of_2(V)),
+        logits, out, *(t.contiguous() for t in rows), suppressed.contiguous(),
+        out if bans is None else bans.contiguous(), V, eos, -1 if forced_eos is None else forced_eos,
+        BLOCK_V=min(4096, triton.next_power_of_2(V)), HAS_BANS=bans is not None,
     )  # fmt: skip
     return out
