@@ -13,7 +13,7 @@
 # ones leave time; on an H200 all of them took about 560 s):
 #   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token (the compiled
 #            step's graphs too), a step under torch.cuda.set_sync_debug_mode("error"), capture memory
-#            bounded, the engine on graphs
+#            bounded, the engine on graphs; and the Triton kernels compiled (tests/test_triton.py)
 #   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
 #   profile-static, profile-base, profile-wide  host against device time per decode step, the kernels by device
 #            time and their count a step: the static step at en-de's and OPUS-MT-base's shapes, batch 64, and
@@ -60,8 +60,8 @@ part() {
 
 stage() {
   case $1 in
-    tests) part tests 150 pytest.txt python3 -m pytest -q -rA -s -p no:cacheprovider -o addopts="" -m cuda \
-             tests/test_cuda.py tests/test_slots.py tests/test_engine.py ;;
+    tests) part tests 150 pytest.txt python3 -m pytest -q -rA -s -p no:cacheprovider -o addopts="" \
+             -m "cuda or triton" tests/test_cuda.py tests/test_slots.py tests/test_engine.py tests/test_triton.py ;;
     decode) part decode 130 decode.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
               --systems beamserve,beamserve-slots,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 1000 \
               --repeats 2 --out "$out/decode_gpu.md" ;;

@@ -290,8 +290,8 @@ except SystemExit as e:
     )
     collect = """
 import pytest
-cuda = ["tests/test_cuda.py", "tests/test_slots.py", "tests/test_engine.py"]
-sys.exit(pytest.main(["-q", "--co", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "cuda", *cuda]))
+cuda = ["tests/test_cuda.py", "tests/test_slots.py", "tests/test_engine.py", "tests/test_triton.py"]
+sys.exit(pytest.main(["-q", "--co", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "cuda or triton", *cuda]))
 """
     for code in (block + scripts, block + collect):
         run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

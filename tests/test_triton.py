@@ -20,6 +20,7 @@ from model.kernels import triton_step
 from model.nn.layers import attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.triton
 
 
 def test_the_kernels_run_on_this_machine_s_triton() -> None:
