@@ -59,11 +59,9 @@ sys.path.insert(0, str(REPO))
 from reports import emit  # noqa: E402
 
 from model import DecodeOptions, Translator  # noqa: E402
-from model.decode.decoding import CachedStepper  # noqa: E402
 from model.decode.slot_decoder import PoolShape, SlotDecoder, decode_all  # noqa: E402
 from model.io import checkpoint  # noqa: E402
-from model.kernels import native  # noqa: E402
-from model.nn import c_step  # noqa: E402
+from model.kernels import execution, native  # noqa: E402
 from model.nn.config import preset  # noqa: E402
 from model.nn.transformer import Seq2Seq  # noqa: E402
 
@@ -353,13 +351,14 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     if system == "beamserve":
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-pytorch":  # PyTorch's ops only: decode-step attention without the C kernel
-        native.turn_off()
+        native.turn_off()  # the GEMMs' C kernels too
+        tr.model.use_plan(execution.probe().with_(device=str(tr.device), compute_type=tr.compute_type))
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
-    if system == "beamserve-segments":  # the step cut at each activation (c_step.ONE_CALL off)
-        c_step.ONE_CALL = False
+    if system == "beamserve-segments":  # the step cut at each activation (the plan's one_call off)
+        tr.model.use_plan(tr.plan.with_(one_call=False))
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
-    CachedStepper.steps_in_c = not system.endswith("-stepwise")
-    if system == "beamserve-stepwise":
+    if system == "beamserve-stepwise":  # a beam search's every step a call of its own
+        tr.model.use_plan(tr.plan.with_(steps_in_c=False))
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
@@ -371,10 +370,12 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
     if system in (*int8_systems, "beamserve-int8-segments", "beamserve-int8-stepwise"):
         # PyTorch's ops only: no C row kernels, no C attention (model/kernels/native.py)
         if system.endswith("-pytorch"):
-            native.turn_off()
-        c_step.ONE_CALL = not system.endswith("-segments")
+            native.turn_off()  # before the load: its plan is PyTorch's operators
         early = system.endswith("-es")  # CTranslate2's stopping rule, as beamserve-es
         tr8 = Translator.load(own, args.device, compute_type=system.split("-")[1], num_threads=args.threads)
+        tr8.model.use_plan(
+            tr8.plan.with_(one_call=not system.endswith("-segments"), steps_in_c=not system.endswith("-stepwise"))
+        )
         return lambda n, B, K: run_beamserve(tr8, encoded[:n], B, K, steps, early_stopping=early)
     if system == "beamserve-bf16":  # the same weights in bfloat16 (fast on CPUs with AVX512-BF16 or AMX)
         tr16 = Translator.load(own, args.device, dtype="bfloat16", num_threads=args.threads)

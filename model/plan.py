@@ -1,5 +1,9 @@
-"""Which kernels compute a decode step: chosen here, at the top of model/, and handed down, so that
-model/decode computes with what it is given and never asks what runs.
+"""Which kernels compute: chosen here, at the top of model/, and handed down, so that model/nn and model/decode
+compute with what they are given and never ask what runs.
+
+`execution_plan` is a loaded model's one plan (model/kernels/execution.py's Plan: the device, the compute type,
+the C step or PyTorch's operators, and each GEMM shape's kernel by row count), built by Translator.load, handed
+to the model (Seq2Seq.use_plan), and shown by `beamserve translate --verbose` and /v1/models.
 
 `step_kernels("torch")` is the static step's PyTorch operators (slots.TORCH_STEP, every path's reference);
 `step_kernels("triton")` computes the same attentions and constrained log-probabilities with the Triton
@@ -9,12 +13,68 @@ for their tests). The GEMMs, LayerNorms and the beam step stay PyTorch's in both
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from model.decode.search import SearchOptions, ban_repeated_ngrams
 from model.decode.slots import TORCH_STEP, RowOptions, StepKernels
+from model.kernels import execution, f32_gemm, int8_choice
+from model.kernels.gemm import Linear
+from model.kernels.quant import int8_of
+from model.nn.blocks import DecoderLayer, EncoderLayer
+from model.nn.transformer import Seq2Seq
 
 STEP_KERNELS = ("torch", "triton")
+
+
+def execution_plan(model: Seq2Seq, device: torch.device, compute_type: str) -> execution.Plan:
+    """The plan `model` computes with on `device` in `compute_type`: this process's kernels (execution.probe) where
+    the model runs on the CPU, PyTorch's operators elsewhere, and each of its GEMM shapes' kernels."""
+    base = execution.probe() if device.type == "cpu" else execution.PYTORCH
+    return base.with_(device=str(device), compute_type=compute_type, gemms=_gemms(model, device, base))
+
+
+def _gemms(model: Seq2Seq, device: torch.device, plan: execution.Plan) -> tuple[execution.Gemm, ...]:
+    """Each weight shape's kernel, the first layer of each kind standing for the rest (every layer of a stack has
+    its shapes). int8: the kernel int8_choice measured for each row count; float32: f32_gemm's C kernel up to the
+    rows it gives oneDNN's bits at (checked now, not at the first step), then oneDNN."""
+    cfg = model.cfg
+    layers: list[tuple[str, Linear]] = []
+    for side, stack in (("encoder", list(model.encoder_layers)), ("decoder", model.decoders)):
+        if stack:
+            first = cast(EncoderLayer | DecoderLayer, stack[0])
+            attention = first.self_attn.q_proj
+            layers += [(f"{side} attention", attention), (f"{side} fc1", first.ffn.fc1), (f"{side} fc2", first.ffn.fc2)]
+    found: list[execution.Gemm] = []
+    for role, layer in layers:
+        q = int8_of(layer)
+        N, K = (layer.weight if q is None else q.qweight).shape
+        found.append(execution.Gemm(role, N, K, _kernel(None if q is None else q.plan, N, K, device, plan)))
+    q = model.output_int8()
+    N, K = cfg.decoder_vocab_size, cfg.d_model
+    found.append(execution.Gemm("output projection", N, K, _kernel(None if q is None else q.plan, N, K, device, plan)))
+    return tuple(found)
+
+
+def _kernel(int8: tuple[str, ...] | None, N: int, K: int, device: torch.device, plan: execution.Plan) -> str:
+    """What multiplies an (N, K) weight: `int8` the int8 form's kernel for each row bucket (int8_choice), None for
+    a float weight."""
+    if device.type == "cuda":
+        return "cuBLAS (F.linear)"
+    if device.type != "cpu":
+        return "F.linear"
+    if int8 is not None:
+        spans: list[tuple[int, str]] = []
+        for i, kernel in enumerate(int8):
+            if not spans or spans[-1][1] != kernel:  # a bucket's rows start past the last one's
+                spans.append((min(r for r in range(1, 1024) if int8_choice.bucket(r) == i), kernel))
+        return "int8 " + ", ".join(f"{k} from {rows} rows" if rows > 1 else k for rows, k in spans)
+    if not plan.onednn:
+        return "MKL (F.linear)"
+    if plan.c and f32_gemm.agrees(N, K):
+        return f"C up to {f32_gemm.most_rows(N, K)} rows (oneDNN's bits), oneDNN above"
+    return "oneDNN"
 
 
 def step_kernels(name: str) -> StepKernels:

@@ -24,11 +24,12 @@ from model.io import checkpoint, generation, model_card
 from model.io.codec import TextCodec
 from model.io.tokenizer import LanguageError, Tokenizer
 from model.kernels import compute_type as compute
-from model.kernels import native
+from model.kernels import execution
 from model.kernels.allocator import retain_freed_memory
 from model.kernels.cpus import usable_cpus
 from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
+from model.plan import execution_plan
 from model.shipped import hub_revision, resolve_model_path
 from model.workers import WorkerPool
 
@@ -150,6 +151,7 @@ class Translator:
                 compute.release_float_weights(model, model.output_weight)
             # The count for this thread and for threads that run torch later (each takes it on first use).
             torch.set_num_threads(num_threads or cpus)
+            model.use_plan(execution_plan(model, dev, ctype.name))  # which kernels compute: decided here, once
             translator = cls(model, checkpoint.tokenizer(directory), device=dev, name=directory.name)
             translator.compute_type = ctype.name
         except BaseException:
@@ -178,6 +180,12 @@ class Translator:
     def dtype(self) -> torch.dtype:
         return self.model.embed.weight.dtype
 
+    @property
+    def plan(self) -> execution.Plan:
+        """Which kernels compute this model (model/kernels/execution.py): its device, compute type, the C step or
+        PyTorch's operators, and each GEMM shape's kernel, as load decided them."""
+        return self.model.plan
+
     @cached_property
     def digest(self) -> str:
         """sha256 of what decides the translations: every weight as computed with (name, dtype, shape,
@@ -197,7 +205,7 @@ class Translator:
             h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
         h.update(self.tokenizer.fingerprint())
         h.update(f"compute_type:{self.compute_type}".encode())  # int8 GEMMs translate differently
-        if self.device.type == "cpu" and native.built():  # the C decode-step kernels' own last bits
+        if self.device.type == "cpu" and self.plan.c:  # the C decode-step kernels' own last bits
             h.update(b"kernels:c")
         return h.hexdigest()
 

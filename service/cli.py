@@ -99,13 +99,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     tr = _load(args)
     opts = decode_options(args, tr.defaults)
     if args.verbose:
-        from model.kernels import native
-
-        print(
-            f"beamserve translate: {args.model} on {tr.device} ({tr.compute_type}, digest {tr.digest[:12]}), "
-            f"kernels {native.in_use()}",
-            file=sys.stderr,
-        )
+        print(f"beamserve translate: {args.model} (digest {tr.digest[:12]}); its plan:", file=sys.stderr)
+        print("\n".join(f"  {line}" for line in tr.plan.lines()), file=sys.stderr)
     # UTF-8 whatever the locale; bytes that are not UTF-8 come through as lone surrogates, which
     # translate() refuses (InvalidTextError) instead of a UnicodeDecodeError traceback here.
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
@@ -424,7 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model directory or shipped name (en-de, en-fr)")
     p.add_argument("--truncate", action="store_true", help="cut over-long sources instead of failing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--verbose", action="store_true", help="say the model, its compute type and the kernels in use")
+    p.add_argument(
+        "--verbose", action="store_true", help="say the model and its execution plan: device, compute type, kernels"
+    )
     _decode_args(p)
     p.set_defaults(func=cmd_translate)
 

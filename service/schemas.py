@@ -252,6 +252,9 @@ class ModelInfo(BaseModel):
     compute_type: str | None = None  # float32, int8, ... (CTranslate2's names)
     digest: str | None = None  # the model's content digest (weights, vocabulary, compute type)
     kernels: str | None = None  # beamserve's C kernels in use: the build and its x86-64 level, or why none
+    # Which kernels compute the model, decided at load: device, compute type, the decode step (C in one call, C by
+    # sublayers, or PyTorch's operators) and each GEMM shape's kernel by row count (model/kernels/execution.py).
+    plan: dict[str, object] | None = None
     max_source_tokens: int | None = None
     # The decoding options the model's generation_config.json sets, which a request that gives none decodes with
     # (num_hypotheses aside: the answer's shape is the request's).

@@ -15,8 +15,7 @@ import resource, sys
 import torch
 from model.kernels.allocator import retain_freed_memory
 from model.nn.config import preset
-from model.decode.decoding import CachedStepper, generate
-CachedStepper.steps_in_c = False
+from model.decode.decoding import generate
 from model.decode.search import SearchOptions
 from model.nn.transformer import Seq2Seq
 if sys.argv[1] == "retain":
@@ -24,6 +23,7 @@ if sys.argv[1] == "retain":
 torch.manual_seed(0)
 torch.set_num_threads(1)
 model = Seq2Seq(preset("tiny", 40000)).eval()
+model.use_plan(model.plan.with_(steps_in_c=False))
 src = torch.randint(4, 39000, (64, 8))
 mask = torch.ones_like(src, dtype=torch.bool)
 opts = SearchOptions(beam_size=4, min_decoding_length=8, eos_token_id=2, start_token_id=0)

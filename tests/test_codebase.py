@@ -159,6 +159,61 @@ def test_model_never_imports_the_service_or_ray() -> None:
     assert not bad
 
 
+# What answers "which kernel runs": the library's capability predicates, oneDNN's presence, and the modules that
+# choose a GEMM by shape, type and CPU. model/nn and model/decode compute with the plan they are handed
+# (model/kernels/execution.py) and the structs model/kernels/c_linears.py makes, and never ask these.
+KERNEL_QUESTIONS = {
+    "native": {
+        "built", "available", "multiplies_int8", "runs_on", "quantizes", "scales_back", "vnni", "vnni_isa", "amx",
+        "f32", "layer_norms_exactly", "silu_exactly", "in_use", "turn_off",
+    },
+    "onednn": {"LINEAR"},
+}  # fmt: skip
+CHOOSING = {"model.kernels.int8_choice", "model.kernels.f32_gemm", "model.kernels.compute_type", "model.kernels.cpus"}
+
+
+def kernel_questions(path: Path) -> list[str]:
+    """Where a module asks which kernel runs: a predicate of KERNEL_QUESTIONS read off its module, imported by
+    name, or a CHOOSING module imported."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.attr in KERNEL_QUESTIONS.get(node.value.id, ()):
+                found.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                whole = f"{node.module}.{alias.name}"
+                short = node.module.removeprefix("model.kernels.")
+                if node.module in CHOOSING or whole in CHOOSING or alias.name in KERNEL_QUESTIONS.get(short, ()):
+                    found.append(f"import {whole} (line {node.lineno})")
+    return sorted(found, key=lambda f: (int(f.rsplit(" ", 1)[1].rstrip(")")), f))
+
+
+def test_model_nn_and_decode_never_ask_which_kernel_runs() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}: {question}"
+        for package in ("model/nn", "model/decode")
+        for path in modules(package)
+        for question in kernel_questions(path)
+    ]
+    assert not bad
+
+
+def test_the_kernel_question_finder_finds_each_form_of_the_question(tmp_path: Path) -> None:
+    asking = tmp_path / "asking.py"
+    asking.write_text(
+        "from model.kernels import native, f32_gemm\nfrom model.kernels.native import silu_exactly\n"
+        "from model.kernels.int8_choice import kernel_at\nif native.runs_on(x) and onednn.LINEAR:\n    pass\n"
+    )
+    assert kernel_questions(asking) == [
+        "import model.kernels.f32_gemm (line 1)",
+        "import model.kernels.native.silu_exactly (line 2)",
+        "import model.kernels.int8_choice.kernel_at (line 3)",
+        "native.runs_on (line 4)",
+        "onednn.LINEAR (line 4)",
+    ]
+
+
 def test_no_module_imports_another_modules_private_name() -> None:
     bad = [
         f"{path.relative_to(ROOT)}: {module}.{name}"

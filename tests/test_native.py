@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from model import DecodeOptions, Translator
 from model.decode.search import NEG, top_candidates
-from model.kernels import f32_gemm, native, onednn
+from model.kernels import execution, f32_gemm, native, onednn
 from model.kernels.int8_kernels import with_forms
 from model.kernels.quant import linear_int8, quantize_rows, quantize_weight
 from model.nn.kv_cache import KVCache
@@ -221,6 +221,7 @@ def test_translations_with_the_step_kernels_match_pytorchs_and_the_lineage_cache
         [(h.tokens, h.score) for h in hs] for hs in tr.translate_ids(sources, opts)
     ]
     monkeypatch.setattr(native, "_LIB", None)  # attention, log-softmax and ranking in PyTorch's ops
+    tr.model.use_plan(execution.probe())  # what computes here now: PyTorch's operators
     torch_ = tr.translate_ids(sources, opts)
     if compute_type == "float32":  # int8 rounds an activation otherwise now and then: 4 of the 1,000 test
         # sentences' best int8 translations differ (none in float32; the quality test holds int8's BLEU)
@@ -600,16 +601,18 @@ def test_a_step_by_segments_as_one_plan_its_sublayers_as_one_c_call_each_and_op_
     for name in ("decoder_layers", "encoder_layers", "decoder_segment", "encoder_segment"):
         call = getattr(native, name)
         monkeypatch.setattr(native, name, lambda *a, call=call, name=name: segments.append(name) or call(*a))
+    plan = tr.plan  # what load decided
     one_call = translations()  # a step's every layer, with en-de's SiLU, projection and log-softmax, in one call
     ffn = tr.model.decoders[0].ffn
-    exact = native.silu_exactly() if compute_type == "int8" else f32_gemm.swish_agrees(*ffn.fc1.weight.shape)
-    one = ffn.activation == "swish" and native.layer_norms_exactly() and exact
+    exact = plan.silu_in_c if compute_type == "int8" else f32_gemm.swish_agrees(*ffn.fc1.weight.shape)
+    one = ffn.activation == "swish" and plan.layer_norm_in_c and exact
     assert ("decoder_layers" in segments) == one and ("encoder_layers" in segments) == one
-    monkeypatch.setattr(c_step, "ONE_CALL", False)
+    tr.model.use_plan(plan.with_(one_call=False))
     segments.clear()
     by_segments = translations()
-    assert set(segments) == {"decoder_segment", "encoder_segment"} or not native.layer_norms_exactly()
-    monkeypatch.setattr(native, "_EXACT_NORMS", False)  # the encoder's modules; PyTorch's LayerNorm in the step
+    assert set(segments) == {"decoder_segment", "encoder_segment"} or not plan.layer_norm_in_c
+    # the encoder's modules; PyTorch's LayerNorm in the step
+    tr.model.use_plan(plan.with_(one_call=False, layer_norm_in_c=False))
     planned: list[bool] = []  # c_step.run: every layer of a step in one loop of library calls
     run = c_step.run
     monkeypatch.setattr(c_step, "run", lambda *a: (found := run(*a), planned.append(found is not None))[0])
@@ -662,12 +665,14 @@ def test_a_beam_searchs_steps_in_one_call_give_the_bits_of_a_call_a_step_and_sto
     ran.clear()
     stopping = translations()
     assert any(not ended for _, ended in ran), "no call stopped at the cache's end"
-    monkeypatch.setattr(decoding.CachedStepper, "steps_in_c", False)
+    plan = tr.plan
+    tr.model.use_plan(plan.with_(steps_in_c=False))
     ran.clear()
     apart = translations()  # a step, its beam step and its reorder one call each
     assert not ran
     assert together == stopping == apart
     monkeypatch.undo()
+    tr.model.use_plan(plan)
     # A token outside the vocabulary is refused by name before anything is computed, as a step's own call refuses it.
     from model.decode.search import BeamState, advance_in_c
 
@@ -675,9 +680,8 @@ def test_a_beam_searchs_steps_in_one_call_give_the_bits_of_a_call_a_step_and_sto
     with torch.inference_mode():
         stepper = decoding.CachedStepper(tr.model, tr.model.encode(ids, mask), mask, 4, 20)
         log_probs = stepper.step(torch.zeros(1, dtype=torch.long), 0).repeat_interleave(4, dim=0)
-        advance = advance_in_c(
-            log_probs, BeamState.start(1, 4, 20, torch.device("cpu")), torch.tensor([20]), tr.search_options(opts)
-        )
+        state = BeamState.start(1, 4, 20, torch.device("cpu"))
+        advance = advance_in_c(log_probs, state, torch.tensor([20]), tr.search_options(opts), tr.plan)
         assert advance is not None
         stepper.reorder(torch.zeros(4, dtype=torch.long), None)
         outside = torch.full((4,), (tr.model.target_embed or tr.model.embed).weight.shape[0], dtype=torch.long)

@@ -1,6 +1,7 @@
 """The shipped Multi30k models translate out of the box."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,10 +90,13 @@ def test_translate_command_reads_stdin_and_writes_one_line_each() -> None:
     assert "sent" in proc.stderr  # the progress bar
 
 
-def test_translate_verbose_names_the_kernels_in_use() -> None:
+def test_translate_verbose_says_the_execution_plan() -> None:
     from model.kernels import native
 
-    for env, kernels in (({}, native.in_use()), ({native.ENV: "0"}, f"none ({native.ENV}=0)")):
+    for env, kernels, step in (
+        ({}, native.in_use(), "c (one call)"),
+        ({native.ENV: "0"}, f"none ({native.ENV}=0)", "pytorch"),
+    ):
         proc = subprocess.run(
             [sys.executable, "-m", "service.cli", "translate", "--model", "en-de", "--quiet", "--verbose"],
             input="A dog.\n",
@@ -102,7 +106,11 @@ def test_translate_verbose_names_the_kernels_in_use() -> None:
             cwd=REPO,
             env={**os.environ, **env},
         )
-        assert f"kernels {kernels}" in proc.stderr and "en-de on cpu (float32, digest " in proc.stderr
+        assert "en-de (digest " in proc.stderr and f"cpu, float32, {kernels}; decode step {step}" in proc.stderr
+        # Which GEMM multiplies a shape: oneDNN's, or the C kernel where it gives oneDNN's bits here
+        assert re.search(
+            r"output projection \(8000 x 256\): (C up to \d+ rows \(oneDNN's bits\), )?oneDNN", proc.stderr
+        )
 
 
 def test_translate_command_decoding_options_give_the_library_s_n_best(en_de: Translator) -> None:

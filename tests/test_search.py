@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from model.decode import search
 from model.decode.search import (
     NEG,
     BeamState,
@@ -17,7 +16,7 @@ from model.decode.search import (
     top_candidates,
     top_indices,
 )
-from model.kernels import native
+from model.kernels import execution, native, ops
 from model.kernels.log_softmax import log_softmax_
 
 EOS, A, B, START = 0, 1, 2, 3
@@ -207,8 +206,11 @@ def test_ban_repeated_ngrams_bans_exactly_the_tokens_that_would_repeat_an_ngram(
     assert sorted((lp[0] == float("-inf")).nonzero()[:, 0].tolist()) == [5, 6, 7]
 
 
-def _beam_steps(seed: int, shape: tuple[int, int, int, int], opts: SearchOptions) -> list[list[torch.Tensor]]:
-    """Twelve beam steps over random log-probabilities (the end token likely): each step's answer and state."""
+def _beam_steps(
+    seed: int, shape: tuple[int, int, int, int], opts: SearchOptions, plan: execution.Plan
+) -> list[list[torch.Tensor]]:
+    """Twelve beam steps over random log-probabilities (the end token likely): each step's answer and state, by
+    the kernels of `plan`."""
     b, K, V, T = shape
     g = torch.Generator().manual_seed(seed)
     state = BeamState.start(b, K, T, torch.device("cpu"))
@@ -217,7 +219,7 @@ def _beam_steps(seed: int, shape: tuple[int, int, int, int], opts: SearchOptions
     for n in range(12):
         log_probs = torch.log_softmax(torch.randn(b, K, V, generator=g) * 3, -1)
         log_probs[:, :, opts.eos_token_id] += 1.5
-        answer = beam_step(log_probs, state, torch.full((b,), n), max_lengths, opts)
+        answer = beam_step(log_probs, state, torch.full((b,), n), max_lengths, opts, plan=plan)
         steps.append([*answer, *(getattr(state, f).clone() for f in BeamState.FIELDS)])
     return steps
 
@@ -231,11 +233,15 @@ def test_the_beam_step_in_c_gives_the_same_answer_and_state_as_pytorchs_ops(
     opts = SearchOptions(
         beam_size=shape[1], eos_token_id=3, early_stopping=early_stopping, length_penalty=length_penalty
     )
+    calls: list[int] = []
+    step = ops.beam_step
+    monkeypatch.setattr(ops, "beam_step", lambda *a: calls.append(1) or step(*a))
     for seed in range(8):  # sentences finishing, finished hypotheses replaced, sentences done and stepped on
-        in_c = _beam_steps(seed, shape, opts)
-        with monkeypatch.context() as m:
-            m.setattr(search, "_in_c", lambda *args: False)
-            in_torch = _beam_steps(seed, shape, opts)
+        in_c = _beam_steps(seed, shape, opts, execution.probe())
+        assert calls, "the C beam step did not run"
+        calls.clear()
+        in_torch = _beam_steps(seed, shape, opts, execution.PYTORCH)
+        assert not calls
         for n, (ours, theirs) in enumerate(zip(in_c, in_torch, strict=True)):
             for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
                 assert torch.equal(a, b), (seed, n, i)
@@ -279,11 +285,8 @@ def test_a_beam_step_as_one_c_call_gives_the_searchs_answer_in_pytorchs_ops(
     monkeypatch.setattr(native.BeamAdvance, "__call__", lambda *a: calls.append(1) or advance(*a))
     for seed in range(6):
         in_c = beam_search(RandomStepper(seed, 40), max_lengths, options)
-        with monkeypatch.context() as m:
-            m.setattr(search, "advance_in_c", lambda *args: None)
-            m.setattr(search, "_in_c", lambda *args: False)
-            stepper = RandomStepper(seed, 40)
-            in_torch = beam_search(stepper, max_lengths, options)
+        stepper = RandomStepper(seed, 40)
+        in_torch = beam_search(stepper, max_lengths, options, execution.PYTORCH)
         assert in_c == in_torch, seed
         assert stepper.rows[:2] == [5, 16]  # one row per sentence, then K; the one of length 1 done at once
     assert calls, "the C step did not run"

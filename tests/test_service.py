@@ -130,6 +130,13 @@ def test_models_health_readiness_and_docs(client: httpx.Client) -> None:
     from model.kernels import native  # the replicas run the build this process loads (one machine, one install)
 
     assert all(m["kernels"] == native.in_use() for m in models)
+    # Each model's execution plan, as its load decided it: the C step and each GEMM shape's kernel by row count.
+    plan = {m["name"]: m["plan"] for m in models}
+    for pair in ("en-de", "en-fr"):
+        assert plan[pair]["device"] == "cpu" and plan[pair]["compute_type"] == "float32"
+        assert plan[pair]["step"] == ("c (one call)" if native.layer_norms_exactly() else "c (sublayers)")
+        roles = {g["role"]: g for g in plan[pair]["gemms"]}
+        assert roles["output projection"]["shape"] == [8000, 256] and "oneDNN" in roles["output projection"]["kernel"]
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").status_code == 200
     assert client.get("/docs").status_code == 200

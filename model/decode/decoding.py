@@ -24,8 +24,6 @@ class CachedStepper:
     as the C attention reads them.
     """
 
-    steps_in_c = True  # False: every step a call of its own, to measure beam_steps against
-
     def __init__(self, model: Seq2Seq, memory: torch.Tensor, src_mask: torch.Tensor, beams: int, max_length: int):
         self.model = model
         self.beams = beams
@@ -47,7 +45,7 @@ class CachedStepper:
         self, tokens: torch.Tensor, pos: int, advance: native.BeamAdvance, norms: torch.Tensor
     ) -> tuple[int, native.BeamStep, torch.Tensor] | None:
         """Steps, their beam steps and reorders in one call where the model makes them (Seq2Seq.beam_steps)."""
-        if not self.steps_in_c or self.cache.lineage is None or not self.identity:
+        if not self.model.plan.steps_in_c or self.cache.lineage is None or not self.identity:
             return None
         return self.model.beam_steps(tokens, pos, self.cache, self.cross, advance, norms)
 
@@ -142,4 +140,4 @@ def generate(
         stepper = UncachedStepper(model, memory, src_mask)
     if K == 1:
         return greedy_search(stepper, max_lengths, opts)
-    return beam_search(stepper, max_lengths, opts)
+    return beam_search(stepper, max_lengths, opts, model.plan)

@@ -30,9 +30,9 @@ from model.decode.search import (
     finished_hypotheses,
     length_norms,
 )
-from model.kernels import native
+from model.kernels import execution, native
 from model.nn.kv_cache import SMALL_REORDER, CrossCache, continue_in_place, continue_listed, fill_holes
-from model.nn.layers import attended_keys, attends_natively
+from model.nn.layers import attended_keys
 from model.nn.transformer import Seq2Seq
 
 TOKEN_WIDTH = 32  # starting width of a group's token buffers (BeamState), doubled as sentences get longer
@@ -74,15 +74,15 @@ class SearchGroup:
         self.max_lengths = torch.cat([self.max_lengths, max_lengths])
         self.sentence = torch.cat([self.sentence, sentence])
 
-    def advance(self, log_probs: torch.Tensor) -> native.BeamAdvance | None:
-        """The group's beam step as one C call (search.advance_in_c) over its state as it is now; None where it
-        does not run. Kept while the state's tensors are the same ones (a join, a drop or a widening makes new
-        ones; the call updates them in place)."""
-        tensors = (*(getattr(self.state, name) for name in BeamState.FIELDS), self.max_lengths)
+    def advance(self, log_probs: torch.Tensor, plan: execution.Plan) -> native.BeamAdvance | None:
+        """The group's beam step as one C call (search.advance_in_c) over its state as it is now; None where the
+        plan's kernels do not run it. Kept while the state's tensors are the same ones (a join, a drop or a
+        widening makes new ones; the call updates them in place) and the plan the same."""
+        tensors = (*(getattr(self.state, name) for name in BeamState.FIELDS), self.max_lengths, plan)
         key = tuple(id(t) for t in tensors)
         held = self.__dict__.get("_advance")
         if held is None or held[0] != key:
-            held = (key, advance_in_c(log_probs, self.state, self.max_lengths, self.opts), tensors)
+            held = (key, advance_in_c(log_probs, self.state, self.max_lengths, self.opts, plan), tensors)
             self.__dict__["_advance"] = held
         return held[1]
 
@@ -108,7 +108,7 @@ class InflightBatch:
         # Positions are allocated 64 at a time up to max_length; rows are fixed. Where the attention runs in C, a
         # beam that moves takes its parent's lineage, not its keys and values (KVCache).
         with torch.inference_mode():  # as the steps run (new_cache asks too)
-            lineage = attends_natively(weight, model.cfg.d_model // model.cfg.decoder_attention_heads)
+            lineage = model.plan.attends(weight, model.cfg.d_model // model.cfg.decoder_attention_heads)
             self.cache = model.new_cache(
                 rows, min(64, self.max_length), self.dtype, self.device, limit=self.max_length, zeroed=True,
                 lineage=lineage,
@@ -212,12 +212,13 @@ class InflightBatch:
         first = self.model.new_cache(b, 1, self.dtype, dev)
         start = torch.full((b,), opts.start_token_id, dtype=torch.long, device=dev)
         log_probs = self.model.decode_step(start, 0, first, cross, log_probs=True).repeat_interleave(K, dim=0)
-        advance = advance_in_c(log_probs, state, caps, opts)
+        plan = self.model.plan
+        advance = advance_in_c(log_probs, state, caps, opts, plan)
         if advance is not None:  # constrain and beam_step in one C call; (0 + 1) ** length_penalty is 1
             _, token, done, _, _ = advance(log_probs.view(b, K, -1), 0, 1.0)
         else:
             log_probs = constrain(log_probs, 0, caps.repeat_interleave(K), opts)
-            _, token, done = beam_step(log_probs.view(b, K, -1), state, torch.zeros_like(caps), caps, opts)  # (b, K)
+            _, token, done = beam_step(log_probs.view(b, K, -1), state, torch.zeros_like(caps), caps, opts, plan=plan)
         for i in done.nonzero()[:, 0].tolist():
             self._finished.append((keys[i], finished_hypotheses(state, i, opts)))
         keep = (~done).nonzero()[:, 0]
@@ -248,7 +249,7 @@ class InflightBatch:
             start += b * K
             if g.state.width < self.cache.length:  # a beam step writes at its sentences' positions (< length)
                 g.state.widen(min(self.max_length, max(self.cache.length, 2 * g.state.width)))
-            advance = g.advance(lp)
+            advance = g.advance(lp, self.model.plan)
             if advance is not None:  # constrain and beam_step in one C call: the same answer
                 norm = length_norms(g.pos, lp.dtype, g.opts.length_penalty).view(b)  # as beam_step's
                 src_beam, token, done, _, _ = advance(lp.view(b, K, -1), g.pos, norm)
@@ -257,7 +258,9 @@ class InflightBatch:
                     lp, g.pos.repeat_interleave(K), g.max_lengths.repeat_interleave(K), g.opts,
                     g.state.run_tokens.view(b * K, -1),
                 )  # fmt: skip
-                src_beam, token, done = beam_step(lp.view(b, K, -1), g.state, g.pos, g.max_lengths, g.opts)
+                src_beam, token, done = beam_step(
+                    lp.view(b, K, -1), g.state, g.pos, g.max_lengths, g.opts, plan=self.model.plan
+                )
             for i in done.nonzero()[:, 0].tolist():
                 finished.append((g.keys[i], finished_hypotheses(g.state, i, g.opts)))
             updates[g.opts] = (~done, g.rows.gather(1, src_beam), token)

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from model.kernels import native, ops
+from model.kernels import execution, native, ops
 
 NEG = -1.0e9  # "impossible" without the NaNs that -inf arithmetic can produce
 CHUNK = 32  # vocabulary block of the CPU candidate ranking (top_candidates); 32-64 were best on 8,000 ids
@@ -291,6 +291,7 @@ def beam_step(
     length_penalty: torch.Tensor | None = None,
     early_stopping: torch.Tensor | None = None,
     active: torch.Tensor | None = None,
+    plan: execution.Plan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Advance every live sentence's beam by one token.
 
@@ -302,6 +303,7 @@ def beam_step(
         length_penalty, early_stopping: (b,) each sentence's own, in place of opts'.
         active: (b,) bool: only these sentences' beams change, written into the state's tensors in
             place, and nothing waits on the device (the static decode state, model/decode/slots.py).
+        plan: which kernels compute (the model's; default: this process's, model/kernels/execution.py).
     Returns:
         source beam (b, K) and token (b, K) of each new running beam, and done (b,) per sentence.
     """
@@ -309,12 +311,13 @@ def beam_step(
     T = state.width
     length = pos + 1  # (b,)
     norm = length_norms(pos, log_probs.dtype, opts.length_penalty if length_penalty is None else length_penalty)
-    if active is None and length_penalty is None and early_stopping is None and _in_c(log_probs, state, K):
+    plan = plan or execution.probe()
+    if active is None and length_penalty is None and early_stopping is None and _in_c(log_probs, state, K, plan):
         fields = tuple(getattr(state, name) for name in BeamState.FIELDS)
         return ops.beam_step(log_probs, fields, pos, max_lengths, norm.view(b), opts.eos_token_id, opts.early_stopping)
     early = opts.early_stopping if early_stopping is None else early_stopping  # bool or (b,)
     chunk = CHUNK if log_probs.device.type == "cpu" else None  # a GPU's topk kernel is fast as it is
-    top_scores, top_beam, top_token = top_candidates(log_probs, state.run_scores, 2 * K, chunk=chunk)  # (b, 2K)
+    top_scores, top_beam, top_token = top_candidates(log_probs, state.run_scores, 2 * K, chunk=chunk, plan=plan)
     at_limit = max_lengths <= length  # (b,)
     hits = (top_token == opts.eos_token_id) | at_limit[:, None]  # (b, 2K) candidates that end here
 
@@ -355,11 +358,11 @@ def beam_step(
     return src_beam, token, done
 
 
-def _in_c(log_probs: torch.Tensor, state: BeamState, K: int) -> bool:
-    """Whether beam_step runs in C (native.beam_step, the same answer): CPU float32, a state of contiguous tensors
-    (the static decode state's, written in place per slot, keeps this module's ops)."""
+def _in_c(log_probs: torch.Tensor, state: BeamState, K: int, plan: execution.Plan) -> bool:
+    """Whether beam_step runs in C (native.beam_step, the same answer): the plan's kernels take the log-probs, a
+    state of contiguous tensors (the static decode state's, written in place per slot, keeps this module's ops)."""
     return (
-        native.runs_on(log_probs)
+        plan.takes(log_probs)
         and 2 * K <= native.MOST_CANDIDATES
         and log_probs.is_contiguous()
         and all(getattr(state, name).is_contiguous() for name in BeamState.FIELDS)
@@ -372,9 +375,11 @@ def top_candidates(
     n: int,
     *,
     chunk: int | None = None,
+    plan: execution.Plan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The n best of run_scores[:, k] + log_probs[:, k, v] over every beam k and token v, best first;
-    equal scores by beam, then token id, lower first (top_indices).
+    equal scores by beam, then token id, lower first (top_indices); in one C pass where `plan` (default: this
+    process's) takes the tensors.
 
     log_probs (b, K, V), run_scores (b, K) -> scores, beam, token, each (b, n).
 
@@ -386,7 +391,8 @@ def top_candidates(
     blocks' tokens are then ranked. The same candidates in 2.5-3x less time on (64, 4, 8000).
     """
     b, K, V = log_probs.shape
-    if native.runs_on(log_probs) and run_scores.dtype == torch.float32 and n <= min(native.MOST_CANDIDATES, K * V):
+    takes = (plan or execution.probe()).takes(log_probs)
+    if takes and run_scores.dtype == torch.float32 and n <= min(native.MOST_CANDIDATES, K * V):
         return ops.top_candidates(log_probs, run_scores, n)  # the same answer, in one pass
     if chunk is None or 4 * chunk > V:  # too few blocks to gain from them
         scores = (log_probs + run_scores[:, :, None]).view(b, K * V)
@@ -434,8 +440,12 @@ def _extend(tokens: torch.Tensor, beam: torch.Tensor, token: torch.Tensor, pos: 
     return seqs.scatter_(2, at, token[:, :, None])
 
 
-def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions) -> list[list[Hypothesis]]:
-    """Beam search of B sentences; returns each one's num_hypotheses best, best first."""
+def beam_search(
+    stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions, plan: execution.Plan | None = None
+) -> list[list[Hypothesis]]:
+    """Beam search of B sentences; returns each one's num_hypotheses best, best first. `plan`: which kernels
+    compute the beam steps (the model's; default: this process's, model/kernels/execution.py)."""
+    plan = plan or execution.probe()
     B, K = max_lengths.numel(), opts.beam_size
     device = max_lengths.device
     state = BeamState.start(B, K, int(max_lengths.max()), device)
@@ -464,7 +474,7 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
             log_probs = stepper.step(tokens, n)  # (b*K, V); (b, V) at step 0
             if n == 0:
                 log_probs = log_probs.repeat_interleave(K, dim=0)  # (b*K, V)
-                advance = advance_in_c(log_probs, state, limits, opts)
+                advance = advance_in_c(log_probs, state, limits, opts, plan)
             if advance is not None:  # the constraints and the beam step in one C call: the same answer
                 norm = _norm(n + 1, opts.length_penalty)
                 src_beam, token, done, rows, ended = advance(log_probs.view(b, K, -1), n, norm)
@@ -476,7 +486,7 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
             else:
                 log_probs = constrain(log_probs, n, limits.repeat_interleave(K), opts, state.run_tokens.view(b * K, -1))
                 pos = torch.full((b,), n, device=device)
-                src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, limits, opts)
+                src_beam, token, done = beam_step(log_probs.view(b, K, -1), state, pos, limits, opts, plan=plan)
         for i in done.nonzero()[:, 0].tolist():
             results[int(alive[i])] = finished_hypotheses(state, i, opts)
         keep = (~done).nonzero()[:, 0]
@@ -489,7 +499,7 @@ def beam_search(stepper: Stepper, max_lengths: torch.Tensor, opts: SearchOptions
             state.select(keep)
             alive, limits = alive[keep], limits[keep]
             if advance is not None:
-                advance = advance_in_c(log_probs, state, limits, opts)
+                advance = advance_in_c(log_probs, state, limits, opts, plan)
         tokens = token[keep].view(-1)
         n += 1
     return results
@@ -502,12 +512,13 @@ def length_norms(pos: torch.Tensor, dtype: torch.dtype, penalty: float | torch.T
 
 
 def advance_in_c(
-    log_probs: torch.Tensor, state: BeamState, limits: torch.Tensor, opts: SearchOptions
+    log_probs: torch.Tensor, state: BeamState, limits: torch.Tensor, opts: SearchOptions, plan: execution.Plan
 ) -> native.BeamAdvance | None:
-    """The C call of a whole beam step (constrain, then beam_step) over this state, where it runs: CPU float32,
-    the ranking's 2 K candidates within the kernel's, no n-gram rule (it reads the history in PyTorch)."""
+    """The C call of a whole beam step (constrain, then beam_step) over this state, where it runs: the plan's
+    kernels take the log-probs, the ranking's 2 K candidates within the kernel's, no n-gram rule (it reads the
+    history in PyTorch)."""
     K = opts.beam_size
-    if not (native.runs_on(log_probs) and 2 * K <= native.MOST_CANDIDATES and opts.no_repeat_ngram_size == 0):
+    if not (plan.takes(log_probs) and 2 * K <= native.MOST_CANDIDATES and opts.no_repeat_ngram_size == 0):
         return None
     return native.BeamAdvance(
         tuple(getattr(state, name) for name in BeamState.FIELDS),

@@ -222,6 +222,7 @@ def decode_step(
         length_penalty=state.length_penalty,
         early_stopping=state.early_stopping,
         active=active,
+        plan=model.plan,
     )
     state.finished.copy_(active & done)
     state.pos.add_(active.long())

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from model.kernels import native, ops
+from model.kernels import execution, native, ops
 from model.nn.config import ModelConfig
 from model.nn.kv_cache import CrossCache, KVCache
 from model.nn.layers import FeedForward, MultiHeadAttention, layer_norm, rows_of_a_step, step_attention
@@ -26,6 +26,7 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre = cfg.normalize_before
+        self.plan = execution.probe()  # which kernels compute (Seq2Seq.use_plan hands the model's)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = sublayer(x, self.norm1, lambda h, r: self.self_attn(h, h, mask, residual=r), self.dropout, self.pre)
@@ -46,6 +47,7 @@ class DecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre = cfg.normalize_before
+        self.plan = execution.probe()  # which kernels compute (Seq2Seq.use_plan hands the model's)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Full recomputation over all target positions (training, reference)."""
@@ -95,7 +97,7 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn
         if in_c:  # each row writes its key and value and attends over its own positions, in one C call
             N, C = h.shape[0], h.shape[-1]
-            structs = attn.c_sublayer(N, fused=True) if rows_of_a_step(h, residual) else None
+            structs = attn.c_sublayer(N, fused=True) if rows_of_a_step(h, residual, attn.plan) else None
             if structs is not None:  # and the projections and the residual in the same call
                 return native.self_sublayer(h, residual, *structs, cache.view(layer), pos)  # type: ignore[arg-type]
             out = cache.attend_step(layer, pos, attn.project_qkv(h.view(N, C)))  # (N, H, D)
@@ -115,7 +117,7 @@ class DecoderLayer(nn.Module):
         attn = self.cross_attn
         if row_map is not None:  # in C each row attends over its sentence's source positions
             N = h.shape[0]
-            structs = attn.c_sublayer(N, fused=False) if rows_of_a_step(h, residual) else None
+            structs = attn.c_sublayer(N, fused=False) if rows_of_a_step(h, residual, attn.plan) else None
             if structs is not None:  # and the projections and the residual in the same call
                 return native.cross_sublayer(h, residual, *structs, cross.view(layer), row_map)  # type: ignore[arg-type]
             q = attn.q_proj(h).view(N, attn.heads, -1)  # (N, H, D)

@@ -1,5 +1,5 @@
 """The encoder's layers as one C call between each two feed-forward activations (native.encoder_segment), for
-inference on CPU where LayerNorm in C gives PyTorch's bits (native.layer_norms_exactly).
+inference on CPU where LayerNorm in C gives PyTorch's bits (the plan's layer_norm_in_c).
 
 A sentence alone is a dozen rows: each layer op by op is some twenty library and ATen calls of a few
 microseconds of work each. The calls here compute what EncoderLayer.forward does through its modules (q, k
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.kernels import native
+from model.kernels import execution, native
 from model.nn import c_step
 from model.nn.layers import hidden_rows
 
@@ -36,7 +36,8 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
     give it; None, having computed nothing, where a layer does not run in C at B S rows."""
     B, S, C = x.shape
     N = B * S
-    if not (native.runs_on(x) and native.layer_norms_exactly()) or torch.is_grad_enabled():
+    plan = layers[0].plan if layers else None
+    if plan is None or not (plan.takes(x) and plan.layer_norm_in_c) or torch.is_grad_enabled():
         return None
     parts = [_part(layer, N) for layer in layers]
     if not parts or any(p is None for p in parts):
@@ -46,7 +47,7 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
     source = native.source_of((lengths, sentence), N)
     assert source is not None
     x = x.reshape(N, C).clone()  # the residual stream, updated in place
-    chain = _chain(layers, parts, N)  # type: ignore[arg-type]
+    chain = _chain(layers, parts, N, plan)  # type: ignore[arg-type]
     if chain is not None:
         native.encoder_layers(chain, parts[0][4], (B, S), source, x)  # type: ignore[index]
         return x.view(B, S, C)
@@ -65,19 +66,22 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
     return x.view(B, S, C)
 
 
-def _chain(layers: Sequence[EncoderLayer], parts: list[Part], N: int) -> ctypes.Array[ctypes.c_void_p] | None:
+def _chain(
+    layers: Sequence[EncoderLayer], parts: list[Part], N: int, plan: execution.Plan
+) -> ctypes.Array[ctypes.c_void_p] | None:
     """The layers as native.encoder_layers takes them (each LayerC by its address), where that one call gives the
     bits of the segments and the activations between them (c_step.in_one_call), every layer with the same heads;
-    None elsewhere. Kept on the first layer for these parts at N rows and this intra-op thread count."""
-    if torch.compiler.is_compiling() or not c_step.ONE_CALL or len({p[4] for p in parts}) != 1:  # traced: the ops
+    None elsewhere (the plan's one_call off among them). Kept on the first layer for these parts at N rows, this
+    intra-op thread count and whether the plan computes the SiLU in C."""
+    if torch.compiler.is_compiling() or not plan.one_call or len({p[4] for p in parts}) != 1:  # traced: the ops
         return None
     held: dict[int, tuple[tuple[int, ...], ctypes.Array[ctypes.c_void_p] | None, list[object]]]
     held = layers[0].__dict__.setdefault("_c_encode_chain", {})
-    key = (torch.get_num_threads(), *(id(p[0]) for p in parts))
+    key = (torch.get_num_threads(), plan.silu_in_c, *(id(p[0]) for p in parts))
     found = held.get(N)
     if found is not None and found[0] == key:
         return found[1]
-    structs = [c_step.in_one_call(p[0], p[1], p[2], p[3], N) for p in parts]
+    structs = [c_step.in_one_call(p[0], p[1], p[2], p[3], N, plan) for p in parts]
     chain = None
     if all(structs):
         chain = (ctypes.c_void_p * len(parts))(*(ctypes.addressof(s) for s in structs if s is not None))

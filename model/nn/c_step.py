@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.kernels import f32_gemm, native
+from model.kernels import c_linears, execution, native
 from model.nn.layers import feed_forward_in_c, hidden_rows, weights_states
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ Norm = tuple[tuple[int, ...], torch.Tensor, torch.Tensor, float]  # normalized_s
 
 
 @dataclass(frozen=True)
-class LayerPlan:
+class LayerPart:
     """One decoder layer's part of a step: its structs at the plan's row count, its norms and activation."""
 
     pre: bool
@@ -51,11 +51,11 @@ class LayerPlan:
     # What the structs point into (the modules' cached forms, with their tensors), held as long as the plan: a
     # form the modules replace stays valid memory for a plan that still has it.
     held: tuple[object, ...]
-    # in_one_call's answer by (rows, intra-op threads): a float32 layer's is a struct of its own, made once
-    one_call: dict[tuple[int, int], native.LayerC | None] = field(default_factory=dict, compare=False)
+    # in_one_call's answer by (rows, intra-op threads, SiLU in C): a float32 layer's is a struct of its own, made once
+    one_call: dict[tuple[int, int, bool], native.LayerC | None] = field(default_factory=dict, compare=False)
 
 
-Plan = tuple[LayerPlan, ...]  # every decoder layer's part of a step at one row count
+StepParts = tuple[LayerPart, ...]  # every decoder layer's part of a step at one row count
 
 
 def run(
@@ -81,7 +81,7 @@ def run(
         return None
     if plan[0].whole is not None:
         x = x.clone()  # the residual stream, updated in place
-        chain = _chain(plan, N, C, cache, cross)
+        chain = _chain(plan, N, C, cache, cross, layers[0].plan)
         if chain is not None:
             logp = native.decoder_layers(*chain, positions, source, x, output)
             return (x, False) if logp is None else (logp, True)
@@ -116,12 +116,12 @@ def one_call(
     source = native.source_of(row_map, N)
     if plan is None or plan[0].whole is None or source is None:
         return None
-    chain = _chain(plan, N, C, cache, cross)
+    chain = _chain(plan, N, C, cache, cross, layers[0].plan)
     return None if chain is None else (chain, source)
 
 
 def _by_segments(
-    plan: Plan,
+    plan: StepParts,
     x: torch.Tensor,
     positions: tuple[int | None, int],
     source: tuple[int, ...],
@@ -133,7 +133,7 @@ def _by_segments(
     the residual stream, updated in place."""
     N, C = x.shape
     u = torch.empty_like(x)
-    ending: LayerPlan | None = None
+    ending: LayerPart | None = None
     h: torch.Tensor | None = None
     for i, layer in enumerate(plan):
         kv, memory = _views(i, C, cache, cross)
@@ -149,15 +149,15 @@ def _by_segments(
 
 
 Chain = tuple["ctypes.Array[ctypes.c_void_p]", "ctypes.Array[ctypes.c_void_p]", "ctypes.Array[ctypes.c_void_p]"]
-ONE_CALL = True  # False: a step's layers cut at each activation (the segments), to measure the one call against
 
 
-def _chain(plan: Plan, N: int, C: int, cache: KVCache, cross: CrossCache) -> Chain | None:
+def _chain(plan: StepParts, N: int, C: int, cache: KVCache, cross: CrossCache, kernels: execution.Plan) -> Chain | None:
     """The step's layers as native.decoder_layers takes them (each LayerC, self-attention KV and source KV by its
     address), where that one call computes what the segments and the activations between them would: every
     activation SiLU, each layer's fc1 in C and its SiLU with the bits of the path it replaces (see
-    _layer_in_one_call). Made once per plan and set of cache views; None elsewhere."""
-    if torch.compiler.is_compiling() or not ONE_CALL:  # traced: the segments, as operators
+    _layer_in_one_call). Made once per plan and set of cache views; None elsewhere (`kernels.one_call` off
+    among them, to measure the one call against the segments)."""
+    if torch.compiler.is_compiling() or not kernels.one_call:  # traced: the segments, as operators
         return None
     held = cache.__dict__.get("_c_step_chain")
     own, source = cache._views, cross._views
@@ -167,7 +167,7 @@ def _chain(plan: Plan, N: int, C: int, cache: KVCache, cross: CrossCache) -> Cha
     ):  # fmt: skip
         return held[0]
     views = [_views(i, C, cache, cross) for i in range(len(plan))]  # made once per buffer: the key below
-    layers = [_layer_in_one_call(layer, N) for layer in plan]
+    layers = [_layer_in_one_call(layer, N, kernels) for layer in plan]
     chain = None
     if all(layers):
         addresses = (
@@ -181,37 +181,38 @@ def _chain(plan: Plan, N: int, C: int, cache: KVCache, cross: CrossCache) -> Cha
     return chain  # type: ignore[return-value]
 
 
-def _layer_in_one_call(layer: LayerPlan, N: int) -> native.LayerC | None:
+def _layer_in_one_call(layer: LayerPart, N: int, plan: execution.Plan) -> native.LayerC | None:
     if layer.whole is None:
         return None
-    key = (N, torch.get_num_threads())
+    key = (N, torch.get_num_threads(), plan.silu_in_c)
     if key not in layer.one_call:
-        layer.one_call[key] = in_one_call(layer.whole, layer.fc1 is not None, layer.fc1_float, layer.activation, N)
+        whole, fc1_in_c = layer.whole, layer.fc1 is not None
+        layer.one_call[key] = in_one_call(whole, fc1_in_c, layer.fc1_float, layer.activation, N, plan)
     return layer.one_call[key]
 
 
 def in_one_call(
-    whole: native.LayerC, fc1_in_c: bool, fc1_float: tuple[torch.Tensor, torch.Tensor | None], activation: str, N: int
+    whole: native.LayerC,
+    fc1_in_c: bool,
+    fc1_float: tuple[torch.Tensor, torch.Tensor | None],
+    activation: str,
+    N: int,
+    plan: execution.Plan,
 ) -> native.LayerC | None:
     """A layer's struct for native.decoder_layers or encoder_layers at N rows, or None where that call would not
     give the bits of the segments and activations between them. int8 (fc1_in_c): fc1 in C already, then torch's
-    SiLU, which csrc/silu.c gives where it is exact here on a tensor ATen takes as one range of whole pairs of
-    vectors at any width (fewer than SILU_RANGE elements or one intra-op thread; a multiple of SILU_PAIR).
-    float32: oneDNN's fc1 with its swish post-op, which the C GEMM and native.f32_swish_ give where
-    f32_gemm.swish_agrees at fc1's shape (a copy of the struct with that fc1 filled in)."""
+    SiLU, which csrc/silu.c gives where c_linears.silu_exact_at says so. float32: oneDNN's fc1 with its swish
+    post-op, which the C GEMM and native.f32_swish_ give where c_linears.swish_fc1 makes the struct (a copy of the
+    layer's with that fc1 filled in)."""
     if activation != "swish":
         return None
     weight, bias = fc1_float
     if fc1_in_c:
-        n = N * weight.shape[0]
-        one_range = (torch.get_num_threads() == 1 or n < native.SILU_RANGE) and n % native.SILU_PAIR == 0
-        return whole if native.silu_exactly() and one_range else None
-    if weight.dim() != 2 or f32_gemm.most_rows(*weight.shape) < N or not f32_gemm.swish_agrees(*weight.shape):
+        return whole if c_linears.silu_exact_at(N, weight.shape[0], plan) else None
+    made = c_linears.swish_fc1(weight, bias, N)
+    if made is None:
         return None
-    form = f32_gemm.form(weight)
-    if form is None or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())):
-        return None
-    fc1, tensors = native.c_linear(form, None if bias is None else bias.detach())
+    fc1, tensors, form = made
     filled = native.LayerC.from_buffer_copy(whole)
     filled.fc1 = fc1
     filled.__dict__["held"] = (whole, form, tensors)  # what its pointers are into
@@ -226,17 +227,17 @@ def _views(i: int, C: int, cache: KVCache, cross: CrossCache) -> tuple[native.KV
     return kv, memory
 
 
-def _feed_forward(layer: LayerPlan, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+def _feed_forward(layer: LayerPart, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return feed_forward_in_c(
         h, residual, layer.fc1, layer.fc2, layer.fc1_float, layer.activation, native.linear_forward_checked
     )
 
 
-def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) -> Plan | None:
+def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) -> StepParts | None:
     """The plan for `rows` rows for the weights as they are; None where a sublayer does not run in C at that row
     count. Made once and kept on the first layer across decodes (_plans), the weights checked at a decode's first
     step (`held` is the decode's self-attention cache: the weights do not change while a decode runs)."""
-    plans: dict[int, Plan | None] | None = held.get("_c_step_plans")  # type: ignore[assignment]
+    plans: dict[int, StepParts | None] | None = held.get("_c_step_plans")  # type: ignore[assignment]
     if plans is None:
         plans = held["_c_step_plans"] = _plans(layers)
     if rows not in plans:
@@ -244,7 +245,7 @@ def _plan(layers: Sequence[DecoderLayer], rows: int, held: dict[str, object]) ->
     return plans[rows]
 
 
-def _plans(layers: Sequence[DecoderLayer]) -> dict[int, Plan | None]:
+def _plans(layers: Sequence[DecoderLayer]) -> dict[int, StepParts | None]:
     """The plans kept for the layers' weights as they are: each sublayer's weights, biases and int8 forms (what
     their structs are made from, weights_state), each norm's parameters and whether a layer trains; a new set
     where any of those changed. A plan is some hundred microseconds to check layer by layer, each of a
@@ -261,9 +262,10 @@ def _plans(layers: Sequence[DecoderLayer]) -> dict[int, Plan | None]:
         ]
     )
     norms = [t for layer in layers for n in (layer.norm1, layer.norm2, layer.norm3) for t in n._parameters.values()]
-    key += (len(layers), *(id(t) for t in norms), *(layer.training for layer in layers))
-    objects += norms
-    kept: tuple[tuple[object, ...], list[object], dict[int, Plan | None]] | None = layers[0].__dict__.get(
+    plans = [layer.plan for layer in layers]  # which kernels: a part's whole-layer struct is the plan's choice
+    key += (len(layers), *(id(t) for t in norms), *(layer.training for layer in layers), *(id(p) for p in plans))
+    objects += [*norms, *plans]
+    kept: tuple[tuple[object, ...], list[object], dict[int, StepParts | None]] | None = layers[0].__dict__.get(
         "_c_step_plans"
     )
     if kept is None or kept[0] != key:  # the objects compared by id are held with the plans
@@ -271,7 +273,7 @@ def _plans(layers: Sequence[DecoderLayer]) -> dict[int, Plan | None]:
     return kept[2]
 
 
-def _made(layers: Sequence[DecoderLayer], rows: int) -> Plan | None:
+def _made(layers: Sequence[DecoderLayer], rows: int) -> StepParts | None:
     parts = []
     for layer in layers:
         part = None if layer.training else _part(layer, rows)
@@ -281,7 +283,7 @@ def _made(layers: Sequence[DecoderLayer], rows: int) -> Plan | None:
     return tuple(parts)
 
 
-def _part(layer: DecoderLayer, rows: int) -> LayerPlan | None:
+def _part(layer: DecoderLayer, rows: int) -> LayerPart | None:
     """The layer's part at `rows` rows, kept on the layer for its structs and norms as they are (the modules remake
     a struct when its weights change: a new struct is a new part); None where a sublayer does not run in C."""
     own = layer.self_attn.c_sublayer(rows, fused=True)
@@ -293,22 +295,22 @@ def _part(layer: DecoderLayer, rows: int) -> LayerPlan | None:
         (tuple(n.normalized_shape), n._parameters["weight"], n._parameters["bias"], n.eps)
         for n in (layer.norm1, layer.norm2, layer.norm3)
     )
-    key = (*(id(s) for s in (*own, *source, *ffn)), *(id(t) for _, w, b, _ in norms for t in (w, b)))
-    held: dict[int, tuple[tuple[int, ...], LayerPlan]] = layer.__dict__.setdefault("_c_step_parts", {})
+    key = (*(id(s) for s in (*own, *source, *ffn)), *(id(t) for _, w, b, _ in norms for t in (w, b)), id(layer.plan))
+    held: dict[int, tuple[tuple[int, ...], LayerPart]] = layer.__dict__.setdefault("_c_step_parts", {})
     found = held.get(rows)
     if found is not None and found[0] == key:
         return found[1]
     fc1 = layer.ffn.fc1
     affine = [(w, b, eps) for _, w, b, eps in norms if w is not None and b is not None]
     whole = None
-    if native.layer_norms_exactly() and len(affine) == 3:  # each norm with its weight and bias
+    if layer.plan.layer_norm_in_c and len(affine) == 3:  # each norm with its weight and bias
         whole = native.layer_c((*own, *source, *ffn), tuple(affine), layer.pre)
     forms = (
         layer.self_attn.__dict__["_c_sublayer"][True],
         layer.cross_attn.__dict__["_c_sublayer"][False],
         layer.ffn.__dict__["_c_pair"],
     )
-    part = LayerPlan(
+    part = LayerPart(
         layer.pre,
         *own,
         *source,
@@ -317,7 +319,7 @@ def _part(layer: DecoderLayer, rows: int) -> LayerPlan | None:
         layer.ffn.activation,
         norms,  # type: ignore[arg-type]
         whole,
-        (forms, norms),
+        (forms, norms, layer.plan),
     )
     held[rows] = (key, part)
     return part

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.kernels import native, ops
+from model.kernels import execution, native, ops
 from model.nn.layers import attended_keys
 
 
@@ -40,8 +40,11 @@ class KVCache:
         limit: int | None = None,
         zeroed: bool = False,
         lineage: bool = False,
+        plan: execution.Plan | None = None,
     ) -> None:
+        """`plan`: which kernels copy rows and follow lineages (the model's; default: this process's)."""
         shape = (layers, rows, heads, max_length, head_dim)  # (L, N, H, T_max, D)
+        self.plan = plan or execution.probe()
         # Rows at their own positions (zeroed=True) see masked positions they never wrote: a masked
         # value still meets a 0 weight, and 0 * NaN from uninitialised memory would be NaN.
         make = torch.zeros if zeroed else torch.empty
@@ -189,7 +192,7 @@ class KVCache:
     def copy(self, dest: torch.Tensor, src: torch.Tensor, filled: torch.Tensor | None = None) -> None:
         """Row dest[i] takes row src[i]'s keys and values, each row's filled prefix where filled (N,) gives it."""
         t = self.length if filled is None else min(self.length, int(filled[src].max()))
-        if native.runs_on(self.k) and native.copy_rows(self.k, self.v, dest.contiguous(), src.contiguous(), t):
+        if self.plan.takes(self.k) and native.copy_rows(self.k, self.v, dest.contiguous(), src.contiguous(), t):
             return  # a memcpy a row's head, where no row is both written and read
         # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
         for cache in (self.k, self.v):
@@ -201,7 +204,7 @@ class KVCache:
         yet at that position."""
         assert self.lineage is not None
         t = self.length
-        if native.built() and rows.dtype == torch.int64 and rows.is_contiguous():  # one call: a step's op fewer
+        if self.plan.c and rows.dtype == torch.int64 and rows.is_contiguous():  # one call: a step's op fewer
             native.follow(self.lineage, rows, t)
         else:
             self.lineage[: rows.numel(), :t] = self.lineage[rows, :t]  # a gather first: rows may name each other

@@ -9,9 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kernels import f32_gemm, native, ops
+from model.kernels import c_linears, execution, native, ops
 from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, INPLACE_ACTIVATIONS, Linear, linear
-from model.kernels.int8_choice import kernel_at
 from model.kernels.onednn import version
 from model.kernels.quant import INT8_SLOT, Int8Weight, int8_of, int8_weight
 
@@ -123,12 +122,6 @@ def step_attention(
     return _step_formula(q, k, v, mask)[:, :, :T]
 
 
-def attends_natively(x: torch.Tensor, head_dim: int) -> bool:
-    """Whether decode-step attention on x's device and dtype, with heads of `head_dim`, runs in C
-    (model/kernels/native.py): CPU float32 inference with the library built."""
-    return native.runs_on(x) and head_dim <= native.MOST_HEAD_DIM and not torch.is_grad_enabled()
-
-
 def weights_state(module: nn.Module, names: tuple[str, ...]) -> tuple[tuple[int, ...], list[object]]:
     """What forms made from submodules `names`' weights and biases depend on (a fused weight, C structs): each
     weight's int8 form where it has one (a new form is a new object), else the weight and its version, and each
@@ -206,6 +199,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = Linear(d_model, d_model)
         self.v_proj = Linear(d_model, d_model)
         self.out_proj = Linear(d_model, d_model)
+        self.plan = execution.probe()  # which kernels compute (Seq2Seq.use_plan hands the model's)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -255,9 +249,9 @@ class MultiHeadAttention(nn.Module):
                 self._fused_qkv() if fused else (self.q_proj.weight, self.q_proj.bias, int8_of(self.q_proj))
             )
             out = (self.out_proj.weight, self.out_proj.bias, int8_of(self.out_proj))
-            held = (key, objects, _c_structs(((w_in, b_in, q_in), out)))
+            held = (key, objects, c_linears.structs(((w_in, b_in, q_in), out)))
             self.__dict__["_c_sublayer"][fused] = held
-        found = _serving(held[2], rows)
+        found = c_linears.serving(held[2], rows)
         return None if found is None else (found[0], found[1])
 
     def forward(
@@ -272,7 +266,7 @@ class MultiHeadAttention(nn.Module):
         """Full (non-incremental) attention of x (B, T, C) over source (B, S, C) -> (B, T, C), plus `residual`
         (B, T, C) where given."""
         k, v = self.project_kv(source)
-        if source is x and mask is not None and not causal and attends_natively(x, self.head_dim):
+        if source is x and mask is not None and not causal and self.plan.attends(x, self.head_dim):
             return self._each_in_c(x, k, v, mask, residual)
         q = self.project_q(x)
         if source is x and mask is not None and not causal and not self.training and x.device.type == "cpu":
@@ -323,10 +317,11 @@ class FeedForward(nn.Module):
         self.activation = activation
         self.act = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
+        self.plan = execution.probe()  # which kernels compute (Seq2Seq.use_plan hands the model's)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (..., C) -> (..., C), plus `residual` where given."""
-        structs = self._c_linears(x.shape[0]) if rows_of_a_step(x, residual) else None
+        structs = self._c_linears(x.shape[0]) if rows_of_a_step(x, residual, self.plan) else None
         if structs is not None:  # a decode step's rows: each GEMM in C, one call of a few pointers
             return feed_forward_in_c(x, residual, *structs, (self.fc1.weight, self.fc1.bias), self.activation)  # type: ignore[arg-type]
         if self.activation in FUSED_ACTIVATIONS:  # the activation as the GEMM's epilogue where it can be
@@ -349,9 +344,9 @@ class FeedForward(nn.Module):
                 (self.fc2.weight, self.fc2.bias, int8_of(self.fc2)),
             )
             fc2_alone = fc1[2] is None  # float32: fc1 stays oneDNN's, fc2 in C
-            held = (key, objects, _c_structs((fc2,) if fc2_alone else (fc1, fc2)), fc2_alone)
+            held = (key, objects, c_linears.structs((fc2,) if fc2_alone else (fc1, fc2)), fc2_alone)
             self.__dict__["_c_pair"] = held
-        found = _serving(held[2], rows)
+        found = c_linears.serving(held[2], rows)
         if found is None:
             return None
         return (None, found[0]) if held[3] else (found[0], found[1])
@@ -382,52 +377,10 @@ def hidden_rows(
     return linear(x, *fc1_float, activation) if f is None else INPLACE_ACTIVATIONS[activation](f)
 
 
-def rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+def rows_of_a_step(x: torch.Tensor, residual: torch.Tensor | None, plan: execution.Plan) -> bool:
     """Whether x and its residual are a decode step's rows in C's terms: (N, C) float32 on CPU, outside autograd,
-    with the C kernels loaded (each call checks the rest)."""
-    return (
-        residual is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_cpu
-        and not torch.is_grad_enabled() and native.built()
-    )  # fmt: skip
-
-
-# What serves a layer in C: its struct, and the row counts at which: an int8 weight's plan (int8_choice), or a
-# float32 one's (f32_gemm.most_rows).
-CStructs = tuple[tuple[native.LinearC, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...] | None, ...]]
-
-
-def _c_structs(layers: tuple[tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None], ...]) -> CStructs | None:
-    """native.c_linear's structs for (weight, bias, int8 form or None) layers, the tensors they point into, and each
-    weight's plan (None for float32); None where a weight computes in neither C kernel (int8 without the VNNI
-    kernel's packed form, float32 where f32_gemm's kernel does not give oneDNN's bits)."""
-    forms: list[tuple[native.VnniWeight | native.F32Weight, tuple[str, ...] | None]] = []
-    for w, _, q in layers:
-        if q is not None:
-            if q.vnni is None:
-                return None
-            forms.append((q.vnni, q.plan))
-            continue
-        f32 = f32_gemm.form(w) if w.dtype == torch.float32 and w.is_cpu else None
-        if f32 is None:
-            return None
-        forms.append((f32, None))
-    made = [
-        native.c_linear(f, None if b is None else b.detach().float().contiguous())
-        for (f, _), (_, b, _) in zip(forms, layers, strict=True)
-    ]
-    return tuple(m[0] for m in made), tuple(t for m in made for t in m[1]), tuple(plan for _, plan in forms)
-
-
-def _serving(structs: CStructs | None, rows: int) -> tuple[native.LinearC, ...] | None:
-    """The structs, where every one's kernel serves `rows` rows."""
-    if structs is None:
-        return None
-    for struct, plan in zip(structs[0], structs[2], strict=True):
-        if plan is None and rows > f32_gemm.most_rows(struct.N, struct.K):
-            return None
-        if plan is not None and kernel_at(plan, rows) != "vnni":
-            return None  # another int8 kernel is faster at this row count
-    return structs[0]
+    with the plan's C kernels (each call checks the rest)."""
+    return residual is not None and x.dim() == 2 and plan.takes(x) and not torch.is_grad_enabled()
 
 
 def sinusoidal_table(positions: int, dim: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kernels import f32_gemm, int8_choice, native, onednn, ops
+from model.kernels import c_linears, execution, native, ops
 from model.kernels.gemm import Linear, linear
 from model.kernels.log_softmax import log_softmax_
 from model.kernels.quant import OUTPUT_INT8_SLOT, Int8Weight, int8_of, linear_int8
@@ -19,7 +19,6 @@ from model.nn.kv_cache import CrossCache, KVCache
 from model.nn.layers import (
     PositionalEncoding,
     attended_keys,
-    attends_natively,
     dropped,
     embedding_scale,
     side_by_side,
@@ -56,8 +55,16 @@ class Seq2Seq(nn.Module):
         self.decoder_norm = nn.LayerNorm(C, eps=cfg.layer_norm_eps) if cfg.normalize_before else None
         self.lm_head = None if cfg.tie_embeddings else Linear(C, V, bias=False)
         self.final_logits_bias = nn.Parameter(torch.zeros(V)) if cfg.final_logits_bias else None
+        self.plan = execution.probe()  # which kernels compute: this process's until handed one (use_plan)
         if initialise:
             self.reset_parameters()
+
+    def use_plan(self, plan: execution.Plan) -> None:
+        """Compute with `plan`'s kernels from now on (model/kernels/execution.py): this model and every layer that
+        reads one; the caches it makes next take it too."""
+        for module in self.modules():
+            if isinstance(module.__dict__.get("plan"), execution.Plan):  # an int8 form's `plan` is its kernels'
+                module.__dict__["plan"] = plan
 
     @classmethod
     def from_state(cls, cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Seq2Seq:
@@ -155,12 +162,7 @@ class Seq2Seq(nn.Module):
             bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())
         ):
             return None
-        form: native.VnniWeight | native.F32Weight | None = None
-        if q is not None:  # linear_int8's kernel at this row count, in C with its log-softmax
-            if q.vnni is not None and native.vnni() and native.scales_back():
-                form = q.vnni if int8_choice.kernel_at(q.plan, rows) == "vnni" else None
-        elif onednn.LINEAR is not None:  # gemm.linear's C kernel
-            form = f32_gemm.serving(self.output_weight, rows)
+        form = c_linears.output_form(q, self.output_weight, rows, self.plan)
         if form is None:
             return None
         held = self.__dict__.get("_c_output")
@@ -189,7 +191,7 @@ class Seq2Seq(nn.Module):
             kv = [layer.cross_attn.project_kv(memory) for layer in self.decoders]  # (B, H, S, D) views
         # Contiguous once here, or every decoder step's batched matmul would copy them again; keys
         # transposed on CPU, where the step's q @ k^T is faster so (CrossCache).
-        transposed = cpu and not attends_natively(memory, head_dim)  # the C kernel reads (B, H, S, D)
+        transposed = cpu and not self.plan.attends(memory, head_dim)  # the C kernel reads (B, H, S, D)
         keys = [(k.transpose(-1, -2) if transposed else k).contiguous() for k, _ in kv]
         values = [v.contiguous() for _, v in kv]
         return CrossCache(keys, values, src_mask[:, None, None, :], keys_transposed=transposed, padded=cpu)
@@ -238,7 +240,8 @@ class Seq2Seq(nn.Module):
             device=device,
             limit=limit,
             zeroed=zeroed,
-            lineage=lineage and attends_natively(self.embed.weight, cfg.d_model // heads) and device.type == "cpu",
+            lineage=lineage and self.plan.attends(self.embed.weight, cfg.d_model // heads) and device.type == "cpu",
+            plan=self.plan,
         )
 
     def decode_step(
@@ -266,7 +269,7 @@ class Seq2Seq(nn.Module):
         """
         head_dim = self.cfg.d_model // self.cfg.decoder_attention_heads
         weight = (self.target_embed or self.embed).weight
-        if attends_natively(weight, head_dim) and not cross.keys_transposed and tokens.is_cpu:
+        if self.plan.attends(weight, head_dim) and not cross.keys_transposed and tokens.is_cpu:
             return self._step_in_c(tokens, pos, cache, cross, order, log_probs)
         self_mask = None
         if isinstance(pos, int):
@@ -347,7 +350,7 @@ class Seq2Seq(nn.Module):
         if (
             self.training or steps < 1 or pos < 1 or cache.lineage is None or cross.keys_transposed
             or weight.dtype != torch.float32 or not tokens.is_cpu
-            or not attends_natively(weight, self.cfg.d_model // self.cfg.decoder_attention_heads)
+            or not self.plan.attends(weight, self.cfg.d_model // self.cfg.decoder_attention_heads)
         ):  # fmt: skip
             return None
         self._check_length(pos + steps)

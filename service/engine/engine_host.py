@@ -32,7 +32,6 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
-from model.kernels import native
 from model.translator import Translator
 from service.batching import BatchingConfig
 from service.engine import allocator
@@ -73,8 +72,9 @@ class ModelFacts:
     licence: str | None
     revision: str | None
     load_seconds: float
-    kernels: str  # model/kernels/native.py's in_use()
-    kernels_built: bool
+    kernels: str  # what computes, for a person (model/kernels/execution.py's Plan.kernels)
+    kernels_built: bool  # the library's kernels compute this model (Plan.c)
+    plan: dict[str, Any]  # the model's execution plan as /v1/models shows it (Plan.describe)
     allocator: str  # the malloc of the process holding the model
     defaults: dict[str, Any]  # the decoding options the model's generation_config.json sets (model/io/generation.py)
 
@@ -93,8 +93,9 @@ class ModelFacts:
             licence=tr.licence,
             revision=tr.revision,
             load_seconds=tr.load_seconds,
-            kernels=native.in_use(),
-            kernels_built=native.built(),
+            kernels=tr.plan.kernels,
+            kernels_built=tr.plan.c,
+            plan=tr.plan.describe(),
             allocator=allocator.in_use(),
             defaults=dict(tr.generation.options),
         )

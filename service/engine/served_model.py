@@ -286,6 +286,7 @@ class ServedModel:
             "engine_process": process,
             "allocator": facts.allocator,
             "kernels": facts.kernels,
+            "plan": facts.plan,
             # The model's process: the engine's own when it has one.
             "resident_bytes": self.engine_bytes() if process else allocator.resident_bytes(),
         }
