@@ -24,7 +24,8 @@ model/nn/c_step.py); beamserve-stepwise and beamserve-int8-stepwise (each beam s
 step and reorder calls of their own, not a run of steps in one call, Seq2Seq.beam_steps); beamserve-slots
 (the static decode state, model/decode/slot_decoder.py: B slots of K beams refilled as sentences finish; CUDA
 graphs on a GPU); beamserve-slots-compiled (the same, its step through torch.compile's inductor before the
-graphs, compiled in the warm-up pass); hf; ct2-float32; ct2-int8; ct2-float16 (GPU).
+graphs, compiled in the warm-up pass); beamserve-slots-triton (the same with the Triton step kernels of
+model/kernels/triton_step.py: the plan's step_kernels "triton"); hf; ct2-float32; ct2-int8; ct2-float16 (GPU).
 
 A suffix -interN (beamserve-inter2, ct2-float32-inter2) decodes N batches in parallel, each worker with
 --threads / N intra-op threads: CTranslate2's inter_threads, and beamserve's (`Translator.load(...,
@@ -212,7 +213,9 @@ def run_slots(
     if (B, K) not in decoders:
         shape = PoolShape(slots=B, beams=K, target_len=steps or 256, source_len=tr.max_source_tokens, ngram_max=0)
         graphs = tr.device.type == "cuda"
-        decoders[B, K] = SlotDecoder(tr.model, shape, device=tr.device, graphs=graphs, compiled=compiled)
+        decoders[B, K] = SlotDecoder(
+            tr.model, shape, device=tr.device, graphs=graphs, compiled=compiled, kernels=tr.step_kernels
+        )
         decoders[B, K].prepare()  # every bucket compiled and captured before any pass is timed
     hyps = decode_all(decoders[B, K], srcs, [opts] * len(srcs))
     return sum(len(h[0].tokens) + 1 for h in hyps)
@@ -362,9 +365,11 @@ def _runner(system: str, spec: dict[str, object], args: argparse.Namespace) -> C
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps)
     if system == "beamserve-es":  # CTranslate2's stopping rule: a sentence ends with beam_size finished hypotheses
         return lambda n, B, K: run_beamserve(tr, encoded[:n], B, K, steps, early_stopping=True)
-    if system in ("beamserve-slots", "beamserve-slots-compiled"):
+    if system in ("beamserve-slots", "beamserve-slots-compiled", "beamserve-slots-triton"):
         decoders: dict[tuple[int, int], SlotDecoder] = {}  # one pool per (B, K), its graphs kept across passes
         compiled = system.endswith("-compiled")
+        if system.endswith("-triton"):
+            tr.model.use_plan(tr.plan.with_(step_kernels="triton"))
         return lambda n, B, K: run_slots(tr, decoders, encoded[:n], B, K, steps, compiled)
     int8_systems = ("beamserve-int8", "beamserve-int8_bfloat16", "beamserve-int8-pytorch", "beamserve-int8-es")
     if system in (*int8_systems, "beamserve-int8-segments", "beamserve-int8-stepwise"):
@@ -488,6 +493,8 @@ def _bench_rows(name: str, workers: dict[str, SystemWorker], steps: int | None, 
     pairs += [("beamserve-int8", "beamserve"), ("beamserve-int8", "ct2-int8"), ("beamserve-int8-es", "ct2-int8")]
     if "beamserve-slots" in workers:
         pairs += [("beamserve-slots", "beamserve"), ("beamserve-slots", "hf")]
+    if "beamserve-slots-triton" in workers:
+        pairs += [("beamserve-slots-triton", "beamserve-slots"), ("beamserve-slots-triton", "hf")]
     if "beamserve-slots-compiled" in workers:
         pairs += [("beamserve-slots-compiled", "beamserve-slots"), ("beamserve-slots-compiled", "hf")]
     if "beamserve-es" in workers:

@@ -14,12 +14,13 @@
 #   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token (the compiled
 #            step's graphs too), a step under torch.cuda.set_sync_debug_mode("error"), capture memory
 #            bounded, the engine on graphs; and the Triton kernels compiled (tests/test_triton.py)
-#   decode   beam 4, batches 64 and 256: eager, static/graph, Hugging Face and CTranslate2 float16
+#   decode   beam 4, batches 64 and 256: eager, static/graph (PyTorch's step kernels, then Triton's), Hugging
+#            Face and CTranslate2 float16
 #   profile-static, profile-base, profile-wide  host against device time per decode step, the kernels by device
 #            time and their count a step: the static step at en-de's and OPUS-MT-base's shapes, batch 64, and
 #            en-de's at batch 256 (the served engine's 1,024 rows)
 #   shapes   the shapes people deploy: random OPUS-MT-base and NLLB-600M models, beam 4, batch 64, 32 steps:
-#            eager, static/graph and Hugging Face float16
+#            eager, static/graph (PyTorch's and Triton's step kernels) and Hugging Face float16
 #   served   the engine under open-loop arrivals on the static decode state
 #   compiled the static step through torch.compile's inductor before its graphs, against the eager one's graphs
 #   profile-compiled, profile-eager  the same profile of the compiled static step and of the eager decoder
@@ -63,10 +64,10 @@ stage() {
     tests) part tests 150 pytest.txt python3 -m pytest -q -rA -s -p no:cacheprovider -o addopts="" \
              -m "cuda or triton" tests/test_cuda.py tests/test_slots.py tests/test_engine.py tests/test_triton.py ;;
     decode) part decode 130 decode.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
-              --systems beamserve,beamserve-slots,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 1000 \
+              --systems beamserve,beamserve-slots,beamserve-slots-triton,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 1000 \
               --repeats 2 --out "$out/decode_gpu.md" ;;
     shapes) part shapes 120 shapes.txt python3 loadtests/bench_decode.py --device cuda --models base,nllb-600m \
-              --systems beamserve,beamserve-slots,hf --beams 4 --batch-sizes 64 --steps 32 --sentences 256 \
+              --systems beamserve,beamserve-slots,beamserve-slots-triton,hf --beams 4 --batch-sizes 64 --steps 32 --sentences 256 \
               --repeats 1 --out "$out/decode_gpu_shapes.md" ;;
     compiled) part compiled 120 compiled.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
                 --systems beamserve-slots,beamserve-slots-compiled,hf --beams 4 --batch-sizes 64 --sentences 512 \

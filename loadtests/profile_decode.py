@@ -75,7 +75,9 @@ def profile(args: argparse.Namespace, model: Path | str) -> None:
     steps = [0]
     if args.slots or args.compiled:
         shape = PoolShape(slots=args.batch, beams=args.beam_size, target_len=256, source_len=tr.max_source_tokens)
-        pool = SlotDecoder(tr.model, shape, device=tr.device, graphs=cuda, compiled=args.compiled)
+        pool = SlotDecoder(
+            tr.model, shape, device=tr.device, graphs=cuda, compiled=args.compiled, kernels=tr.step_kernels
+        )
 
         def run() -> None:
             before = pool._launches

@@ -13,6 +13,8 @@ for their tests). The GEMMs, LayerNorms and the beam step stay PyTorch's in both
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import cast
 
 import torch
@@ -26,13 +28,24 @@ from model.nn.blocks import DecoderLayer, EncoderLayer
 from model.nn.transformer import Seq2Seq
 
 STEP_KERNELS = ("torch", "triton")
+STEP_ENV = "BEAMSERVE_STEP_KERNELS"  # the static decode step's kernels (STEP_KERNELS); default torch
 
 
 def execution_plan(model: Seq2Seq, device: torch.device, compute_type: str) -> execution.Plan:
     """The plan `model` computes with on `device` in `compute_type`: this process's kernels (execution.probe) where
-    the model runs on the CPU, PyTorch's operators elsewhere, and each of its GEMM shapes' kernels."""
+    the model runs on the CPU, PyTorch's operators elsewhere, each of its GEMM shapes' kernels, and the static
+    decode step's kernels as STEP_ENV names them (checked here: ValueError for a set that cannot run)."""
     base = execution.probe() if device.type == "cpu" else execution.PYTORCH
-    return base.with_(device=str(device), compute_type=compute_type, gemms=_gemms(model, device, base))
+    step = os.environ.get(STEP_ENV, "torch")
+    if step not in STEP_KERNELS:
+        raise ValueError(f"{STEP_ENV}={step!r}: one of {', '.join(STEP_KERNELS)}")
+    if step == "triton":
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError(f"{STEP_ENV}=triton: this environment has no triton (pip install triton)")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"{STEP_ENV}=triton: Triton's kernels run on CUDA, or on CPU under TRITON_INTERPRET=1")
+    gemms = _gemms(model, device, base)
+    return base.with_(device=str(device), compute_type=compute_type, gemms=gemms, step_kernels=step)
 
 
 def _gemms(model: Seq2Seq, device: torch.device, plan: execution.Plan) -> tuple[execution.Gemm, ...]:

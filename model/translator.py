@@ -19,6 +19,7 @@ from model.decode.confidence import ScoringResult
 from model.decode.decoding import generate, pad_batch
 from model.decode.scoring import token_log_probs
 from model.decode.search import Hypothesis, SearchOptions
+from model.decode.slots import StepKernels
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
 from model.io import checkpoint, generation, model_card
 from model.io.codec import TextCodec
@@ -29,7 +30,7 @@ from model.kernels.allocator import retain_freed_memory
 from model.kernels.cpus import usable_cpus
 from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
-from model.plan import execution_plan
+from model.plan import execution_plan, step_kernels
 from model.shipped import hub_revision, resolve_model_path
 from model.workers import WorkerPool
 
@@ -185,6 +186,12 @@ class Translator:
         """Which kernels compute this model (model/kernels/execution.py): its device, compute type, the C step or
         PyTorch's operators, and each GEMM shape's kernel, as load decided them."""
         return self.model.plan
+
+    @property
+    def step_kernels(self) -> StepKernels:
+        """What the static decode step computes its attentions and log-probabilities with, as the plan names them
+        (model/plan.py): the pool of model/decode/slot_decoder.py takes them."""
+        return step_kernels(self.plan.step_kernels)
 
     @cached_property
     def digest(self) -> str:

@@ -191,3 +191,24 @@ def test_an_unknown_step_kernel_set_is_refused_by_name() -> None:
         assert "torch, triton" in str(exc)
     else:
         raise AssertionError("an unknown kernel set was taken")
+
+
+def test_the_plan_names_the_static_step_s_kernels_as_the_setting_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BEAMSERVE_STEP_KERNELS chooses the static step's kernels where the model loads (model/plan.py), into its
+    execution plan, which the pool takes them from; a set that cannot run here is refused at load, by name."""
+    from model import Translator
+    from model.plan import STEP_ENV
+
+    assert Translator.load("en-de", DEVICE).step_kernels.name == "torch"  # unset: PyTorch's operators
+    monkeypatch.setenv(STEP_ENV, "triton")
+    tr = Translator.load("en-de", DEVICE)
+    assert tr.step_kernels.name == "triton" and tr.plan.describe()["static_step"] == "triton"
+    assert "the static step's kernels triton" in tr.plan.lines()[0]
+    monkeypatch.setenv(STEP_ENV, "cuda-magic")
+    with pytest.raises(ValueError, match="torch, triton"):
+        Translator.load("en-de", DEVICE)
+    if DEVICE == "cpu":  # compiled Triton kernels need a GPU; on CPU tensors only the interpreter runs them
+        monkeypatch.setenv(STEP_ENV, "triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+            Translator.load("en-de", DEVICE)

@@ -39,6 +39,9 @@ class Plan:
     onednn: bool = False  # oneDNN's float32 matmul (model/kernels/onednn.py); its C twin where it agrees
     one_call: bool = True  # a decode step's layers as one library call where they take it (False: segments)
     steps_in_c: bool = True  # a beam search's steps, while every sentence goes on, as one call (beam_steps)
+    step_kernels: str = (
+        "torch"  # the static decode step's attentions and log-probs: "torch" or "triton" (model/plan.py)
+    )
     kernels: str = "PyTorch's operators"  # what computes, for a person (native.in_use)
     device: str = "cpu"
     compute_type: str = "float32"
@@ -71,6 +74,7 @@ class Plan:
             "compute_type": self.compute_type,
             "kernels": self.kernels,
             "step": self.step,
+            "static_step": self.step_kernels,
             "int8_output_in_c": self.int8_output_in_c,
             "gemms": [{"role": g.role, "shape": [g.N, g.K], "kernel": g.kernel} for g in self.gemms],
         }
@@ -78,6 +82,7 @@ class Plan:
     def lines(self) -> list[str]:
         """describe() as lines of text."""
         head = f"{self.device}, {self.compute_type}, {self.kernels}; decode step {self.step}"
+        head += f"; the static step's kernels {self.step_kernels}"
         return [head, *(f"  {g.role} ({g.N} x {g.K}): {g.kernel}" for g in self.gemms)]
 
 

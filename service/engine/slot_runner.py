@@ -36,7 +36,14 @@ class SlotStepRunner:
             target_len=self.batch.max_length,
             source_len=translator.max_source_tokens,
         )
-        self.pool = SlotDecoder(translator.model, shape, device=translator.device, graphs=graphs, compiled=compiled)
+        self.pool = SlotDecoder(
+            translator.model,
+            shape,
+            device=translator.device,
+            graphs=graphs,
+            compiled=compiled,
+            kernels=translator.step_kernels,
+        )
         if compiled:
             self.pool.prepare()
         # On a GPU the host reads a step's finished sentences while the next step runs.
