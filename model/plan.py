@@ -50,8 +50,10 @@ def execution_plan(model: Seq2Seq, device: torch.device, compute_type: str) -> e
 
 def _gemms(model: Seq2Seq, device: torch.device, plan: execution.Plan) -> tuple[execution.Gemm, ...]:
     """Each weight shape's kernel, the first layer of each kind standing for the rest (every layer of a stack has
-    its shapes). int8: the kernel int8_choice measured for each row count; float32: f32_gemm's C kernel up to the
-    rows it gives oneDNN's bits at (checked now, not at the first step), then oneDNN."""
+    its shapes). int8: the kernel int8_choice measured for each row count as the weights were quantised; float32:
+    f32_gemm's C kernel up to its rows where it gives oneDNN's bits (which it checks at a shape's first use, in
+    the thread that decodes: a check here, in the loading thread, would start a second OpenMP team), then
+    oneDNN."""
     cfg = model.cfg
     layers: list[tuple[str, Linear]] = []
     for side, stack in (("encoder", list(model.encoder_layers)), ("decoder", model.decoders)):
@@ -85,8 +87,8 @@ def _kernel(int8: tuple[str, ...] | None, N: int, K: int, device: torch.device, 
         return "int8 " + ", ".join(f"{k} from {rows} rows" if rows > 1 else k for rows, k in spans)
     if not plan.onednn:
         return "MKL (F.linear)"
-    if plan.c and f32_gemm.agrees(N, K):
-        return f"C up to {f32_gemm.most_rows(N, K)} rows (oneDNN's bits), oneDNN above"
+    if plan.c and plan.f32_in_c:  # checked at the shape's first use: a check here would start a thread team
+        return f"C up to {f32_gemm.most_rows(N, K)} rows where it gives oneDNN's bits here, oneDNN above"
     return "oneDNN"
 
 

@@ -150,9 +150,11 @@ class Translator:
             if ctype.int8:  # an int8 checkpoint's own weights, else quantised now; their float forms freed
                 compute.quantize_int8(model, model.output_weight, checkpoint.saved_int8(directory))
                 compute.release_float_weights(model, model.output_weight)
+            # Which kernels compute, decided here once, on this one thread: what it compares (the library's
+            # LayerNorm and SiLU against ATen's) gives the same answer at any thread count.
+            model.use_plan(execution_plan(model, dev, ctype.name))
             # The count for this thread and for threads that run torch later (each takes it on first use).
             torch.set_num_threads(num_threads or cpus)
-            model.use_plan(execution_plan(model, dev, ctype.name))  # which kernels compute: decided here, once
             translator = cls(model, checkpoint.tokenizer(directory), device=dev, name=directory.name)
             translator.compute_type = ctype.name
         except BaseException:

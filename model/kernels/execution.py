@@ -36,7 +36,8 @@ class Plan:
     layer_norm_in_c: bool = False  # csrc/layer_norm.c gives ATen's bits: whole layers as one library call
     silu_in_c: bool = False  # csrc/silu.c gives ATen's bits: a swish feed-forward inside that call too
     int8_output_in_c: bool = False  # the packed int8 output projection with its scale-back and log-softmax in C
-    onednn: bool = False  # oneDNN's float32 matmul (model/kernels/onednn.py); its C twin where it agrees
+    onednn: bool = False  # oneDNN's float32 matmul (model/kernels/onednn.py)
+    f32_in_c: bool = False  # the C float32 GEMM is built (csrc/f32_gemm.c): a shape where it gives oneDNN's bits
     one_call: bool = True  # a decode step's layers as one library call where they take it (False: segments)
     steps_in_c: bool = True  # a beam search's steps, while every sentence goes on, as one call (beam_steps)
     step_kernels: str = (
@@ -103,5 +104,6 @@ def probe() -> Plan:
             silu_in_c=native.silu_exactly(),
             int8_output_in_c=native.vnni() and native.scales_back(),
             onednn=onednn.LINEAR is not None,
+            f32_in_c=native.f32(),
             kernels=native.in_use(),
         )

@@ -264,3 +264,8 @@ def constrained_log_softmax(
         BLOCK_V=min(4096, triton.next_power_of_2(V)), HAS_BANS=bans is not None,
     )  # fmt: skip
     return out
+
+
+# Every kernel this module launches (one launch each a call of its wrapper), by name: what a count of a step's
+# launches wraps (tests/test_step_budget.py).
+LAUNCHED = ("_add_layer_norm", "_slot_self_attention", "_slot_cross_attention", "_constrained_log_softmax")
