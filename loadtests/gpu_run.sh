@@ -13,7 +13,8 @@
 # ones leave time; on an H200 all of them took about 560 s):
 #   tests    the CUDA tests (pytest -m cuda): graph replay = eager decoding token for token (the compiled
 #            step's graphs too), a step under torch.cuda.set_sync_debug_mode("error"), capture memory
-#            bounded, the engine on graphs; and the Triton kernels compiled (tests/test_triton.py)
+#            bounded, the engine on graphs; and the Triton kernels compiled (tests/test_triton.py), the fused
+#            step graphed against the operators' eager step, its kernel count (tests/test_step_budget.py)
 #   decode   beam 4, batches 64 and 256: eager, static/graph (PyTorch's step kernels, then Triton's), Hugging
 #            Face and CTranslate2 float16
 #   profile-static, profile-base, profile-wide  host against device time per decode step, the kernels by device
@@ -62,7 +63,8 @@ part() {
 stage() {
   case $1 in
     tests) part tests 150 pytest.txt python3 -m pytest -q -rA -s -p no:cacheprovider -o addopts="" \
-             -m "cuda or triton" tests/test_cuda.py tests/test_slots.py tests/test_engine.py tests/test_triton.py ;;
+             -m "cuda or triton" tests/test_cuda.py tests/test_slots.py tests/test_engine.py tests/test_triton.py \
+             tests/test_step_budget.py ;;
     decode) part decode 130 decode.txt python3 loadtests/bench_decode.py --device cuda --models en-de \
               --systems beamserve,beamserve-slots,beamserve-slots-triton,hf,ct2-float16 --beams 4 --batch-sizes 64,256 --sentences 1000 \
               --repeats 2 --out "$out/decode_gpu.md" ;;

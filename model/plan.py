@@ -19,8 +19,8 @@ from typing import cast
 
 import torch
 
-from model.decode.search import SearchOptions, ban_repeated_ngrams
-from model.decode.slots import TORCH_STEP, RowOptions, StepKernels
+from model.decode.search import NEG, BeamState, SearchOptions, ban_repeated_ngrams
+from model.decode.slots import TORCH_STEP, FusedKernels, RowOptions, SlotState, StepKernels
 from model.kernels import execution, f32_gemm, int8_choice
 from model.kernels.gemm import Linear
 from model.kernels.quant import int8_of
@@ -99,18 +99,34 @@ def step_kernels(name: str) -> StepKernels:
     if name == "triton":
         from model.kernels import triton_step  # triton: a GPU's torch has it, the CPU serving install does not
 
+        suppressed_ids: dict[tuple[torch.device, int, tuple[int, ...]], torch.Tensor] = {}
+
+        def suppressed(device: torch.device, V: int, opts: SearchOptions) -> torch.Tensor:
+            """(V,) bool: the ids never generated, made once (before a step is captured: its warm-up makes it)."""
+            key = (device, V, opts.suppressed_token_ids)
+            if key not in suppressed_ids:
+                mask = torch.zeros(V, dtype=torch.bool, device=device)
+                mask[list(opts.suppressed_token_ids)] = True
+                suppressed_ids[key] = mask
+            return suppressed_ids[key]
+
+        def bans_of(
+            N: int, V: int, history: torch.Tensor, pos: torch.Tensor, ngram: torch.Tensor, opts: SearchOptions
+        ) -> torch.Tensor | None:
+            """The n-gram bans as a mask (N, V), found as every search finds them; None where no slot may ask."""
+            if not opts.no_repeat_ngram_size:
+                return None
+            bans = torch.zeros(N, V, device=history.device)
+            ban_repeated_ngrams(bans, history, pos, ngram, opts.no_repeat_ngram_size)
+            return bans
+
         def log_probs(logits: torch.Tensor, rows: RowOptions, opts: SearchOptions) -> torch.Tensor:
             N, V = logits.shape
-            suppressed = torch.zeros(V, dtype=torch.bool, device=logits.device)
-            suppressed[list(opts.suppressed_token_ids)] = True
-            bans = None
-            if opts.no_repeat_ngram_size:  # found as every search finds them, applied inside the kernel
-                bans = torch.zeros(N, V, device=logits.device)
-                ban_repeated_ngrams(bans, rows.history, rows.pos, rows.ngram, opts.no_repeat_ngram_size)
+            bans = bans_of(N, V, rows.history, rows.pos, rows.ngram, opts)
             return triton_step.constrained_log_softmax(
-                logits, rows.pos, rows.max_len, rows.min_len, rows.first_token, suppressed,
+                logits, rows.pos, rows.max_len, rows.min_len, rows.first_token, suppressed(logits.device, V, opts),
                 opts.eos_token_id, opts.forced_eos_token_id, bans,
-            )  # fmt: skip
+            )[0]  # fmt: skip
 
         def self_attention(
             q: torch.Tensor,
@@ -124,5 +140,44 @@ def step_kernels(name: str) -> StepKernels:
         ) -> torch.Tensor:
             return triton_step.slot_self_attention(q, k_new, v_new, k_cache, v_cache, rows_pos, t_len)
 
-        return StepKernels("triton", self_attention, triton_step.slot_cross_attention, log_probs)
+        def fused_log_probs(
+            logits: torch.Tensor, state: SlotState, opts: SearchOptions
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            (N, V), (S, K) = logits.shape, state.search.run_scores.shape
+            t_len = state.search.width
+            bans = None
+            if opts.no_repeat_ngram_size:  # each row's history and options, as the operators' step reads them
+                pos, ngram = (t[:, None].expand(S, K).reshape(N) for t in (state.pos, state.ngram))
+                bans = bans_of(N, V, state.search.run_tokens.view(N, t_len), pos, ngram, opts)
+            found, maxima = triton_step.constrained_log_softmax(
+                logits, state.pos, state.max_len, state.min_len, state.first_token,
+                suppressed(logits.device, V, opts), opts.eos_token_id, opts.forced_eos_token_id, bans,
+                beams=K, block_maxima=True,
+            )  # fmt: skip
+            assert maxima is not None
+            return found, maxima
+
+        def advance(
+            log_probs: torch.Tensor,
+            maxima: torch.Tensor,
+            state: SlotState,
+            norm: torch.Tensor,
+            t_len: int,
+            opts: SearchOptions,
+        ) -> None:
+            triton_step.slot_beam_step(
+                log_probs, maxima, tuple(getattr(state.search, f) for f in BeamState.FIELDS), state.pos,
+                state.max_len, norm, state.early_stopping, state.active, state.finished, state.tokens, state.lineage,
+                t_len, opts.eos_token_id, NEG,
+            )  # fmt: skip
+
+        fused = FusedKernels(
+            triton_step.embed,
+            triton_step.add_layer_norm,
+            triton_step.lineage_self_attention,
+            triton_step.slot_cross_attention,
+            fused_log_probs,
+            advance,
+        )
+        return StepKernels("triton", self_attention, triton_step.slot_cross_attention, log_probs, fused)
     raise ValueError(f"step kernels {name!r}: one of {', '.join(STEP_KERNELS)}")

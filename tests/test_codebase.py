@@ -346,6 +346,7 @@ except SystemExit as e:
     collect = """
 import pytest
 cuda = ["tests/test_cuda.py", "tests/test_slots.py", "tests/test_engine.py", "tests/test_triton.py"]
+cuda.append("tests/test_step_budget.py")
 sys.exit(pytest.main(["-q", "--co", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "cuda or triton", *cuda]))
 """
     for code in (block + scripts, block + collect):

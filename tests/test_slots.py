@@ -248,3 +248,35 @@ def test_a_stale_finished_flag_is_not_taken_for_the_slot_s_next_sentence(tr: Tra
             decoder.launch()
         got.update(decoder.collect())
     assert_same(got[slot], tr.decode_batch([second], opts)[0], "the second sentence")
+
+
+@pytest.mark.cuda
+def test_the_fused_triton_step_graphed_decodes_as_the_operators_eager_step_without_host_sync() -> None:
+    """The Triton set (model/plan.py) compiled, captured in CUDA graphs: the tokens of PyTorch's operators'
+    eager step in float16 (scores within the float16 tolerance above), and no replay waits on the host."""
+    from model.plan import step_kernels
+
+    tr = Translator.load("en-de", "cuda", dtype="float16")
+    texts = read_lines("test_2016_flickr.en.gz", 24)
+    sources = [tr.encode(t) for t in texts]
+    opts = [DecodeOptions(beam_size=4, num_hypotheses=2, no_repeat_ngram_size=i % 3) for i in range(len(texts))]
+    shape = PoolShape(slots=16, beams=4, target_len=96, source_len=96)
+    cuda = torch.device("cuda")
+    eager = SlotDecoder(tr.model, shape, device=cuda)
+    fused = SlotDecoder(tr.model, shape, device=cuda, graphs=True, kernels=step_kernels("triton"))
+    with torch.inference_mode():
+        want = decode_all(eager, sources, opts, join_every=2)
+        got = decode_all(fused, sources, opts, join_every=2)
+        fused.admit(
+            sources[:4], opts[:4], [max_length(o, len(s), 512) for o, s in zip(opts[:4], sources[:4], strict=True)]
+        )
+        fused.launch()
+        fused.collect()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                fused.launch()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    same = sum([h.tokens for h in g] == [h.tokens for h in w] for g, w in zip(got, want, strict=True))
+    assert same == len(want), f"{same} of {len(want)} sentences decode alike"

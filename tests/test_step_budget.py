@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated, at their module's import
 
 from model.kernels import execution, onednn, triton_step
+from model.nn.transformer import Seq2Seq
 
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -74,29 +75,64 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[Kernels]:
         yield counted
 
 
-def step_counts(model_name: str, monkeypatch: pytest.MonkeyPatch, kernels: str) -> Kernels:
-    """One step of a full pool (every slot decoding, beam 4) on the shipped model, the second one (the first
-    makes what is made once: fused weights, masks)."""
-    from model import DecodeOptions, Translator
+def step_counts(model: Seq2Seq, monkeypatch: pytest.MonkeyPatch, kernels: str, sources: list[list[int]]) -> Kernels:
+    """One step of a full pool (every slot decoding, beam 4), the second one (the first makes what is made once:
+    the fused weights, the suppressed ids' mask)."""
+    from model import DecodeOptions
     from model.decode.slot_decoder import PoolShape, SlotDecoder
     from model.plan import step_kernels
 
-    tr = Translator.load(model_name, DEVICE)
     if DEVICE == "cpu":  # the GPU's path: PyTorch's operators, F.linear's GEMMs
-        tr.model.use_plan(execution.PYTORCH.with_(onednn=False))
+        model.use_plan(execution.PYTORCH.with_(onednn=False))
         monkeypatch.setattr(onednn, "LINEAR", None)
-    shape = PoolShape(slots=4, beams=4, target_len=16, source_len=16, ngram_max=0)
-    pool = SlotDecoder(tr.model, shape, device=torch.device(DEVICE), kernels=step_kernels(kernels))
+    shape = PoolShape(slots=len(sources), beams=4, target_len=16, source_len=16, ngram_max=0)
+    pool = SlotDecoder(model, shape, device=torch.device(DEVICE), kernels=step_kernels(kernels))
     with torch.inference_mode():
-        pool.admit([tr.encode("A dog runs.")] * 4, [DecodeOptions(beam_size=4)] * 4, [12] * 4)
+        pool.admit(sources, [DecodeOptions(beam_size=4)] * len(sources), [12] * len(sources))
         pool.launch()
-        t_len, p_len = pool.bucket()
         with counting(monkeypatch) as counted:
-            pool._run(tr.model, pool.state, pool.opts, t_len, p_len)
+            pool.launch()
+    assert pool.state.active.all(), "every slot still decoding: a full step counted"
     return counted
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
-def test_count(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    counted = step_counts("en-de", monkeypatch, kernels)
-    print(kernels, counted.total, sorted(counted.ops.items(), key=lambda kv: -kv[1]))
+def test_the_counter_counts_computing_operators_and_launches_not_views() -> None:
+    counted = Kernels()
+    x = torch.randn(4, 6)
+    with counted:
+        y = x.view(6, 4).t()  # views: nothing launched
+        torch.empty(3)
+        z = (y + 1).relu()
+    assert counted.ops == {"add": 1, "relu": 1} and z.shape == (4, 6)
+
+
+def test_a_step_of_the_fused_gpu_path_launches_at_most_twelve_kernels_a_layer_and_ten_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shipped en-de (3 + 3 layers, post-norm, swish): at most 60 a step, and 12 a decoder layer plus 10; the
+    operators' step launches several times as many (what the fused set replaces)."""
+    from model import Translator
+
+    tr = Translator.load("en-de", DEVICE)
+    sources = [tr.encode("A dog runs through the snow."), tr.encode("Two men play.")] * 2
+    fused = step_counts(tr.model, monkeypatch, "triton", sources)
+    layers = tr.model.cfg.decoder_layers
+    assert fused.total <= 60 and fused.total <= 12 * layers + 10, fused.ops
+    assert fused.ops["linear"] == 6 * layers + 1  # q k v as one GEMM, out, q, out, fc1, fc2 a layer; the logits
+    assert all(fused.ops[f"triton {name}"] for name in triton_step.LAUNCHED)  # each kernel in the step
+    operators = step_counts(tr.model, monkeypatch, "torch", sources)
+    assert operators.total > 4 * fused.total, (operators.total, fused.total)
+
+
+def test_a_pre_norm_model_s_fused_step_keeps_the_same_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """M2M100's and NLLB's layout (pre-norm, the final norm, ReLU), six decoder layers: 12 a layer plus 10."""
+    from model.nn.config import ModelConfig
+
+    cfg = ModelConfig(
+        vocab_size=300, d_model=64, encoder_layers=1, decoder_layers=6, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
+        normalize_before=True, activation="relu", pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+    model = Seq2Seq(cfg).to(DEVICE).eval()
+    counted = step_counts(model, monkeypatch, "triton", [[5, 6, 7, 2], [9, 2], [4, 4, 8, 9, 2]])
+    assert counted.total <= 12 * 6 + 10, counted.ops

@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from model.decode.search import NEG, BeamState, SearchOptions, beam_step, constrain
+from model.decode.search import NEG, BeamState, SearchOptions, beam_step, constrain, length_norms
+from model.kernels.gemm import linear
 from model.nn.blocks import DecoderLayer
-from model.nn.layers import attention
+from model.nn.layers import attention, layer_norm
 from model.nn.transformer import Seq2Seq
 
 
@@ -50,6 +51,9 @@ class SlotState:
     ngram: torch.Tensor  # (S,) no_repeat_ngram_size, 0 off
     first_token: torch.Tensor  # (S,) forced_bos_token_id, -1 none
     finished: torch.Tensor  # (S,) bool: the slot's sentence finished at the last step
+    # (N, T) the cache row holding position t of row n's history, where the fused step reads the cache through it
+    # (FusedKernels: a beam reorder moves these indices, not keys and values); the operators' step copies rows.
+    lineage: torch.Tensor
     # Beam state: (S, K) running and finished scores, (S, K, T) their tokens (search.BeamState).
     search: BeamState
 
@@ -83,6 +87,7 @@ class SlotState:
             ngram=torch.zeros(S, **longs),
             first_token=torch.full((S,), -1, **longs),
             finished=torch.zeros(S, **bools),
+            lineage=torch.arange(N, **longs)[:, None].repeat(1, T),
             search=BeamState(
                 run_scores=torch.zeros(S, K, **floats),
                 run_tokens=torch.full((S, K, T), -1, **longs),
@@ -156,14 +161,31 @@ def torch_log_probs(logits: torch.Tensor, rows: RowOptions, opts: SearchOptions)
 
 
 @dataclass(frozen=True)
+class FusedKernels:
+    """A whole step in a few kernels (model/plan.py's Triton set, model/kernels/triton_step.py), each the math of
+    the operators decode_step runs otherwise: the embedding and its position; each sublayer's residual sum and its
+    LayerNorm; the self-attention from the fused projection, through the cache's lineage; the cross-attention; the
+    constrained log-softmax with each block's greatest log-probability; the beam step with its bookkeeping."""
+
+    embed: Callable[..., torch.Tensor]  # (tokens (N,), pos (S,), weight, table, scale, t_last) -> (N, C)
+    add_layer_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (x, residual, w, b, eps) -> (sum, normed)
+    self_attention: Callable[..., torch.Tensor]  # (qkv (N, 3C), k, v (N, H, T, D), pos, lineage, t_len, K)
+    cross_attention: Callable[..., torch.Tensor]  # as torch_cross_attention
+    log_probs: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (logits, state, opts) -> (log-probs, maxima)
+    advance: Callable[..., None]  # (log-probs, maxima, state, norm (S,), t_len, opts): beam step, bookkeeping
+
+
+@dataclass(frozen=True)
 class StepKernels:
     """What a step computes its attentions and log-probabilities with, each the same math: TORCH_STEP, PyTorch's
-    operators (the reference), or another set the execution plan chooses at load (model/plan.py)."""
+    operators (the reference), or another set the execution plan chooses at load (model/plan.py); with `fused`,
+    the whole step in those kernels (the other three are then the set's per-operator forms)."""
 
     name: str
     self_attention: Callable[..., torch.Tensor]  # as torch_self_attention
     cross_attention: Callable[..., torch.Tensor]  # as torch_cross_attention
     log_probs: Callable[[torch.Tensor, RowOptions, SearchOptions], torch.Tensor]  # as torch_log_probs
+    fused: FusedKernels | None = None
 
 
 TORCH_STEP = StepKernels("torch", torch_self_attention, torch_cross_attention, torch_log_probs)
@@ -188,6 +210,8 @@ def decode_step(
     S, K = state.search.run_scores.shape
     N = S * K
     t_len, p_len = t_len or state.search.width, p_len or state.src_mask.shape[1]
+    if kernels.fused is not None:
+        return _fused_step(model, state, opts, t_len, p_len, kernels.fused)
 
     def per_row(t: torch.Tensor) -> torch.Tensor:
         return t[:, None].expand(S, K).reshape(N)  # (S,) -> (N,)
@@ -271,3 +295,56 @@ def _cross_attention(
     q = layer.cross_attn.project_q(h)  # (N, H, 1, D)
     out = kernels.cross_attention(q[:, :, 0], state.cross_k[i], state.cross_v[i], state.src_mask, p_len)
     return layer.cross_attn.merge_heads(out[:, :, None], residual)
+
+
+def _fused_step(
+    model: Seq2Seq, state: SlotState, opts: SearchOptions, t_len: int, p_len: int, fused: FusedKernels
+) -> None:
+    """decode_step's math in FusedKernels: post-norm LayerNorm(x + f(x)), pre-norm x + f(LayerNorm(x)) with the
+    next norm taken in the same kernel as the sum (the stack's last, the decoder's final norm); the GEMMs as the
+    model's linears compute them."""
+    S = state.search.run_scores.shape[0]
+    weight = (model.target_embed if model.target_embed is not None else model.embed).weight
+    x = fused.embed(state.tokens, state.pos, weight, model.positions.table, model.scale, t_len - 1)  # (N, C)
+    pre = model.cfg.normalize_before
+    norms = [n for layer in model.decoders for n in (layer.norm1, layer.norm2, layer.norm3)]
+    if pre:
+        assert model.decoder_norm is not None  # a pre-norm stack ends with one
+        norms.append(model.decoder_norm)
+    h = layer_norm(norms[0], x) if pre else x  # the first sublayer's input
+    for i, layer in enumerate(model.decoders):
+        parts: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = (
+            partial(_fused_self_attention, fused, layer, i, state, t_len),
+            partial(_fused_cross_attention, fused, layer, i, state, p_len),
+            layer.ffn,
+        )
+        for j, sublayer in enumerate(parts):
+            out = sublayer(h)  # (N, C), the residual not yet added
+            norm = norms[3 * i + j + 1] if pre else norms[3 * i + j]
+            summed, normed = fused.add_layer_norm(out, x, norm.weight, norm.bias, norm.eps)
+            x, h = (summed, normed) if pre else (normed, normed)
+    logits = linear(h, model.output_weight, model.final_logits_bias, int8=model.output_int8())  # (N, V)
+    log_probs, maxima = fused.log_probs(logits, state, opts)
+    lengths = length_norms(state.pos, torch.float32, state.length_penalty).view(S)  # as beam_step's
+    fused.advance(log_probs, maxima, state, lengths, t_len, opts)
+
+
+def _fused_self_attention(
+    fused: FusedKernels, layer: DecoderLayer, i: int, state: SlotState, t_len: int, h: torch.Tensor
+) -> torch.Tensor:
+    """Layer i's self-attention of h (N, C), through the cache's lineage, without the residual."""
+    attn = layer.self_attn
+    out = fused.self_attention(
+        attn.project_qkv(h), state.self_k[i], state.self_v[i], state.pos, state.lineage, t_len, state.beams
+    )  # (N, H, D)
+    return attn.out_proj(out.view(h.shape))
+
+
+def _fused_cross_attention(
+    fused: FusedKernels, layer: DecoderLayer, i: int, state: SlotState, p_len: int, h: torch.Tensor
+) -> torch.Tensor:
+    """Layer i's encoder-decoder attention of h (N, C) over each slot's source, without the residual."""
+    attn = layer.cross_attn
+    q = attn.q_proj(h).view(h.shape[0], attn.heads, -1)  # (N, H, D)
+    out = fused.cross_attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, p_len)
+    return attn.out_proj(out.view(h.shape))
