@@ -21,7 +21,7 @@ with per-row scales, float32 or bfloat16 elsewhere); beamserve-pytorch and beams
 (float32 and int8 in PyTorch's ops only, without the C kernels of model/kernels/native.py); beamserve-segments and
 beamserve-int8-segments (a step's layers as C calls cut at the feed-forward activations, not the one-call step of
 model/nn/c_step.py); beamserve-stepwise and beamserve-int8-stepwise (each beam search step one call and its beam
-step and reorder calls of their own, not a run of steps in one call, Seq2Seq.beam_steps); beamserve-slots
+step and reorder calls of their own, not a run of steps in one call, transformer.c_beam_steps); beamserve-slots
 (the static decode state, model/decode/slot_decoder.py: B slots of K beams refilled as sentences finish; CUDA
 graphs on a GPU); beamserve-slots-compiled (the same, its step through torch.compile's inductor before the
 graphs, compiled in the warm-up pass); beamserve-slots-triton (the same with the Triton step kernels of

@@ -99,85 +99,94 @@ def step_kernels(name: str) -> StepKernels:
     if name == "triton":
         from model.kernels import triton_step  # triton: a GPU's torch has it, the CPU serving install does not
 
-        suppressed_ids: dict[tuple[torch.device, int, tuple[int, ...]], torch.Tensor] = {}
-
-        def suppressed(device: torch.device, V: int, opts: SearchOptions) -> torch.Tensor:
-            """(V,) bool: the ids never generated, made once (before a step is captured: its warm-up makes it)."""
-            key = (device, V, opts.suppressed_token_ids)
-            if key not in suppressed_ids:
-                mask = torch.zeros(V, dtype=torch.bool, device=device)
-                mask[list(opts.suppressed_token_ids)] = True
-                suppressed_ids[key] = mask
-            return suppressed_ids[key]
-
-        def bans_of(
-            N: int, V: int, history: torch.Tensor, pos: torch.Tensor, ngram: torch.Tensor, opts: SearchOptions
-        ) -> torch.Tensor | None:
-            """The n-gram bans as a mask (N, V), found as every search finds them; None where no slot may ask."""
-            if not opts.no_repeat_ngram_size:
-                return None
-            bans = torch.zeros(N, V, device=history.device)
-            ban_repeated_ngrams(bans, history, pos, ngram, opts.no_repeat_ngram_size)
-            return bans
-
-        def log_probs(logits: torch.Tensor, rows: RowOptions, opts: SearchOptions) -> torch.Tensor:
-            N, V = logits.shape
-            bans = bans_of(N, V, rows.history, rows.pos, rows.ngram, opts)
-            return triton_step.constrained_log_softmax(
-                logits, rows.pos, rows.max_len, rows.min_len, rows.first_token, suppressed(logits.device, V, opts),
-                opts.eos_token_id, opts.forced_eos_token_id, bans,
-            )[0]  # fmt: skip
-
-        def self_attention(
-            q: torch.Tensor,
-            k_new: torch.Tensor,
-            v_new: torch.Tensor,
-            k_cache: torch.Tensor,
-            v_cache: torch.Tensor,
-            rows_pos: torch.Tensor,
-            self_mask: torch.Tensor,  # the kernel reads the positions itself
-            t_len: int,
-        ) -> torch.Tensor:
-            return triton_step.slot_self_attention(q, k_new, v_new, k_cache, v_cache, rows_pos, t_len)
-
-        def fused_log_probs(
-            logits: torch.Tensor, state: SlotState, opts: SearchOptions
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            (N, V), (S, K) = logits.shape, state.search.run_scores.shape
-            t_len = state.search.width
-            bans = None
-            if opts.no_repeat_ngram_size:  # each row's history and options, as the operators' step reads them
-                pos, ngram = (t[:, None].expand(S, K).reshape(N) for t in (state.pos, state.ngram))
-                bans = bans_of(N, V, state.search.run_tokens.view(N, t_len), pos, ngram, opts)
-            found, maxima = triton_step.constrained_log_softmax(
-                logits, state.pos, state.max_len, state.min_len, state.first_token,
-                suppressed(logits.device, V, opts), opts.eos_token_id, opts.forced_eos_token_id, bans,
-                beams=K, block_maxima=True,
-            )  # fmt: skip
-            assert maxima is not None
-            return found, maxima
-
-        def advance(
-            log_probs: torch.Tensor,
-            maxima: torch.Tensor,
-            state: SlotState,
-            norm: torch.Tensor,
-            t_len: int,
-            opts: SearchOptions,
-        ) -> None:
-            triton_step.slot_beam_step(
-                log_probs, maxima, tuple(getattr(state.search, f) for f in BeamState.FIELDS), state.pos,
-                state.max_len, norm, state.early_stopping, state.active, state.finished, state.tokens, state.lineage,
-                t_len, opts.eos_token_id, NEG,
-            )  # fmt: skip
-
         fused = FusedKernels(
             triton_step.embed,
             triton_step.add_layer_norm,
             triton_step.lineage_self_attention,
             triton_step.slot_cross_attention,
-            fused_log_probs,
-            advance,
+            _fused_log_probs,
+            _advance,
         )
-        return StepKernels("triton", self_attention, triton_step.slot_cross_attention, log_probs, fused)
+        return StepKernels("triton", _self_attention, triton_step.slot_cross_attention, _log_probs, fused)
     raise ValueError(f"step kernels {name!r}: one of {', '.join(STEP_KERNELS)}")
+
+
+_SUPPRESSED: dict[tuple[torch.device, int, tuple[int, ...]], torch.Tensor] = {}
+
+
+def _suppressed(device: torch.device, V: int, opts: SearchOptions) -> torch.Tensor:
+    """(V,) bool: the ids never generated, made once (before a step is captured: its warm-up makes it)."""
+    key = (device, V, opts.suppressed_token_ids)
+    if key not in _SUPPRESSED:
+        mask = torch.zeros(V, dtype=torch.bool, device=device)
+        mask[list(opts.suppressed_token_ids)] = True
+        _SUPPRESSED[key] = mask
+    return _SUPPRESSED[key]
+
+
+def _bans(
+    N: int, V: int, history: torch.Tensor, pos: torch.Tensor, ngram: torch.Tensor, opts: SearchOptions
+) -> torch.Tensor | None:
+    """The n-gram bans as a mask (N, V), found as every search finds them; None where no slot may ask."""
+    if not opts.no_repeat_ngram_size:
+        return None
+    bans = torch.zeros(N, V, device=history.device)
+    ban_repeated_ngrams(bans, history, pos, ngram, opts.no_repeat_ngram_size)
+    return bans
+
+
+def _log_probs(logits: torch.Tensor, rows: RowOptions, opts: SearchOptions) -> torch.Tensor:
+    """slots.torch_log_probs in Triton's constrained log-softmax."""
+    from model.kernels import triton_step
+
+    N, V = logits.shape
+    bans = _bans(N, V, rows.history, rows.pos, rows.ngram, opts)
+    return triton_step.constrained_log_softmax(
+        logits, rows.pos, rows.max_len, rows.min_len, rows.first_token, _suppressed(logits.device, V, opts),
+        opts.eos_token_id, opts.forced_eos_token_id, bans,
+    )[0]  # fmt: skip
+
+
+def _self_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows_pos: torch.Tensor,
+    self_mask: torch.Tensor,  # the kernel reads the positions itself
+    t_len: int,
+) -> torch.Tensor:
+    """slots.torch_self_attention in Triton."""
+    from model.kernels import triton_step
+
+    return triton_step.slot_self_attention(q, k_new, v_new, k_cache, v_cache, rows_pos, t_len)
+
+
+def _fused_log_probs(logits: torch.Tensor, state: SlotState, opts: SearchOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused step's constrained log-probabilities (each slot's options read for its beams) and block maxima."""
+    from model.kernels import triton_step
+
+    (N, V), (S, K) = logits.shape, state.search.run_scores.shape
+    bans = None
+    if opts.no_repeat_ngram_size:  # each row's history and options, as the operators' step reads them
+        pos, ngram = (t[:, None].expand(S, K).reshape(N) for t in (state.pos, state.ngram))
+        bans = _bans(N, V, state.search.run_tokens.view(N, state.search.width), pos, ngram, opts)
+    found, maxima = triton_step.constrained_log_softmax(
+        logits, state.pos, state.max_len, state.min_len, state.first_token, _suppressed(logits.device, V, opts),
+        opts.eos_token_id, opts.forced_eos_token_id, bans, beams=K, block_maxima=True,
+    )  # fmt: skip
+    assert maxima is not None
+    return found, maxima
+
+
+def _advance(
+    log_probs: torch.Tensor, maxima: torch.Tensor, state: SlotState, norm: torch.Tensor, t_len: int, opts: SearchOptions
+) -> None:
+    """The fused step's beam step and bookkeeping (triton_step.slot_beam_step) over the state's tensors."""
+    from model.kernels import triton_step
+
+    triton_step.slot_beam_step(
+        log_probs, maxima, tuple(getattr(state.search, f) for f in BeamState.FIELDS), state.pos, state.max_len, norm,
+        state.early_stopping, state.active, state.finished, state.tokens, state.lineage, t_len, opts.eos_token_id, NEG,
+    )  # fmt: skip

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from model.decode.align import Link, attention_alignment
+from model import forced
+from model.decode.align import Link
 from model.decode.confidence import ScoringResult
 from model.decode.decoding import generate, pad_batch
-from model.decode.scoring import token_log_probs
 from model.decode.search import Hypothesis, SearchOptions
 from model.decode.slots import StepKernels
 from model.errors import InputTooLongError, InvalidTextError, SourceError, check_text
@@ -28,6 +28,7 @@ from model.kernels import compute_type as compute
 from model.kernels import execution
 from model.kernels.allocator import retain_freed_memory
 from model.kernels.cpus import usable_cpus
+from model.nn.config import ModelConfig
 from model.nn.transformer import Seq2Seq
 from model.options import DecodeOptions, max_length
 from model.plan import execution_plan, step_kernels
@@ -104,26 +105,10 @@ class Translator:
         inter_threads: batches decoded in parallel (CPU only), each by a worker process holding its own
         copy of the model (model/workers.py); `close()` stops them.
         """
-        if inter_threads < 1:
-            raise ValueError(f"inter_threads must be >= 1, got {inter_threads}")
         start = time.perf_counter()
         directory = resolve_model_path(path)
-        dev = torch.device(device) if device is not None else default_device()
-        if inter_threads > 1 and dev.type != "cpu":
-            raise ValueError(f'inter_threads > 1 runs on CPU only (device="cpu"), not {dev.type}')
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {str(dev)!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU")
-        if dtype is not None and compute_type is not None:
-            raise ValueError("give dtype or compute_type, not both")
-        saved = checkpoint.quantization(directory)
-        if saved == "int8" and dtype is None and compute_type in (None, "default") and dev.type == "cpu":
-            compute_type = "int8"  # as CTranslate2: a quantised model's default is the type it was saved in
-        if compute_type is not None:
-            ctype = compute.resolve(compute_type, dev)
-        else:
-            torch_dtype = resolve_dtype(dtype, dev)
-            ctype = compute.ComputeType(compute.named(torch_dtype), torch_dtype, False)
-        torch_dtype = ctype.dtype
+        dev = _device(device, inter_threads)
+        ctype = _compute_type(directory, dev, dtype, compute_type)
         cpus = usable_cpus()
         pool = None
         if inter_threads > 1:  # started first: the workers load their copies while this process loads its own
@@ -132,27 +117,8 @@ class Translator:
                 partial(cls.load, directory, "cpu", compute_type=ctype.name, num_threads=threads),
                 workers=inter_threads,
             )
-        # Ray sets OMP_NUM_THREADS=1 in workers; choose the intra-op thread count explicitly (below).
-        # Until then build on one thread, so that loading starts no OpenMP team in this thread: a server
-        # decodes in another thread (service/engine/engine.py), and with two teams libgomp counts more threads
-        # than CPUs and stops spin-waiting between parallel regions. Every region then waits for a
-        # futex wake-up: requests took 2-2.5x as long on 2 cores (loadtests/bench_threads.py).
         try:
-            torch.set_num_threads(1)
-            if dev.type == "cpu":
-                retain_freed_memory()  # no page faults for each step's logits (model/kernels/allocator.py)
-            elif dev.type == "cuda":
-                # cuDNN's attention builds an execution plan for each new shape, and decoding meets a new
-                # one nearly every step (the cache grows; rows join and leave): the plans cost more than
-                # the steps. Flash / memory-efficient attention need no plan.
-                torch.backends.cuda.enable_cudnn_sdp(False)
-            model = checkpoint.build(directory).to(dev, torch_dtype)
-            if ctype.int8:  # an int8 checkpoint's own weights, else quantised now; their float forms freed
-                compute.quantize_int8(model, model.output_weight, checkpoint.saved_int8(directory))
-                compute.release_float_weights(model, model.output_weight)
-            # Which kernels compute, decided here once, on this one thread: what it compares (the library's
-            # LayerNorm and SiLU against ATen's) gives the same answer at any thread count.
-            model.use_plan(execution_plan(model, dev, ctype.name))
+            model = _build(directory, dev, ctype)
             # The count for this thread and for threads that run torch later (each takes it on first use).
             torch.set_num_threads(num_threads or cpus)
             translator = cls(model, checkpoint.tokenizer(directory), device=dev, name=directory.name)
@@ -201,22 +167,7 @@ class Translator:
         bytes; the int8 form of those that compute in int8), the compute type, and the tokenizer's models
         and vocabulary. Equal digests translate alike (a model quantised at load and its int8 checkpoint
         included); a cache can key on it."""
-        h = hashlib.sha256()
-        tensors = dict(self.model.state_dict())
-        for name, site in compute.int8_sites(self.model, self.model.output_weight).items():
-            q = site.form
-            if q is not None:
-                tensors.pop(name, None)  # its float form is not what the GEMMs read
-                tensors[f"{name}:int8"], tensors[f"{name}:int8{checkpoint.SCALE}"] = q.qweight, q.scale
-        for name, tensor in sorted(tensors.items()):
-            t = tensor.detach().contiguous().cpu()
-            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-        h.update(self.tokenizer.fingerprint())
-        h.update(f"compute_type:{self.compute_type}".encode())  # int8 GEMMs translate differently
-        if self.device.type == "cpu" and self.plan.c:  # the C decode-step kernels' own last bits
-            h.update(b"kernels:c")
-        return h.hexdigest()
+        return content_digest(self.model, self.tokenizer, self.compute_type, self.device.type == "cpu" and self.plan.c)
 
     @property
     def max_source_tokens(self) -> int:
@@ -247,34 +198,11 @@ class Translator:
         tgt_lang: str | None = None,
     ) -> list[list[Link]]:
         """Each target token of each (source, translation) pair linked to the source token it attends to most
-        (model/decode/align.py); a pair with a blank side gets no links. Raises SourceError as `encode` does. A
-        model with language tokens takes both languages, as `translate` does."""
-        out: list[list[Link]] = [[] for _ in pairs]
-        limit = self.max_source_tokens
-        live = []
-        for i, (source, target) in enumerate(pairs):
-            if not source.strip() or not target.strip():
-                continue
-            try:
-                check_text(source)
-                check_text(target)
-            except SourceError as exc:
-                raise type(exc)(exc.reason, i) from None
-            src_ids, src_spans = self.tokenizer.source_spans(source, lang=src_lang)
-            tgt_ids, tgt_spans = self.tokenizer.spans(target, target=True, lang=tgt_lang)
-            if max(len(src_ids), len(tgt_ids)) > limit:
-                raise InputTooLongError(
-                    f"pair has {len(src_ids)} source and {len(tgt_ids)} target tokens; "
-                    f"this model accepts at most {limit}",
-                    i,
-                )
-            live.append((i, src_ids, src_spans, tgt_ids, tgt_spans))
-        for start in range(0, len(live), batch_size):
-            chunk = live[start : start + batch_size]
-            best = attention_alignment(self.model, [c[1] for c in chunk], [c[3] for c in chunk])
-            for (i, _, src_spans, _, tgt_spans), picks in zip(chunk, best, strict=True):
-                out[i] = [Link(t, src_spans[s]) for t, s in zip(tgt_spans, picks, strict=True) if t[0] < t[1]]
-        return out
+        (model/forced.py); a pair with a blank side gets no links. Raises SourceError as `encode` does. A model
+        with language tokens takes both languages, as `translate` does."""
+        return forced.align(
+            self.model, self.tokenizer, pairs, batch_size=batch_size, src_lang=src_lang, tgt_lang=tgt_lang
+        )
 
     def score(
         self,
@@ -285,47 +213,15 @@ class Translator:
         src_lang: str | None = None,
         tgt_lang: str | None = None,
     ) -> list[ScoringResult]:
-        """Each (source, target)'s tokens scored teacher-forced (model/decode/scoring.py), as CTranslate2's
-        score_batch: the log-probability of every target token, </s> included (and, with language tokens,
-        `tgt_lang`'s forced first), their total and length-normalised score; a blank source reads as </s> alone.
-        Raises SourceError for a source or target the model cannot take (the index is the pair's), LanguageError
-        as `translate` does."""
-        if len(sources) != len(targets):
-            raise ValueError(f"{len(sources)} sources and {len(targets)} targets: give one target per source")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not self.tokenizer.languages and (src_lang or tgt_lang):
-            raise LanguageError(
-                f"{self.name or 'this model'} has no language tokens: give neither src_lang nor tgt_lang"
-            )
-        if self.tokenizer.languages and tgt_lang is None:
-            raise LanguageError("this model translates into many languages: name the target language (tgt_lang)")
-        limit, eos = self.max_source_tokens, self.model.cfg.eos_token_id
-        pairs = []
-        for i, (source, target) in enumerate(zip(sources, targets, strict=True)):
-            try:
-                check_text(target)
-                # A blank source is </s> alone (with its language token), as Hugging Face's tokenizer has it.
-                src = self.encode(source, lang=src_lang) or self.tokenizer.encode("", src_lang)
-                tgt = [*self.tokenizer.spans(target, target=True, lang=tgt_lang)[0], eos]
-                if len(tgt) > limit:
-                    raise InputTooLongError(f"the target has {len(tgt)} tokens; this model accepts at most {limit}")
-            except SourceError as exc:
-                raise type(exc)(exc.reason, i) from None
-            pairs.append((src, tgt))
-        out: list[list[float]] = [[] for _ in pairs]
-        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][1]))  # like lengths together: less padding
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            found = token_log_probs(self.model, [pairs[i][0] for i in chunk], [pairs[i][1] for i in chunk])
-            for i, log_probs in zip(chunk, found, strict=True):
-                out[i] = log_probs
-        forced = 1 if tgt_lang is not None else 0
-        names = {i: code for code, i in self.tokenizer.languages.items()}
-        return [
-            ScoringResult([names.get(t) or self.tokenizer.pieces.get(t, "<unk>") for t in tgt], log_probs, forced)
-            for (_, tgt), log_probs in zip(pairs, out, strict=True)
-        ]
+        """Each (source, target)'s tokens scored teacher-forced (model/forced.py), as CTranslate2's score_batch:
+        the log-probability of every target token, </s> included (and, with language tokens, `tgt_lang`'s forced
+        first), their total and length-normalised score; a blank source reads as </s> alone. Raises SourceError
+        for a source or target the model cannot take (the index is the pair's), LanguageError as `translate`
+        does."""
+        return forced.score(
+            self.model, self.codec, self.name, sources, targets, batch_size=batch_size, src_lang=src_lang,
+            tgt_lang=tgt_lang,
+        )  # fmt: skip
 
     def translate(
         self,
@@ -357,7 +253,7 @@ class Translator:
             except SourceError as exc:  # say which text
                 raise type(exc)(exc.reason, i) from None
         hyps = self.translate_ids(sources, opts, progress)
-        return [self._result(h, len(src)) for h, src in zip(hyps, sources, strict=True)]
+        return [_result(self.tokenizer, h, len(src)) for h, src in zip(hyps, sources, strict=True)]
 
     def translate_ids(
         self,
@@ -412,28 +308,106 @@ class Translator:
         return torch.tensor(caps, device=self.device)
 
     def search_options(self, opts: DecodeOptions) -> SearchOptions:
-        cfg = self.model.cfg
-        return SearchOptions(
-            beam_size=opts.beam_size,
-            num_hypotheses=opts.num_hypotheses,
-            length_penalty=opts.length_penalty,
-            min_decoding_length=opts.min_decoding_length,
-            early_stopping=opts.early_stopping,
-            eos_token_id=cfg.eos_token_id,
-            start_token_id=cfg.decoder_start_token_id,
-            suppressed_token_ids=(cfg.pad_token_id,),
-            forced_eos_token_id=cfg.forced_eos_token_id,
-            forced_bos_token_id=opts.forced_bos_token_id,
-            no_repeat_ngram_size=opts.no_repeat_ngram_size,
-        )
+        return search_options(self.model.cfg, opts)
 
-    def _result(self, hyps: list[Hypothesis], source_tokens: int) -> TranslationResult:
-        return TranslationResult(
-            [self.tokenizer.decode(h.tokens) for h in hyps],
-            [h.score for h in hyps],
-            [h.tokens for h in hyps],
-            source_tokens,
-        )
+
+def _result(tokenizer: Tokenizer, hyps: list[Hypothesis], source_tokens: int) -> TranslationResult:
+    return TranslationResult(
+        [tokenizer.decode(h.tokens) for h in hyps], [h.score for h in hyps], [h.tokens for h in hyps], source_tokens
+    )
+
+
+def content_digest(model: Seq2Seq, tokenizer: Tokenizer, compute_type: str, c_kernels: bool) -> str:
+    """Translator.digest: sha256 of every weight as computed with, the compute type, the tokenizer and, with
+    `c_kernels`, the C decode-step kernels' own last bits."""
+    h = hashlib.sha256()
+    tensors = dict(model.state_dict())
+    for name, site in compute.int8_sites(model, model.output_weight).items():
+        q = site.form
+        if q is not None:
+            tensors.pop(name, None)  # its float form is not what the GEMMs read
+            tensors[f"{name}:int8"], tensors[f"{name}:int8{checkpoint.SCALE}"] = q.qweight, q.scale
+    for name, tensor in sorted(tensors.items()):
+        t = tensor.detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    h.update(tokenizer.fingerprint())
+    h.update(f"compute_type:{compute_type}".encode())  # int8 GEMMs translate differently
+    if c_kernels:
+        h.update(b"kernels:c")
+    return h.hexdigest()
+
+
+def search_options(cfg: ModelConfig, opts: DecodeOptions) -> SearchOptions:
+    """A request's decoding options as the search takes them, with what the model fixes (its end, start, padding
+    and forced end tokens)."""
+    return SearchOptions(
+        beam_size=opts.beam_size,
+        num_hypotheses=opts.num_hypotheses,
+        length_penalty=opts.length_penalty,
+        min_decoding_length=opts.min_decoding_length,
+        early_stopping=opts.early_stopping,
+        eos_token_id=cfg.eos_token_id,
+        start_token_id=cfg.decoder_start_token_id,
+        suppressed_token_ids=(cfg.pad_token_id,),
+        forced_eos_token_id=cfg.forced_eos_token_id,
+        forced_bos_token_id=opts.forced_bos_token_id,
+        no_repeat_ngram_size=opts.no_repeat_ngram_size,
+    )
+
+
+def _device(device: str | torch.device | None, inter_threads: int) -> torch.device:
+    """The device a load asked for (the default: default_device()), where it can run `inter_threads` workers."""
+    if inter_threads < 1:
+        raise ValueError(f"inter_threads must be >= 1, got {inter_threads}")
+    dev = torch.device(device) if device is not None else default_device()
+    if inter_threads > 1 and dev.type != "cpu":
+        raise ValueError(f'inter_threads > 1 runs on CPU only (device="cpu"), not {dev.type}')
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(dev)!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU")
+    return dev
+
+
+def _compute_type(
+    directory: Path, dev: torch.device, dtype: str | torch.dtype | None, compute_type: str | None
+) -> compute.ComputeType:
+    """What a load computes in: `compute_type` or `dtype` (not both), else an int8 checkpoint's int8 on CPU (as
+    CTranslate2: a quantised model's default is the type it was saved in), else the device's default."""
+    if dtype is not None and compute_type is not None:
+        raise ValueError("give dtype or compute_type, not both")
+    saved = checkpoint.quantization(directory)
+    if saved == "int8" and dtype is None and compute_type in (None, "default") and dev.type == "cpu":
+        compute_type = "int8"
+    if compute_type is not None:
+        return compute.resolve(compute_type, dev)
+    torch_dtype = resolve_dtype(dtype, dev)
+    return compute.ComputeType(compute.named(torch_dtype), torch_dtype, False)
+
+
+def _build(directory: Path, dev: torch.device, ctype: compute.ComputeType) -> Seq2Seq:
+    """The model on `dev` in `ctype`, its execution plan decided (model/plan.py), built on one intra-op thread.
+
+    Ray sets OMP_NUM_THREADS=1 in workers; the caller chooses the intra-op thread count explicitly after this. Until
+    then the model builds on one thread, so that loading starts no OpenMP team in this thread: a server decodes in
+    another thread (service/engine/engine.py), and with two teams libgomp counts more threads than CPUs and stops
+    spin-waiting between parallel regions. Every region then waits for a futex wake-up: requests took 2-2.5x as
+    long on 2 cores (loadtests/bench_threads.py)."""
+    torch.set_num_threads(1)
+    if dev.type == "cpu":
+        retain_freed_memory()  # no page faults for each step's logits (model/kernels/allocator.py)
+    elif dev.type == "cuda":
+        # cuDNN's attention builds an execution plan for each new shape, and decoding meets a new one nearly every
+        # step (the cache grows; rows join and leave): the plans cost more than the steps. Flash /
+        # memory-efficient attention need no plan.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    model = checkpoint.build(directory).to(dev, ctype.dtype)
+    if ctype.int8:  # an int8 checkpoint's own weights, else quantised now; their float forms freed
+        compute.quantize_int8(model, model.output_weight, checkpoint.saved_int8(directory))
+        compute.release_float_weights(model, model.output_weight)
+    # Which kernels compute, decided here once, on this one thread: what it compares (the library's LayerNorm and
+    # SiLU against ATen's) gives the same answer at any thread count.
+    model.use_plan(execution_plan(model, dev, ctype.name))
+    return model
 
 
 def default_device() -> torch.device:

@@ -6,7 +6,7 @@ import argparse
 import io
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -442,6 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.set_defaults(func=cmd_score)
 
+    _model_commands(sub)
+    return parser
+
+
+def _model_commands(sub: Any) -> None:
+    """The commands that make, convert and fetch models: train, export-hf and the rest."""
     p = sub.add_parser("train", help="train a model on a parallel corpus (resumable)")
     p.add_argument("--data", required=True, help="directory with {train,val}.{lang}[.gz]")
     p.add_argument("--out", required=True, help="run directory (checkpoints, tokenizer, final/)")
@@ -518,8 +524,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model directory or shipped name (en-de, en-fr)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_quantize)
-
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from model.decode.search import Hypothesis, SearchOptions, Stepper, beam_search,
 from model.kernels import native
 from model.kernels.log_softmax import log_softmax_
 from model.nn.kv_cache import CrossCache, KVCache, continue_in_place, fill_holes
-from model.nn.transformer import Seq2Seq
+from model.nn.transformer import Seq2Seq, c_beam_steps
 
 
 class CachedStepper:
@@ -44,10 +44,10 @@ class CachedStepper:
     def beam_steps(
         self, tokens: torch.Tensor, pos: int, advance: native.BeamAdvance, norms: torch.Tensor
     ) -> tuple[int, native.BeamStep, torch.Tensor] | None:
-        """Steps, their beam steps and reorders in one call where the model makes them (Seq2Seq.beam_steps)."""
+        """Steps, their beam steps and reorders in one call where the model makes them (transformer.c_beam_steps)."""
         if not self.model.plan.steps_in_c or self.cache.lineage is None or not self.identity:
             return None
-        return self.model.beam_steps(tokens, pos, self.cache, self.cross, advance, norms)
+        return c_beam_steps(self.model, tokens, pos, self.cache, self.cross, advance, norms)
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
         """Search row i continues search row rows[i]; rows (b * K,) are sentence-major."""

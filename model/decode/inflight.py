@@ -31,7 +31,7 @@ from model.decode.search import (
     length_norms,
 )
 from model.kernels import execution, native
-from model.nn.kv_cache import SMALL_REORDER, CrossCache, continue_in_place, continue_listed, fill_holes
+from model.nn.kv_cache import SMALL_REORDER, CrossCache, KVCache, continue_in_place, continue_listed, fill_holes
 from model.nn.layers import attended_keys
 from model.nn.transformer import Seq2Seq
 
@@ -196,7 +196,7 @@ class InflightBatch:
             return torch.arange(B, B + b, device=self.device)
         used = torch.zeros(self.cross.src_mask.shape[0] + b, dtype=torch.bool, device=self.device)
         if self.groups:
-            used[self._alive()] = True
+            used[alive(self.groups)] = True
         slots = (~used).nonzero()[:b, 0]
         self.cross.place(cross, slots)
         return slots
@@ -265,7 +265,9 @@ class InflightBatch:
                 finished.append((g.keys[i], finished_hypotheses(g.state, i, g.opts)))
             updates[g.opts] = (~done, g.rows.gather(1, src_beam), token)
         if len(finished) == first_finished:
-            self._advance(updates)
+            move = advance_listed if self.rows <= SMALL_REORDER and self.device.type == "cpu" else advance_rows
+            self.tokens = move(self.groups, self.cache, self.positions, updates)
+            self.positions = self.positions + 1
         else:
             self._regroup(updates, advance=True)
         return finished
@@ -280,49 +282,6 @@ class InflightBatch:
             keep = torch.tensor([k not in keys for k in g.keys], dtype=torch.bool, device=self.device)
             updates[opts] = (keep, g.rows, self.tokens[g.rows])
         self._regroup(updates, advance=False)
-
-    def _advance(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        """_regroup when no sentence left: beams move only among their sentence's own rows, so rows in
-        use, each row's sentence and query slot (row_index) stay as they are; positions all advance."""
-        if self.rows <= SMALL_REORDER and self.device.type == "cpu":
-            return self._advance_listed(updates)
-        cache_src = torch.empty(self.rows, dtype=torch.long, device=self.device)  # (N,)
-        tokens = torch.empty_like(cache_src)
-        for opts, (_, src_rows, token) in updates.items():
-            g = self.groups[opts]
-            g.rows = continue_in_place(src_rows, g.rows)  # (b, K) a continuing beam keeps its row
-            cache_src[g.rows.view(-1)] = src_rows.view(-1)
-            tokens[g.rows.view(-1)] = token.view(-1)
-            g.pos = g.pos + 1
-        self.cache.reorder(cache_src, self.positions + 1)  # a moved row copies only as far as it has written
-        self.tokens = tokens
-        self.positions = self.positions + 1
-
-    def _advance_listed(self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        """_advance over Python lists, for a few rows on CPU (a dozen tensor ops cost more than the work): the same
-        rows, tokens and copies. A row a beam moves into is no beam's parent (continue_in_place gives each parent's
-        first child the parent's row), so the copies read rows none of them writes."""
-        tokens = [0] * self.rows
-        moved: list[tuple[int, int]] = []  # (new row, the row it continues) where they differ
-        for opts, (_, src_rows, token) in updates.items():
-            g = self.groups[opts]
-            parents, owned = src_rows.tolist(), g.rows.tolist()
-            placed = [continue_listed(p, r) for p, r in zip(parents, owned, strict=True)]
-            flat_rows, flat_parents = [r for rows in placed for r in rows], [p for ps in parents for p in ps]
-            for row, parent, tok in zip(flat_rows, flat_parents, token.view(-1).tolist(), strict=True):
-                tokens[row] = tok
-                if row != parent:
-                    moved.append((row, parent))
-            g.rows = torch.tensor(placed, dtype=torch.long).view(g.rows.shape)
-            g.pos = g.pos + 1
-        if moved:
-            dest, src = (torch.tensor(rows) for rows in zip(*moved, strict=True))
-            if self.cache.lineage is not None:
-                self.cache.lineage.index_copy_(0, dest, self.cache.lineage[src])
-            else:
-                self.cache.copy(dest, src, self.positions + 1)  # only as far as each row has written
-        self.tokens = torch.tensor(tokens, dtype=torch.long)
-        self.positions = self.positions + 1
 
     def _regroup(
         self, updates: dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], *, advance: bool
@@ -362,52 +321,112 @@ class InflightBatch:
         self._index_rows()
 
     def _compact_sentences(self, *, force: bool = False) -> None:
-        """Drop finished sentences' cross-attention keys/values and renumber the rest.
-
-        Compacting copies every live sentence's keys/values, and sentences finish at nearly every
-        step, so finished ones stay until they are a quarter of the cache or newcomers join (which
-        copies it anyway): no row queries them, and attending over them costs less than the copy.
-        Slotted, nothing is copied as sentences come and go: the slots are compacted only once three
-        quarters of them are free, or the live sentences' sources fit in half the positions.
-        """
+        """Drop finished sentences' cross-attention keys/values and renumber the rest (compact_sources)."""
         if self.cross is None:
             return
         if not self.groups:
             self.cross = None
             self.cache.resize(0, 0)
             return
-        alive = self._alive().sort().values
-        B = self.cross.src_mask.shape[0]
-        if self.slotted:
-            mask = self.cross.src_mask
-            longest = int(mask.index_select(0, alive).sum(-1).max())
-            if 4 * alive.numel() > B and 2 * attended_keys(longest, self.cross.v[0].shape[-1]) > mask.shape[3]:
-                return
-        elif alive.numel() == B or (not force and 4 * (B - alive.numel()) < B):
-            return
-        self.cross.select(alive)
-        self.cross.trim()
-        renumber = torch.full((B,), -1, dtype=torch.long, device=self.device)
-        renumber[alive] = torch.arange(alive.numel(), device=self.device)
-        for g in self.groups.values():
-            g.sentence = renumber[g.sentence]
-
-    def _alive(self) -> torch.Tensor:
-        """(b,) the source keys' index of every running sentence (groups not empty)."""
-        return torch.cat([g.sentence for g in self.groups.values()])
+        compact_sources(self.cross, self.groups, self.slotted, force)
 
     def _index_rows(self) -> None:
         """Per row: its position, and its query slot among its sentence's beams for cross-attention."""
-        if self.cross is None:
+        if self.cross is not None:
+            self.positions = index_rows(self.groups, self.cross, self.rows)
+
+
+Updates = dict[SearchOptions, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # per group: keep, source rows, tokens
+
+
+def advance_rows(
+    groups: dict[SearchOptions, SearchGroup], cache: KVCache, positions: torch.Tensor, updates: Updates
+) -> torch.Tensor:
+    """A step's reorder when no sentence left: beams move only among their sentence's own rows, so rows in use, each
+    row's sentence and query slot (row_index) stay as they are; each group's positions advance. Returns every row's
+    next token (N,); the caller advances the rows' positions."""
+    cache_src = torch.empty(positions.numel(), dtype=torch.long, device=positions.device)  # (N,)
+    tokens = torch.empty_like(cache_src)
+    for opts, (_, src_rows, token) in updates.items():
+        g = groups[opts]
+        g.rows = continue_in_place(src_rows, g.rows)  # (b, K) a continuing beam keeps its row
+        cache_src[g.rows.view(-1)] = src_rows.view(-1)
+        tokens[g.rows.view(-1)] = token.view(-1)
+        g.pos = g.pos + 1
+    cache.reorder(cache_src, positions + 1)  # a moved row copies only as far as it has written
+    return tokens
+
+
+def advance_listed(
+    groups: dict[SearchOptions, SearchGroup], cache: KVCache, positions: torch.Tensor, updates: Updates
+) -> torch.Tensor:
+    """advance_rows over Python lists, for a few rows on CPU (a dozen tensor ops cost more than the work): the same
+    rows, tokens and copies. A row a beam moves into is no beam's parent (continue_in_place gives each parent's
+    first child the parent's row), so the copies read rows none of them writes."""
+    tokens = [0] * positions.numel()
+    moved: list[tuple[int, int]] = []  # (new row, the row it continues) where they differ
+    for opts, (_, src_rows, token) in updates.items():
+        g = groups[opts]
+        parents, owned = src_rows.tolist(), g.rows.tolist()
+        placed = [continue_listed(p, r) for p, r in zip(parents, owned, strict=True)]
+        flat_rows, flat_parents = [r for rows in placed for r in rows], [p for ps in parents for p in ps]
+        for row, parent, tok in zip(flat_rows, flat_parents, token.view(-1).tolist(), strict=True):
+            tokens[row] = tok
+            if row != parent:
+                moved.append((row, parent))
+        g.rows = torch.tensor(placed, dtype=torch.long).view(g.rows.shape)
+        g.pos = g.pos + 1
+    if moved:
+        dest, src = (torch.tensor(rows) for rows in zip(*moved, strict=True))
+        if cache.lineage is not None:
+            cache.lineage.index_copy_(0, dest, cache.lineage[src])
+        else:
+            cache.copy(dest, src, positions + 1)  # only as far as each row has written
+    return torch.tensor(tokens, dtype=torch.long)
+
+
+def alive(groups: dict[SearchOptions, SearchGroup]) -> torch.Tensor:
+    """(b,) the source keys' index of every running sentence (groups not empty)."""
+    return torch.cat([g.sentence for g in groups.values()])
+
+
+def compact_sources(cross: CrossCache, groups: dict[SearchOptions, SearchGroup], slotted: bool, force: bool) -> None:
+    """Drop finished sentences' cross-attention keys/values and renumber the rest, where it pays.
+
+    Compacting copies every live sentence's keys/values, and sentences finish at nearly every step, so finished ones
+    stay until they are a quarter of the cache or newcomers join (`force`: which copies it anyway): no row queries
+    them, and attending over them costs less than the copy. Slotted, nothing is copied as sentences come and go:
+    the slots are compacted only once three quarters of them are free, or the live sentences' sources fit in half
+    the positions.
+    """
+    live = alive(groups).sort().values
+    B = cross.src_mask.shape[0]
+    if slotted:
+        mask = cross.src_mask
+        longest = int(mask.index_select(0, live).sum(-1).max())
+        if 4 * live.numel() > B and 2 * attended_keys(longest, cross.v[0].shape[-1]) > mask.shape[3]:
             return
-        N = self.rows
-        beams = max(g.opts.beam_size for g in self.groups.values())
-        row_index = torch.empty(N, dtype=torch.long, device=self.device)
-        positions = torch.empty(N, dtype=torch.long, device=self.device)
-        for g in self.groups.values():
-            K = g.rows.shape[1]
-            flat = g.rows.view(-1)
-            row_index[flat] = (g.sentence[:, None] * beams + torch.arange(K, device=self.device)).view(-1)
-            positions[flat] = g.pos.repeat_interleave(K)
-        self.cross.row_index, self.cross.beams = row_index, beams
-        self.positions = positions
+    elif live.numel() == B or (not force and 4 * (B - live.numel()) < B):
+        return
+    cross.select(live)
+    cross.trim()
+    renumber = torch.full((B,), -1, dtype=torch.long, device=live.device)
+    renumber[live] = torch.arange(live.numel(), device=live.device)
+    for g in groups.values():
+        g.sentence = renumber[g.sentence]
+
+
+def index_rows(groups: dict[SearchOptions, SearchGroup], cross: CrossCache, N: int) -> torch.Tensor:
+    """Each of the N rows' query slot among its sentence's beams (cross.row_index, for cross-attention); returns
+    each row's position (N,)."""
+    device = cross.src_mask.device
+    beams = max(g.opts.beam_size for g in groups.values())
+    row_index = torch.empty(N, dtype=torch.long, device=device)
+    positions = torch.empty(N, dtype=torch.long, device=device)
+    for g in groups.values():
+        K = g.rows.shape[1]
+        flat = g.rows.view(-1)
+        row_index[flat] = (g.sentence[:, None] * beams + torch.arange(K, device=device)).view(-1)
+        positions[flat] = g.pos.repeat_interleave(K)
+    cross.row_index, cross.beams = row_index, beams
+    return positions

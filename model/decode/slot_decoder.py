@@ -15,12 +15,10 @@ are never rebound, so the graphs keep reading them.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shutil
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,17 +269,9 @@ class SlotDecoder:
                 if (t_len, p_len) not in self._graphs:
                     self._capture(t_len, p_len)
         elif self._compiled is not None:
-            with self._state_kept():
+            with self.state.kept():
                 for t_len, p_len in buckets:
                     self._run(self.model, self.state, self.opts, t_len, p_len)
-
-    @contextlib.contextmanager
-    def _state_kept(self) -> Iterator[None]:
-        """The state as it was before the block, whatever steps the block runs on it."""
-        saved = {name: t.clone() for name, t in self.state.tensors().items()}
-        yield
-        for name, t in self.state.tensors().items():
-            t.copy_(saved[name])
 
     def _capture(self, t_len: int, p_len: int) -> torch.cuda.CUDAGraph:
         """Record bucket (t_len, p_len)'s step as a CUDA graph in the shared pool; the state is left as
@@ -289,7 +279,7 @@ class SlotDecoder:
         assert self._graphs is not None
         step = (self.model, self.state, self.opts, t_len, p_len)
         graph = torch.cuda.CUDAGraph()
-        with self._state_kept():
+        with self.state.kept():
             stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):

@@ -16,7 +16,8 @@ L layers, H heads, D head dim, V vocabulary, C model width.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
@@ -105,6 +106,14 @@ class SlotState:
     @property
     def beams(self) -> int:
         return int(self.search.run_scores.shape[1])
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """The state as it was before the block, whatever steps the block runs on it (a warm-up, a capture)."""
+        saved = {name: t.clone() for name, t in self.tensors().items()}
+        yield
+        for name, t in self.tensors().items():
+            t.copy_(saved[name])
 
 
 def torch_self_attention(

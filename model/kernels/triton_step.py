@@ -370,34 +370,11 @@ def _pick(values, order, eligible, prev_value, prev_order, none):
 
 
 @triton.jit
-def _slot_beam_step(
-    LP,  # (N, V) float32 constrained log-probabilities
-    BMAX,  # (N, NB) float32 each block of CHUNK tokens' greatest
-    RUN_SCORES, RUN_TOKENS, FIN_SCORES, FIN_TOKENS, FIN_FLAGS, IMPROVABLE,  # search.BeamState: (S, K), (S, K, T)..
-    POS, MAX_LEN, NORM, EARLY, ACTIVE, FINISHED,  # (S,): int64, int64, float32, bool, bool, bool
-    TOKENS,  # (N,) int64 each row's next input
-    LIN,  # (N, T) int64 the cache row holding each row's position t
-    V, NB, T, t_len, eos, neg,
-    K: tl.constexpr, KP: tl.constexpr, K2P: tl.constexpr, CHUNK: tl.constexpr, BLOCK_F: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):  # fmt: skip
-    s = tl.program_id(0)
-    if tl.load(ACTIVE + s) == 0:
-        tl.store(FINISHED + s, 0)
-        return
+def _best_blocks(BMAX, RUN_SCORES, s, NB, K: tl.constexpr, K2P: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Slot s's 2K best blocks of CHUNK tokens by their greatest log-probability plus their beam's running score,
+    best first, equal ones by beam then block: each as beam * NB + block (K2P,), 1 << 62 past the 2K."""
     none = 1 << 62
-    pos = tl.load(POS + s)
-    at = tl.minimum(pos, T - 1)  # where the new token goes in a history (search._extend)
-    length_limit = tl.load(MAX_LEN + s) <= pos + 1
-    norm = tl.load(NORM + s)
-    early = tl.load(EARLY + s) != 0
-    improvable = tl.load(IMPROVABLE + s) != 0
-    k1 = tl.arange(0, KP)
-    in_k = k1 < K
     j2 = tl.arange(0, K2P)
-    in_2k = j2 < 2 * K
-    # The 2K best candidates of run_scores[k] + LP[k, v] (best first, equal ones by beam then token): first the 2K
-    # best blocks by their greatest (a candidate among the 2K lies in one), then those blocks' tokens.
     F = K * NB
     blocks = tl.full((K2P,), none, tl.int64)
     prev_value = tl.full((), float("inf"), tl.float32)
@@ -416,6 +393,16 @@ def _slot_beam_step(
             best_at = tl.where(better, found_at, best_at)
         blocks = tl.where(j2 == j, best_at, blocks)
         prev_value, prev_order = best, best_at
+    return blocks
+
+
+@triton.jit
+def _best_candidates(LP, RUN_SCORES, blocks, s, V, NB, K: tl.constexpr, K2P: tl.constexpr, CHUNK: tl.constexpr):
+    """Slot s's 2K best candidates run_scores[k] + LP[k, v] among the tokens of `blocks` (a candidate among the 2K
+    lies in one of the 2K best blocks): their scores and orders k * V + v (K2P,), best first, equal by order."""
+    none = 1 << 62
+    j2 = tl.arange(0, K2P)
+    F = K * NB
     beam_of = blocks // NB
     c = tl.arange(0, CHUNK)
     token = (blocks % NB)[:, None] * CHUNK + c[None, :]  # (K2P, CHUNK)
@@ -434,28 +421,60 @@ def _slot_beam_step(
         top_score = tl.where(j2 == j, best, top_score)
         top_order = tl.where(j2 == j, best_at, top_order)
         prev_value, prev_order = best, best_at
-    top_beam = top_order // V
-    top_token = top_order % V
-    # search.beam_step from here, for this slot: the K best that did not end keep running.
-    hits = (top_token == eos) | length_limit
-    running = top_score + hits.to(tl.float32) * neg
+    return top_score, top_order
+
+
+@triton.jit
+def _merged_parts(
+    merged_from, fin_flags, qualifies, top_beam, top_token, K: tl.constexpr, KP: tl.constexpr, K2P: tl.constexpr
+):
+    """What each merged finished hypothesis (KP,) is: its flag (a finished one's, or whether the candidate
+    qualified) and, for a candidate, its source beam and token."""
+    k1 = tl.arange(0, KP)
+    j2 = tl.arange(0, K2P)
+    from_old = merged_from < K
+    candidate = tl.where(from_old, 0, merged_from - K)  # (KP,)
+    flags = tl.where(
+        from_old,
+        tl.sum(tl.where(k1[None, :] == merged_from[:, None], fin_flags[None, :].to(tl.int32), 0), axis=1),
+        tl.sum(tl.where(j2[None, :] == candidate[:, None], qualifies[None, :].to(tl.int32), 0), axis=1),
+    )
+    beam = tl.sum(tl.where(j2[None, :] == candidate[:, None], top_beam[None, :], 0), axis=1)
+    token = tl.sum(tl.where(j2[None, :] == candidate[:, None], top_token[None, :], 0), axis=1)
+    return flags != 0, beam, token
+
+
+@triton.jit
+def _running(running, top_beam, top_token, K: tl.constexpr, KP: tl.constexpr, K2P: tl.constexpr):
+    """The K best of the 2K candidates' running scores (those that ended at -1e9 below): their scores, source
+    beams and tokens (KP,), best first, equal ones by rank."""
+    none = 1 << 62
+    k1 = tl.arange(0, KP)
+    j2 = tl.arange(0, K2P)
     keep_score = tl.full((KP,), float("-inf"), tl.float32)
     src_beam = tl.zeros((KP,), tl.int64)
     new_token = tl.zeros((KP,), tl.int64)
     prev_value = tl.full((), float("inf"), tl.float32)
     prev_order = tl.full((), -1, tl.int64)
     for j in tl.static_range(K):
-        best, best_at = _pick(running, j2.to(tl.int64), in_2k, prev_value, prev_order, none)
+        best, best_at = _pick(running, j2.to(tl.int64), j2 < 2 * K, prev_value, prev_order, none)
         keep_score = tl.where(k1 == j, best, keep_score)
         src_beam = tl.where(k1 == j, tl.sum(tl.where(j2 == best_at, top_beam, 0), axis=0), src_beam)
         new_token = tl.where(k1 == j, tl.sum(tl.where(j2 == best_at, top_token, 0), axis=0), new_token)
         prev_value, prev_order = best, best_at
-    # The ended among the top K may enter the finished set: the K best of the K finished and the 2K candidates.
-    fin_scores = tl.load(FIN_SCORES + s * K + k1, mask=in_k, other=float("-inf"))
-    fin_flags = tl.load(FIN_FLAGS + s * K + k1, mask=in_k, other=1) != 0
-    all_finished = tl.min(fin_flags.to(tl.int32), axis=0) != 0
-    qualifies = hits & (j2 < K) & improvable & ~(all_finished & early)
-    entering = top_score / norm + (~qualifies).to(tl.float32) * neg
+    return keep_score, src_beam, new_token
+
+
+@triton.jit
+def _merged(fin_scores, entering, K: tl.constexpr, KP: tl.constexpr, K2P: tl.constexpr):
+    """The K best of a slot's K finished scores and its 2K candidates' (fin_scores (KP,), entering (K2P,)), best
+    first, a finished one before a candidate of its score: their scores, and where each is from (< K: finished
+    hypothesis i; K + j: candidate j)."""
+    none = 1 << 62
+    k1 = tl.arange(0, KP)
+    in_k = k1 < K
+    j2 = tl.arange(0, K2P)
+    in_2k = j2 < 2 * K
     merged_score = tl.full((KP,), float("-inf"), tl.float32)
     merged_from = tl.zeros((KP,), tl.int64)  # < K: finished hypothesis i; K + j: candidate j
     prev_value = tl.full((), float("inf"), tl.float32)
@@ -469,18 +488,54 @@ def _slot_beam_step(
         merged_score = tl.where(k1 == j, best, merged_score)
         merged_from = tl.where(k1 == j, best_at, merged_from)
         prev_value, prev_order = best, best_at
+    return merged_score, merged_from
+
+
+@triton.jit
+def _slot_beam_step(
+    LP,  # (N, V) float32 constrained log-probabilities
+    BMAX,  # (N, NB) float32 each block of CHUNK tokens' greatest
+    RUN_SCORES, RUN_TOKENS, FIN_SCORES, FIN_TOKENS, FIN_FLAGS, IMPROVABLE,  # search.BeamState: (S, K), (S, K, T)..
+    POS, MAX_LEN, NORM, EARLY, ACTIVE, FINISHED,  # (S,): int64, int64, float32, bool, bool, bool
+    TOKENS,  # (N,) int64 each row's next input
+    LIN,  # (N, T) int64 the cache row holding each row's position t
+    V, NB, T, t_len, eos, neg,
+    K: tl.constexpr, KP: tl.constexpr, K2P: tl.constexpr, CHUNK: tl.constexpr, BLOCK_F: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    s = tl.program_id(0)
+    if tl.load(ACTIVE + s) == 0:
+        tl.store(FINISHED + s, 0)
+        return
+    pos = tl.load(POS + s)
+    at = tl.minimum(pos, T - 1)  # where the new token goes in a history (search._extend)
+    length_limit = tl.load(MAX_LEN + s) <= pos + 1
+    norm = tl.load(NORM + s)
+    early = tl.load(EARLY + s) != 0
+    improvable = tl.load(IMPROVABLE + s) != 0
+    k1 = tl.arange(0, KP)
+    in_k = k1 < K
+    j2 = tl.arange(0, K2P)
+    # The 2K best candidates of run_scores[k] + LP[k, v] (best first, equal ones by beam then token): first the 2K
+    # best blocks by their greatest (a candidate among the 2K lies in one), then those blocks' tokens.
+    blocks = _best_blocks(BMAX, RUN_SCORES, s, NB, K, K2P, BLOCK_F)
+    top_score, top_order = _best_candidates(LP, RUN_SCORES, blocks, s, V, NB, K, K2P, CHUNK)
+    top_beam = top_order // V
+    top_token = top_order % V
+    # search.beam_step from here, for this slot: the K best that did not end keep running.
+    hits = (top_token == eos) | length_limit
+    keep_score, src_beam, new_token = _running(top_score + hits.to(tl.float32) * neg, top_beam, top_token, K, KP, K2P)
+    # The ended among the top K may enter the finished set: the K best of the K finished and the 2K candidates.
+    fin_scores = tl.load(FIN_SCORES + s * K + k1, mask=in_k, other=float("-inf"))
+    fin_flags = tl.load(FIN_FLAGS + s * K + k1, mask=in_k, other=1) != 0
+    all_finished = tl.min(fin_flags.to(tl.int32), axis=0) != 0
+    qualifies = hits & (j2 < K) & improvable & ~(all_finished & early)
+    entering = top_score / norm + (~qualifies).to(tl.float32) * neg
+    merged_score, merged_from = _merged(fin_scores, entering, K, KP, K2P)
     from_old = merged_from < K
-    candidate = tl.where(from_old, 0, merged_from - K)  # (KP,)
-    merged_flags = (
-        tl.where(
-            from_old,
-            tl.sum(tl.where(k1[None, :] == merged_from[:, None], fin_flags[None, :].to(tl.int32), 0), axis=1),
-            tl.sum(tl.where(j2[None, :] == candidate[:, None], qualifies[None, :].to(tl.int32), 0), axis=1),
-        )
-        != 0
+    merged_flags, candidate_beam, candidate_token = _merged_parts(
+        merged_from, fin_flags, qualifies, top_beam, top_token, K, KP, K2P
     )
-    candidate_beam = tl.sum(tl.where(j2[None, :] == candidate[:, None], top_beam[None, :], 0), axis=1)
-    candidate_token = tl.sum(tl.where(j2[None, :] == candidate[:, None], top_token[None, :], 0), axis=1)
     # Every history this step reads, before any is written.
     t = tl.arange(0, BLOCK_T)
     in_t = t < T

@@ -108,7 +108,7 @@ class Seq2Seq(nn.Module):
     def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """src_ids, src_mask: (B, S) -> memory (B, S, C); src_mask is True on real tokens."""
         S = src_ids.shape[1]
-        self._check_length(S)
+        self.check_length(S)
         x = self.embed_at(src_ids, torch.arange(S, device=src_ids.device))
         encoded = (
             None if self.training else c_encode.run(cast(list[EncoderLayer], list(self.encoder_layers)), x, src_mask)
@@ -128,7 +128,7 @@ class Seq2Seq(nn.Module):
     def decoder_states(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """The last decoder layer's states, teacher-forced, before the output projection: (B, T) -> (B, T, C)."""
         T = tgt_in.shape[1]
-        self._check_length(T)
+        self.check_length(T)
         x = self.embed_at(tgt_in, torch.arange(T, device=tgt_in.device), target=True)
         mask = src_mask[:, None, None, :]
         for layer in self.decoder_layers:
@@ -150,26 +150,6 @@ class Seq2Seq(nn.Module):
         # One fused GEMM + bias: a separate add would make a second pass over the (N, V) logits.
         logits = linear(h, self.output_weight, self.final_logits_bias, int8=q)
         return log_softmax_(logits) if log_probs else logits
-
-    def _output_c(self, rows: int) -> native.LinearC | None:
-        """The output projection as a library struct, where `output(h, log_probs=True)` of `rows` rows would run a C
-        kernel (int8: VNNI, output_int8's plan at that row count; float32: f32_gemm's, where it gives oneDNN's bits)
-        and the C log-softmax, with no final norm: the same calls, made inside the step's one call
-        (c_step.run). Made once per weight form and bias."""
-        q = self.output_int8()
-        bias = self.final_logits_bias
-        if self.decoder_norm is not None or (
-            bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())
-        ):
-            return None
-        form = c_linears.output_form(q, self.output_weight, rows, self.plan)
-        if form is None:
-            return None
-        held = self.__dict__.get("_c_output")
-        if held is None or held[0] is not form or held[1] is not bias:
-            struct, tensors = native.c_linear(form, None if bias is None else bias.detach())
-            held = self.__dict__["_c_output"] = (form, bias, struct, tensors)
-        return held[2]
 
     def output_int8(self) -> Int8Weight | None:
         """The output projection's int8 form (compute_type int8): its own lm_head's, or the model's (OUTPUT_INT8_SLOT)
@@ -270,10 +250,10 @@ class Seq2Seq(nn.Module):
         head_dim = self.cfg.d_model // self.cfg.decoder_attention_heads
         weight = (self.target_embed or self.embed).weight
         if self.plan.attends(weight, head_dim) and not cross.keys_transposed and tokens.is_cpu:
-            return self._step_in_c(tokens, pos, cache, cross, order, log_probs)
+            return c_step_in_c(self, tokens, pos, cache, cross, order, log_probs)
         self_mask = None
         if isinstance(pos, int):
-            self._check_length(pos + 1)
+            self.check_length(pos + 1)
             positions = torch.tensor([pos], device=tokens.device)
             written = max(cache.length, pos + 1)
             visible = cache.visible(written)
@@ -281,7 +261,7 @@ class Seq2Seq(nn.Module):
                 self_mask = torch.arange(visible, device=tokens.device) < written  # (T',)
         else:
             T = cache.reserve(pos)
-            self._check_length(T)
+            self.check_length(T)
             positions = pos[:, None]  # (N, 1)
             columns = torch.arange(cache.visible(T), device=pos.device)
             self_mask = (columns <= positions)[:, None, None, :]  # (N, 1, 1, T')
@@ -291,83 +271,114 @@ class Seq2Seq(nn.Module):
         h = x[:, 0] if order is None else x[:, 0].index_select(0, order)  # (N, C)
         return self.output(h, log_probs=log_probs)
 
-    def _step_in_c(
-        self,
-        tokens: torch.Tensor,
-        pos: int | torch.Tensor,
-        cache: KVCache,
-        cross: CrossCache,
-        order: torch.Tensor | None,
-        log_probs: bool,
-    ) -> torch.Tensor:
-        """decode_step with every attention in C (model/kernels/native.py) and each row as a (C,) vector: no
-        masks, each row reads its own positions. The same operations as the masked path, row by row."""
-        if isinstance(pos, int):
-            self._check_length(pos + 1)
-            cache.open(pos)
-            at = self.positions.table[pos : pos + 1]  # (1, C): every row's sinusoid
-        else:
-            self._check_length(cache.reserve(pos))
-            at = self.positions.table.index_select(0, pos)  # (N, C)
-        weight = (self.target_embed if self.target_embed is not None else self.embed).weight
-        if self.training or weight.dtype != torch.float32:
-            x = dropped(self.dropout, F.embedding(tokens, weight) * self.scale + at)  # (N, C)
-        else:  # the same in one call
-            x = ops.embed(tokens.contiguous(), weight, self.scale, at)
-        row_map = cross.row_map(x.shape[0])
-        # The projection and the log-softmax join the layers' one call where it serves.
-        output = None if self.training or not log_probs or order is not None else self._output_c(x.shape[0])
-        stepped = None if self.training else c_step.run(self.decoders, x, pos, cache, cross, row_map, output)
-        if stepped is None:  # a sublayer not in C at this row count: layer by layer
-            for i, layer in enumerate(self.decoders):
-                x = layer.step(x, i, pos, cache, cross, None, row_map)
-        elif stepped[1]:
-            return stepped[0]  # (N, V) log-probabilities
-        else:
-            x = stepped[0]
-        h = x if order is None else x.index_select(0, order)  # (N, C)
-        return self.output(h, log_probs=log_probs)
-
-    def beam_steps(
-        self,
-        tokens: torch.Tensor,
-        pos: int,
-        cache: KVCache,
-        cross: CrossCache,
-        advance: native.BeamAdvance,
-        norms: torch.Tensor,
-    ) -> tuple[int, native.BeamStep, torch.Tensor] | None:
-        """A beam search's steps from pos (>= 1) while every sentence goes on, each step decode_step's with its
-        log-probabilities, then `advance`, then the lineage's reorder (KVCache.follow) to the rows the new beams
-        continue, all in one library call (native.beam_steps): the calls decode_step makes one at a time where
-        the step is one call (_step_in_c), so the same bits. tokens (N,) as decode_step takes them, replaced by
-        the next step's where the steps went on; norms (S,) each step's `advance` norm, at most S steps, fewer
-        where the cache or the positions end. Returns the steps taken, the last one's `advance` answer and
-        log-probabilities (N, V); None, having computed nothing, where a step would not be one call."""
-        weight = (self.target_embed if self.target_embed is not None else self.embed).weight
-        table = self.positions.table
-        N, steps = tokens.numel(), min(norms.numel(), cache.max_length - pos, table.shape[0] - pos)
-        if (
-            self.training or steps < 1 or pos < 1 or cache.lineage is None or cross.keys_transposed
-            or weight.dtype != torch.float32 or not tokens.is_cpu
-            or not self.plan.attends(weight, self.cfg.d_model // self.cfg.decoder_attention_heads)
-        ):  # fmt: skip
-            return None
-        self._check_length(pos + steps)
-        cache.open(pos)  # every step's position is within the buffer: opening the first opens them all
-        output = self._output_c(N)
-        if output is None:
-            return None
-        layers = c_step.one_call(self.decoders, N, self.cfg.d_model, cache, cross, cross.row_map(N))
-        if layers is None:
-            return None
-        at = table[pos : pos + steps]  # (steps, C)
-        ran = native.beam_steps(*layers, weight, self.scale, at, output, advance, tokens, pos, norms[:steps])
-        cache.length = max(cache.length, pos + ran[0])
-        return ran
-
-    def _check_length(self, length: int) -> None:
+    def check_length(self, length: int) -> None:
+        """ValueError for a sequence of `length` tokens past the model's positions."""
         if length > self.cfg.max_position_embeddings:
             raise ValueError(
                 f"sequence of {length} tokens is longer than the model's {self.cfg.max_position_embeddings} positions"
             )
+
+
+# Seq2Seq's decode step through the library (model/kernels/native.py): the embedding in one call, the decoder
+# layers as c_step makes them, and the output projection with its log-softmax inside the layers' call where it
+# serves; and a beam search's steps while every sentence goes on, as one call (native.beam_steps). decode_step
+# takes this path where the model's plan attends in C; the operations are the masked path's, row by row, so the
+# bits are the same (tests/test_native.py).
+
+
+def c_output(model: Seq2Seq, rows: int) -> native.LinearC | None:
+    """The output projection as a library struct, where `output(h, log_probs=True)` of `rows` rows would run a C
+    kernel (int8: VNNI, output_int8's plan at that row count; float32: f32_gemm's, where it gives oneDNN's bits)
+    and the C log-softmax, with no final norm: the same calls, made inside the step's one call
+    (c_step.run). Made once per weight form and bias."""
+    q = model.output_int8()
+    bias = model.final_logits_bias
+    if model.decoder_norm is not None or (
+        bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())
+    ):
+        return None
+    form = c_linears.output_form(q, model.output_weight, rows, model.plan)
+    if form is None:
+        return None
+    held = model.__dict__.get("_c_output")
+    if held is None or held[0] is not form or held[1] is not bias:
+        struct, tensors = native.c_linear(form, None if bias is None else bias.detach())
+        held = model.__dict__["_c_output"] = (form, bias, struct, tensors)
+    return held[2]
+
+
+def c_step_in_c(
+    model: Seq2Seq,
+    tokens: torch.Tensor,
+    pos: int | torch.Tensor,
+    cache: KVCache,
+    cross: CrossCache,
+    order: torch.Tensor | None,
+    log_probs: bool,
+) -> torch.Tensor:
+    """decode_step with every attention in C (model/kernels/native.py) and each row as a (C,) vector: no
+    masks, each row reads its own positions. The same operations as the masked path, row by row."""
+    if isinstance(pos, int):
+        model.check_length(pos + 1)
+        cache.open(pos)
+        at = model.positions.table[pos : pos + 1]  # (1, C): every row's sinusoid
+    else:
+        model.check_length(cache.reserve(pos))
+        at = model.positions.table.index_select(0, pos)  # (N, C)
+    weight = (model.target_embed if model.target_embed is not None else model.embed).weight
+    if model.training or weight.dtype != torch.float32:
+        x = dropped(model.dropout, F.embedding(tokens, weight) * model.scale + at)  # (N, C)
+    else:  # the same in one call
+        x = ops.embed(tokens.contiguous(), weight, model.scale, at)
+    row_map = cross.row_map(x.shape[0])
+    # The projection and the log-softmax join the layers' one call where it serves.
+    output = None if model.training or not log_probs or order is not None else c_output(model, x.shape[0])
+    stepped = None if model.training else c_step.run(model.decoders, x, pos, cache, cross, row_map, output)
+    if stepped is None:  # a sublayer not in C at this row count: layer by layer
+        for i, layer in enumerate(model.decoders):
+            x = layer.step(x, i, pos, cache, cross, None, row_map)
+    elif stepped[1]:
+        return stepped[0]  # (N, V) log-probabilities
+    else:
+        x = stepped[0]
+    h = x if order is None else x.index_select(0, order)  # (N, C)
+    return model.output(h, log_probs=log_probs)
+
+
+def c_beam_steps(
+    model: Seq2Seq,
+    tokens: torch.Tensor,
+    pos: int,
+    cache: KVCache,
+    cross: CrossCache,
+    advance: native.BeamAdvance,
+    norms: torch.Tensor,
+) -> tuple[int, native.BeamStep, torch.Tensor] | None:
+    """A beam search's steps from pos (>= 1) while every sentence goes on, each step decode_step's with its
+    log-probabilities, then `advance`, then the lineage's reorder (KVCache.follow) to the rows the new beams
+    continue, all in one library call (native.beam_steps): the calls decode_step makes one at a time where
+    the step is one call (c_step_in_c), so the same bits. tokens (N,) as decode_step takes them, replaced by
+    the next step's where the steps went on; norms (S,) each step's `advance` norm, at most S steps, fewer
+    where the cache or the positions end. Returns the steps taken, the last one's `advance` answer and
+    log-probabilities (N, V); None, having computed nothing, where a step would not be one call."""
+    weight = (model.target_embed if model.target_embed is not None else model.embed).weight
+    table = model.positions.table
+    N, steps = tokens.numel(), min(norms.numel(), cache.max_length - pos, table.shape[0] - pos)
+    if (
+        model.training or steps < 1 or pos < 1 or cache.lineage is None or cross.keys_transposed
+        or weight.dtype != torch.float32 or not tokens.is_cpu
+        or not model.plan.attends(weight, model.cfg.d_model // model.cfg.decoder_attention_heads)
+    ):  # fmt: skip
+        return None
+    model.check_length(pos + steps)
+    cache.open(pos)  # every step's position is within the buffer: opening the first opens them all
+    output = c_output(model, N)
+    if output is None:
+        return None
+    layers = c_step.one_call(model.decoders, N, model.cfg.d_model, cache, cross, cross.row_map(N))
+    if layers is None:
+        return None
+    at = table[pos : pos + steps]  # (steps, C)
+    ran = native.beam_steps(*layers, weight, model.scale, at, output, advance, tokens, pos, norms[:steps])
+    cache.length = max(cache.length, pos + ran[0])
+    return ran

@@ -111,14 +111,10 @@ def _autocast(device: torch.device) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
-def train(cfg: TrainConfig) -> Path:
-    """Train, resuming from out_dir/last.pt when it exists; returns the final model directory."""
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    tok, train_pairs, val_pairs = prepare_data(cfg)
+def _model_config(cfg: TrainConfig, tok: Any) -> ModelConfig:
+    """The preset's model over the tokenizer's vocabulary, with the run's dropout and extra settings."""
     overrides = {"dropout": cfg.dropout, **cfg.extra}
-    mcfg = ModelConfig.from_dict(
+    return ModelConfig.from_dict(
         {
             **preset(cfg.preset, len(tok)).to_dict(),
             **overrides,
@@ -127,18 +123,13 @@ def train(cfg: TrainConfig) -> Path:
             "decoder_start_token_id": tok.pad_id,
         }
     )
-    model = Seq2Seq(mcfg).to(device).train()
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+
+
+def _resumed(last: Path, model: Seq2Seq, opt: torch.optim.Optimizer, device: torch.device) -> dict[str, Any]:
+    """The run's progress: from `last` (the model, the optimizer and the random state restored) where it exists."""
     state: dict[str, Any] = {
-        "epoch": 0,
-        "batch": 0,
-        "step": 0,
-        "best_val": float("inf"),
-        "bad_epochs": 0,
-        "history": [],
-        "seconds": 0.0,
-    }
-    last = cfg.out_dir / "last.pt"
+        "epoch": 0, "batch": 0, "step": 0, "best_val": float("inf"), "bad_epochs": 0, "history": [], "seconds": 0.0,
+    }  # fmt: skip
     if last.exists():
         saved = torch.load(last, map_location=device, weights_only=False)
         model.load_state_dict(saved["model"])
@@ -146,6 +137,35 @@ def train(cfg: TrainConfig) -> Path:
         state = saved["state"]
         torch.set_rng_state(saved["rng"])
         print(f"resumed from {last}: epoch {state['epoch']}, step {state['step']}", flush=True)
+    return state
+
+
+def _step(
+    model: Seq2Seq, opt: torch.optim.Optimizer, batch: Any, cfg: TrainConfig, step: int, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """One optimiser step on `batch` at the warm-up schedule's rate: its summed loss and token count."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps)
+    with _autocast(device):
+        loss, n = loss_fn(model, batch, cfg.label_smoothing)
+    opt.zero_grad(set_to_none=True)
+    (loss / n).backward()  # type: ignore[no-untyped-call]
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss, n
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Train, resuming from out_dir/last.pt when it exists; returns the final model directory."""
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tok, train_pairs, val_pairs = prepare_data(cfg)
+    mcfg = _model_config(cfg, tok)
+    model = Seq2Seq(mcfg).to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
+    last = cfg.out_dir / "last.pt"
+    state = _resumed(last, model, opt, device)
     params = sum(p.numel() for p in model.parameters())
     print(
         f"model {cfg.preset}: {params / 1e6:.1f}M parameters, vocab {len(tok)}, {len(train_pairs)} training pairs, "
@@ -169,14 +189,7 @@ def train(cfg: TrainConfig) -> Path:
         for i, idx in iterate(batches, state["batch"]):
             batch = collate([train_pairs[j] for j in idx], mcfg.pad_token_id, mcfg.decoder_start_token_id, device)
             state["step"] += 1
-            for group in opt.param_groups:
-                group["lr"] = lr_at(state["step"], cfg.lr, cfg.warmup_steps)
-            with _autocast(device):
-                loss, n = loss_fn(model, batch, cfg.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            (loss / n).backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            loss, n = _step(model, opt, batch, cfg, state["step"], device)
             tokens_seen += n
             state["batch"] = i + 1
             bar.update(1)
