@@ -132,7 +132,7 @@ def _bans(
         return None
     bans = torch.zeros(N, V, device=history.device)
     ban_repeated_ngrams(bans, history, pos, ngram, opts.no_repeat_ngram_size)
-    return bans
+    return bans.isinf()
 
 
 def _log_probs(logits: torch.Tensor, rows: RowOptions, opts: SearchOptions) -> torch.Tensor:
@@ -167,11 +167,13 @@ def _fused_log_probs(logits: torch.Tensor, state: SlotState, opts: SearchOptions
     """The fused step's constrained log-probabilities (each slot's options read for its beams) and block maxima."""
     from model.kernels import triton_step
 
-    (N, V), (S, K) = logits.shape, state.search.run_scores.shape
+    (N, V), K = logits.shape, state.beams
     bans = None
-    if opts.no_repeat_ngram_size:  # each row's history and options, as the operators' step reads them
-        pos, ngram = (t[:, None].expand(S, K).reshape(N) for t in (state.pos, state.ngram))
-        bans = _bans(N, V, state.search.run_tokens.view(N, state.search.width), pos, ngram, opts)
+    if opts.no_repeat_ngram_size:  # found as every search finds them, each row by its slot's size
+        history = state.search.run_tokens.view(N, state.search.width)
+        bans = triton_step.ngram_bans(
+            history, state.pos, state.ngram, state.bans, state.banned, opts.no_repeat_ngram_size
+        )
     found, maxima = triton_step.constrained_log_softmax(
         logits, state.pos, state.max_len, state.min_len, state.first_token, _suppressed(logits.device, V, opts),
         opts.eos_token_id, opts.forced_eos_token_id, bans, beams=K, block_maxima=True,

@@ -69,13 +69,16 @@ class Launches:
 @contextmanager
 def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[Kernels]:
     counted = Kernels()
-    for name in triton_step.LAUNCHED:
-        monkeypatch.setattr(triton_step, name, Launches(name, getattr(triton_step, name), counted))
-    with counted:
-        yield counted
+    with monkeypatch.context() as patched:  # each count wraps the kernels themselves, and unwraps them after
+        for name in triton_step.LAUNCHED:
+            patched.setattr(triton_step, name, Launches(name, getattr(triton_step, name), counted))
+        with counted:
+            yield counted
 
 
-def step_counts(model: Seq2Seq, monkeypatch: pytest.MonkeyPatch, kernels: str, sources: list[list[int]]) -> Kernels:
+def step_counts(
+    model: Seq2Seq, monkeypatch: pytest.MonkeyPatch, kernels: str, sources: list[list[int]], ngram: int = 0
+) -> Kernels:
     """One step of a full pool (every slot decoding, beam 4), the second one (the first makes what is made once:
     the fused weights, the suppressed ids' mask)."""
     from model import DecodeOptions
@@ -85,10 +88,11 @@ def step_counts(model: Seq2Seq, monkeypatch: pytest.MonkeyPatch, kernels: str, s
     if DEVICE == "cpu":  # the GPU's path: PyTorch's operators, F.linear's GEMMs
         model.use_plan(execution.PYTORCH.with_(onednn=False))
         monkeypatch.setattr(onednn, "LINEAR", None)
-    shape = PoolShape(slots=len(sources), beams=4, target_len=16, source_len=16, ngram_max=0)
+    shape = PoolShape(slots=len(sources), beams=4, target_len=16, source_len=16, ngram_max=ngram)
     pool = SlotDecoder(model, shape, device=torch.device(DEVICE), kernels=step_kernels(kernels))
     with torch.inference_mode():
-        pool.admit(sources, [DecodeOptions(beam_size=4)] * len(sources), [12] * len(sources))
+        opts = DecodeOptions(beam_size=4, no_repeat_ngram_size=ngram)
+        pool.admit(sources, [opts] * len(sources), [12] * len(sources))
         pool.launch()
         with counting(monkeypatch) as counted:
             pool.launch()
@@ -119,9 +123,11 @@ def test_a_step_of_the_fused_gpu_path_launches_at_most_twelve_kernels_a_layer_an
     layers = tr.model.cfg.decoder_layers
     assert fused.total <= 60 and fused.total <= 12 * layers + 10, fused.ops
     assert fused.ops["linear"] == 6 * layers + 1  # q k v as one GEMM, out, q, out, fc1, fc2 a layer; the logits
-    assert all(fused.ops[f"triton {name}"] for name in triton_step.LAUNCHED)  # each kernel in the step
+    assert all(fused.ops[f"triton {n}"] for n in triton_step.LAUNCHED if n != "_ngram_bans")  # each in the step
     operators = step_counts(tr.model, monkeypatch, "torch", sources)
     assert operators.total > 4 * fused.total, (operators.total, fused.total)
+    banning = step_counts(tr.model, monkeypatch, "triton", sources, ngram=3)  # n-gram bans: one launch more
+    assert banning.total == fused.total + 1 and banning.ops["triton _ngram_bans"] == 1, banning.ops
 
 
 def test_a_pre_norm_model_s_fused_step_keeps_the_same_budget(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -158,6 +158,25 @@ def test_the_log_softmax_reads_a_slot_s_options_for_its_beams_and_gives_each_blo
     assert maxima is not None and torch.equal(maxima, padded.view(S * K, 3, 32).amax(-1))
 
 
+def test_ngram_bans_are_the_search_s_bans_and_the_last_call_s_are_lifted() -> None:
+    """Histories of few tokens (n-grams recur), slots of n-gram sizes 0, 2 and 3 at several positions, two calls
+    in a row on the same buffers: each time exactly search.ban_repeated_ngrams's bans."""
+    from model.decode.search import ban_repeated_ngrams
+
+    g = torch.Generator().manual_seed(9)
+    S, K, T, V = 3, 2, 12, 10
+    bans = torch.zeros(S * K, V, dtype=torch.bool, device=DEVICE)
+    banned = torch.full((S * K, T), -1, dtype=torch.long, device=DEVICE)
+    ngram = torch.tensor([0, 2, 3], device=DEVICE)
+    for pos in (torch.tensor([7, 9, 11]), torch.tensor([3, 12, 6])):  # the second: a slot at T, as finished ones
+        history = torch.randint(0, 4, (S * K, T), generator=g)
+        history[torch.arange(T)[None, :] >= pos.repeat_interleave(K)[:, None]] = -1
+        want = torch.zeros(S * K, V)
+        ban_repeated_ngrams(want, history, pos.repeat_interleave(K), ngram.repeat_interleave(K), 3)
+        got = triton_step.ngram_bans(history.to(DEVICE), pos.to(DEVICE), ngram, bans, banned, 3)
+        assert torch.equal(got.cpu(), want.isinf()) and want.isinf().any()
+
+
 def test_embed_is_the_model_s_embedding_times_its_scale_plus_the_position_s_sinusoid() -> None:
     g = torch.Generator().manual_seed(6)
     weight, table = torch.randn(50, 24, generator=g).to(DEVICE), torch.randn(40, 24, generator=g).to(DEVICE)

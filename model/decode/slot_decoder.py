@@ -66,8 +66,9 @@ class SlotDecoder:
         # One position past the longest bucket, which no step reads: every bucket's views of the state are then
         # strided alike, none the whole (contiguous) tensor, so inductor compiles one graph for all, not four.
         self.state = SlotState.allocate(
-            model, shape.slots, shape.beams, shape.target_len + SPARE, shape.source_len + SPARE, device=device
-        )
+            model, shape.slots, shape.beams, shape.target_len + SPARE, shape.source_len + SPARE, device=device,
+            bans=shape.ngram_max > 0,
+        )  # fmt: skip
         # What the model fixes; no_repeat_ngram_size bounds the slots' own sizes (slots.decode_step).
         self.opts = SearchOptions(
             eos_token_id=cfg.eos_token_id,

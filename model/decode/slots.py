@@ -55,13 +55,26 @@ class SlotState:
     # (N, T) the cache row holding position t of row n's history, where the fused step reads the cache through it
     # (FusedKernels: a beam reorder moves these indices, not keys and values); the operators' step copies rows.
     lineage: torch.Tensor
+    # The fused step's n-gram bans: (N, V) bool each row's banned tokens now, and (N, T) the tokens it banned (-1:
+    # none), which its next step clears first; (0, V) and (0, T) in a pool that bans none.
+    bans: torch.Tensor
+    banned: torch.Tensor
     # Beam state: (S, K) running and finished scores, (S, K, T) their tokens (search.BeamState).
     search: BeamState
 
     @classmethod
     def allocate(
-        cls, model: Seq2Seq, slots: int, beams: int, target_len: int, source_len: int, *, device: torch.device
+        cls,
+        model: Seq2Seq,
+        slots: int,
+        beams: int,
+        target_len: int,
+        source_len: int,
+        *,
+        device: torch.device,
+        bans: bool = False,
     ) -> SlotState:
+        """`bans`: the pool hosts n-gram bans (the fused step's buffers for them are allocated)."""
         cfg = model.cfg
         L, H = cfg.decoder_layers, cfg.decoder_attention_heads
         D, dtype = cfg.d_model // H, model.embed.weight.dtype
@@ -89,6 +102,8 @@ class SlotState:
             first_token=torch.full((S,), -1, **longs),
             finished=torch.zeros(S, **bools),
             lineage=torch.arange(N, **longs)[:, None].repeat(1, T),
+            bans=torch.zeros(N if bans else 0, cfg.decoder_vocab_size, **bools),
+            banned=torch.full((N if bans else 0, T), -1, **longs),
             search=BeamState(
                 run_scores=torch.zeros(S, K, **floats),
                 run_tokens=torch.full((S, K, T), -1, **longs),

@@ -14,6 +14,8 @@ computes what the step's PyTorch operators compute there, in one launch instead 
   n-gram bans given as a mask, suppressed ids, each slot's minimum length, forced first token and forced
   end) in two passes over each row, where PyTorch makes a pass for each; and each block of CHUNK tokens'
   greatest log-probability, which the beam step ranks first.
+- `ngram_bans`: search.ban_repeated_ngrams as a (N, V) mask kept in the state, each row's last bans lifted
+  first, so a row touches as many entries as it has positions, not its vocabulary.
 - `embed`: the token embedding times its scale plus the position's sinusoid (Seq2Seq.embed_at).
 - `slot_beam_step`: search.beam_step for every active slot (the 2K best candidates by the block maxima then
   those blocks' tokens, the K that run on, the finished set merged, length penalty, early stopping) and the
@@ -237,7 +239,7 @@ def _constrained_log_softmax(
     POS, MAX_LEN, MIN_LEN, FIRST,  # (N // beams,) int64 each, read as row // beams: tokens so far, limit, minimum,
     # forced first (-1: none)
     SUPPRESSED,  # (V,) bool: never generated
-    BANS,  # (N, V) float32, 0 or -inf: each row's banned tokens (HAS_BANS)
+    BANS,  # (N, V) bool (as int8): each row's banned tokens (HAS_BANS)
     BMAX,  # (N, ceil(V / CHUNK)) float32: each block of CHUNK tokens' greatest log-probability (HAS_BMAX)
     beams, V, eos, forced_eos,  # forced_eos -1: none
     BLOCK_V: tl.constexpr, HAS_BANS: tl.constexpr, HAS_BMAX: tl.constexpr, CHUNK: tl.constexpr,
@@ -265,7 +267,7 @@ def _constrained_log_softmax(
         inside = cols < V
         y = tl.load(x_row + cols, mask=inside, other=0.0).to(tl.float32) - log_total
         if HAS_BANS:  # before the forced tokens, which override a ban as constrain orders them
-            y += tl.load(BANS + row * V + cols, mask=inside, other=0.0)
+            y = tl.where(tl.load(BANS + row * V + cols, mask=inside, other=0) != 0, float("-inf"), y)
         y = tl.where(tl.load(SUPPRESSED + cols, mask=inside, other=0) != 0, float("-inf"), y)
         y = tl.where(too_early & (cols == eos), float("-inf"), y)
         # A forced token: every other -inf, its log-probability 0; the forced end last, as constrain orders them.
@@ -294,8 +296,8 @@ def constrained_log_softmax(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits (N, V)) in float32 with search.constrain's constraints, each row n by its slot's (N //
     beams,) int64 position, length limit, minimum length and forced first token (-1: none), read at n // beams
-    (beams 1: a row's own); suppressed (V,) bool; bans (N, V) float32, 0 or -inf (the n-gram bans, found by
-    search.ban_repeated_ngrams) or None. -> the log-probabilities (N, V) float32, and with `block_maxima` each
+    (beams 1: a row's own); suppressed (V,) bool; bans (N, V) bool (the n-gram bans: ngram_bans, or
+    search.ban_repeated_ngrams's) or None. -> the log-probabilities (N, V) float32, and with `block_maxima` each
     block of CHUNK tokens' greatest (N, ceil(V / CHUNK)) float32 (else None)."""
     N, V = logits.shape
     rows = (pos, max_len, min_len, first_token)
@@ -303,14 +305,14 @@ def constrained_log_softmax(
         raise ValueError(f"constrained_log_softmax: (N // beams,) int64 options and a (V,) mask for logits {(N, V)}")
     if suppressed.dtype != torch.bool:
         raise ValueError("constrained_log_softmax: a bool mask of suppressed ids")
-    if bans is not None and (bans.shape != (N, V) or bans.dtype != torch.float32):
-        raise ValueError(f"constrained_log_softmax: bans (N, V) float32 for logits {(N, V)}")
+    if bans is not None and (bans.shape != (N, V) or bans.dtype != torch.bool):
+        raise ValueError(f"constrained_log_softmax: bans (N, V) bool for logits {(N, V)}")
     logits = logits.contiguous()
     out = torch.empty(N, V, dtype=torch.float32, device=logits.device)
     maxima = torch.empty(N, -(-V // CHUNK), dtype=torch.float32, device=logits.device) if block_maxima else None
     _constrained_log_softmax[(N,)](
         logits, out, *(t.contiguous() for t in rows), suppressed.contiguous(),
-        out if bans is None else bans.contiguous(), out if maxima is None else maxima,
+        suppressed if bans is None else bans.contiguous().view(torch.int8), out if maxima is None else maxima,
         beams, V, eos, -1 if forced_eos is None else forced_eos,
         BLOCK_V=max(CHUNK, min(4096, triton.next_power_of_2(V))), HAS_BANS=bans is not None,
         HAS_BMAX=maxima is not None, CHUNK=CHUNK,
@@ -319,6 +321,55 @@ def constrained_log_softmax(
 
 
 CHUNK = 32  # the tokens of a block whose greatest log-probability the beam step ranks first
+
+
+@triton.jit
+def _ngram_bans(
+    HISTORY,  # (N, T) int64 each row's generated tokens, -1 past them
+    POS, NGRAM,  # (N // beams,) int64 each: tokens generated, n-gram size (0: none), read as row // beams
+    BANS,  # (N, V) bool (as int8): each row's banned tokens, rewritten
+    BANNED,  # (N, T) int64 the tokens this row banned at its last call (-1: none), rewritten
+    beams, T, V,
+    N_MAX: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    t = tl.arange(0, BLOCK_T)
+    in_t = t < T
+    old = tl.load(BANNED + row * T + t, mask=in_t, other=-1)
+    tl.store(BANS + row * V + old, 0, mask=in_t & (old >= 0))  # the last call's bans lifted
+    pos = tl.load(POS + row // beams)
+    n = tl.load(NGRAM + row // beams)
+    history = HISTORY + row * T
+    # An earlier n-gram whose first n - 1 tokens are the row's last n - 1 bans its last token.
+    match = in_t & (t <= pos - n) & (t * 0 + n > 0)  # (BLOCK_T,): the slot's size broadcast to the lanes
+    for w in tl.static_range(N_MAX - 1):
+        tail = tl.load(history + tl.minimum(tl.maximum(pos - (n - 1) + w, 0), T - 1))
+        here = tl.load(history + t + w, mask=t + w < T, other=-2)
+        match = match & ((here == tail) | (t * 0 + w >= n - 1))
+    banned = tl.load(history + t + tl.maximum(n - 1, 0), mask=match, other=-1)
+    banned = tl.where(match, banned, -1)
+    tl.debug_barrier()
+    tl.store(BANS + row * V + banned, 1, mask=match)
+    tl.store(BANNED + row * T + t, banned, mask=in_t)
+
+
+def ngram_bans(
+    history: torch.Tensor, pos: torch.Tensor, ngram: torch.Tensor, bans: torch.Tensor, banned: torch.Tensor, n_max: int
+) -> torch.Tensor:
+    """search.ban_repeated_ngrams as a mask: bans (N, V) bool set, in place, where a token would complete an n-gram
+    its row generated (history (N, T), each slot's (N // beams,) int64 position and n-gram size, at most n_max),
+    the last call's bans (banned (N, T), which it rewrites) lifted first: each row touches T entries, not V."""
+    N, T = history.shape
+    V = bans.shape[1]
+    if bans.shape != (N, V) or banned.shape != (N, T) or bans.dtype != torch.bool or banned.dtype != torch.int64:
+        raise ValueError(f"ngram_bans: (N, V) bool bans and (N, T) int64 banned for a history {(N, T)}")
+    if pos.shape != ngram.shape or N % pos.shape[0] or not all(t.is_contiguous() for t in (history, bans, banned)):
+        raise ValueError("ngram_bans: contiguous tensors, one position and n-gram size a slot")
+    _ngram_bans[(N,)](
+        history, pos, ngram, bans.view(torch.int8), banned, N // pos.shape[0], T, V,
+        N_MAX=max(n_max, 2), BLOCK_T=triton.next_power_of_2(T),
+    )  # fmt: skip
+    return bans
 
 
 @triton.jit
@@ -410,14 +461,15 @@ def _best_candidates(LP, RUN_SCORES, blocks, s, V, NB, K: tl.constexpr, K2P: tl.
     score = tl.load(LP + (s * K + beam_of)[:, None] * V + token, mask=valid, other=float("-inf"))
     score += tl.load(RUN_SCORES + s * K + beam_of, mask=blocks < F, other=0.0)[:, None]
     order = tl.where(valid, beam_of[:, None] * V + token, none)
+    flat_score = tl.reshape(score, (K2P * CHUNK,))
+    flat_order = tl.reshape(order, (K2P * CHUNK,))
+    flat_valid = tl.reshape(valid, (K2P * CHUNK,))
     top_score = tl.full((K2P,), float("-inf"), tl.float32)
     top_order = tl.full((K2P,), 0, tl.int64)
     prev_value = tl.full((), float("inf"), tl.float32)
     prev_order = tl.full((), -1, tl.int64)
     for j in tl.static_range(2 * K):
-        after = valid & ((score < prev_value) | ((score == prev_value) & (order > prev_order)))
-        best = tl.max(tl.max(tl.where(after, score, float("-inf")), axis=1), axis=0)
-        best_at = tl.min(tl.min(tl.where(after & (score == best), order, none), axis=1), axis=0)
+        best, best_at = _pick(flat_score, flat_order, flat_valid, prev_value, prev_order, none)
         top_score = tl.where(j2 == j, best, top_score)
         top_order = tl.where(j2 == j, best_at, top_order)
         prev_value, prev_order = best, best_at
@@ -618,5 +670,5 @@ def slot_beam_step(
 # launches wraps (tests/test_step_budget.py).
 LAUNCHED = (
     "_add_layer_norm", "_slot_self_attention", "_slot_cross_attention", "_constrained_log_softmax", "_embed",
-    "_slot_beam_step",
+    "_slot_beam_step", "_ngram_bans",
 )  # fmt: skip
