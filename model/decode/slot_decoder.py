@@ -67,7 +67,7 @@ class SlotDecoder:
         # strided alike, none the whole (contiguous) tensor, so inductor compiles one graph for all, not four.
         self.state = SlotState.allocate(
             model, shape.slots, shape.beams, shape.target_len + SPARE, shape.source_len + SPARE, device=device,
-            bans=shape.ngram_max > 0,
+            bans=shape.ngram_max > 0 and kernels.fused is not None,  # the fused step's mask: V bytes a row
         )  # fmt: skip
         # What the model fixes; no_repeat_ngram_size bounds the slots' own sizes (slots.decode_step).
         self.opts = SearchOptions(
