@@ -198,6 +198,20 @@ def test_steps_read_the_smallest_bucket_that_holds_every_busy_slot(tr: Translato
         SlotDecoder(tr.model, shape, device=CPU, graphs=True)
 
 
+def replays_without_sync(graphed: SlotDecoder, sources: list[list[int]], opts: list[DecodeOptions]) -> None:
+    """Admit `sources`, launch once (their bucket's graph made), then three replays under sync debug mode "error":
+    the replay and the pinned copy of the flags wait on nothing from the host."""
+    graphed.admit(sources, opts, [max_length(o, len(s), 512) for o, s in zip(opts, sources, strict=True)])
+    graphed.launch()
+    graphed.collect()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            graphed.launch()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.cuda
 def test_graph_replay_equals_the_eager_step_without_host_sync() -> None:
     tr = Translator.load("en-de", "cuda", dtype="float16")
@@ -212,16 +226,7 @@ def test_graph_replay_equals_the_eager_step_without_host_sync() -> None:
         want = decode_all(eager, sources, opts, join_every=2)
         got = decode_all(graphed, sources, opts, join_every=2)  # captures each bucket on first use
         assert graphed._graphs, "no graph was captured"
-        caps = [max_length(o, len(s), 512) for o, s in zip(opts[:4], sources[:4], strict=True)]
-        graphed.admit(sources[:4], opts[:4], caps)
-        graphed.launch()  # this bucket's graph exists now
-        graphed.collect()
-        torch.cuda.set_sync_debug_mode("error")  # replay and the pinned copy of the flags: no sync
-        try:
-            for _ in range(3):
-                graphed.launch()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        replays_without_sync(graphed, sources[:4], opts[:4])
     used = (free_before - torch.cuda.mem_get_info()[0]) / 2**20
     print(f"{len(graphed._graphs)} bucket graphs captured; device memory taken since: {used:.0f} MiB")
     assert used < 1024, f"capturing {len(graphed._graphs)} buckets took {used:.0f} MiB"  # graphs reuse the state
@@ -267,16 +272,8 @@ def test_the_fused_triton_step_graphed_decodes_as_the_operators_eager_step_witho
     with torch.inference_mode():
         want = decode_all(eager, sources, opts, join_every=2)
         got = decode_all(fused, sources, opts, join_every=2)
-        fused.admit(
-            sources[:4], opts[:4], [max_length(o, len(s), 512) for o, s in zip(opts[:4], sources[:4], strict=True)]
-        )
-        fused.launch()
-        fused.collect()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for _ in range(3):
-                fused.launch()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        replays_without_sync(fused, sources[:4], opts[:4])
     same = sum([h.tokens for h in g] == [h.tokens for h in w] for g, w in zip(got, want, strict=True))
     assert same == len(want), f"{same} of {len(want)} sentences decode alike"
+    for g, w in zip(got, want, strict=True):
+        assert [h.score for h in g] == pytest.approx([h.score for h in w], abs=1e-3)

@@ -63,10 +63,14 @@ class Plan:
 
     @property
     def step(self) -> str:
-        """How a CPU decode step runs: "c (one call)", "c (segments)" or "pytorch"."""
+        """How a CPU decode step runs: "c (one call)"; "c (segments)", a call between each two activations (one_call
+        off); "c (sublayers)", a call a sublayer with ATen's norms between (LayerNorm in C not ATen's bits); or
+        "pytorch"."""
         if not self.c:
             return "pytorch"
-        return "c (one call)" if self.one_call and self.layer_norm_in_c else "c (sublayers)"
+        if not self.layer_norm_in_c:
+            return "c (sublayers)"
+        return "c (one call)" if self.one_call else "c (segments)"
 
     def describe(self) -> dict[str, object]:
         """The plan as /v1/models and `beamserve translate --verbose` show it."""
