@@ -1,8 +1,8 @@
 """beamserve's C kernels (model/kernels/csrc: the int8 row passes and GEMM, a decode step's attention, log-softmax and
 candidate ranking), built as one plain shared library beside the package (model.kernels._native): on x86-64
 every source is compiled for the baseline and for the x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) levels,
-each build's functions named by its level (csrc/level.h), and csrc/dispatch.c says which level this CPU runs,
-whose functions model/kernels/native.py binds.
+each build's functions named by its level (csrc/beamserve.h, the kernel API, declares them), and csrc/dispatch.c
+says which level this CPU runs, whose functions model/kernels/bindings.py binds.
 
 Without a C compiler the build goes on without them, says so in a block on stderr, and the model computes with
 PyTorch's ops (model/kernels/native.py says which runs); with BEAMSERVE_REQUIRE_KERNELS=1 (`make test`, the
@@ -37,7 +37,7 @@ FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
 X86 = platform.machine() in ("x86_64", "AMD64")
 # (BEAMSERVE_LEVEL, compiler flags) of each build in the library.
 LEVELS = [(1, []), (3, ["-march=x86-64-v3"]), (4, ["-march=x86-64-v4"])] if X86 else [(1, [])]
-DEPENDS = [f"model/kernels/csrc/{name}.h" for name in ("vec16", "vreg", "quantize", "level", "sublayers")]
+DEPENDS = [f"model/kernels/csrc/{name}.h" for name in ("beamserve", "vec16", "vreg", "quantize")]
 NAME = "model.kernels._native"
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from model import DecodeOptions, Translator
 from model.decode.search import NEG, top_candidates
-from model.kernels import execution, f32_gemm, native, onednn
+from model.kernels import bindings, execution, f32_gemm, native, onednn
 from model.kernels.int8_kernels import with_forms
 from model.kernels.quant import linear_int8, quantize_rows, quantize_weight
 from model.nn.kv_cache import KVCache
@@ -295,12 +295,12 @@ def _allowed(has: Callable[[], int], allow: Callable[[int], None], allowed: bool
         allow(int(was))
 
 
-def _avx_vnni(library: native.Kernels, allowed: bool) -> contextlib.AbstractContextManager[None]:
+def _avx_vnni(library: bindings.Kernels, allowed: bool) -> contextlib.AbstractContextManager[None]:
     """library's x86-64-v3 packed kernel with AVX-VNNI (where the CPU has it) or with AVX2 alone."""
     return _allowed(library.beamserve_avx_vnni, library.beamserve_avx_vnni_allow, allowed)
 
 
-def _amx(library: native.Kernels, allowed: bool) -> contextlib.AbstractContextManager[None]:
+def _amx(library: bindings.Kernels, allowed: bool) -> contextlib.AbstractContextManager[None]:
     """library's x86-64-v4 packed kernel with AMX (where the CPU has it) or with VNNI alone."""
     return _allowed(library.beamserve_vnni_amx, library.beamserve_amx_allow, allowed)
 
@@ -322,7 +322,7 @@ def test_the_vnni_kernels_give_the_exact_product_and_the_int8_paths_bits(
     # csrc/int8_avx2.c) over the one form.
     if platform.machine() != "x86_64":
         pytest.skip("the builds per x86-64 level are made on x86-64")
-    level = native.LEVELS[build]
+    level = bindings.LEVELS[build]
     library = _built(level)
     if library.beamserve_cpu_level() < level:
         pytest.skip(f"this CPU does not run x86-64-v{level}")
@@ -403,14 +403,14 @@ def _step_cases() -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
     return cases, [torch.randn(7, V, generator=g) * 5 for V in (8000, 33, 1)]
 
 
-def _built(level: int) -> native.Kernels:
+def _built(level: int) -> bindings.Kernels:
     """The library's build of an x86-64 level (setup.py's, installed beside the package), its functions bound."""
-    lib = native.library()
+    lib = bindings.library()
     assert lib is not None, "setup.py did not build the library"
-    return native.Kernels(lib, level)
+    return bindings.Kernels(lib, level)
 
 
-def _assert_same_bits(library: native.Kernels, monkeypatch: pytest.MonkeyPatch) -> None:
+def _assert_same_bits(library: bindings.Kernels, monkeypatch: pytest.MonkeyPatch) -> None:
     """library's attention, log-softmax, int8 GEMMs (the packed layer where both builds have one: VNNI's, AVX2's)
     and (where both builds have it) float32 GEMM and swish give the loaded build's bits on fixed random inputs."""
     cases, logits = _step_cases()
@@ -488,7 +488,7 @@ def test_clang_builds_every_library_and_its_build_gives_the_same_bits(
     clangs = ctypes.CDLL(str(built[0]))
     # Each level this CPU runs computes the bits of GCC's build of that level.
     for level in X86_LEVELS if platform.machine() == "x86_64" else [1]:
-        library = native.Kernels(clangs, level)
+        library = bindings.Kernels(clangs, level)
         if library.beamserve_cpu_level() < level:
             continue
         with monkeypatch.context() as patch:

@@ -27,123 +27,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import os
-from typing import Any
 
 import torch
 
-ENV = "BEAMSERVE_NATIVE_KERNELS"
-# x86-64-v3 as the psABI defines it (AVX2, FMA: AMD's Zen 2 and 3, Intel's Haswell to Skylake), and with AVX-VNNI
-# beside it (Intel's cores since Alder Lake, its E-core Xeons): the packed int8 kernel multiplies with it where the
-# CPU has it, unless the setting says x86-64-v3.
-LEVELS = {"x86-64": 1, "x86-64-v2": 2, "x86-64-v3": 3, "x86-64-v3+avxvnni": 3, "x86-64-v4": 4, "x86-64-v4+amx": 4}
-MODULE = "model.kernels._native"
+from model.kernels.bindings import ENV, MODULE, Kernels, load
 
-# Each kernel's C types (csrc/*.c), "result:arguments", by its name without the level: v void, p a pointer,
-# q int64_t, i int, f float.
-SIGNATURES = {
-    "beamserve_quantize_rows": "v:pqqqpp",
-    "beamserve_scale_back": "v:pqqpppp",
-    "beamserve_int8_gemm": "v:pqqqpqp",
-    "beamserve_vectorised": "i:",
-    "beamserve_cpu_level": "i:",
-    "beamserve_attend": "i:pppqqqqqqqqpqpqqqqfp",
-    "beamserve_self_attend_step": "i:pqqqqppqqqqqpqpqqqqfp",
-    "beamserve_follow": "i:pqqqqpq",
-    "beamserve_copy_rows": "i:ppqqqqqqqqqppq",
-    "beamserve_log_softmax": "v:pqqq",
-    "beamserve_silu": "v:pq",
-    "beamserve_scale_back_log_softmax": "v:pqqpppp",
-    "beamserve_rescale_log_softmax": "v:pqqpp",
-    "beamserve_top_candidates": "i:ppqqqqppp",
-    "beamserve_beam_step": "i:pqqqppppppqpppqippp",
-    "beamserve_beam_advance": "i:pqqqppppppqpqppfqipqqqqpppp",
-    "beamserve_beam_steps": "i:pppqppqqqqqpqfppqqppppppqppqipqqqqpqqppppppp",
-    "beamserve_self_sublayer": "i:ppqppppqp",
-    "beamserve_cross_sublayer": "i:ppqpppppqqqqp",
-    "beamserve_linear_forward": "i:ppqpp",
-    "beamserve_layer_norm": "v:pqqppfp",
-    "beamserve_decoder_segment": "i:ppppppqppqqqqqqppp",
-    "beamserve_decoder_layers": "i:pppqpqppqqqqqqppp",
-    "beamserve_encoder_segment": "i:pppqqqppqqqqfqqppp",
-    "beamserve_encoder_layers": "i:pqqqqppqqqqfqqp",
-    "beamserve_embed": "i:pqpqqfpqp",
-    "beamserve_vnni": "i:",
-    "beamserve_avx_vnni": "i:",
-    "beamserve_avx_vnni_allow": "v:i",
-    "beamserve_vnni_amx": "i:",
-    "beamserve_amx_allow": "v:i",
-    "beamserve_f32_gemm": "i:",
-    "beamserve_f32_packed_floats": "q:qq",
-    "beamserve_f32_pack": "v:pqqp",
-    "beamserve_f32_linear": "i:pqqqpqppqpq",
-    "beamserve_f32_swish": "i:pq",
-    "beamserve_vnni_packed_bytes": "q:qq",
-    "beamserve_vnni_pack": "v:pqqpp",
-    "beamserve_vnni_int8_gemm": "i:pqqqppqp",
-    "beamserve_vnni_linear": "i:pqqqppqpppqpq",
-}
-CTYPES: dict[str, Any] = {
-    "v": None, "p": ctypes.c_void_p, "q": ctypes.c_int64, "i": ctypes.c_int, "f": ctypes.c_float
-}  # fmt: skip
-
-
-class Kernels:
-    """One level's build of the library (csrc/level.h): each kernel under its plain name, its C types declared."""
-
-    def __init__(self, lib: ctypes.CDLL, level: int) -> None:
-        self.level = level
-        for name, signature in SIGNATURES.items():
-            fn = lib[f"{name}_v{level}"]  # a function object of its own: another level's keeps its own types
-            result, args = signature.split(":")
-            fn.restype, fn.argtypes = CTYPES[result], [CTYPES[a] for a in args]
-            setattr(self, name, fn)
-
-    def __getattr__(self, name: str) -> Any:  # the kernels set above; for the type checker
-        raise AttributeError(f"the C kernels have no {name}")
-
-
-def _load() -> Kernels | None:
-    """The level of the library this CPU runs, at most the one BEAMSERVE_NATIVE_KERNELS names (`x86-64-v3`,
-    `x86-64`: what a CPU of that level computes, for measurements and tests; `x86-64-v3` without AVX-VNNI and
-    `x86-64-v4` without AMX, their `+avxvnni` and `+amx` with them where the CPU has them); None where turned off
-    (`0`) or not built."""
-    setting = os.environ.get(ENV, "1")
-    if setting == "0":
-        return None
-    if setting != "1" and setting not in LEVELS:
-        raise ValueError(f"{ENV}={setting!r}: expected 0, 1 or one of {', '.join(LEVELS)}")
-    lib = library()
-    if lib is None:
-        return None
-    try:
-        kernels = Kernels(lib, lib.beamserve_level(LEVELS.get(setting, 4)))
-    except AttributeError:  # a library built from other sources than these (an install not rebuilt)
-        return None
-    kernels.beamserve_avx_vnni_allow(int(setting != "x86-64-v3"))
-    kernels.beamserve_amx_allow(int(setting != "x86-64-v4"))
-    return kernels
-
-
-def library() -> ctypes.CDLL | None:
-    """The library setup.py built beside the package, or None (no C compiler, or not loadable here)."""
-    try:
-        spec = importlib.util.find_spec(MODULE)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.origin is None:
-        return None
-    try:
-        lib = ctypes.CDLL(spec.origin)
-        level = lib.beamserve_level
-    except (OSError, AttributeError):  # not loadable here, or built from other sources
-        return None
-    level.argtypes, level.restype = [ctypes.c_int], ctypes.c_int
-    return lib
-
-
-_LOADED = _load()
+_LOADED = load()
 _LIB = _LOADED
 LEVEL = None if _LOADED is None else _LOADED.level  # the x86-64 level of the kernels bound (1: the baseline)
 # Which kernels beat PyTorch's vectorised operators on this CPU: a kernel the compiler leaves scalar here

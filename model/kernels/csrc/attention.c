@@ -12,7 +12,7 @@
  * in position order. Compiled without contraction (-ffp-contract=off) and with no reassociation, the
  * bits do not depend on the batch, on the vector width the compiler picks, or on the CPU.
  */
-#include "level.h"
+#include "beamserve.h"
 #include <stdlib.h>
 #include <string.h>
 

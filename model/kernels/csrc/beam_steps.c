@@ -3,21 +3,10 @@
  * the rows' tokens, beamserve_decoder_layers with the output projection and the log-softmax, beamserve_beam_advance,
  * then, where no sentence is done, beamserve_follow of the lineage and the new tokens. One sentence at a time a
  * step's Python and PyTorch calls around those cost as much as their arithmetic; here there are none. */
-#include "level.h"
+#include "beamserve.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "sublayers.h"
-
-int beamserve_follow(int64_t *lineage, int64_t rN, int64_t rT, int64_t lN, int64_t t, const int64_t *rows,
-                     int64_t n); /* attention.c */
-int beamserve_beam_advance(float *lp, int64_t batch, int64_t K, int64_t V, float *run_scores, int64_t *run_tokens,
-                           float *fin_scores, int64_t *fin_tokens, uint8_t *fin_flags, uint8_t *improvable,
-                           int64_t T, const int64_t *positions, int64_t pos, const int64_t *max_lengths,
-                           const float *norms, float norm, int64_t eos, int early_stopping, const int64_t *suppressed,
-                           int64_t n_suppressed, int64_t min_length, int64_t forced_bos, int64_t forced_eos,
-                           int64_t *src_beam, int64_t *token, uint8_t *done, int64_t *rows); /* search.c */
 
 /* Steps pos0 .. pos0 + steps - 1 of `batch` sentences of K beams (N = batch K rows, every row at the step's position,
  * the self-attention keys of own[0]'s lineage, which every layer shares), stopping after the first step at which a

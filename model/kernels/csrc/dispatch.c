@@ -1,4 +1,4 @@
-/* Which of the library's builds this CPU runs (level.h): compiled once, for the baseline. */
+/* Which of the library's builds this CPU runs (beamserve.h): compiled once, for the baseline. */
 #include <stdint.h>
 
 #if defined(BEAMSERVE_X86_LEVELS)

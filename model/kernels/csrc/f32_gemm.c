@@ -11,7 +11,7 @@
  * 16 outputs (AVX2 with FMA: two loads, two FMAs of 8). Within a block each output's sum is the same sequence of
  * fused multiply-adds whatever the vector width, so both builds give the same bits wherever their blocks agree (K
  * up to 512 and past 1,024); builds without AVX2 and FMA report no kernel (-1) and oneDNN serves. */
-#include "level.h"
+#include "beamserve.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

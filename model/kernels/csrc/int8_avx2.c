@@ -14,7 +14,7 @@
  * Where the CPU has AVX-VNNI (AVX-512 VNNI's vpdpbusd on 256-bit registers, without AVX-512: Intel's cores since
  * Alder Lake, its E-core Xeons), one vpdpbusd makes what those four instructions make, and the layer is
  * int8_vnni.c's form at half the width: x + 128 as unsigned bytes, the weight's column sums times 128 taken off. */
-#include "level.h"
+#include "beamserve.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

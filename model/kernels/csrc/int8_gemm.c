@@ -6,7 +6,7 @@
  * Each int8 is widened to 16 bits and pairs of products summed into 32 bits (vpmaddwd): no product or
  * pair sum can saturate (2 x 127 x 127 < 2^31), and a row's sum of K products stays below 2^31 for any
  * K under 133,000, so the result is the exact integer product, in any order, batch and build. */
-#include "level.h"
+#include "beamserve.h"
 #include <stdint.h>
 #if defined(__AVX2__)
 #include <immintrin.h>

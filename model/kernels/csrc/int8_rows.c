@@ -6,7 +6,7 @@
  * scale-back's product and sum in the order and with the single rounding of ATen's vectorised addcmul
  * (a fused multiply-add). So a sentence's translation does not depend on whether this library is built.
  */
-#include "level.h"
+#include "beamserve.h"
 #include <math.h>
 #include <stdint.h>
 

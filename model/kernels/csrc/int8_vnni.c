@@ -12,7 +12,7 @@
  * to a whole panel and K to a whole group.
  *
  * Where the CPU has AVX2 and no VNNI, the entry points multiply the same packed weight with int8_avx2.c's kernel. */
-#include "level.h"
+#include "beamserve.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,14 +43,6 @@
 
 static int64_t groups(int64_t K) { return (K + 3) / 4; }
 static int64_t panels(int64_t N) { return (N + PANEL - 1) / PANEL; }
-
-/* int8_avx2.c */
-int beamserve_avx2_int8_gemm(const int8_t *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
-                             const int32_t *comp, int64_t N, int32_t *y);
-int beamserve_avx2_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
-                          const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
-                          int64_t ldr, float *y, int64_t ldy);
-int beamserve_avx_vnni(void);
 
 static int has_vnni(void) {
 #if HAS_VNNI && defined(__x86_64__)

@@ -8,7 +8,7 @@
  * at a time and the 8 lanes merged into them in order. Every fused multiply-add below is one of ATen's (explicit
  * there, or contracted by its compiler); every other operation rounds on its own (the library is built without
  * contraction). */
-#include "level.h"
+#include "beamserve.h"
 #include <math.h>
 #include <stdint.h>
 

@@ -6,7 +6,7 @@
  * reduction trees, no contraction, its own exp and log). The candidate ranking gives exactly
  * search.top_candidates's answer: the same float additions, and equal scores ranked by beam, then token.
  */
-#include "level.h"
+#include "beamserve.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,9 +58,6 @@ static void log_softmax_row(float *row, int64_t cols) {
 void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld) {
     for (int64_t r = 0; r < rows; r++) log_softmax_row(x + r * ld, cols);
 }
-
-void beamserve_scale_back(const int32_t *acc, int64_t rows, int64_t cols, const float *col_scale,
-                          const float *row_scale, const float *bias, float *y); /* int8_rows.c */
 
 /* beamserve_scale_back, then beamserve_log_softmax, a row at a time: the same bits, with the row still in
  * cache for the log-softmax's passes (the int8 output projection's logits, model/kernels/quant.py). */

@@ -1,7 +1,7 @@
 /* SiLU in place with ATen's bits (torch.nn.functional.silu on CPU, float32): x / (1 + exp(-x)) lane by lane.
  * ATen's vectorised loop takes whole pairs of vectors (2 x 16 lanes with AVX-512, 2 x 8 with AVX2), with SLEEF's
  * expf of 1-ulp accuracy, and the lanes past the last pair one by one with the C library's expf; so does this
- * kernel, at the vector width of the level it is built for (level.h). The exponential, step by step as SLEEF
+ * kernel, at the vector width of the level it is built for (beamserve.h). The exponential, step by step as SLEEF
  * computes it: q = the integer nearest x log2(e); s = x - q ln2, with ln2 in a high and a low part, each a fused
  * multiply-add; a degree-5 polynomial u in s; 1 + (s^2 u + s), scaled by 2^q in two halves (no overflow of the
  * exponent field); 0 below -104, infinity above 100.
@@ -9,7 +9,7 @@
  * A model computes with it only where it gives torch's bits on the process's own ATen, whose vector width
  * ATEN_CPU_CAPABILITY may set apart from this library's: model/kernels/native.py's silu_exactly compares the two
  * over values from every binade and a tail of each length, and torch's op serves where they differ. */
-#include "level.h"
+#include "beamserve.h"
 #include <math.h>
 #include <stdint.h>
 #include "vreg.h"

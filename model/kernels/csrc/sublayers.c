@@ -5,27 +5,10 @@
  * Each call is the composition of the library's own kernels, in the order the step makes them one by one, so the
  * bits are theirs. A weight and a cache are handed over as structs built once (model/kernels/native.py), so a call
  * marshals a few pointers rather than thirty numbers. */
-#include "level.h"
+#include "beamserve.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "sublayers.h"
-
-int beamserve_vnni_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const int8_t *packed,
-                          const int32_t *comp, int64_t N, const float *col_scale, const float *bias, const float *res,
-                          int64_t ldr, float *y, int64_t ldy); /* int8_vnni.c */
-int beamserve_self_attend_step(const float *qkv, int64_t sq, int64_t N, int64_t H, int64_t D, float *k, float *v,
-                               int64_t sN, int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *positions,
-                               int64_t pos, int64_t *lineage, int64_t lN, int64_t lT, int64_t rN, int64_t rT,
-                               float scale, float *out); /* attention.c */
-int beamserve_attend(const float *q, const float *k, const float *v, int64_t N, int64_t H, int64_t D, int64_t sN,
-                     int64_t sH, int64_t sT, int64_t R, int64_t T, const int64_t *lengths, int64_t length,
-                     const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale,
-                     float *out); /* attention.c */
-
-int beamserve_f32_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const float *packed, int64_t N,
-                         const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy); /* f32_gemm.c */
 
 static int linear(const beamserve_linear_c *w, const float *x, int64_t M, const float *res, float *y) {
     if (w->kind == 1) return beamserve_f32_linear(x, M, w->K, w->K, w->packed, w->N, w->bias, res, w->N, y, w->N);
@@ -80,9 +63,6 @@ int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const 
 int beamserve_linear_forward(const beamserve_linear_c *w, const float *x, int64_t M, const float *res, float *y) {
     return linear(w, x, M, res, y);
 }
-
-void beamserve_layer_norm(const float *x, int64_t rows, int64_t N, const float *gamma, const float *beta, float eps,
-                          float *y); /* layer_norm.c */
 
 /* x (N, C) = LayerNorm(x + sub) (post-norm), or x + sub (pre-norm; sub already taken of the normed x), sub (N, C). */
 static void close_sublayer(const beamserve_layer_c *l, int which, float *x, const float *sub, int64_t N, int64_t C) {
@@ -150,10 +130,6 @@ int beamserve_decoder_segment(const beamserve_layer_c *ending, const float *h, c
     free(sub);
     return failed;
 }
-
-void beamserve_silu(float *x, int64_t n);                                 /* silu.c */
-int beamserve_f32_swish(float *x, int64_t n);                                 /* f32_gemm.c */
-void beamserve_log_softmax(float *x, int64_t rows, int64_t cols, int64_t ld); /* search.c */
 
 /* Layer l's hidden rows f (N, fc1.N) through SiLU as the path one op at a time computes it after its fc1 (below). */
 static int activate(const beamserve_layer_c *l, float *f, int64_t N) {
