@@ -5,6 +5,11 @@ replica are SIGKILLed, and the records store and the head are restarted (GCS fau
 
     python loadtests/chaos.py --out loadtests/results/chaos.md     # 20 minutes, every fault twice
     python loadtests/chaos.py --minutes 1 --rounds 1               # make test's version (tests/test_chaos.py)
+    python loadtests/chaos.py --minutes 1 --rounds 1 --keep-logs /tmp/chaos-logs   # the nodes' logs kept
+
+Every request carries an X-Request-ID of its own, so a request that got no HTTP answer is looked up in the
+requests logs at the end: whether a gateway replica answered it, HAProxy recorded it (its status and its
+termination state), or neither did.
 
 The app has API keys (one for the texts and glossaries, one for each document) counted in the records store,
 a Redis server with an append-only file as the RayService's base deploys Valkey. First the front's checks
@@ -45,6 +50,7 @@ import io
 import json
 import os
 import random
+import secrets
 import signal
 import sys
 import threading
@@ -106,6 +112,7 @@ class Answer:
     body: str = ""  # when not 200
     error: str = ""  # the exception when there was no answer
     ended: float = 0.0  # when the answer (or the exception) came, seconds since the load began
+    request_id: str = ""  # the X-Request-ID it was sent with: the front's log line for it is found by this
 
 
 @dataclass
@@ -168,13 +175,15 @@ def error_code(body: str) -> str:
 async def call(
     run: Run, http: httpx.AsyncClient, kind: str, method: str, path: str, **kw: Any
 ) -> httpx.Response | None:
-    sent = run.now()
+    sent, rid = run.now(), f"chaos-{len(run.answers)}-{secrets.token_hex(4)}"
+    kw["headers"] = {**kw.get("headers", {}), "x-request-id": rid}
     try:
         r = await http.request(method, path, **kw)
     except httpx.HTTPError as exc:
-        run.answers.append(Answer(kind, sent, 0, error=type(exc).__name__, ended=run.now()))
+        run.answers.append(Answer(kind, sent, 0, error=type(exc).__name__, ended=run.now(), request_id=rid))
         return None
-    run.answers.append(Answer(kind, sent, r.status_code, "" if r.status_code == 200 else r.text[:300], run.now()))
+    body = "" if r.status_code == 200 else r.text[:300]
+    run.answers.append(Answer(kind, sent, r.status_code, body, run.now(), rid))
     return r
 
 
@@ -450,6 +459,32 @@ def logged(c: cluster.Cluster, route: str) -> Counter[str]:
     return found
 
 
+def front_records(c: cluster.Cluster) -> dict[str, dict[str, Any]]:
+    """Every request's line in the requests logs, by request id: a gateway replica's for those it answered,
+    HAProxy's for the rest (service/api/front_log.py)."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in Path(c.temp_dir).glob("session_*/logs/serve/requests_*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                found[str(entry.get("request_id", ""))] = entry | {"file": path.stem}
+    return found
+
+
+def print_front_records(c: cluster.Cluster, unanswered: list[Answer]) -> None:
+    """What the front recorded of each request that got no HTTP answer: its status and termination state
+    (HAProxy's two letters: who ended the session, and at which phase), or that it recorded nothing."""
+    if not unanswered:
+        return
+    records = front_records(c)
+    seen: Counter[str] = Counter()
+    for a in unanswered:
+        r = records.get(a.request_id)
+        by = "haproxy" if r and "haproxy" in r["file"] else "a gateway"
+        seen[f"{a.error}: " + (f"{by} {r.get('status')} {r.get('termination', '')}" if r else "no line")] += 1
+    print(f"the front's records of the {len(unanswered)} requests without an answer: {dict(seen.most_common())}")
+
+
 def verdict(run: Run, seconds: float, failures: list[str]) -> None:
     by_kind: dict[str, Counter[str]] = {}
     for a in run.answers:
@@ -517,6 +552,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="times each fault happens")
     p.add_argument("--rate", type=float, default=3.0, help="text requests a second")
     p.add_argument("--out", type=Path, help="also write the run's output as a report here")
+    p.add_argument("--keep-logs", type=Path, help="copy the nodes' Ray and Serve logs into this folder at the end")
     args = p.parse_args()
     cluster.isolate()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -534,7 +570,7 @@ def chaos(args: argparse.Namespace) -> bool:
         args={"api_keys": ",".join(keys), "limits_storage": f"redis://127.0.0.1:{cluster.RECORDS_PORT}/1"}
     )
     start = time.monotonic()
-    with cluster.Cluster(workers=2, worker_cpus=3, gcs_store=True) as c:
+    with cluster.Cluster(workers=2, worker_cpus=3, gcs_store=True, keep_logs=args.keep_logs) as c:
         c.deploy(config)
         print(f"cluster of {len(c.nodes)} nodes running the app in {time.monotonic() - start:.1f} s", flush=True)
         case_front(c, failures, auth(TEXT_KEY))
@@ -547,6 +583,7 @@ def chaos(args: argparse.Namespace) -> bool:
         asyncio.run(load(run, c.url, seconds, args.rate))
         faults.join()
         verdict(run, seconds, failures)
+        print_front_records(c, [a for a in run.answers if a.status == 0])
         done = [f.kind for f in run.faults]
         check(done == kinds, f"every fault made ({len(done)} of {len(kinds)})", failures)
     summarise(failures)

@@ -154,6 +154,7 @@ class Cluster:
     store: subprocess.Popen[bytes] | None = None
     store_env: dict[str, str] = field(default_factory=dict)
     records: subprocess.Popen[bytes] | None = None
+    keep_logs: Path | None = None  # where the nodes' log folders are copied when the cluster stops
 
     @property
     def url(self) -> str:
@@ -354,6 +355,9 @@ class Cluster:
         """Every process of the cluster (the namespace's end would take them anyway)."""
         keep = {os.getpid(), 1, *(p.pid for p in psutil.Process().parents())}
         _kill([p for p in psutil.process_iter() if p.pid not in keep])
+        if self.keep_logs is not None:
+            for logs in Path(self.temp_dir).glob("session_*/logs"):
+                shutil.copytree(logs, self.keep_logs / logs.parent.name, dirs_exist_ok=True)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
