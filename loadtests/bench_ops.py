@@ -32,7 +32,7 @@ import model.nn.kv_cache
 import model.nn.layers
 import model.nn.transformer
 from model import DecodeOptions, Translator
-from model.kernels import native, ops
+from model.kernels import c_gemm, native, ops
 
 CALLERS = (
     model.kernels.int8_kernels, model.kernels.f32_gemm, model.kernels.log_softmax, model.decode.search,
@@ -56,14 +56,14 @@ def per_call(vocab: int, d_model: int) -> list[str]:
     x, h = torch.randn(4, d_model, generator=g), torch.randn(4, vocab, generator=g)
     bias, calls = torch.randn(vocab, generator=g), []
     if native.vnni():
-        w = native.VnniWeight(
+        w = c_gemm.VnniWeight(
             torch.randint(-127, 128, (vocab, d_model), dtype=torch.int8, generator=g), torch.rand(vocab)
         )
-        calls.append(("int8 output projection + log-softmax", lambda: native.vnni_linear(x, w, bias, log_softmax=True),
+        calls.append(("int8 output projection + log-softmax", lambda: c_gemm.vnni_linear(x, w, bias, log_softmax=True),
                       lambda: ops.Traced.vnni_linear(x, w, bias, log_softmax=True)))  # fmt: skip
     if native.f32():
-        f = native.F32Weight(torch.randn(vocab, d_model, generator=g))
-        calls.append(("float32 output projection", lambda: native.f32_linear(x, f, bias),
+        f = c_gemm.F32Weight(torch.randn(vocab, d_model, generator=g))
+        calls.append(("float32 output projection", lambda: c_gemm.f32_linear(x, f, bias),
                       lambda: ops.Traced.f32_linear(x, f, bias)))  # fmt: skip
     calls.append(("log-softmax", lambda: native.log_softmax_(h), lambda: ops.Traced.log_softmax_(h)))
     lines = ["| kernel call | library (µs) | operator (µs) | more per call (µs) |", "|---|---:|---:|---:|"]

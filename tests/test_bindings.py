@@ -44,7 +44,7 @@ def test_every_declared_kernel_is_exported_by_every_level_and_nothing_else_is() 
 
 @BUILT
 def test_the_bound_kernels_carry_the_header_types() -> None:
-    kernels = native._lib()
+    kernels = native.kernels()
     attend = bindings.signatures()["beamserve_attend"]
     fn = kernels.beamserve_attend
     assert fn.restype is ctypes.c_int and tuple(fn.argtypes) == attend.arguments

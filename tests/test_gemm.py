@@ -112,7 +112,7 @@ def test_the_c_float32_gemm_serves_few_rows_with_onednn_s_bits(c_in: int, c_out:
 
 AVX2 = """
 import torch
-from model.kernels import f32_gemm, native, onednn
+from model.kernels import c_gemm, f32_gemm, native, onednn
 from model.kernels.gemm import linear
 
 assert native.LEVEL == 3 and native.f32()
@@ -142,13 +142,13 @@ def test_the_avx2_build_serves_a_float32_gemm_with_onednns_avx2_bits() -> None:
 
 
 def test_a_c_float32_gemm_that_sums_otherwise_than_onednn_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    from model.kernels import f32_gemm, native, ops
+    from model.kernels import c_gemm, f32_gemm, native, ops
 
     if not native.f32():
         pytest.skip("no float32 C kernel in this build (AVX-512, or AVX2 with FMA)")
-    real = native.f32_linear
+    real = c_gemm.f32_linear
 
-    def off_by_one_ulp(x: torch.Tensor, w: native.F32Weight, bias: torch.Tensor | None, residual=None):  # type: ignore[no-untyped-def]
+    def off_by_one_ulp(x: torch.Tensor, w: c_gemm.F32Weight, bias: torch.Tensor | None, residual=None):  # type: ignore[no-untyped-def]
         y = real(x, w, bias, residual)
         return torch.nextafter(y, torch.full_like(y, float("inf")))
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from model import DecodeOptions, Translator
 from model.decode.search import NEG, top_candidates
-from model.kernels import bindings, execution, f32_gemm, native, onednn
+from model.kernels import bindings, c_attention, c_gemm, c_layers, c_search, execution, f32_gemm, native, onednn
 from model.kernels.int8_kernels import with_forms
 from model.kernels.quant import linear_int8, quantize_rows, quantize_weight
 from model.nn.kv_cache import KVCache
@@ -66,13 +66,13 @@ def _activations(rows: int, cols: int) -> torch.Tensor:
 @pytest.mark.parametrize("cols", [1, 15, 16, 17, 64, 256, 1000, 1024])
 def test_quantize_rows_gives_torchs_bits(cols: int) -> None:
     x = _activations(9, cols)
-    q, scale = native.quantize_rows(x)
+    q, scale = c_gemm.quantize_rows(x)
     ref_q, ref_scale = quantize_rows(x)
     assert torch.equal(scale, ref_scale)
     assert torch.equal(q, ref_q)
     # rows of a wider tensor (a row stride above the width)
     wide = _activations(9, cols + 5)
-    q, scale = native.quantize_rows(wide[:, :cols])
+    q, scale = c_gemm.quantize_rows(wide[:, :cols])
     ref_q, ref_scale = quantize_rows(wide[:, :cols])
     assert torch.equal(q, ref_q) and torch.equal(scale, ref_scale)
 
@@ -128,14 +128,16 @@ def test_step_attention_in_c_equals_the_formula_row_by_row_in_any_batch(H: int, 
     k[3, :, :5] *= 40  # scores far apart: weights of exp(-80) and below
     lengths = torch.randint(1, T + 1, (N,), generator=g)
     lengths[4], lengths[5] = 0, T  # a row with no positions yet: zeros
-    out = native.attend(q, k, v, lengths)
+    out = c_attention.attend(q, k, v, lengths)
     torch.testing.assert_close(out.double(), _reference(q, k, v, lengths.tolist()), atol=2e-6, rtol=1e-5)
     assert not out[4].any()
     for n in (0, 3, 5, 18):  # each row alone: the same bits
-        alone = native.attend(q[n : n + 1].contiguous(), k[n : n + 1], v[n : n + 1], lengths[n : n + 1])
+        alone = c_attention.attend(q[n : n + 1].contiguous(), k[n : n + 1], v[n : n + 1], lengths[n : n + 1])
         assert torch.equal(alone, out[n : n + 1])
     same = torch.full((N,), 17)
-    assert torch.equal(native.attend(q, k, v, 17), native.attend(q, k, v, same))  # one length or a length a row
+    assert torch.equal(
+        c_attention.attend(q, k, v, 17), c_attention.attend(q, k, v, same)
+    )  # one length or a length a row
 
 
 @steps
@@ -143,7 +145,7 @@ def test_step_attention_in_c_refuses_an_index_outside_the_cache_before_reading_i
     N, H, T, D = 3, 2, 8, 64
     q, k, v = torch.randn(N, H, D), torch.randn(N, H, T, D), torch.randn(N, H, T, D)
     rows = torch.zeros(N, T, dtype=torch.int64)
-    assert native.attend(q, k, v, T, rows).shape == (N, H, D)
+    assert c_attention.attend(q, k, v, T, rows).shape == (N, H, D)
     for bad_rows, length in [
         (rows.clone().index_fill_(1, torch.tensor([5]), N), T),  # a cache row past the last
         (rows.clone().index_fill_(1, torch.tensor([0]), -1), T),  # a negative one
@@ -152,11 +154,11 @@ def test_step_attention_in_c_refuses_an_index_outside_the_cache_before_reading_i
         (rows[:2], T),  # fewer rows named than queries
     ]:
         with pytest.raises(IndexError, match="outside the cache"):
-            native.attend(q, k, v, length, bad_rows)
+            c_attention.attend(q, k, v, length, bad_rows)
     with pytest.raises(IndexError):  # no rows named: query row n reads cache row n, which must exist
-        native.attend(torch.randn(N + 1, H, D), k, v, T)
+        c_attention.attend(torch.randn(N + 1, H, D), k, v, T)
     with pytest.raises(IndexError):  # a row's own length past the cache
-        native.attend(q, k, v, torch.tensor([1, T + 1, 2]))
+        c_attention.attend(q, k, v, torch.tensor([1, T + 1, 2]))
 
 
 @steps
@@ -170,11 +172,13 @@ def test_step_attention_in_c_reads_each_position_from_the_row_its_lineage_names(
     )
     rows = torch.randint(0, N, (N, T), generator=g)  # position t of row n lives in row rows[n, t]
     gathered = [x[rows, :, torch.arange(T)].permute(0, 2, 1, 3).contiguous() for x in (k, v)]  # (N, H, T, D)
-    assert torch.equal(native.attend(q, k, v, 23, rows), native.attend(q, *gathered, 23))
+    assert torch.equal(c_attention.attend(q, k, v, 23, rows), c_attention.attend(q, *gathered, 23))
     # One row a sentence at every position (cross-attention: a sentence's beams read its keys)
     sentence = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3])
     spread = [x[sentence].contiguous() for x in (k, v)]
-    assert torch.equal(native.attend(q, k, v, 30, sentence[:, None].expand(N, T)), native.attend(q, *spread, 30))
+    assert torch.equal(
+        c_attention.attend(q, k, v, 30, sentence[:, None].expand(N, T)), c_attention.attend(q, *spread, 30)
+    )
 
 
 @steps
@@ -192,13 +196,13 @@ def test_a_self_attention_step_with_a_lineage_and_rows_at_their_own_positions_re
     copied = [x.clone() for x in (k, v)]  # the same step over the rows each lineage names, copied into place
     for x in copied:
         x.copy_(x[lineage, :, torch.arange(T)].permute(0, 2, 1, 3))
-    ours = native.self_attend_step(qkv, k, v, pos, lineage)
-    theirs = native.self_attend_step(qkv, *copied, pos, None)
+    ours = c_attention.self_attend_step(qkv, k, v, pos, lineage)
+    theirs = c_attention.self_attend_step(qkv, *copied, pos, None)
     assert torch.equal(ours, theirs)
     assert lineage[torch.arange(N), pos].tolist() == list(range(N))  # each row names itself where it wrote
     with pytest.raises(IndexError):  # a lineage naming a row outside the cache, before the row's position
         lineage[5, 2] = N
-        native.self_attend_step(qkv, k, v, pos, lineage)
+        c_attention.self_attend_step(qkv, k, v, pos, lineage)
 
 
 @steps
@@ -249,8 +253,8 @@ def test_the_kernels_refuse_what_their_buffers_cannot_hold_themselves_and_under_
     assert lib.beamserve_attend(q.data_ptr(), k.data_ptr(), k.data_ptr(), *args) == -2
     # The wrappers' checks are not asserts: python -O keeps them.
     code = (
-        "import torch; from model.kernels import native\n"
-        "try: native.top_candidates(torch.randn(1, 4, 100), torch.zeros(1, 4), 65)\n"
+        "import torch; from model.kernels import c_search, native\n"
+        "try: c_search.top_candidates(torch.randn(1, 4, 100), torch.zeros(1, 4), 65)\n"
         "except ValueError as e: print('refused:', e)\n"
         "try: native.int8_gemm(torch.zeros(2, 8, dtype=torch.int8), torch.zeros(3, 9, dtype=torch.int8))\n"
         "except ValueError as e: print('refused:', e)"
@@ -344,27 +348,27 @@ def _check_packed(M: int, K: int, N: int) -> None:
     wide = torch.randint(-127, 128, (M, K + 3), dtype=torch.int8, generator=g)
     x, w = wide[:, :K], torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)  # x: rows of a wider tensor
     g_scale = torch.rand(N, generator=g) / 100
-    packed = native.VnniWeight(w, g_scale)
-    assert torch.equal(native.vnni_gemm(x, packed), (x.long() @ w.long().t()).int())
+    packed = c_gemm.VnniWeight(w, g_scale)
+    assert torch.equal(c_gemm.vnni_gemm(x, packed), (x.long() @ w.long().t()).int())
     # 127 x 127 everywhere, and -127 beside 127: the sums a 16-bit pair product would saturate
     full = torch.full((M, K), 127, dtype=torch.int8)
     assert torch.equal(
-        native.vnni_gemm(full, native.VnniWeight(-full[:1].expand(N, K).contiguous(), g_scale)),
+        c_gemm.vnni_gemm(full, c_gemm.VnniWeight(-full[:1].expand(N, K).contiguous(), g_scale)),
         torch.full((M, N), -127 * 127 * K),
     )
     # The fused layer: quantize_rows, the product, scale_back_ and a residual's addition to the bit
     xf, bias, res = torch.randn(M, K, generator=g), torch.randn(N, generator=g), torch.randn(M, N, generator=g)
-    xq, xs = native.quantize_rows(xf)
+    xq, xs = c_gemm.quantize_rows(xf)
     for b in (bias, None):
-        want = native.scale_back_((xq.long() @ w.long().t()).int(), g_scale, xs, b)
-        assert torch.equal(native.vnni_linear(xf, packed, b), want)
-        assert torch.equal(native.vnni_linear(xf, packed, b, res), res + want)
+        want = c_gemm.scale_back_((xq.long() @ w.long().t()).int(), g_scale, xs, b)
+        assert torch.equal(c_gemm.vnni_linear(xf, packed, b), want)
+        assert torch.equal(c_gemm.vnni_linear(xf, packed, b, res), res + want)
     with pytest.raises(ValueError):  # rows longer than the packed weight's: it would be read past its end
-        native.vnni_gemm(torch.cat([x, x[:, :4]], 1), packed)
+        c_gemm.vnni_gemm(torch.cat([x, x[:, :4]], 1), packed)
     with pytest.raises(ValueError):
-        native.vnni_linear(xf, packed, bias[1:])
+        c_gemm.vnni_linear(xf, packed, bias[1:])
     with pytest.raises(ValueError):
-        native.vnni_linear(xf, packed, bias, res[:, 1:])
+        c_gemm.vnni_linear(xf, packed, bias, res[:, 1:])
 
 
 @vnni
@@ -376,7 +380,7 @@ def test_the_avx2_kernel_leaves_a_weight_holding_minus_128_to_the_16_bit_kernel(
     w[3, 7] = -128
     monkeypatch.setattr(native, "_PACKED", 1)
     with pytest.raises(ValueError, match="-128"):
-        native.VnniWeight(w, torch.ones(16))
+        c_gemm.VnniWeight(w, torch.ones(16))
     q = with_forms(w, torch.ones(16), ("vnni", "vnni", "int_mm"))
     assert q.vnni is None and q.plan == ("c", "c", "int_mm")
     for shifted in (2, 3):  # VNNI's and AVX-VNNI's shifted bytes multiply it exactly
@@ -414,49 +418,49 @@ def _assert_same_bits(library: bindings.Kernels, monkeypatch: pytest.MonkeyPatch
     """library's attention, log-softmax, int8 GEMMs (the packed layer where both builds have one: VNNI's, AVX2's)
     and (where both builds have it) float32 GEMM and swish give the loaded build's bits on fixed random inputs."""
     cases, logits = _step_cases()
-    loaded = [native.attend(*case) for case in cases]
+    loaded = [c_attention.attend(*case) for case in cases]
     log_probs = [native.log_softmax_(x.clone()) for x in logits]
     g = torch.Generator().manual_seed(4)
     xq, wq = (torch.randint(-127, 128, shape, dtype=torch.int8, generator=g) for shape in [(9, 520), (37, 520)])
     product = native.int8_gemm(xq, wq)
     packs = native.vnni() and bool(library.beamserve_vnni())
     if packs:
-        packed, xf = native.VnniWeight(wq, torch.rand(37, generator=g)), torch.randn(9, 520, generator=g)
-        layer = native.vnni_linear(xf, packed, None)
+        packed, xf = c_gemm.VnniWeight(wq, torch.rand(37, generator=g)), torch.randn(9, 520, generator=g)
+        layer = c_gemm.vnni_linear(xf, packed, None)
     # float32's GEMM (K past one block of 1,024, as oneDNN blocks it at AVX2 and AVX-512 alike; N past a whole panel
     # of 16) and its swish, where both builds have them
     floats = native.f32() and bool(library.beamserve_f32_gemm())
     w, bias, rows = torch.randn(37, 1100, generator=g), torch.randn(37, generator=g), torch.randn(13, 1100, generator=g)
     residual, swished = torch.randn(13, 37, generator=g), torch.randn(1000, generator=g) * 40
     if floats:
-        form = native.F32Weight(w)
+        form = c_gemm.F32Weight(w)
         sums = [
-            native.f32_linear(rows[:m], form, b, r)
+            c_gemm.f32_linear(rows[:m], form, b, r)
             for m in (1, 6, 13)
             for b in (bias, None)
             for r in (None, residual[:m])
         ]
-        swish = native.f32_swish_(swished.clone())
+        swish = c_gemm.f32_swish_(swished.clone())
     monkeypatch.setattr(native, "_LIB", library)
     for case, expected in zip(cases, loaded, strict=True):
-        assert torch.equal(native.attend(*case), expected)
+        assert torch.equal(c_attention.attend(*case), expected)
     for x, expected in zip(logits, log_probs, strict=True):
         assert torch.equal(native.log_softmax_(x.clone()), expected)
     assert torch.equal(native.int8_gemm(xq, wq), product)
     if packs:
-        assert torch.equal(native.vnni_linear(xf, packed, None), layer)
+        assert torch.equal(c_gemm.vnni_linear(xf, packed, None), layer)
         if library.beamserve_avx_vnni():  # the x86-64-v3 build's AVX2 products too, beside its AVX-VNNI ones
             with _avx_vnni(library, False):
-                assert torch.equal(native.vnni_linear(xf, packed, None), layer)
+                assert torch.equal(c_gemm.vnni_linear(xf, packed, None), layer)
     if floats:
         again = [
-            native.f32_linear(rows[:m], form, b, r)
+            c_gemm.f32_linear(rows[:m], form, b, r)
             for m in (1, 6, 13)
             for b in (bias, None)
             for r in (None, residual[:m])
         ]
         assert all(torch.equal(a, b) for a, b in zip(again, sums, strict=True))
-        assert torch.equal(native.f32_swish_(swished[:997].clone()), swish[:997])  # a tail of 5 lanes
+        assert torch.equal(c_gemm.f32_swish_(swished[:997].clone()), swish[:997])  # a tail of 5 lanes
 
 
 @steps
@@ -566,7 +570,7 @@ def test_candidate_ranking_in_c_gives_pytorchs_exact_answer(
     run_scores = torch.randn(b, K, generator=g) * 3
     run_scores[1, 1:] = NEG  # beams not yet expanded
     run_scores[2] = 0.0
-    c = native.top_candidates(log_probs, run_scores, n)
+    c = c_search.top_candidates(log_probs, run_scores, n)
     monkeypatch.setattr(native, "_LIB", None)  # PyTorch's plain and blockwise rankings
     for chunk in (None, 32):
         for ours, theirs in zip(c, top_candidates(log_probs, run_scores, n, chunk=chunk), strict=True):
@@ -599,8 +603,8 @@ def test_a_step_by_segments_as_one_plan_its_sublayers_as_one_c_call_each_and_op_
 
     segments: list[str] = []  # encoder and decoder by segments: one library call between two activations
     for name in ("decoder_layers", "encoder_layers", "decoder_segment", "encoder_segment"):
-        call = getattr(native, name)
-        monkeypatch.setattr(native, name, lambda *a, call=call, name=name: segments.append(name) or call(*a))
+        call = getattr(c_layers, name)
+        monkeypatch.setattr(c_layers, name, lambda *a, call=call, name=name: segments.append(name) or call(*a))
     plan = tr.plan  # what load decided
     one_call = translations()  # a step's every layer, with en-de's SiLU, projection and log-softmax, in one call
     ffn = tr.model.decoders[0].ffn
@@ -620,8 +624,8 @@ def test_a_step_by_segments_as_one_plan_its_sublayers_as_one_c_call_each_and_op_
     assert any(planned), "the step plans did not run"
     monkeypatch.setattr(c_step, "run", lambda *a: None)
     calls: list[int] = []  # layer by layer, each sublayer one checked call
-    self_sublayer = native.self_sublayer
-    monkeypatch.setattr(native, "self_sublayer", lambda *a: calls.append(1) or self_sublayer(*a))
+    self_sublayer = c_layers.self_sublayer
+    monkeypatch.setattr(c_layers, "self_sublayer", lambda *a: calls.append(1) or self_sublayer(*a))
     layered = translations()
     assert calls, "the sublayers' calls did not run"
     monkeypatch.setattr(MultiHeadAttention, "c_sublayer", lambda *a, **k: None)
@@ -649,8 +653,8 @@ def test_a_beam_searchs_steps_in_one_call_give_the_bits_of_a_call_a_step_and_sto
         return [[(h.tokens, h.score) for h in r] for r in found]
 
     ran: list[tuple[int, int]] = []  # each call's steps taken, and the sentences done at its last
-    beam_steps = native.beam_steps
-    monkeypatch.setattr(native, "beam_steps", lambda *a: (r := beam_steps(*a), ran.append((r[0], r[1][4])))[0])
+    beam_steps = c_search.beam_steps
+    monkeypatch.setattr(c_search, "beam_steps", lambda *a: (r := beam_steps(*a), ran.append((r[0], r[1][4])))[0])
     together = translations()
     assert ran and max(taken for taken, _ in ran) > 4 and all(ended for _, ended in ran)
     init = decoding.CachedStepper.__init__
@@ -733,9 +737,9 @@ def test_a_steps_embedding_in_c_gives_torchs_bits_and_refuses_an_id_outside_the_
     weight, scale = torch.randn(50, 24, generator=g), math.sqrt(24)
     tokens = torch.tensor([3, 49, 0, 3])
     for at in (torch.randn(1, 24, generator=g), torch.randn(4, 24, generator=g)):
-        assert torch.equal(native.embed(tokens, weight, scale, at), F.embedding(tokens, weight) * scale + at)
+        assert torch.equal(c_layers.embed(tokens, weight, scale, at), F.embedding(tokens, weight) * scale + at)
     with pytest.raises(IndexError):
-        native.embed(torch.tensor([3, 50]), weight, scale, at[:1])
+        c_layers.embed(torch.tensor([3, 50]), weight, scale, at[:1])
 
 
 def test_a_build_without_a_compiler_says_so_and_fails_where_the_kernels_are_required(tmp_path: Path) -> None:
@@ -792,7 +796,7 @@ def test_swish_in_c_gives_onednns_fused_post_op_bits() -> None:
     x = torch.cat([values[: values.numel() // 256 * 256], torch.randn(64 * 256) * 6]).view(-1, 256)
     with torch.inference_mode():
         expected = onednn.linear(x, torch.eye(256), None, "swish")
-    assert torch.equal(native.f32_swish_(x.clone()), expected)
+    assert torch.equal(c_gemm.f32_swish_(x.clone()), expected)
     # the shipped model's fc1: where the C GEMM gives oneDNN's sums, with the swish it gives the fused call's bits
     assert f32_gemm.swish_agrees(1024, 256) == f32_gemm.agrees(1024, 256)
 
@@ -803,12 +807,12 @@ def test_a_lineages_reorder_in_one_call_is_the_gather_of_its_rows_and_refuses_a_
     rows = torch.tensor([2, 2, 0, 5])  # rows naming each other and themselves
     expected = lineage.clone()
     expected[:4, :7] = lineage[rows, :7]
-    native.follow(lineage, rows, 7)
+    c_attention.follow(lineage, rows, 7)
     assert torch.equal(lineage, expected)
     with pytest.raises(IndexError):
-        native.follow(lineage, torch.tensor([0, 6]), 3)
+        c_attention.follow(lineage, torch.tensor([0, 6]), 3)
     with pytest.raises(IndexError):
-        native.follow(lineage, rows, 10)
+        c_attention.follow(lineage, rows, 10)
     assert torch.equal(lineage, expected)  # nothing written by a refused call
 
 
@@ -822,15 +826,15 @@ def test_cache_rows_moved_in_one_call_are_the_gathers_copies_and_rows_both_writt
     expected = [c.clone() for c in (cache.k, cache.v)]
     for c in expected:
         c[:, dest, :, :6] = c[:, src, :, :6]
-    assert native.copy_rows(cache.k, cache.v, dest, src, 6)
+    assert c_attention.copy_rows(cache.k, cache.v, dest, src, 6)
     assert torch.equal(cache.k, expected[0]) and torch.equal(cache.v, expected[1])
     chained = torch.tensor([0, 3]), torch.tensor([3, 5])  # row 3 written and read: the gather's to do
-    assert not native.copy_rows(cache.k, cache.v, *chained, 6)
+    assert not c_attention.copy_rows(cache.k, cache.v, *chained, 6)
     assert torch.equal(cache.k, expected[0])
     with pytest.raises(IndexError):
-        native.copy_rows(cache.k, cache.v, torch.tensor([0]), torch.tensor([10]), 6)
+        c_attention.copy_rows(cache.k, cache.v, torch.tensor([0]), torch.tensor([10]), 6)
     with pytest.raises(IndexError):
-        native.copy_rows(cache.k, cache.v, dest, src, 17)
+        c_attention.copy_rows(cache.k, cache.v, dest, src, 17)
     # KVCache.copy takes either way: filled (N,) bounds the prefix copied, as the gather's
     for c in expected:
         c[:, chained[0], :, :11] = c[:, chained[1], :, :11].clone()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from model import Translator
-from model.kernels import native, ops
+from model.kernels import c_attention, c_gemm, c_layers, c_search, native, ops
 
 WHY_NOT = f"turned off ({native.ENV}=0)" if os.environ.get(native.ENV) == "0" else "not built here"
 pytestmark = pytest.mark.skipif(not native.built(), reason=f"the C kernels are {WHY_NOT}")
@@ -64,11 +64,11 @@ def _packed_samples() -> dict[str, tuple[object, ...]]:
     w = _int8(N, K)
     packed: dict[str, tuple[object, ...]] = {}
     if native.vnni():
-        form = native.VnniWeight(w, _randn(N).abs())
+        form = c_gemm.VnniWeight(w, _randn(N).abs())
         packed["vnni_gemm"] = (_int8(M, K), form.packed, form.comp, N, K)
         packed["vnni_linear"] = (_randn(M, K), form.packed, form.comp, form.scale, N, K, _randn(N), _randn(M, N), False)
     if native.f32():
-        f = native.F32Weight(_randn(N, K))
+        f = c_gemm.F32Weight(_randn(N, K))
         packed["f32_linear"] = (_randn(M, K), f.packed, N, K, _randn(N), None)
     return packed
 
@@ -91,10 +91,10 @@ def _clone(args: tuple[object, ...]) -> tuple[object, ...]:
 
 CALLS: dict[str, Callable[..., object]] = {
     "int8_gemm": native.int8_gemm,
-    "quantize_rows": native.quantize_rows,
+    "quantize_rows": c_gemm.quantize_rows,
     "layer_norm": native.layer_norm,
-    "embed": native.embed,
-    "top_candidates": native.top_candidates,
+    "embed": c_layers.embed,
+    "top_candidates": c_search.top_candidates,
 }
 
 
@@ -110,7 +110,7 @@ def test_the_in_place_operators_write_what_their_kernels_write() -> None:
     acc, col, row, bias = _samples()["scale_back_"]
     assert isinstance(acc, torch.Tensor)
     got, want = acc.clone(), acc.clone()
-    assert torch.equal(ops.scale_back_(got, col, row, bias), native.scale_back_(want, col, row, bias))  # type: ignore[arg-type]
+    assert torch.equal(ops.scale_back_(got, col, row, bias), c_gemm.scale_back_(want, col, row, bias))  # type: ignore[arg-type]
     (x,) = _samples()["log_softmax_"]
     assert isinstance(x, torch.Tensor)
     assert torch.equal(ops.log_softmax_(x.clone()), native.log_softmax_(x.clone()))
@@ -118,21 +118,21 @@ def test_the_in_place_operators_write_what_their_kernels_write() -> None:
     assert isinstance(y, torch.Tensor) and isinstance(rows, torch.Tensor) and isinstance(bias, torch.Tensor)
     want = torch.log_softmax(torch.addcmul(bias, y, rows), -1)  # the two passes it makes one
     got = ops.rescale_log_softmax_(y.clone(), rows, bias)
-    assert torch.equal(got, native.rescale_log_softmax_(y.clone(), rows, bias))
+    assert torch.equal(got, c_gemm.rescale_log_softmax_(y.clone(), rows, bias))
     torch.testing.assert_close(got, want)  # its log-softmax's own bits (csrc/search.c), near PyTorch's
     assert torch.equal(
-        native.rescale_log_softmax_(y.clone(), rows, bias), native.log_softmax_(torch.addcmul(bias, y, rows))
+        c_gemm.rescale_log_softmax_(y.clone(), rows, bias), native.log_softmax_(torch.addcmul(bias, y, rows))
     )
     qkv, k, v, at, _, _ = _samples()["self_attend_step"]
     assert isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and isinstance(qkv, torch.Tensor)
     k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
-    assert torch.equal(ops.self_attend_step(qkv, k1, v1, at, None), native.self_attend_step(qkv, k2, v2, at, None))  # type: ignore[arg-type]
+    assert torch.equal(ops.self_attend_step(qkv, k1, v1, at, None), c_attention.self_attend_step(qkv, k2, v2, at, None))  # type: ignore[arg-type]
     assert torch.equal(k1, k2) and torch.equal(v1, v2) and not torch.equal(k1, k)  # the step's keys written
 
 
 @vnni
 def test_a_packed_form_of_another_size_is_refused_before_the_kernel_reads_it() -> None:
-    form, op = native.VnniWeight(_int8(48, 64), torch.ones(48)), torch.ops.beamserve.vnni_linear.default
+    form, op = c_gemm.VnniWeight(_int8(48, 64), torch.ones(48)), torch.ops.beamserve.vnni_linear.default
     with pytest.raises(ValueError, match="packed"):
         op(_randn(3, 64), form.packed[:-64], form.comp, form.scale, 48, 64, None, None, False)
     with pytest.raises(ValueError, match="packed"):

@@ -16,7 +16,7 @@ from model.decode.search import (
     top_candidates,
     top_indices,
 )
-from model.kernels import execution, native, ops
+from model.kernels import c_search, execution, native, ops
 from model.kernels.log_softmax import log_softmax_
 
 EOS, A, B, START = 0, 1, 2, 3
@@ -281,8 +281,8 @@ def test_a_beam_step_as_one_c_call_gives_the_searchs_answer_in_pytorchs_ops(
     options = SearchOptions(beam_size=4, eos_token_id=3, start_token_id=1, **rules)  # type: ignore[arg-type]
     max_lengths = torch.tensor([9, 3, 12, 6, 1])  # sentences finish at different steps, one at its first
     calls: list[int] = []
-    advance = native.BeamAdvance.__call__
-    monkeypatch.setattr(native.BeamAdvance, "__call__", lambda *a: calls.append(1) or advance(*a))
+    advance = c_search.BeamAdvance.__call__
+    monkeypatch.setattr(c_search.BeamAdvance, "__call__", lambda *a: calls.append(1) or advance(*a))
     for seed in range(6):
         in_c = beam_search(RandomStepper(seed, 40), max_lengths, options)
         stepper = RandomStepper(seed, 40)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from model.decode.search import Hypothesis, SearchOptions, Stepper, beam_search, greedy_search
-from model.kernels import native
+from model.kernels import c_search
 from model.kernels.log_softmax import log_softmax_
 from model.nn.kv_cache import CrossCache, KVCache, continue_in_place, fill_holes
 from model.nn.transformer import Seq2Seq, c_beam_steps
@@ -42,8 +42,8 @@ class CachedStepper:
         return self.model.decode_step(cache_tokens, pos, self.cache, self.cross, order=self.phys, log_probs=True)
 
     def beam_steps(
-        self, tokens: torch.Tensor, pos: int, advance: native.BeamAdvance, norms: torch.Tensor
-    ) -> tuple[int, native.BeamStep, torch.Tensor] | None:
+        self, tokens: torch.Tensor, pos: int, advance: c_search.BeamAdvance, norms: torch.Tensor
+    ) -> tuple[int, c_search.BeamStep, torch.Tensor] | None:
         """Steps, their beam steps and reorders in one call where the model makes them (transformer.c_beam_steps)."""
         if not self.model.plan.steps_in_c or self.cache.lineage is None or not self.identity:
             return None

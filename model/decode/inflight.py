@@ -30,7 +30,7 @@ from model.decode.search import (
     finished_hypotheses,
     length_norms,
 )
-from model.kernels import execution, native
+from model.kernels import c_search, execution
 from model.nn.kv_cache import SMALL_REORDER, CrossCache, KVCache, continue_in_place, continue_listed, fill_holes
 from model.nn.layers import attended_keys
 from model.nn.transformer import Seq2Seq
@@ -74,7 +74,7 @@ class SearchGroup:
         self.max_lengths = torch.cat([self.max_lengths, max_lengths])
         self.sentence = torch.cat([self.sentence, sentence])
 
-    def advance(self, log_probs: torch.Tensor, plan: execution.Plan) -> native.BeamAdvance | None:
+    def advance(self, log_probs: torch.Tensor, plan: execution.Plan) -> c_search.BeamAdvance | None:
         """The group's beam step as one C call (search.advance_in_c) over its state as it is now; None where the
         plan's kernels do not run it. Kept while the state's tensors are the same ones (a join, a drop or a
         widening makes new ones; the call updates them in place) and the plan the same."""

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from model.kernels import execution, native, ops
+from model.kernels import c_search, execution, ops
 
 NEG = -1.0e9  # "impossible" without the NaNs that -inf arithmetic can produce
 CHUNK = 32  # vocabulary block of the CPU candidate ranking (top_candidates); 32-64 were best on 8,000 ids
@@ -46,8 +46,8 @@ class BeamSteps(Protocol):
     steps went on; None where it does not run (nothing computed)."""
 
     def __call__(
-        self, tokens: torch.Tensor, pos: int, advance: native.BeamAdvance, norms: torch.Tensor
-    ) -> tuple[int, native.BeamStep, torch.Tensor] | None: ...
+        self, tokens: torch.Tensor, pos: int, advance: c_search.BeamAdvance, norms: torch.Tensor
+    ) -> tuple[int, c_search.BeamStep, torch.Tensor] | None: ...
 
 
 @dataclass(frozen=True)
@@ -359,11 +359,11 @@ def beam_step(
 
 
 def _in_c(log_probs: torch.Tensor, state: BeamState, K: int, plan: execution.Plan) -> bool:
-    """Whether beam_step runs in C (native.beam_step, the same answer): the plan's kernels take the log-probs, a
+    """Whether beam_step runs in C (c_search.beam_step, the same answer): the plan's kernels take the log-probs, a
     state of contiguous tensors (the static decode state's, written in place per slot, keeps this module's ops)."""
     return (
         plan.takes(log_probs)
-        and 2 * K <= native.MOST_CANDIDATES
+        and 2 * K <= c_search.MOST_CANDIDATES
         and log_probs.is_contiguous()
         and all(getattr(state, name).is_contiguous() for name in BeamState.FIELDS)
     )
@@ -392,7 +392,7 @@ def top_candidates(
     """
     b, K, V = log_probs.shape
     takes = (plan or execution.probe()).takes(log_probs)
-    if takes and run_scores.dtype == torch.float32 and n <= min(native.MOST_CANDIDATES, K * V):
+    if takes and run_scores.dtype == torch.float32 and n <= min(c_search.MOST_CANDIDATES, K * V):
         return ops.top_candidates(log_probs, run_scores, n)  # the same answer, in one pass
     if chunk is None or 4 * chunk > V:  # too few blocks to gain from them
         scores = (log_probs + run_scores[:, :, None]).view(b, K * V)
@@ -455,7 +455,7 @@ def beam_search(
     # (CTranslate2 does the same on CPU); the first reorder then gives each sentence K rows.
     tokens = torch.full((B,), opts.start_token_id, dtype=torch.long, device=device)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
-    advance: native.BeamAdvance | None = None
+    advance: c_search.BeamAdvance | None = None
     steps_in_c: BeamSteps | None = getattr(stepper, "beam_steps", None)
     n, last = 0, int(max_lengths.max())
     while n < last:
@@ -513,14 +513,14 @@ def length_norms(pos: torch.Tensor, dtype: torch.dtype, penalty: float | torch.T
 
 def advance_in_c(
     log_probs: torch.Tensor, state: BeamState, limits: torch.Tensor, opts: SearchOptions, plan: execution.Plan
-) -> native.BeamAdvance | None:
+) -> c_search.BeamAdvance | None:
     """The C call of a whole beam step (constrain, then beam_step) over this state, where it runs: the plan's
     kernels take the log-probs, the ranking's 2 K candidates within the kernel's, no n-gram rule (it reads the
     history in PyTorch)."""
     K = opts.beam_size
-    if not (plan.takes(log_probs) and 2 * K <= native.MOST_CANDIDATES and opts.no_repeat_ngram_size == 0):
+    if not (plan.takes(log_probs) and 2 * K <= c_search.MOST_CANDIDATES and opts.no_repeat_ngram_size == 0):
         return None
-    return native.BeamAdvance(
+    return c_search.BeamAdvance(
         tuple(getattr(state, name) for name in BeamState.FIELDS),
         limits.contiguous(),
         eos=opts.eos_token_id,

@@ -1,4 +1,4 @@
-"""Which C GEMM serves a layer's weights at a row count: the structs of native.c_linear for a decode step's and
+"""Which C GEMM serves a layer's weights at a row count: the structs of c_layers.c_linear for a decode step's and
 the encoder's library calls, made from a weight's forms, and the row counts each serves.
 
 An int8 weight computes in C where its plan (int8_choice, measured at load) takes the packed VNNI kernel at that
@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import torch
 
-from model.kernels import execution, f32_gemm, native
+from model.kernels import c_gemm, c_layers, execution, f32_gemm, native
 from model.kernels.int8_choice import kernel_at
 from model.kernels.quant import Int8Weight
 
 # What serves a layer in C: its structs, the tensors they point into, and each weight's int8 plan (None: float32).
-Structs = tuple[tuple[native.LinearC, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...] | None, ...]]
+Structs = tuple[tuple[c_layers.LinearC, ...], tuple[torch.Tensor, ...], tuple[tuple[str, ...] | None, ...]]
 Layer = tuple[torch.Tensor, torch.Tensor | None, Int8Weight | None]  # weight, bias, int8 form or None
 
 
 def structs(layers: tuple[Layer, ...]) -> Structs | None:
-    """native.c_linear's structs for (weight, bias, int8 form or None) layers, the tensors they point into, and each
+    """c_layers.c_linear's structs for (weight, bias, int8 form or None) layers, the tensors they point into, and each
     weight's plan (None for float32); None where a weight computes in neither C kernel (int8 without the VNNI
     kernel's packed form, float32 where f32_gemm's kernel does not give oneDNN's bits)."""
-    forms: list[tuple[native.VnniWeight | native.F32Weight, tuple[str, ...] | None]] = []
+    forms: list[tuple[c_gemm.VnniWeight | c_gemm.F32Weight, tuple[str, ...] | None]] = []
     for w, _, q in layers:
         if q is not None:
             if q.vnni is None:
@@ -35,13 +35,13 @@ def structs(layers: tuple[Layer, ...]) -> Structs | None:
             return None
         forms.append((f32, None))
     made = [
-        native.c_linear(f, None if b is None else b.detach().float().contiguous())
+        c_layers.c_linear(f, None if b is None else b.detach().float().contiguous())
         for (f, _), (_, b, _) in zip(forms, layers, strict=True)
     ]
     return tuple(m[0] for m in made), tuple(t for m in made for t in m[1]), tuple(plan for _, plan in forms)
 
 
-def serving(made: Structs | None, rows: int) -> tuple[native.LinearC, ...] | None:
+def serving(made: Structs | None, rows: int) -> tuple[c_layers.LinearC, ...] | None:
     """The structs, where every one's kernel serves `rows` rows."""
     if made is None:
         return None
@@ -55,7 +55,7 @@ def serving(made: Structs | None, rows: int) -> tuple[native.LinearC, ...] | Non
 
 def output_form(
     q: Int8Weight | None, weight: torch.Tensor, rows: int, plan: execution.Plan
-) -> native.VnniWeight | native.F32Weight | None:
+) -> c_gemm.VnniWeight | c_gemm.F32Weight | None:
     """The output projection's form for the C call that ends a step with its log-softmax, at `rows` rows: int8 by the
     VNNI kernel where the plan scales back in C and the weight's plan takes VNNI at that count; float32 by f32_gemm's
     kernel where it serves; None elsewhere."""
@@ -68,15 +68,15 @@ def output_form(
 
 def swish_fc1(
     weight: torch.Tensor, bias: torch.Tensor | None, rows: int
-) -> tuple[native.LinearC, tuple[torch.Tensor, ...], native.F32Weight] | None:
-    """A float32 feed-forward's fc1 as a C struct where the C GEMM and native.f32_swish_ give oneDNN's linear with its
+) -> tuple[c_layers.LinearC, tuple[torch.Tensor, ...], c_gemm.F32Weight] | None:
+    """A float32 feed-forward's fc1 as a C struct where the C GEMM and c_gemm.f32_swish_ give oneDNN's linear with its
     swish post-op at `rows` rows (f32_gemm.swish_agrees at its shape): the struct, its tensors and the form."""
     if weight.dim() != 2 or f32_gemm.most_rows(*weight.shape) < rows or not f32_gemm.swish_agrees(*weight.shape):
         return None
     form = f32_gemm.form(weight)
     if form is None or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())):
         return None
-    fc1, tensors = native.c_linear(form, None if bias is None else bias.detach())
+    fc1, tensors = c_layers.c_linear(form, None if bias is None else bias.detach())
     return fc1, tensors, form
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from model.kernels import native, onednn
+from model.kernels import c_attention, native, onednn
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Plan:
     def attends(self, x: torch.Tensor, head_dim: int) -> bool:
         """Whether a decode step's attention over x's device and dtype, with heads of `head_dim`, runs in C:
         the tensor taken, heads the kernel holds, outside autograd."""
-        return self.takes(x) and head_dim <= native.MOST_HEAD_DIM and not torch.is_grad_enabled()
+        return self.takes(x) and head_dim <= c_attention.MOST_HEAD_DIM and not torch.is_grad_enabled()
 
     def with_(self, **changes: object) -> Plan:
         """This plan with `changes` (dataclasses.replace): one part turned off to measure it, a model's GEMMs."""

@@ -9,7 +9,7 @@ whichever computes it, alone or in a batch (oneDNN above most_rows: 64 rows, 256
 elements). Where they differ (another oneDNN build, a CPU whose blocking differs) oneDNN keeps every shape. An
 activation fused in oneDNN's epilogue keeps oneDNN's call here (gemm.linear); a decode step made in one library
 call (model/nn/c_step.py) computes a feed-forward's fc1 and its swish in C instead, with the C GEMM and
-native.f32_swish_ (oneDNN's swish, step by step), where swish_agrees finds them giving oneDNN's fused bits at
+c_gemm.f32_swish_ (oneDNN's swish, step by step), where swish_agrees finds them giving oneDNN's fused bits at
 fc1's shape.
 """
 
@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from model.kernels import native, onednn, ops
+from model.kernels import c_gemm, native, onednn, ops
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +60,20 @@ def _check(N: int, K: int, post_op: str = "none") -> bool:
     gen = torch.Generator().manual_seed(N * 31 + K)
     with torch.inference_mode():
         w, b = torch.randn(N, K, generator=gen) * 0.05, torch.randn(N, generator=gen)
-        form = native.F32Weight(w)
+        form = c_gemm.F32Weight(w)
         for rows in (rows for rows in CHECK_ROWS if rows <= most_rows(N, K)):
             x = torch.randn(rows, K, generator=gen) * (1 + 4 * (rows % 2))  # activations far into swish's tails too
             for bias in (b, None):
                 y = ops.f32_linear(x, form, bias)
                 if post_op == "swish":
-                    native.f32_swish_(y)
+                    c_gemm.f32_swish_(y)
                 if not torch.equal(y, onednn.linear(x, w, bias, post_op)):
                     return False
     return True
 
 
 def swish_agrees(N: int, K: int) -> bool:
-    """Whether the C kernel followed by native.f32_swish_ gives the bits of oneDNN's linear with its swish post-op
+    """Whether the C kernel followed by c_gemm.f32_swish_ gives the bits of oneDNN's linear with its swish post-op
     for (N, K) weights at this intra-op thread count (as agrees checks the plain linear): the feed-forward's fc1
     of a float32 decode step, in C (model/nn/c_step.py)."""
     key = (N, K, torch.get_num_threads())
@@ -85,22 +85,22 @@ def swish_agrees(N: int, K: int) -> bool:
     return found
 
 
-def form(weight: torch.Tensor) -> native.F32Weight | None:
+def form(weight: torch.Tensor) -> c_gemm.F32Weight | None:
     """weight's packed form for the C kernel (made once, redone when the weight changes), where the kernel
     agrees with oneDNN at its shape; None else."""
-    held: tuple[int, native.F32Weight] | None = getattr(weight, FORM_ATTR, None)
+    held: tuple[int, c_gemm.F32Weight] | None = getattr(weight, FORM_ATTR, None)
     v = onednn.version(weight)
     if held is not None and held[0] == v:
         return held[1]
     if weight.dim() != 2 or not agrees(*weight.shape):
         return None
     with torch.inference_mode():
-        made = native.F32Weight(weight.detach())
+        made = c_gemm.F32Weight(weight.detach())
     setattr(weight, FORM_ATTR, (v, made))
     return made
 
 
-def serving(weight: torch.Tensor, rows: int) -> native.F32Weight | None:
+def serving(weight: torch.Tensor, rows: int) -> c_gemm.F32Weight | None:
     """weight's form where the C kernel serves a call of `rows` rows: no more than most_rows, the kernel built
     here and giving oneDNN's bits at its shape; None else."""
     return form(weight) if weight.dim() == 2 and rows <= most_rows(*weight.shape) and native.f32() else None

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from model.kernels import native, ops
+from model.kernels import c_gemm, native, ops
 
 QMAX = 127.0  # symmetric int8: -127..127, so a row's scale maps its largest magnitude to 127
 KERNELS = ("vnni", "onednn", "int_mm", "c")
@@ -49,7 +49,7 @@ class Int8Weight(nn.Module):
         scale: torch.Tensor,
         plan: tuple[str, ...] = ("int_mm",),
         onednn: tuple[torch.Tensor, torch.Tensor] | None = None,
-        vnni: native.VnniWeight | None = None,
+        vnni: c_gemm.VnniWeight | None = None,
     ) -> None:
         super().__init__()
         self.register_buffer("qweight", qweight, persistent=False)
@@ -68,7 +68,7 @@ class Int8Weight(nn.Module):
         self.__dict__.update(self._buffers)
         if self.vnni is not None:
             packed, comp = self.__dict__["vnni_packed"], self.__dict__["vnni_comp"]
-            self.vnni = native.VnniWeight.of(packed, comp, self.scale, self.vnni.N, self.vnni.K)
+            self.vnni = c_gemm.VnniWeight.of(packed, comp, self.scale, self.vnni.N, self.vnni.K)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Int8Weight:
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # new buffers (.to): the attributes follow
@@ -91,7 +91,7 @@ def with_forms(qweight: torch.Tensor, scale: torch.Tensor, plan: tuple[str, ...]
             onednn = (torch.ops.onednn.qlinear_prepack(qweight, None), torch.zeros(qweight.shape[0], dtype=torch.int64))
     if "vnni" in plan and native.vnni():
         try:
-            vnni = native.VnniWeight(qweight, scale.float())
+            vnni = c_gemm.VnniWeight(qweight, scale.float())
         except ValueError:  # a weight the AVX2 kernel cannot multiply exactly (a -128): the 16-bit C kernel can
             plan = tuple("c" if k == "vnni" else k for k in plan)
     return Int8Weight(qweight, scale.float(), plan, onednn, vnni)
@@ -178,7 +178,7 @@ def exact(kernel: str) -> bool:
     want = (x.long() @ w.long().t()).int()
     try:
         if kernel == "vnni":
-            got = ops.vnni_gemm(x, native.VnniWeight(w, torch.ones(w.shape[0])))
+            got = ops.vnni_gemm(x, c_gemm.VnniWeight(w, torch.ones(w.shape[0])))
         elif kernel == "c":
             got = ops.int8_gemm(x, w)
         else:

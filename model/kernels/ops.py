@@ -9,7 +9,7 @@ call itself: through the dispatcher a call costs 2-8 us more, and a one-sentence
 While torch.compile traces the model, each calls its operator, which the graph then holds.
 
 These are the kernels whose arguments are tensors and numbers. The fused sublayer and beam-step calls of a decode
-(native.decoder_segment, encoder_segment, self_sublayer, cross_sublayer, linear_forward, BeamAdvance) read their
+(c_layers.decoder_segment, encoder_segment, self_sublayer, cross_sublayer, linear_forward, BeamAdvance) read their
 weights and caches through structs of pointers that a plan builds once per decode: no schema can say what they
 read or write, so they stay ctypes calls, which torch.compile does not trace: a compiled model breaks its graph
 there and runs them as eager does.
@@ -23,7 +23,7 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
-from model.kernels import native
+from model.kernels import c_attention, c_gemm, c_layers, c_search, native
 
 LIBRARY = torch.library.Library("beamserve", "DEF")  # type: ignore[no-untyped-call]  # the operators' namespace, held for the process
 
@@ -59,17 +59,17 @@ SCHEMAS = {
 
 
 def _scale_back_(acc: torch.Tensor, col: torch.Tensor, row: torch.Tensor, bias: torch.Tensor | None) -> None:
-    native.scale_back_(acc, col, row, bias)
+    c_gemm.scale_back_(acc, col, row, bias)
 
 
 def _scale_back_log_softmax_(
     acc: torch.Tensor, col: torch.Tensor, row: torch.Tensor, bias: torch.Tensor | None
 ) -> None:
-    native.scale_back_log_softmax_(acc, col, row, bias)
+    c_gemm.scale_back_log_softmax_(acc, col, row, bias)
 
 
 def _rescale_log_softmax_(y: torch.Tensor, row: torch.Tensor, bias: torch.Tensor | None) -> None:
-    native.rescale_log_softmax_(y, row, bias)
+    c_gemm.rescale_log_softmax_(y, row, bias)
 
 
 def _log_softmax_(x: torch.Tensor) -> None:
@@ -77,7 +77,7 @@ def _log_softmax_(x: torch.Tensor) -> None:
 
 
 def _vnni_gemm(x: torch.Tensor, packed: torch.Tensor, comp: torch.Tensor, N: int, K: int) -> torch.Tensor:
-    return native.vnni_gemm(x, native.VnniWeight.of(packed, comp, torch.empty(0), N, K))
+    return c_gemm.vnni_gemm(x, c_gemm.VnniWeight.of(packed, comp, torch.empty(0), N, K))
 
 
 def _vnni_linear(
@@ -91,14 +91,14 @@ def _vnni_linear(
     residual: torch.Tensor | None,
     log_softmax: bool,
 ) -> torch.Tensor:
-    w = native.VnniWeight.of(packed, comp, scale, N, K)
-    return native.vnni_linear(x, w, bias, residual, log_softmax=log_softmax)
+    w = c_gemm.VnniWeight.of(packed, comp, scale, N, K)
+    return c_gemm.vnni_linear(x, w, bias, residual, log_softmax=log_softmax)
 
 
 def _f32_linear(
     x: torch.Tensor, packed: torch.Tensor, N: int, K: int, bias: torch.Tensor | None, residual: torch.Tensor | None
 ) -> torch.Tensor:
-    return native.f32_linear(x, native.F32Weight.of(packed, N, K), bias, residual)
+    return c_gemm.f32_linear(x, c_gemm.F32Weight.of(packed, N, K), bias, residual)
 
 
 def _attend(
@@ -109,7 +109,7 @@ def _attend(
     lengths: torch.Tensor | None,
     rows: torch.Tensor | None,
 ) -> torch.Tensor:
-    return native.attend(q, k, v, length if lengths is None else lengths, rows)
+    return c_attention.attend(q, k, v, length if lengths is None else lengths, rows)
 
 
 def _self_attend_step(
@@ -120,7 +120,7 @@ def _self_attend_step(
     positions: torch.Tensor | None,
     lineage: torch.Tensor | None,
 ) -> torch.Tensor:
-    return native.self_attend_step(qkv, k, v, at if positions is None else positions, lineage)
+    return c_attention.self_attend_step(qkv, k, v, at if positions is None else positions, lineage)
 
 
 def _beam_step(
@@ -138,12 +138,12 @@ def _beam_step(
     early_stopping: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     state = (run_scores, run_tokens, fin_scores, fin_tokens, fin_flags, improvable)
-    return native.beam_step(log_probs, state, pos, max_lengths, norm, eos, early_stopping)
+    return c_search.beam_step(log_probs, state, pos, max_lengths, norm, eos, early_stopping)
 
 
 IMPLS: dict[str, Callable[..., object]] = {
     "int8_gemm": native.int8_gemm,
-    "quantize_rows": native.quantize_rows,
+    "quantize_rows": c_gemm.quantize_rows,
     "scale_back_": _scale_back_,
     "scale_back_log_softmax_": _scale_back_log_softmax_,
     "rescale_log_softmax_": _rescale_log_softmax_,
@@ -154,8 +154,8 @@ IMPLS: dict[str, Callable[..., object]] = {
     "attend": _attend,
     "self_attend_step": _self_attend_step,
     "layer_norm": native.layer_norm,
-    "embed": native.embed,
-    "top_candidates": native.top_candidates,
+    "embed": c_layers.embed,
+    "top_candidates": c_search.top_candidates,
     "beam_step": _beam_step,
 }
 
@@ -242,13 +242,13 @@ class Traced:
         return x
 
     @staticmethod
-    def vnni_gemm(x: torch.Tensor, w: native.VnniWeight) -> torch.Tensor:
+    def vnni_gemm(x: torch.Tensor, w: c_gemm.VnniWeight) -> torch.Tensor:
         return _OPS.vnni_gemm.default(x, w.packed, w.comp, w.N, w.K)
 
     @staticmethod
     def vnni_linear(
         x: torch.Tensor,
-        w: native.VnniWeight,
+        w: c_gemm.VnniWeight,
         bias: torch.Tensor | None,
         residual: torch.Tensor | None = None,
         *,
@@ -258,7 +258,7 @@ class Traced:
 
     @staticmethod
     def f32_linear(
-        x: torch.Tensor, w: native.F32Weight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
+        x: torch.Tensor, w: c_gemm.F32Weight, bias: torch.Tensor | None, residual: torch.Tensor | None = None
     ) -> torch.Tensor:
         return _OPS.f32_linear.default(x, w.packed, w.N, w.K, bias, residual)
 
@@ -323,17 +323,17 @@ def _routed(eager: Callable[P, R], traced: Callable[P, R]) -> Callable[P, R]:
 
 
 int8_gemm = _routed(native.int8_gemm, Traced.int8_gemm)
-quantize_rows = _routed(native.quantize_rows, Traced.quantize_rows)
-scale_back_ = _routed(native.scale_back_, Traced.scale_back_)
-scale_back_log_softmax_ = _routed(native.scale_back_log_softmax_, Traced.scale_back_log_softmax_)
-rescale_log_softmax_ = _routed(native.rescale_log_softmax_, Traced.rescale_log_softmax_)
+quantize_rows = _routed(c_gemm.quantize_rows, Traced.quantize_rows)
+scale_back_ = _routed(c_gemm.scale_back_, Traced.scale_back_)
+scale_back_log_softmax_ = _routed(c_gemm.scale_back_log_softmax_, Traced.scale_back_log_softmax_)
+rescale_log_softmax_ = _routed(c_gemm.rescale_log_softmax_, Traced.rescale_log_softmax_)
 log_softmax_ = _routed(native.log_softmax_, Traced.log_softmax_)
-vnni_gemm = _routed(native.vnni_gemm, Traced.vnni_gemm)
-vnni_linear = _routed(native.vnni_linear, Traced.vnni_linear)
-f32_linear = _routed(native.f32_linear, Traced.f32_linear)
-attend = _routed(native.attend, Traced.attend)
-self_attend_step = _routed(native.self_attend_step, Traced.self_attend_step)
+vnni_gemm = _routed(c_gemm.vnni_gemm, Traced.vnni_gemm)
+vnni_linear = _routed(c_gemm.vnni_linear, Traced.vnni_linear)
+f32_linear = _routed(c_gemm.f32_linear, Traced.f32_linear)
+attend = _routed(c_attention.attend, Traced.attend)
+self_attend_step = _routed(c_attention.self_attend_step, Traced.self_attend_step)
 layer_norm = _routed(native.layer_norm, Traced.layer_norm)
-embed = _routed(native.embed, Traced.embed)
-top_candidates = _routed(native.top_candidates, Traced.top_candidates)
-beam_step = _routed(native.beam_step, Traced.beam_step)
+embed = _routed(c_layers.embed, Traced.embed)
+top_candidates = _routed(c_search.top_candidates, Traced.top_candidates)
+beam_step = _routed(c_search.beam_step, Traced.beam_step)

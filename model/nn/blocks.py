@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from model.kernels import execution, native, ops
+from model.kernels import c_layers, execution, ops
 from model.nn.config import ModelConfig
 from model.nn.kv_cache import CrossCache, KVCache
 from model.nn.layers import FeedForward, MultiHeadAttention, layer_norm, rows_of_a_step, step_attention
@@ -99,7 +99,7 @@ class DecoderLayer(nn.Module):
             N, C = h.shape[0], h.shape[-1]
             structs = attn.c_sublayer(N, fused=True) if rows_of_a_step(h, residual, attn.plan) else None
             if structs is not None:  # and the projections and the residual in the same call
-                return native.self_sublayer(h, residual, *structs, cache.view(layer), pos)  # type: ignore[arg-type]
+                return c_layers.self_sublayer(h, residual, *structs, cache.view(layer), pos)  # type: ignore[arg-type]
             out = cache.attend_step(layer, pos, attn.project_qkv(h.view(N, C)))  # (N, H, D)
             return attn.out_proj(out.view(h.shape), residual)
         k, v = cache.update(layer, pos, *attn.project_kv(h))  # (N, H, T, D)
@@ -119,7 +119,7 @@ class DecoderLayer(nn.Module):
             N = h.shape[0]
             structs = attn.c_sublayer(N, fused=False) if rows_of_a_step(h, residual, attn.plan) else None
             if structs is not None:  # and the projections and the residual in the same call
-                return native.cross_sublayer(h, residual, *structs, cross.view(layer), row_map)  # type: ignore[arg-type]
+                return c_layers.cross_sublayer(h, residual, *structs, cross.view(layer), row_map)  # type: ignore[arg-type]
             q = attn.q_proj(h).view(N, attn.heads, -1)  # (N, H, D)
             out = ops.attend(q, cross.k[layer], cross.v[layer], *row_map)
             return attn.out_proj(out.view(h.shape), residual)

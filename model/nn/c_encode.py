@@ -1,4 +1,4 @@
-"""The encoder's layers as one C call between each two feed-forward activations (native.encoder_segment), for
+"""The encoder's layers as one C call between each two feed-forward activations (c_layers.encoder_segment), for
 inference on CPU where LayerNorm in C gives PyTorch's bits (the plan's layer_norm_in_c).
 
 A sentence alone is a dozen rows: each layer op by op is some twenty library and ATen calls of a few
@@ -7,7 +7,7 @@ and v as one projection: the same sums, model/nn/layers.py; each row's attention
 positions, padded rows too, as MultiHeadAttention._each_in_c; the residuals in the output projections' passes)
 with the same kernels, so the bits are the same: tests/test_native.py holds them against the modules. Where C
 computes the SiLU between them with the same bits (model/nn/c_step.py's in_one_call), every layer is one call
-(native.encoder_layers).
+(c_layers.encoder_layers).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.kernels import execution, native
+from model.kernels import c_layers, execution
 from model.nn import c_step
 from model.nn.layers import hidden_rows
 
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 # One encoder layer's part: its struct, its fc1 (weight, bias: float32's outside C), activation, heads, and what
 # the struct points into.
-Part = tuple[native.LayerC, bool, tuple[torch.Tensor, torch.Tensor | None], str, int, tuple[object, ...]]
-NONE = native.LinearC(None, None, None, None, 0, 0, 0)  # the cross-attention an encoder layer has not
+Part = tuple[c_layers.LayerC, bool, tuple[torch.Tensor, torch.Tensor | None], str, int, tuple[object, ...]]
+NONE = c_layers.LinearC(None, None, None, None, 0, 0, 0)  # the cross-attention an encoder layer has not
 
 
 def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor | None:
@@ -44,12 +44,12 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
         return None
     lengths = src_mask.sum(-1).repeat_interleave(S)  # (N,) each row's sentence length
     sentence = torch.arange(B).repeat_interleave(S)[:, None].expand(N, S)  # each row's sentence at every position
-    source = native.source_of((lengths, sentence), N)
+    source = c_layers.source_of((lengths, sentence), N)
     assert source is not None
     x = x.reshape(N, C).clone()  # the residual stream, updated in place
     chain = _chain(layers, parts, N, plan)  # type: ignore[arg-type]
     if chain is not None:
-        native.encoder_layers(chain, parts[0][4], (B, S), source, x)  # type: ignore[index]
+        c_layers.encoder_layers(chain, parts[0][4], (B, S), source, x)  # type: ignore[index]
         return x.view(B, S, C)
     u = torch.empty_like(x)
     ending: Part | None = None
@@ -58,18 +58,18 @@ def run(layers: Sequence[EncoderLayer], x: torch.Tensor, src_mask: torch.Tensor)
         assert part is not None
         whole, fc1_in_c, fc1_float, activation, heads, _ = part
         f = torch.empty(N, fc1_float[0].shape[0]) if fc1_in_c else None
-        native.encoder_segment(None if ending is None else ending[0], h, whole, heads, (B, S), source, x, u, f)
+        c_layers.encoder_segment(None if ending is None else ending[0], h, whole, heads, (B, S), source, x, u, f)
         h = hidden_rows(u, f, fc1_float, activation)
         ending = part
     assert ending is not None
-    native.encoder_segment(ending[0], h, None, 1, (B, S), source, x, u, None)
+    c_layers.encoder_segment(ending[0], h, None, 1, (B, S), source, x, u, None)
     return x.view(B, S, C)
 
 
 def _chain(
     layers: Sequence[EncoderLayer], parts: list[Part], N: int, plan: execution.Plan
 ) -> ctypes.Array[ctypes.c_void_p] | None:
-    """The layers as native.encoder_layers takes them (each LayerC by its address), where that one call gives the
+    """The layers as c_layers.encoder_layers takes them (each LayerC by its address), where that one call gives the
     bits of the segments and the activations between them (c_step.in_one_call), every layer with the same heads;
     None elsewhere (the plan's one_call off among them). Kept on the first layer for these parts at N rows, this
     intra-op thread count and whether the plan computes the SiLU in C."""
@@ -108,7 +108,7 @@ def _part(layer: EncoderLayer, rows: int) -> Part | None:
     part: Part | None = None
     if len(affine) == 3:  # the struct's middle norm (the decoder's cross-attention's) is not read
         fc1 = layer.ffn.fc1
-        whole = native.layer_c((*own, NONE, NONE, *ffn), tuple(affine), layer.pre)
+        whole = c_layers.layer_c((*own, NONE, NONE, *ffn), tuple(affine), layer.pre)
         forms = (layer.self_attn.__dict__["_c_sublayer"][True], layer.ffn.__dict__["_c_pair"])
         part = (whole, ffn[0] is not None, (fc1.weight, fc1.bias), layer.ffn.activation, layer.self_attn.heads, forms)
     parts[rows] = (key, part)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.kernels import c_linears, execution, native
+from model.kernels import c_layers, c_linears, execution
 from model.nn.layers import feed_forward_in_c, hidden_rows, weights_states
 
 if TYPE_CHECKING:
@@ -38,21 +38,21 @@ class LayerPart:
     """One decoder layer's part of a step: its structs at the plan's row count, its norms and activation."""
 
     pre: bool
-    self_in: native.LinearC  # q, k and v fused
-    self_out: native.LinearC
-    cross_in: native.LinearC
-    cross_out: native.LinearC
-    fc1: native.LinearC | None  # None: float32, oneDNN's with the activation fused
-    fc2: native.LinearC
+    self_in: c_layers.LinearC  # q, k and v fused
+    self_out: c_layers.LinearC
+    cross_in: c_layers.LinearC
+    cross_out: c_layers.LinearC
+    fc1: c_layers.LinearC | None  # None: float32, oneDNN's with the activation fused
+    fc2: c_layers.LinearC
     fc1_float: tuple[torch.Tensor, torch.Tensor | None]
     activation: str
     norms: tuple[Norm, Norm, Norm]
-    whole: native.LayerC | None  # the layer for native.decoder_segment, where LayerNorm in C has torch's bits
+    whole: c_layers.LayerC | None  # the layer for c_layers.decoder_segment, where LayerNorm in C has torch's bits
     # What the structs point into (the modules' cached forms, with their tensors), held as long as the plan: a
     # form the modules replace stays valid memory for a plan that still has it.
     held: tuple[object, ...]
     # in_one_call's answer by (rows, intra-op threads, SiLU in C): a float32 layer's is a struct of its own, made once
-    one_call: dict[tuple[int, int, bool], native.LayerC | None] = field(default_factory=dict, compare=False)
+    one_call: dict[tuple[int, int, bool], c_layers.LayerC | None] = field(default_factory=dict, compare=False)
 
 
 StepParts = tuple[LayerPart, ...]  # every decoder layer's part of a step at one row count
@@ -65,25 +65,25 @@ def run(
     cache: KVCache,
     cross: CrossCache,
     row_map: tuple[torch.Tensor, torch.Tensor],
-    output: native.LinearC | None = None,
+    output: c_layers.LinearC | None = None,
 ) -> tuple[torch.Tensor, bool] | None:
     """x (N, C) through every decoder layer of a step, each row's key and value written at pos (one for every row,
     or (N,) int64) of `cache`, each row reading its sentence's source through row_map -> (x, False); with
-    `output` (a struct of native.c_linear), where the step is one library call (_chain), the output projection
+    `output` (a struct of c_layers.c_linear), where the step is one library call (_chain), the output projection
     and each row's log-softmax in that call too -> ((N, V), True). None, having computed nothing, where a
     sublayer does not run in C at N rows (the caller takes the layer-by-layer path)."""
     N, C = x.shape
     plan = _plan(layers, N, cache.__dict__)
     if plan is None:
         return None
-    positions, source = native.positions_of(pos, N), native.source_of(row_map, N)
+    positions, source = c_layers.positions_of(pos, N), c_layers.source_of(row_map, N)
     if not (x.dtype == torch.float32 and x.is_contiguous()) or positions is None or source is None:
         return None
     if plan[0].whole is not None:
         x = x.clone()  # the residual stream, updated in place
         chain = _chain(plan, N, C, cache, cross, layers[0].plan)
         if chain is not None:
-            logp = native.decoder_layers(*chain, positions, source, x, output)
+            logp = c_layers.decoder_layers(*chain, positions, source, x, output)
             return (x, False) if logp is None else (logp, True)
         return _by_segments(plan, x, positions, source, cache, cross), False
     for i, layer in enumerate(plan):
@@ -92,12 +92,12 @@ def run(
         own = (layer.self_in, layer.self_out, kv, positions)
         other = (layer.cross_in, layer.cross_out, memory, source)
         if layer.pre:  # x + f(LayerNorm(x))
-            x = native.self_sublayer_checked(torch.native_layer_norm(x, *n1)[0], x, *own)
-            x = native.cross_sublayer_checked(torch.native_layer_norm(x, *n2)[0], x, *other)
+            x = c_layers.self_sublayer_checked(torch.native_layer_norm(x, *n1)[0], x, *own)
+            x = c_layers.cross_sublayer_checked(torch.native_layer_norm(x, *n2)[0], x, *other)
             x = _feed_forward(layer, torch.native_layer_norm(x, *n3)[0], x)
         else:  # LayerNorm(x + f(x))
-            x = torch.native_layer_norm(native.self_sublayer_checked(x, x, *own), *n1)[0]
-            x = torch.native_layer_norm(native.cross_sublayer_checked(x, x, *other), *n2)[0]
+            x = torch.native_layer_norm(c_layers.self_sublayer_checked(x, x, *own), *n1)[0]
+            x = torch.native_layer_norm(c_layers.cross_sublayer_checked(x, x, *other), *n2)[0]
             x = torch.native_layer_norm(_feed_forward(layer, x, x), *n3)[0]
     return x, False
 
@@ -110,10 +110,10 @@ def one_call(
     cross: CrossCache,
     row_map: tuple[torch.Tensor, torch.Tensor],
 ) -> tuple[Chain, tuple[int, ...]] | None:
-    """The step's layers at N rows of C as native.decoder_layers takes them (_chain), and the source map
+    """The step's layers at N rows of C as c_layers.decoder_layers takes them (_chain), and the source map
     (source_of), where run would make the step one call; None elsewhere."""
     plan = _plan(layers, N, cache.__dict__)
-    source = native.source_of(row_map, N)
+    source = c_layers.source_of(row_map, N)
     if plan is None or plan[0].whole is None or source is None:
         return None
     chain = _chain(plan, N, C, cache, cross, layers[0].plan)
@@ -128,7 +128,7 @@ def _by_segments(
     cache: KVCache,
     cross: CrossCache,
 ) -> torch.Tensor:
-    """The layers as one C call between each two feed-forward activations (native.decoder_segment), the
+    """The layers as one C call between each two feed-forward activations (c_layers.decoder_segment), the
     activation (and float32's fc1 with it) in PyTorch between them: the same operations in the same order. x is
     the residual stream, updated in place."""
     N, C = x.shape
@@ -138,13 +138,13 @@ def _by_segments(
     for i, layer in enumerate(plan):
         kv, memory = _views(i, C, cache, cross)
         f = None if layer.fc1 is None else torch.empty(N, layer.fc1.N)
-        native.decoder_segment(
+        c_layers.decoder_segment(
             None if ending is None else ending.whole, h, layer.whole, kv, memory, positions, source, x, u, f
         )
         h = hidden_rows(u, f, layer.fc1_float, layer.activation)
         ending = layer
     assert ending is not None
-    native.decoder_segment(ending.whole, h, None, None, None, positions, source, x, u, None)
+    c_layers.decoder_segment(ending.whole, h, None, None, None, positions, source, x, u, None)
     return x
 
 
@@ -152,7 +152,7 @@ Chain = tuple["ctypes.Array[ctypes.c_void_p]", "ctypes.Array[ctypes.c_void_p]", 
 
 
 def _chain(plan: StepParts, N: int, C: int, cache: KVCache, cross: CrossCache, kernels: execution.Plan) -> Chain | None:
-    """The step's layers as native.decoder_layers takes them (each LayerC, self-attention KV and source KV by its
+    """The step's layers as c_layers.decoder_layers takes them (each LayerC, self-attention KV and source KV by its
     address), where that one call computes what the segments and the activations between them would: every
     activation SiLU, each layer's fc1 in C and its SiLU with the bits of the path it replaces (see
     _layer_in_one_call). Made once per plan and set of cache views; None elsewhere (`kernels.one_call` off
@@ -181,7 +181,7 @@ def _chain(plan: StepParts, N: int, C: int, cache: KVCache, cross: CrossCache, k
     return chain  # type: ignore[return-value]
 
 
-def _layer_in_one_call(layer: LayerPart, N: int, plan: execution.Plan) -> native.LayerC | None:
+def _layer_in_one_call(layer: LayerPart, N: int, plan: execution.Plan) -> c_layers.LayerC | None:
     if layer.whole is None:
         return None
     key = (N, torch.get_num_threads(), plan.silu_in_c)
@@ -192,17 +192,17 @@ def _layer_in_one_call(layer: LayerPart, N: int, plan: execution.Plan) -> native
 
 
 def in_one_call(
-    whole: native.LayerC,
+    whole: c_layers.LayerC,
     fc1_in_c: bool,
     fc1_float: tuple[torch.Tensor, torch.Tensor | None],
     activation: str,
     N: int,
     plan: execution.Plan,
-) -> native.LayerC | None:
-    """A layer's struct for native.decoder_layers or encoder_layers at N rows, or None where that call would not
+) -> c_layers.LayerC | None:
+    """A layer's struct for c_layers.decoder_layers or encoder_layers at N rows, or None where that call would not
     give the bits of the segments and activations between them. int8 (fc1_in_c): fc1 in C already, then torch's
     SiLU, which csrc/silu.c gives where c_linears.silu_exact_at says so. float32: oneDNN's fc1 with its swish
-    post-op, which the C GEMM and native.f32_swish_ give where c_linears.swish_fc1 makes the struct (a copy of the
+    post-op, which the C GEMM and c_gemm.f32_swish_ give where c_linears.swish_fc1 makes the struct (a copy of the
     layer's with that fc1 filled in)."""
     if activation != "swish":
         return None
@@ -213,13 +213,13 @@ def in_one_call(
     if made is None:
         return None
     fc1, tensors, form = made
-    filled = native.LayerC.from_buffer_copy(whole)
+    filled = c_layers.LayerC.from_buffer_copy(whole)
     filled.fc1 = fc1
     filled.__dict__["held"] = (whole, form, tensors)  # what its pointers are into
     return filled
 
 
-def _views(i: int, C: int, cache: KVCache, cross: CrossCache) -> tuple[native.KV, native.KV]:
+def _views(i: int, C: int, cache: KVCache, cross: CrossCache) -> tuple[c_layers.KV, c_layers.KV]:
     """Layer i's self-attention and source keys and values, checked against rows of C."""
     kv, memory = cache.view(i), cross.view(i)
     if kv.H * kv.D != C or memory.H * memory.D != C:
@@ -229,7 +229,7 @@ def _views(i: int, C: int, cache: KVCache, cross: CrossCache) -> tuple[native.KV
 
 def _feed_forward(layer: LayerPart, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return feed_forward_in_c(
-        h, residual, layer.fc1, layer.fc2, layer.fc1_float, layer.activation, native.linear_forward_checked
+        h, residual, layer.fc1, layer.fc2, layer.fc1_float, layer.activation, c_layers.linear_forward_checked
     )
 
 
@@ -304,7 +304,7 @@ def _part(layer: DecoderLayer, rows: int) -> LayerPart | None:
     affine = [(w, b, eps) for _, w, b, eps in norms if w is not None and b is not None]
     whole = None
     if layer.plan.layer_norm_in_c and len(affine) == 3:  # each norm with its weight and bias
-        whole = native.layer_c((*own, *source, *ffn), tuple(affine), layer.pre)
+        whole = c_layers.layer_c((*own, *source, *ffn), tuple(affine), layer.pre)
     forms = (
         layer.self_attn.__dict__["_c_sublayer"][True],
         layer.cross_attn.__dict__["_c_sublayer"][False],

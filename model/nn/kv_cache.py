@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.kernels import execution, native, ops
+from model.kernels import c_attention, c_layers, execution, ops
 from model.nn.layers import attended_keys
 
 
@@ -61,7 +61,7 @@ class KVCache:
         # (N, T_max): the buffer row holding each row's position t; None: row n holds its own
         self.lineage = torch.arange(rows, device=device)[:, None].repeat(1, max_length) if lineage else None
         # view()'s structs and the buffer they were made for (_fit makes new buffers)
-        self._views: tuple[torch.Tensor, list[native.KV]] | None = None
+        self._views: tuple[torch.Tensor, list[c_layers.KV]] | None = None
 
     @property
     def max_length(self) -> int:
@@ -112,16 +112,16 @@ class KVCache:
             self.zeroed_to = t
         return t
 
-    def view(self, layer: int) -> native.KV:
-        """Layer `layer`'s keys, values and lineage as native.self_sublayer reads them (made once per buffer)."""
+    def view(self, layer: int) -> c_layers.KV:
+        """Layer `layer`'s keys, values and lineage as c_layers.self_sublayer reads them (made once per buffer)."""
         views = self._views
         if views is None or views[0] is not self.k:
-            views = (self.k, [native.kv_view(self.k[i], self.v[i], self.lineage) for i in range(self.k.shape[0])])
+            views = (self.k, [c_layers.kv_view(self.k[i], self.v[i], self.lineage) for i in range(self.k.shape[0])])
             self._views = views
         return views[1][layer]
 
     def attend_step(self, layer: int, pos: int | torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
-        """Layer `layer`'s self-attention of a decode step in C (native.self_attend_step): each row's key and value
+        """Layer `layer`'s self-attention of a decode step in C (c_attention.self_attend_step): each row's key and value
         from qkv (N, 3 C) written at `pos` (open()ed, or reserve()d per row), then its query against its positions
         (through the lineage, if any). -> (N, H, D)."""
         return ops.self_attend_step(qkv, self.k[layer], self.v[layer], pos, self.lineage)
@@ -192,7 +192,7 @@ class KVCache:
     def copy(self, dest: torch.Tensor, src: torch.Tensor, filled: torch.Tensor | None = None) -> None:
         """Row dest[i] takes row src[i]'s keys and values, each row's filled prefix where filled (N,) gives it."""
         t = self.length if filled is None else min(self.length, int(filled[src].max()))
-        if self.plan.takes(self.k) and native.copy_rows(self.k, self.v, dest.contiguous(), src.contiguous(), t):
+        if self.plan.takes(self.k) and c_attention.copy_rows(self.k, self.v, dest.contiguous(), src.contiguous(), t):
             return  # a memcpy a row's head, where no row is both written and read
         # Gather then index_copy_: half the time of an index_put (k[:, dest] = k[:, src]) on CPU.
         for cache in (self.k, self.v):
@@ -205,7 +205,7 @@ class KVCache:
         assert self.lineage is not None
         t = self.length
         if self.plan.c and rows.dtype == torch.int64 and rows.is_contiguous():  # one call: a step's op fewer
-            native.follow(self.lineage, rows, t)
+            c_attention.follow(self.lineage, rows, t)
         else:
             self.lineage[: rows.numel(), :t] = self.lineage[rows, :t]  # a gather first: rows may name each other
         self.rows = rows.numel()
@@ -308,15 +308,15 @@ class CrossCache:
         default=None, init=False, repr=False, compare=False
     )
     # view()'s structs and the key list they were made for (select, extend and trim make new lists)
-    _views: tuple[list[torch.Tensor], list[native.KV]] | None = field(
+    _views: tuple[list[torch.Tensor], list[c_layers.KV]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
-    def view(self, layer: int) -> native.KV:
-        """Layer `layer`'s keys and values as native.cross_sublayer reads them (made once per set of sentences)."""
+    def view(self, layer: int) -> c_layers.KV:
+        """Layer `layer`'s keys and values as c_layers.cross_sublayer reads them (made once per set of sentences)."""
         views = self._views
         if views is None or views[0] is not self.k:
-            views = (self.k, [native.kv_view(k, v, None) for k, v in zip(self.k, self.v, strict=True)])
+            views = (self.k, [c_layers.kv_view(k, v, None) for k, v in zip(self.k, self.v, strict=True)])
             self._views = views
         return views[1][layer]
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kernels import c_linears, execution, native, ops
+from model.kernels import c_layers, c_linears, execution, ops
 from model.kernels.gemm import ACTIVATIONS, FUSED_ACTIVATIONS, INPLACE_ACTIVATIONS, Linear, linear
 from model.kernels.onednn import version
 from model.kernels.quant import INT8_SLOT, Int8Weight, int8_of, int8_weight
@@ -235,8 +235,8 @@ class MultiHeadAttention(nn.Module):
         self.__dict__["_qkv"] = (key, held, weight, bias, int8)
         return weight, bias, int8
 
-    def c_sublayer(self, rows: int, *, fused: bool) -> tuple[native.LinearC, native.LinearC] | None:
-        """The weights of native.self_sublayer (`fused`: q, k and v as one projection) or native.cross_sublayer (q
+    def c_sublayer(self, rows: int, *, fused: bool) -> tuple[c_layers.LinearC, c_layers.LinearC] | None:
+        """The weights of c_layers.self_sublayer (`fused`: q, k and v as one projection) or c_layers.cross_sublayer (q
         alone) and of the output projection, for a step of `rows` rows: where both compute in C at that row
         count (int8 by the VNNI kernel where int8_choice takes it; float32 by f32_gemm's kernel where it gives
         oneDNN's bits); None otherwise. Made once for the weights as they are, which a call checks by identity
@@ -330,8 +330,8 @@ class FeedForward(nn.Module):
             h = self.act(self.fc1(x))
         return self.fc2(dropped(self.dropout, h), residual)
 
-    def _c_linears(self, rows: int) -> tuple[native.LinearC | None, native.LinearC] | None:
-        """fc1's and fc2's structs for native.linear_forward where both compute in C at `rows` rows (fc1 None:
+    def _c_linears(self, rows: int) -> tuple[c_layers.LinearC | None, c_layers.LinearC] | None:
+        """fc1's and fc2's structs for c_layers.linear_forward where both compute in C at `rows` rows (fc1 None:
         float32, whose activation oneDNN fuses), and fc1's activation runs in place; None otherwise
         (MultiHeadAttention.c_sublayer says how they are made and checked)."""
         if self.activation not in INPLACE_ACTIVATIONS or self.training:
@@ -355,15 +355,15 @@ class FeedForward(nn.Module):
 def feed_forward_in_c(
     x: torch.Tensor,
     residual: torch.Tensor,
-    fc1: native.LinearC | None,
-    fc2: native.LinearC,
+    fc1: c_layers.LinearC | None,
+    fc2: c_layers.LinearC,
     fc1_float: tuple[torch.Tensor, torch.Tensor | None],
     activation: str,
-    call: Callable[[native.LinearC, torch.Tensor, torch.Tensor | None], torch.Tensor] = native.linear_forward,
+    call: Callable[[c_layers.LinearC, torch.Tensor, torch.Tensor | None], torch.Tensor] = c_layers.linear_forward,
 ) -> torch.Tensor:
     """FeedForward of a decode step's rows by FeedForward._c_linears' structs: fc1 in C with its activation in
     place, or (fc1 None: float32) oneDNN's fc1 with the activation fused in its epilogue (f32_gemm.py says why);
-    then fc2 in C with the residual. `call`: native.linear_forward, or its unchecked form where the caller
+    then fc2 in C with the residual. `call`: c_layers.linear_forward, or its unchecked form where the caller
     checked the rows once for many calls (model/nn/c_step.py)."""
     h = hidden_rows(x, None if fc1 is None else call(fc1, x, None), fc1_float, activation)
     return call(fc2, h, residual)

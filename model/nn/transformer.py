@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kernels import c_linears, execution, native, ops
+from model.kernels import c_layers, c_linears, c_search, execution, ops
 from model.kernels.gemm import Linear, linear
 from model.kernels.log_softmax import log_softmax_
 from model.kernels.quant import OUTPUT_INT8_SLOT, Int8Weight, int8_of, linear_int8
@@ -281,12 +281,12 @@ class Seq2Seq(nn.Module):
 
 # Seq2Seq's decode step through the library (model/kernels/native.py): the embedding in one call, the decoder
 # layers as c_step makes them, and the output projection with its log-softmax inside the layers' call where it
-# serves; and a beam search's steps while every sentence goes on, as one call (native.beam_steps). decode_step
+# serves; and a beam search's steps while every sentence goes on, as one call (c_search.beam_steps). decode_step
 # takes this path where the model's plan attends in C; the operations are the masked path's, row by row, so the
 # bits are the same (tests/test_native.py).
 
 
-def c_output(model: Seq2Seq, rows: int) -> native.LinearC | None:
+def c_output(model: Seq2Seq, rows: int) -> c_layers.LinearC | None:
     """The output projection as a library struct, where `output(h, log_probs=True)` of `rows` rows would run a C
     kernel (int8: VNNI, output_int8's plan at that row count; float32: f32_gemm's, where it gives oneDNN's bits)
     and the C log-softmax, with no final norm: the same calls, made inside the step's one call
@@ -302,7 +302,7 @@ def c_output(model: Seq2Seq, rows: int) -> native.LinearC | None:
         return None
     held = model.__dict__.get("_c_output")
     if held is None or held[0] is not form or held[1] is not bias:
-        struct, tensors = native.c_linear(form, None if bias is None else bias.detach())
+        struct, tensors = c_layers.c_linear(form, None if bias is None else bias.detach())
         held = model.__dict__["_c_output"] = (form, bias, struct, tensors)
     return held[2]
 
@@ -351,12 +351,12 @@ def c_beam_steps(
     pos: int,
     cache: KVCache,
     cross: CrossCache,
-    advance: native.BeamAdvance,
+    advance: c_search.BeamAdvance,
     norms: torch.Tensor,
-) -> tuple[int, native.BeamStep, torch.Tensor] | None:
+) -> tuple[int, c_search.BeamStep, torch.Tensor] | None:
     """A beam search's steps from pos (>= 1) while every sentence goes on, each step decode_step's with its
     log-probabilities, then `advance`, then the lineage's reorder (KVCache.follow) to the rows the new beams
-    continue, all in one library call (native.beam_steps): the calls decode_step makes one at a time where
+    continue, all in one library call (c_search.beam_steps): the calls decode_step makes one at a time where
     the step is one call (c_step_in_c), so the same bits. tokens (N,) as decode_step takes them, replaced by
     the next step's where the steps went on; norms (S,) each step's `advance` norm, at most S steps, fewer
     where the cache or the positions end. Returns the steps taken, the last one's `advance` answer and
@@ -379,6 +379,6 @@ def c_beam_steps(
     if layers is None:
         return None
     at = table[pos : pos + steps]  # (steps, C)
-    ran = native.beam_steps(*layers, weight, model.scale, at, output, advance, tokens, pos, norms[:steps])
+    ran = c_search.beam_steps(*layers, weight, model.scale, at, output, advance, tokens, pos, norms[:steps])
     cache.length = max(cache.length, pos + ran[0])
     return ran
