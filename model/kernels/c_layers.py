@@ -12,7 +12,7 @@ from model.kernels import c_attention, c_gemm, native
 
 
 class LinearC(ctypes.Structure):
-    """csrc/sublayers.c's beamserve_linear_c: a linear layer packed for one of the library's GEMMs (kind 0: int8
+    """csrc/beamserve.h's beamserve_linear_c: a linear layer packed for one of the library's GEMMs (kind 0: int8
     with VNNI; 1: float32), its bias."""
 
     _fields_ = [
@@ -42,7 +42,7 @@ def c_linear(
 
 
 class KV(ctypes.Structure):
-    """csrc/sublayers.c's beamserve_kv: one layer's keys and values, and the lineage of the rows reading them."""
+    """csrc/beamserve.h's beamserve_kv: one layer's keys and values, and the lineage of the rows reading them."""
 
     _fields_ = [
         ("k", ctypes.c_void_p),
@@ -55,7 +55,7 @@ class KV(ctypes.Structure):
 
 
 class LayerC(ctypes.Structure):
-    """csrc/sublayers.c's beamserve_layer_c: one decoder layer's structs for decoder_segment (fc1's packed pointer
+    """csrc/beamserve.h's beamserve_layer_c: one decoder layer's structs for decoder_segment (fc1's packed pointer
     None: fc1 runs outside, float32), its three LayerNorms' weights, biases and eps, and whether they come first."""
 
     _fields_ = [
