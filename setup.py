@@ -79,6 +79,7 @@ setup(
         Extension(
             NAME,
             sources=["model/kernels/csrc/dispatch.c"],
+            depends=SOURCES + DEPENDS,  # the levels' sources, compiled by BuildKernels: a change rebuilds the library
             define_macros=[("BEAMSERVE_X86_LEVELS", "1")] if X86 else [],
             extra_compile_args=FLAGS,
             optional=not REQUIRED,

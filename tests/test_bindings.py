@@ -86,3 +86,21 @@ def test_the_parser_reads_declarations_as_the_compiler_does() -> None:
 def test_the_parser_refuses_what_it_cannot_bind(header: str, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         bindings.parse(header)
+
+
+# The kernels that still take more than MOST_ARGUMENTS arguments: a kernel may leave this set (its arguments
+# grouped into a struct, as the beam search's state, rules and answer are), and none may join it.
+MOST_ARGUMENTS = 12
+STILL_LONGER = {
+    "beamserve_attend", "beamserve_self_attend_step", "beamserve_copy_rows", "beamserve_avx2_linear",
+    "beamserve_vnni_linear", "beamserve_cross_sublayer", "beamserve_decoder_segment", "beamserve_decoder_layers",
+    "beamserve_encoder_segment", "beamserve_encoder_layers",
+}  # fmt: skip
+
+
+def test_no_kernel_joins_those_taking_more_than_twelve_arguments() -> None:
+    longer = {name for name, s in bindings.signatures().items() if len(s.arguments) > MOST_ARGUMENTS}
+    assert longer <= STILL_LONGER, f"over {MOST_ARGUMENTS} arguments (pass a struct): {sorted(longer - STILL_LONGER)}"
+    assert longer >= STILL_LONGER, f"now within {MOST_ARGUMENTS}, out of STILL_LONGER: {STILL_LONGER - longer}"
+    steps = bindings.signatures()["beamserve_beam_steps"]
+    assert len(steps.arguments) <= MOST_ARGUMENTS and "beams" in steps.parameters and "rules" in steps.parameters

@@ -13,6 +13,47 @@ MOST_CANDIDATES = 64
 
 
 BeamStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]  # what BeamAdvance returns
+P, Q = ctypes.c_void_p, ctypes.c_int64
+
+
+class Beams(ctypes.Structure):
+    """csrc/beamserve.h's beamserve_beams: a BeamState's tensors, each sentence's length limit, the end token."""
+
+    _fields_ = [
+        ("run_scores", P), ("run_tokens", P), ("fin_scores", P), ("fin_tokens", P), ("fin_flags", P),
+        ("improvable", P), ("max_lengths", P), ("batch", Q), ("K", Q), ("T", Q), ("eos", Q), ("early_stopping", Q),
+    ]  # fmt: skip
+
+    @classmethod
+    def of(cls, state: tuple[torch.Tensor, ...], max_lengths: torch.Tensor, eos: int, early_stopping: bool) -> Beams:
+        b, K, T = state[1].shape
+        return cls(*(t.data_ptr() for t in state), max_lengths.data_ptr(), b, K, T, eos, int(early_stopping))
+
+
+class Rules(ctypes.Structure):
+    """csrc/beamserve.h's beamserve_rules: search.constrain's rules for options shared by every row."""
+
+    _fields_ = [("suppressed", P), ("n_suppressed", Q), ("min_length", Q), ("forced_bos", Q), ("forced_eos", Q)]
+
+
+class BeamAnswer(ctypes.Structure):
+    """csrc/beamserve.h's beamserve_beam_answer: where a beam step writes src_beam, token, done and rows."""
+
+    _fields_ = [("src_beam", P), ("token", P), ("done", P), ("rows", P)]
+
+    @classmethod
+    def into(cls, tensors: tuple[torch.Tensor, ...]) -> BeamAnswer:
+        return cls(*(t.data_ptr() for t in tensors))
+
+
+class Decoder(ctypes.Structure):
+    """csrc/beamserve.h's beamserve_decoder: the layers' structs, the source map and the embedding a step reads."""
+
+    _fields_ = [
+        ("layers", P), ("own", P), ("source", P), ("L", Q), ("lengths", P), ("rows", P), ("rs", Q), ("ts", Q),
+        ("rN", Q), ("rT", Q), ("embed", P), ("V", Q), ("C", Q), ("scale", ctypes.c_float),
+        ("out", ctypes.POINTER(c_layers.LinearC)),
+    ]  # fmt: skip
 
 
 def top_candidates(
@@ -66,11 +107,10 @@ def beam_step(
         raise ValueError("beam_step: a BeamState's tensors, contiguous, beside (b, K, V) float32 log-probabilities")
     src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
     done = torch.empty(b, dtype=torch.bool)
+    beams, answer = Beams.of(state, max_lengths, eos, early_stopping), BeamAnswer.into((src_beam, token, done, done))
     failed = lib.beamserve_beam_step(
-        log_probs.data_ptr(), b, K, V, run_scores.data_ptr(), run_tokens.data_ptr(), fin_scores.data_ptr(),
-        fin_tokens.data_ptr(), fin_flags.data_ptr(), improvable.data_ptr(), T, pos.data_ptr(), max_lengths.data_ptr(),
-        norm.data_ptr(), eos, int(early_stopping), src_beam.data_ptr(), token.data_ptr(), done.data_ptr(),
-    )  # fmt: skip
+        log_probs.data_ptr(), V, ctypes.byref(beams), pos.data_ptr(), norm.data_ptr(), ctypes.byref(answer)
+    )
     if failed == -2:
         raise IndexError(f"beam_step: {2 * K} candidates of {K} x {V}: the kernel ranks at most {MOST_CANDIDATES}")
     if failed:
@@ -110,16 +150,10 @@ class BeamAdvance:
             raise ValueError("BeamAdvance: a BeamState's contiguous CPU tensors, and max_lengths (b,) int64")
         self.b, self.K = b, K
         self.suppressed = torch.tensor(suppressed, dtype=torch.int64)
-        self.held = (*state, max_lengths)  # the tensors the pointers below are into
-        self.args = (
-            run_scores.data_ptr(), run_tokens.data_ptr(), fin_scores.data_ptr(), fin_tokens.data_ptr(),
-            fin_flags.data_ptr(), improvable.data_ptr(), T,
-        )  # fmt: skip
-        self.limits = max_lengths.data_ptr()
-        self.rules = (
-            eos, int(early_stopping), self.suppressed.data_ptr(), len(suppressed), min_length,
-            -1 if forced_bos is None else forced_bos, -1 if forced_eos is None else forced_eos,
-        )  # fmt: skip
+        self.held = (*state, max_lengths)  # the tensors the structs below point into
+        self.beams = Beams.of(state, max_lengths, eos, early_stopping)
+        bos_id, eos_id = (-1 if i is None else i for i in (forced_bos, forced_eos))
+        self.rules = Rules(self.suppressed.data_ptr(), len(suppressed), min_length, bos_id, eos_id)
         self.ids = (*suppressed, eos, forced_bos or 0, forced_eos or 0)
         self.V = 0  # the vocabulary every id was checked against
 
@@ -142,11 +176,18 @@ class BeamAdvance:
             raise ValueError(f"BeamAdvance: ({b}, {K}, V) float32 contiguous CPU log-probabilities")
         positions, at = (None, pos) if isinstance(pos, int) else (_each(pos, b, torch.int64).data_ptr(), 0)
         norms, one = (None, norm) if isinstance(norm, float) else (_each(norm, b, torch.float32).data_ptr(), 0.0)
-        src_beam, token, done, rows = self.answer()
+        src_beam, token, done, rows = found = self.answer()
         ended = native.kernels().beamserve_beam_advance(
-            log_probs.data_ptr(), b, K, V, *self.args, positions, at, self.limits, norms, one, *self.rules,
-            src_beam.data_ptr(), token.data_ptr(), done.data_ptr(), rows.data_ptr(),
-        )  # fmt: skip
+            log_probs.data_ptr(),
+            V,
+            ctypes.byref(self.beams),
+            ctypes.byref(self.rules),
+            positions,
+            at,
+            norms,
+            one,
+            ctypes.byref(BeamAnswer.into(found)),
+        )
         self.check_answer(ended, V)
         return src_beam, token, done, rows, ended
 
@@ -201,12 +242,23 @@ def beam_steps(
     )  # fmt: skip
     advance.check_vocabulary(output.N)
     x, logp, ran = torch.empty(N, C), torch.empty(N, output.N), (ctypes.c_int64 * 2)()
-    src_beam, token, done, rows = advance.answer()
+    src_beam, token, done, rows = found = advance.answer()
+    layers, own, cross = (ctypes.cast(c, P) for c in chain)
+    decoder = Decoder(layers, own, cross, len(chain[0]), *source, embed.data_ptr(), V, C, scale, ctypes.pointer(output))
     failed = native.kernels().beamserve_beam_steps(
-        *chain, len(chain[0]), *source, C, embed.data_ptr(), V, scale, at.data_ptr(), ctypes.byref(output), b, K,
-        *advance.args, advance.limits, norms.data_ptr(), *advance.rules, tokens.data_ptr(), pos, steps,
-        x.data_ptr(), logp.data_ptr(), src_beam.data_ptr(), token.data_ptr(), done.data_ptr(), rows.data_ptr(), ran,
-    )  # fmt: skip
+        ctypes.byref(decoder),
+        ctypes.byref(advance.beams),
+        ctypes.byref(advance.rules),
+        at.data_ptr(),
+        norms.data_ptr(),
+        tokens.data_ptr(),
+        pos,
+        steps,
+        x.data_ptr(),
+        logp.data_ptr(),
+        ctypes.byref(BeamAnswer.into(found)),
+        ran,
+    )
     if failed == -3:
         raise IndexError(f"beam_steps: a token id outside the embedding's {V} rows")
     if failed == -4:  # the beam step's -2

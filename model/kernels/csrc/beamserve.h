@@ -49,6 +49,51 @@ typedef struct {
     int64_t pre;
 } beamserve_layer_c;
 
+/* A beam search's state for `batch` sentences of K beams (model/decode/search.py's BeamState), updated in place:
+ * run_scores (batch, K), run_tokens (batch, K, T), fin_scores (batch, K), fin_tokens (batch, K, T), fin_flags
+ * (batch, K) and improvable (batch,), flags one byte each, all contiguous; max_lengths (batch,) each sentence's
+ * length limit; eos the end token; early_stopping 0 or 1. */
+typedef struct {
+    float *run_scores;
+    int64_t *run_tokens;
+    float *fin_scores;
+    int64_t *fin_tokens;
+    uint8_t *fin_flags, *improvable;
+    const int64_t *max_lengths;
+    int64_t batch, K, T, eos, early_stopping;
+} beamserve_beams;
+
+/* search.constrain's rules for options shared by every row: the n_suppressed ids of suppressed never chosen, the
+ * end token not before min_length, forced_bos first and forced_eos last where >= 0. */
+typedef struct {
+    const int64_t *suppressed;
+    int64_t n_suppressed, min_length, forced_bos, forced_eos;
+} beamserve_rules;
+
+/* A beam step's answer: src_beam and token (batch, K), done (batch,), and rows (batch K,), the search row each
+ * new row continues (beamserve_beam_advance's; beamserve_beam_step leaves it unwritten). */
+typedef struct {
+    int64_t *src_beam, *token;
+    uint8_t *done;
+    int64_t *rows;
+} beamserve_beam_answer;
+
+/* What a decoder step reads besides its rows (beamserve_decoder_layers' arguments and the embedding): the L
+ * layers' structs and caches (own, shared lineage in own[0]; source), the source map (lengths, rows with strides
+ * rs, ts and shape rN, rT), the embedding (V, C) with its scale, and the output projection. */
+typedef struct {
+    const beamserve_layer_c *const *layers;
+    const beamserve_kv *const *own;
+    const beamserve_kv *const *source;
+    int64_t L;
+    const int64_t *lengths, *rows;
+    int64_t rs, ts, rN, rT;
+    const float *embed;
+    int64_t V, C;
+    float scale;
+    const beamserve_linear_c *out;
+} beamserve_decoder;
+
 /* What this CPU runs and what the caller allows (int8_rows.c, int8_vnni.c, int8_avx2.c, f32_gemm.c): 0 or a kind. */
 #define beamserve_vectorised BEAMSERVE_LEVELED(beamserve_vectorised)
 int beamserve_vectorised(void);
@@ -144,17 +189,12 @@ int beamserve_copy_rows(float *k, float *v, int64_t L, int64_t R, int64_t H, int
 int beamserve_top_candidates(const float *lp, const float *run, int64_t batch, int64_t K, int64_t V, int64_t n,
                              float *scores, int64_t *beam, int64_t *token);
 #define beamserve_beam_step BEAMSERVE_LEVELED(beamserve_beam_step)
-int beamserve_beam_step(const float *lp, int64_t batch, int64_t K, int64_t V, float *run_scores, int64_t *run_tokens,
-                        float *fin_scores, int64_t *fin_tokens, uint8_t *fin_flags, uint8_t *improvable, int64_t T,
-                        const int64_t *pos, const int64_t *max_lengths, const float *norm, int64_t eos,
-                        int early_stopping, int64_t *src_beam, int64_t *token, uint8_t *done);
+int beamserve_beam_step(const float *lp, int64_t V, const beamserve_beams *beams, const int64_t *pos,
+                        const float *norm, beamserve_beam_answer *answer);
 #define beamserve_beam_advance BEAMSERVE_LEVELED(beamserve_beam_advance)
-int beamserve_beam_advance(float *lp, int64_t batch, int64_t K, int64_t V, float *run_scores, int64_t *run_tokens,
-                           float *fin_scores, int64_t *fin_tokens, uint8_t *fin_flags, uint8_t *improvable, int64_t T,
-                           const int64_t *positions, int64_t pos, const int64_t *max_lengths, const float *norms,
-                           float norm, int64_t eos, int early_stopping, const int64_t *suppressed,
-                           int64_t n_suppressed, int64_t min_length, int64_t forced_bos, int64_t forced_eos,
-                           int64_t *src_beam, int64_t *token, uint8_t *done, int64_t *rows);
+int beamserve_beam_advance(float *lp, int64_t V, const beamserve_beams *beams, const beamserve_rules *rules,
+                           const int64_t *positions, int64_t pos, const float *norms, float norm,
+                           beamserve_beam_answer *answer);
 
 /* Sublayers, layers and steps in one call (sublayers.c, beam_steps.c), over the structs above. */
 #define beamserve_linear_forward BEAMSERVE_LEVELED(beamserve_linear_forward)
@@ -190,14 +230,7 @@ int beamserve_encoder_layers(const beamserve_layer_c *const *layers, int64_t L, 
 int beamserve_embed(const int64_t *tokens, int64_t N, const float *weight, int64_t V, int64_t C, float scale,
                     const float *at, int64_t at_stride, float *x);
 #define beamserve_beam_steps BEAMSERVE_LEVELED(beamserve_beam_steps)
-int beamserve_beam_steps(const beamserve_layer_c *const *layers, const beamserve_kv *const *own,
-                         const beamserve_kv *const *source, int64_t L, const int64_t *lengths, const int64_t *rows_of,
-                         int64_t rs, int64_t ts, int64_t rN, int64_t rT, int64_t C, const float *embed, int64_t V,
-                         float scale, const float *at, const beamserve_linear_c *out, int64_t batch, int64_t K,
-                         float *run_scores, int64_t *run_tokens, float *fin_scores, int64_t *fin_tokens,
-                         uint8_t *fin_flags, uint8_t *improvable, int64_t T, const int64_t *max_lengths,
-                         const float *norms, int64_t eos, int early_stopping, const int64_t *suppressed,
-                         int64_t n_suppressed, int64_t min_length, int64_t forced_bos, int64_t forced_eos,
-                         int64_t *tokens, int64_t pos0, int64_t steps, float *x, float *logp, int64_t *src_beam,
-                         int64_t *token, uint8_t *done, int64_t *rows, int64_t *ran);
+int beamserve_beam_steps(const beamserve_decoder *decoder, const beamserve_beams *beams, const beamserve_rules *rules,
+                         const float *at, const float *norms, int64_t *tokens, int64_t pos0, int64_t steps, float *x,
+                         float *logp, beamserve_beam_answer *answer, int64_t *ran);
 #endif

@@ -162,10 +162,16 @@ static void extended(const int64_t *tokens, int64_t beam, int64_t T, int64_t pos
  * sentence's (pos + 1) ** length_penalty as PyTorch computes it. Writes src_beam and token (batch, K) and done
  * (batch,). The same float operations as search.beam_step, in its order, so the same bits. Returns 0; -2
  * (nothing written) unless 2 K <= MOST_CANDIDATES and 2 K <= K V; -1 without memory. */
-int beamserve_beam_step(const float *lp, int64_t batch, int64_t K, int64_t V, float *run_scores, int64_t *run_tokens,
-                        float *fin_scores, int64_t *fin_tokens, uint8_t *fin_flags, uint8_t *improvable, int64_t T,
-                        const int64_t *pos, const int64_t *max_lengths, const float *norm, int64_t eos,
-                        int early_stopping, int64_t *src_beam, int64_t *token, uint8_t *done) {
+int beamserve_beam_step(const float *lp, int64_t V, const beamserve_beams *beams, const int64_t *pos,
+                        const float *norm, beamserve_beam_answer *answer) {
+    const int64_t batch = beams->batch, K = beams->K, T = beams->T, eos = beams->eos;
+    const int early_stopping = beams->early_stopping != 0;
+    float *run_scores = beams->run_scores, *fin_scores = beams->fin_scores;
+    int64_t *run_tokens = beams->run_tokens, *fin_tokens = beams->fin_tokens;
+    uint8_t *fin_flags = beams->fin_flags, *improvable = beams->improvable;
+    const int64_t *max_lengths = beams->max_lengths;
+    int64_t *src_beam = answer->src_beam, *token = answer->token;
+    uint8_t *done = answer->done;
     const int64_t n = 2 * K;
     if (n > MOST_CANDIDATES || n > K * V || K < 1 || T < 1) return -2;
     float *top = malloc((size_t)(batch * (n + K)) * sizeof(float)); /* candidates' scores, then kept running ones */
@@ -250,12 +256,13 @@ int beamserve_beam_step(const float *lp, int64_t batch, int64_t K, int64_t V, fl
  * is NULL. Writes src_beam, token and done as beamserve_beam_step, and rows (batch, K), the search row each new
  * row continues (sentence b's row b where it had one row, at step 0; b K + src_beam after), for a step where no
  * sentence is done. Returns how many sentences are done, or beamserve_beam_step's -2 or -1. */
-int beamserve_beam_advance(float *lp, int64_t batch, int64_t K, int64_t V, float *run_scores, int64_t *run_tokens,
-                           float *fin_scores, int64_t *fin_tokens, uint8_t *fin_flags, uint8_t *improvable,
-                           int64_t T, const int64_t *positions, int64_t pos, const int64_t *max_lengths,
-                           const float *norms, float norm, int64_t eos, int early_stopping, const int64_t *suppressed,
-                           int64_t n_suppressed, int64_t min_length, int64_t forced_bos, int64_t forced_eos,
-                           int64_t *src_beam, int64_t *token, uint8_t *done, int64_t *rows) {
+int beamserve_beam_advance(float *lp, int64_t V, const beamserve_beams *beams, const beamserve_rules *rules,
+                           const int64_t *positions, int64_t pos, const float *norms, float norm,
+                           beamserve_beam_answer *answer) {
+    const int64_t batch = beams->batch, K = beams->K, eos = beams->eos;
+    const int64_t *max_lengths = beams->max_lengths, *suppressed = rules->suppressed;
+    const int64_t n_suppressed = rules->n_suppressed, min_length = rules->min_length;
+    const int64_t forced_bos = rules->forced_bos, forced_eos = rules->forced_eos;
     int64_t *at = calloc((size_t)batch + 1, sizeof(int64_t)); /* each sentence's pos and norm, as beam_step reads */
     float *each = calloc((size_t)batch + 1, sizeof(float));
     if (!at || !each) {
@@ -276,8 +283,7 @@ int beamserve_beam_advance(float *lp, int64_t batch, int64_t K, int64_t V, float
         if (forced_eos >= 0 && max_lengths[r / K] == p + 1)
             for (int64_t v = 0; v < V; v++) row[v] = v == forced_eos ? 0.0f : -INFINITY;
     }
-    int failed = beamserve_beam_step(lp, batch, K, V, run_scores, run_tokens, fin_scores, fin_tokens, fin_flags,
-                                     improvable, T, at, max_lengths, each, eos, early_stopping, src_beam, token, done);
+    int failed = beamserve_beam_step(lp, V, beams, at, each, answer);
     free(each);
     if (failed) {
         free(at);
@@ -285,8 +291,9 @@ int beamserve_beam_advance(float *lp, int64_t batch, int64_t K, int64_t V, float
     }
     int ended = 0;
     for (int64_t b = 0; b < batch; b++) {
-        ended += done[b] != 0;
-        for (int64_t k = 0; k < K; k++) rows[b * K + k] = at[b] == 0 ? b : b * K + src_beam[b * K + k];
+        ended += answer->done[b] != 0;
+        for (int64_t k = 0; k < K; k++)
+            answer->rows[b * K + k] = at[b] == 0 ? b : b * K + answer->src_beam[b * K + k];
     }
     free(at);
     return ended;
