@@ -41,6 +41,15 @@ def c_linear(
     return struct, (w.packed, w.comp, w.scale, *held)
 
 
+class SourceMap(ctypes.Structure):
+    """csrc/beamserve.h's beamserve_source_map, built from source_of's numbers at each call (they stay plain
+    numbers up to there, which torch.compile passes through its graph breaks as they are)."""
+
+    _fields_ = [("lengths", ctypes.c_void_p), ("rows", ctypes.c_void_p)] + [
+        (name, ctypes.c_int64) for name in ("rs", "ts", "rN", "rT")
+    ]
+
+
 class KV(ctypes.Structure):
     """csrc/beamserve.h's beamserve_kv: one layer's keys and values, and the lineage of the rows reading them."""
 
@@ -109,8 +118,8 @@ def decoder_segment(
     failed = native.kernels().beamserve_decoder_segment(
         None if ending is None else ctypes.byref(ending), None if h is None else h.data_ptr(),
         None if layer is None else ctypes.byref(layer), None if own is None else ctypes.byref(own),
-        None if source_kv is None else ctypes.byref(source_kv), *positions, *source, x.shape[0], x.shape[1],
-        x.data_ptr(), u.data_ptr(), None if f is None else f.data_ptr(),
+        None if source_kv is None else ctypes.byref(source_kv), *positions, ctypes.byref(SourceMap(*source)),
+        x.shape[0], x.shape[1], x.data_ptr(), u.data_ptr(), None if f is None else f.data_ptr(),
     )  # fmt: skip
     raise_sublayer(failed, "decoder_segment")
 
@@ -132,7 +141,7 @@ def decoder_layers(
     N, C = x.shape
     logp = None if output is None else torch.empty(N, output.N)
     failed = native.kernels().beamserve_decoder_layers(
-        layers, own, source_kv, len(layers), *positions, *source, N, C, x.data_ptr(),
+        layers, own, source_kv, len(layers), *positions, ctypes.byref(SourceMap(*source)), N, C, x.data_ptr(),
         None if output is None else ctypes.byref(output), None if logp is None else logp.data_ptr(),
     )  # fmt: skip
     raise_sublayer(failed, "decoder_layers")
@@ -157,8 +166,8 @@ def encoder_segment(
     C = x.shape[1]
     failed = native.kernels().beamserve_encoder_segment(
         None if ending is None else ctypes.byref(ending), None if h is None else h.data_ptr(),
-        None if layer is None else ctypes.byref(layer), *sentences, heads, *source, (C // heads) ** -0.5,
-        x.shape[0], C, x.data_ptr(), u.data_ptr(), None if f is None else f.data_ptr(),
+        None if layer is None else ctypes.byref(layer), *sentences, heads, ctypes.byref(SourceMap(*source)),
+        (C // heads) ** -0.5, x.shape[0], C, x.data_ptr(), u.data_ptr(), None if f is None else f.data_ptr(),
     )  # fmt: skip
     raise_sublayer(failed, "encoder_segment")
 
@@ -175,7 +184,15 @@ def encoder_layers(
     layer's LayerC (fc1 in C, `heads` heads), each feed-forward activated as decoder_layers does it."""
     C = x.shape[1]
     failed = native.kernels().beamserve_encoder_layers(
-        layers, len(layers), heads, *sentences, *source, (C // heads) ** -0.5, x.shape[0], C, x.data_ptr()
+        layers,
+        len(layers),
+        heads,
+        *sentences,
+        ctypes.byref(SourceMap(*source)),
+        (C // heads) ** -0.5,
+        x.shape[0],
+        C,
+        x.data_ptr(),
     )
     raise_sublayer(failed, "encoder_layers")
 
@@ -320,7 +337,7 @@ def cross_sublayer_checked(
     y = torch.empty_like(x)
     failed = native.kernels().beamserve_cross_sublayer(
         x.data_ptr(), residual.data_ptr(), x.shape[0], ctypes.byref(q), ctypes.byref(out), ctypes.byref(kv),
-        *source, y.data_ptr(),
+        ctypes.byref(SourceMap(*source)), y.data_ptr(),
     )  # fmt: skip
     raise_sublayer(failed, "cross_sublayer")
     return y

@@ -50,8 +50,8 @@ class Decoder(ctypes.Structure):
     """csrc/beamserve.h's beamserve_decoder: the layers' structs, the source map and the embedding a step reads."""
 
     _fields_ = [
-        ("layers", P), ("own", P), ("source", P), ("L", Q), ("lengths", P), ("rows", P), ("rs", Q), ("ts", Q),
-        ("rN", Q), ("rT", Q), ("embed", P), ("V", Q), ("C", Q), ("scale", ctypes.c_float),
+        ("layers", P), ("own", P), ("source", P), ("L", Q), ("map", c_layers.SourceMap), ("embed", P), ("V", Q),
+        ("C", Q), ("scale", ctypes.c_float),
         ("out", ctypes.POINTER(c_layers.LinearC)),
     ]  # fmt: skip
 
@@ -244,7 +244,18 @@ def beam_steps(
     x, logp, ran = torch.empty(N, C), torch.empty(N, output.N), (ctypes.c_int64 * 2)()
     src_beam, token, done, rows = found = advance.answer()
     layers, own, cross = (ctypes.cast(c, P) for c in chain)
-    decoder = Decoder(layers, own, cross, len(chain[0]), *source, embed.data_ptr(), V, C, scale, ctypes.pointer(output))
+    decoder = Decoder(
+        layers,
+        own,
+        cross,
+        len(chain[0]),
+        c_layers.SourceMap(*source),
+        embed.data_ptr(),
+        V,
+        C,
+        scale,
+        ctypes.pointer(output),
+    )
     failed = native.kernels().beamserve_beam_steps(
         ctypes.byref(decoder),
         ctypes.byref(advance.beams),

@@ -32,8 +32,7 @@ int beamserve_beam_steps(const beamserve_decoder *decoder, const beamserve_beams
     for (int64_t s = 0; s < steps; s++) {
         const int64_t p = pos0 + s;
         if (beamserve_embed(tokens, N, d->embed, d->V, C, d->scale, at + s * C, 0, x)) return -3;
-        int failed = beamserve_decoder_layers(d->layers, own, d->source, L, NULL, p, d->lengths, d->rows, d->rs, d->ts,
-                                              d->rN, d->rT, N, C, x, out, logp);
+        int failed = beamserve_decoder_layers(d->layers, own, d->source, L, NULL, p, &d->map, N, C, x, out, logp);
         if (failed) return failed;
         const int ended = beamserve_beam_advance(logp, out->N, beams, rules, NULL, p, NULL, norms[s], answer);
         if (ended < 0) return ended == -2 ? -4 : ended;

@@ -78,16 +78,21 @@ typedef struct {
     int64_t *rows;
 } beamserve_beam_answer;
 
+/* Where each row's source positions are (model/decode's CrossCache.row_map): row n attends to positions [0,
+ * lengths[n]) of the encoder's keys and values, position t from row rows[n * rs + t * ts] (rN rows of rT). */
+typedef struct {
+    const int64_t *lengths, *rows;
+    int64_t rs, ts, rN, rT;
+} beamserve_source_map;
+
 /* What a decoder step reads besides its rows (beamserve_decoder_layers' arguments and the embedding): the L
- * layers' structs and caches (own, shared lineage in own[0]; source), the source map (lengths, rows with strides
- * rs, ts and shape rN, rT), the embedding (V, C) with its scale, and the output projection. */
+ * layers' structs and caches (own, shared lineage in own[0]; source), the source map, the embedding (V, C) with its scale, and the output projection. */
 typedef struct {
     const beamserve_layer_c *const *layers;
     const beamserve_kv *const *own;
     const beamserve_kv *const *source;
     int64_t L;
-    const int64_t *lengths, *rows;
-    int64_t rs, ts, rN, rT;
+    beamserve_source_map map;
     const float *embed;
     int64_t V, C;
     float scale;
@@ -205,27 +210,25 @@ int beamserve_self_sublayer(const float *x, const float *res, int64_t N, const b
                             int64_t pos, float *y);
 #define beamserve_cross_sublayer BEAMSERVE_LEVELED(beamserve_cross_sublayer)
 int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const beamserve_linear_c *q,
-                             const beamserve_linear_c *out, const beamserve_kv *kv, const int64_t *lengths,
-                             const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float *y);
+                             const beamserve_linear_c *out, const beamserve_kv *kv, const beamserve_source_map *map,
+                             float *y);
 #define beamserve_decoder_segment BEAMSERVE_LEVELED(beamserve_decoder_segment)
 int beamserve_decoder_segment(const beamserve_layer_c *ending, const float *h, const beamserve_layer_c *layer,
                               const beamserve_kv *own, const beamserve_kv *source, const int64_t *positions,
-                              int64_t pos, const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts,
-                              int64_t rN, int64_t rT, int64_t N, int64_t C, float *x, float *u, float *f);
+                              int64_t pos, const beamserve_source_map *map, int64_t N, int64_t C, float *x, float *u,
+                              float *f);
 #define beamserve_decoder_layers BEAMSERVE_LEVELED(beamserve_decoder_layers)
 int beamserve_decoder_layers(const beamserve_layer_c *const *layers, const beamserve_kv *const *own,
                              const beamserve_kv *const *source, int64_t L, const int64_t *positions, int64_t pos,
-                             const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts, int64_t rN,
-                             int64_t rT, int64_t N, int64_t C, float *x, const beamserve_linear_c *out, float *logp);
+                             const beamserve_source_map *map, int64_t N, int64_t C, float *x,
+                             const beamserve_linear_c *out, float *logp);
 #define beamserve_encoder_segment BEAMSERVE_LEVELED(beamserve_encoder_segment)
 int beamserve_encoder_segment(const beamserve_layer_c *ending, const float *h, const beamserve_layer_c *layer,
-                              int64_t B, int64_t S, int64_t H, const int64_t *lengths, const int64_t *rows,
-                              int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale, int64_t N, int64_t C,
-                              float *x, float *u, float *f);
+                              int64_t B, int64_t S, int64_t H, const beamserve_source_map *map, float scale, int64_t N,
+                              int64_t C, float *x, float *u, float *f);
 #define beamserve_encoder_layers BEAMSERVE_LEVELED(beamserve_encoder_layers)
 int beamserve_encoder_layers(const beamserve_layer_c *const *layers, int64_t L, int64_t H, int64_t B, int64_t S,
-                             const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts, int64_t rN,
-                             int64_t rT, float scale, int64_t N, int64_t C, float *x);
+                             const beamserve_source_map *map, float scale, int64_t N, int64_t C, float *x);
 #define beamserve_embed BEAMSERVE_LEVELED(beamserve_embed)
 int beamserve_embed(const int64_t *tokens, int64_t N, const float *weight, int64_t V, int64_t C, float scale,
                     const float *at, int64_t at_stride, float *x);

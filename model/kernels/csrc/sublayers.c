@@ -42,8 +42,8 @@ int beamserve_self_sublayer(const float *x, const float *res, int64_t N, const b
  * keys and values, position t from row rows[n * rs + t * ts] (rN rows of rT positions), as beamserve_attend reads
  * them. Returns as beamserve_self_sublayer does. */
 int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const beamserve_linear_c *q,
-                             const beamserve_linear_c *out, const beamserve_kv *kv, const int64_t *lengths,
-                             const int64_t *rows, int64_t rs, int64_t ts, int64_t rN, int64_t rT, float *y) {
+                             const beamserve_linear_c *out, const beamserve_kv *kv, const beamserve_source_map *map,
+                             float *y) {
     const int64_t C = kv->H * kv->D;
     if (q->K != C || q->N != C || out->K != C || out->N != C) return -2;
     float *scratch = malloc((size_t)(N * 2 * C) * sizeof(float)); /* the queries, then the attention's rows */
@@ -51,8 +51,8 @@ int beamserve_cross_sublayer(const float *x, const float *res, int64_t N, const 
     float *att = scratch + N * C;
     int failed = linear(q, x, N, NULL, scratch);
     if (!failed)
-        failed = beamserve_attend(scratch, kv->k, kv->v, N, kv->H, kv->D, kv->sN, kv->sH, kv->sT, kv->R, kv->T, lengths,
-                                  0, rows, rs, ts, rN, rT, kv->scale, att);
+        failed = beamserve_attend(scratch, kv->k, kv->v, N, kv->H, kv->D, kv->sN, kv->sH, kv->sT, kv->R, kv->T,
+                                  map->lengths, 0, map->rows, map->rs, map->ts, map->rN, map->rT, kv->scale, att);
     if (!failed) failed = linear(out, att, N, res, y);
     free(scratch);
     return failed;
@@ -107,8 +107,8 @@ static int open_feed_forward(const beamserve_layer_c *l, const float *x, float *
  * values; positions, pos and the source map as those calls take them. Returns as beamserve_self_sublayer. */
 int beamserve_decoder_segment(const beamserve_layer_c *ending, const float *h, const beamserve_layer_c *layer,
                               const beamserve_kv *own, const beamserve_kv *source, const int64_t *positions,
-                              int64_t pos, const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts,
-                              int64_t rN, int64_t rT, int64_t N, int64_t C, float *x, float *u, float *f) {
+                              int64_t pos, const beamserve_source_map *map, int64_t N, int64_t C, float *x, float *u,
+                              float *f) {
     float *sub = malloc((size_t)(2 * N * C) * sizeof(float)); /* a sublayer's output, then a normed input */
     if (!sub) return -1;
     float *normed = sub + N * C;
@@ -119,8 +119,7 @@ int beamserve_decoder_segment(const beamserve_layer_c *ending, const float *h, c
         if (!failed) {
             close_sublayer(layer, 0, x, sub, N, C);
             in = sublayer_input(layer, 1, x, normed, N, C);
-            failed = beamserve_cross_sublayer(in, x, N, &layer->cross_in, &layer->cross_out, source, lengths, rows, rs,
-                                              ts, rN, rT, sub);
+            failed = beamserve_cross_sublayer(in, x, N, &layer->cross_in, &layer->cross_out, source, map, sub);
         }
         if (!failed) {
             close_sublayer(layer, 1, x, sub, N, C);
@@ -159,8 +158,8 @@ static int64_t widest_hidden(const beamserve_layer_c *const *layers, int64_t L, 
  * beamserve_decoder_segment does. */
 int beamserve_decoder_layers(const beamserve_layer_c *const *layers, const beamserve_kv *const *own,
                              const beamserve_kv *const *source, int64_t L, const int64_t *positions, int64_t pos,
-                             const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts, int64_t rN,
-                             int64_t rT, int64_t N, int64_t C, float *x, const beamserve_linear_c *out, float *logp) {
+                             const beamserve_source_map *map, int64_t N, int64_t C, float *x,
+                             const beamserve_linear_c *out, float *logp) {
     const int64_t F = widest_hidden(layers, L, C);
     if (F < 0 || (out && out->K != C)) return -2;
     float *u = malloc((size_t)(N * (C + F)) * sizeof(float)); /* a feed-forward's input, then its hidden rows */
@@ -169,12 +168,11 @@ int beamserve_decoder_layers(const beamserve_layer_c *const *layers, const beams
     int failed = 0;
     for (int64_t i = 0; i < L && !failed; i++) {
         failed = beamserve_decoder_segment(i ? layers[i - 1] : NULL, f, layers[i], own[i], source[i], positions, pos,
-                                           lengths, rows, rs, ts, rN, rT, N, C, x, u, f);
+                                           map, N, C, x, u, f);
         if (!failed) failed = activate(layers[i], f, N);
     }
     if (!failed)
-        failed = beamserve_decoder_segment(layers[L - 1], f, NULL, NULL, NULL, positions, pos, lengths, rows, rs, ts,
-                                           rN, rT, N, C, x, u, NULL);
+        failed = beamserve_decoder_segment(layers[L - 1], f, NULL, NULL, NULL, positions, pos, map, N, C, x, u, NULL);
     free(u);
     if (!failed && out) {
         failed = linear(out, x, N, NULL, logp);
@@ -191,9 +189,8 @@ int beamserve_decoder_layers(const beamserve_layer_c *const *layers, const beams
  * fc1(u) before the activation where fc1 is in C. The norms: norm_weight[0] after the attention, [2] after the
  * feed-forward. x (N, C) is the residual stream, updated in place. Returns as beamserve_self_sublayer. */
 int beamserve_encoder_segment(const beamserve_layer_c *ending, const float *h, const beamserve_layer_c *layer,
-                              int64_t B, int64_t S, int64_t H, const int64_t *lengths, const int64_t *rows,
-                              int64_t rs, int64_t ts, int64_t rN, int64_t rT, float scale, int64_t N, int64_t C,
-                              float *x, float *u, float *f) {
+                              int64_t B, int64_t S, int64_t H, const beamserve_source_map *map, float scale, int64_t N,
+                              int64_t C, float *x, float *u, float *f) {
     const int64_t D = H > 0 ? C / H : 0;
     if (H < 1 || D * H != C || B * S != N) return -2;
     float *sub = malloc((size_t)(N * 6 * C) * sizeof(float)); /* a sublayer's output, a normed input, q k v, q */
@@ -207,8 +204,8 @@ int beamserve_encoder_segment(const beamserve_layer_c *ending, const float *h, c
                      : linear(&layer->self_in, in, N, NULL, qkv);
         if (!failed) {
             for (int64_t n = 0; n < N; n++) memcpy(q + n * C, qkv + n * 3 * C, (size_t)C * sizeof(float));
-            failed = beamserve_attend(q, qkv + C, qkv + 2 * C, N, H, D, S * 3 * C, D, 3 * C, B, S, lengths, 0, rows,
-                                      rs, ts, rN, rT, scale, normed);
+            failed = beamserve_attend(q, qkv + C, qkv + 2 * C, N, H, D, S * 3 * C, D, 3 * C, B, S, map->lengths, 0,
+                                      map->rows, map->rs, map->ts, map->rN, map->rT, scale, normed);
         }
         if (!failed) failed = linear(&layer->self_out, normed, N, x, sub);
         if (!failed) {
@@ -238,8 +235,7 @@ int beamserve_embed(const int64_t *tokens, int64_t N, const float *weight, int64
  * each layer in turn, each feed-forward's hidden rows activated between two of them as there; every layer of H
  * heads, its fc1 in C. The rest as beamserve_encoder_segment takes it. Returns as it does. */
 int beamserve_encoder_layers(const beamserve_layer_c *const *layers, int64_t L, int64_t H, int64_t B, int64_t S,
-                             const int64_t *lengths, const int64_t *rows, int64_t rs, int64_t ts, int64_t rN,
-                             int64_t rT, float scale, int64_t N, int64_t C, float *x) {
+                             const beamserve_source_map *map, float scale, int64_t N, int64_t C, float *x) {
     const int64_t F = widest_hidden(layers, L, C);
     if (F < 0) return -2;
     float *u = malloc((size_t)(N * (C + F)) * sizeof(float)); /* a feed-forward's input, then its hidden rows */
@@ -247,13 +243,11 @@ int beamserve_encoder_layers(const beamserve_layer_c *const *layers, int64_t L, 
     float *f = u + N * C;
     int failed = 0;
     for (int64_t i = 0; i < L && !failed; i++) {
-        failed = beamserve_encoder_segment(i ? layers[i - 1] : NULL, f, layers[i], B, S, H, lengths, rows, rs, ts, rN,
-                                           rT, scale, N, C, x, u, f);
+        failed = beamserve_encoder_segment(i ? layers[i - 1] : NULL, f, layers[i], B, S, H, map, scale, N, C, x, u, f);
         if (!failed) failed = activate(layers[i], f, N);
     }
     if (!failed)
-        failed = beamserve_encoder_segment(layers[L - 1], f, NULL, B, S, H, lengths, rows, rs, ts, rN, rT, scale, N,
-                                           C, x, u, NULL);
+        failed = beamserve_encoder_segment(layers[L - 1], f, NULL, B, S, H, map, scale, N, C, x, u, NULL);
     free(u);
     return failed;
 }
