@@ -57,6 +57,7 @@ import threading
 import time
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,7 @@ def error_code(body: str) -> str:
 async def call(
     run: Run, http: httpx.AsyncClient, kind: str, method: str, path: str, **kw: Any
 ) -> httpx.Response | None:
-    sent, rid = run.now(), f"chaos-{len(run.answers)}-{secrets.token_hex(4)}"
+    sent, rid = run.now(), f"chaos-{secrets.token_hex(8)}"
     kw["headers"] = {**kw.get("headers", {}), "x-request-id": rid}
     try:
         r = await http.request(method, path, **kw)
@@ -451,29 +452,31 @@ def replicas_logging(c: cluster.Cluster, route: str, lines: int) -> Counter[str]
 
 def logged(c: cluster.Cluster, route: str) -> Counter[str]:
     found: Counter[str] = Counter()
-    for path in Path(c.temp_dir).glob("session_*/logs/serve/requests_*Gateway*.log"):
-        for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            if entry.get("client") == client_id(WORD_KEY) and entry.get("route") == route:
-                found[path.stem.rsplit("_", 1)[-1]] += 1
+    for name, entry in request_lines(c, "Gateway"):
+        if entry.get("client") == client_id(WORD_KEY) and entry.get("route") == route:
+            found[name.rsplit("_", 1)[-1]] += 1
     return found
+
+
+def request_lines(c: cluster.Cluster, writer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """(the file's name, the line) of every line in the requests logs whose file names `writer` (a Gateway
+    replica's, HAProxy's; all where empty); a line a killed process left cut is not JSON and is passed over."""
+    name = f"requests_*{writer}*.log" if writer else "requests_*.log"
+    for path in Path(c.temp_dir).glob(f"session_*/logs/serve/{name}"):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                yield path.stem, json.loads(line)
 
 
 def front_records(c: cluster.Cluster) -> dict[str, dict[str, Any]]:
     """Every request's line in the requests logs, by request id: a gateway replica's for those it answered,
     HAProxy's for the rest (service/api/front_log.py)."""
-    found: dict[str, dict[str, Any]] = {}
-    for path in Path(c.temp_dir).glob("session_*/logs/serve/requests_*.log"):
-        for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                found[str(entry.get("request_id", ""))] = entry | {"file": path.stem}
-    return found
+    return {str(entry.get("request_id", "")): entry | {"file": name} for name, entry in request_lines(c)}
 
 
 def print_front_records(c: cluster.Cluster, unanswered: list[Answer]) -> None:
     """What the front recorded of each request that got no HTTP answer: its status and termination state
-    (HAProxy's two letters: who ended the session, and at which phase), or that it recorded nothing."""
+    (HAProxy's two letters: which side ended the connection, and at which phase), or that it recorded nothing."""
     if not unanswered:
         return
     records = front_records(c)

@@ -36,7 +36,7 @@ class Signature:
     name: str
     result: Any
     arguments: tuple[Any, ...]
-    parameters: tuple[str, ...]  # the arguments' names, for the messages of a call that does not fit
+    parameters: tuple[str, ...]  # the arguments' names, as the header writes them
 
 
 def _argument(declaration: str, kernel: str) -> tuple[Any, str]:

@@ -50,9 +50,8 @@ class Decoder(ctypes.Structure):
     """csrc/beamserve.h's beamserve_decoder: the layers' structs, the source map and the embedding a step reads."""
 
     _fields_ = [
-        ("layers", P), ("own", P), ("source", P), ("L", Q), ("map", c_layers.SourceMap), ("embed", P), ("V", Q),
-        ("C", Q), ("scale", ctypes.c_float),
-        ("out", ctypes.POINTER(c_layers.LinearC)),
+        ("layers", P), ("own", P), ("source", P), ("L", Q), ("map", c_layers.SourceMap),
+        ("embed", P), ("V", Q), ("C", Q), ("scale", ctypes.c_float), ("out", ctypes.POINTER(c_layers.LinearC)),
     ]  # fmt: skip
 
 
@@ -107,7 +106,8 @@ def beam_step(
         raise ValueError("beam_step: a BeamState's tensors, contiguous, beside (b, K, V) float32 log-probabilities")
     src_beam, token = torch.empty(b, K, dtype=torch.int64), torch.empty(b, K, dtype=torch.int64)
     done = torch.empty(b, dtype=torch.bool)
-    beams, answer = Beams.of(state, max_lengths, eos, early_stopping), BeamAnswer.into((src_beam, token, done, done))
+    beams = Beams.of(state, max_lengths, eos, early_stopping)
+    answer = BeamAnswer(src_beam.data_ptr(), token.data_ptr(), done.data_ptr(), None)  # the rows: beam_advance's
     failed = lib.beamserve_beam_step(
         log_probs.data_ptr(), V, ctypes.byref(beams), pos.data_ptr(), norm.data_ptr(), ctypes.byref(answer)
     )
